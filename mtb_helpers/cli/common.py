@@ -1,0 +1,25 @@
+"""Options and output shared by the check commands."""
+from __future__ import annotations
+
+import argparse
+import os
+
+from mtb_helpers.ranks import MAX_WORLD_SIZE
+
+
+def add_check_options(parser: argparse.ArgumentParser, world_size: int = 2) -> None:
+    """--world-size, --dtype, --seed, --bug, --json: the options every check command takes."""
+    parser.add_argument("--world-size", type=int, default=world_size,
+                        help=f"number of gloo ranks, 1..{MAX_WORLD_SIZE} (default {world_size}); "
+                             "ignored under torchrun, which sets it")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bug", default=None,
+                        help="inject a deliberate mistake (see `python -c 'import mtb_helpers; "
+                             "print(mtb_helpers.BUGS)'`); the check must then fail")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def is_primary() -> bool:
+    """True unless this process is a non-zero rank of a torchrun job (only rank 0 prints)."""
+    return int(os.environ.get("RANK", "0")) == 0
