@@ -1,0 +1,139 @@
+"""The rank side of the runtime: the loop each gloo rank process runs.
+
+A rank joins the process group once, then serves calls from its owner until told to stop:
+receive ``(fn, args, kwargs)`` shipped by value (cloudpickle), run it, reply with the pickled
+result or the structured traceback. Its stdout and stderr are redirected at the file-descriptor
+level into files the owner reads after each call, so C++ (gloo) output is caught too and nothing
+reaches a notebook cell directly.
+
+This module is preloaded into the forkserver, so it must stay cheap to import beyond torch.
+"""
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import os
+import pickle
+import signal
+import sys
+import threading
+import traceback
+from datetime import timedelta
+from multiprocessing.connection import Connection, wait
+
+# One intra-op thread per rank: 4 ranks on a 2-core laptop oversubscribe badly otherwise. Set
+# before torch is imported in the forkserver so OpenMP never starts a larger team.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import torch  # noqa: E402  (after the thread settings on purpose)
+import torch.distributed as dist  # noqa: E402
+
+# Collectives the owner waits on are bounded by the call's own timeout; the process group's
+# timeout only has to stop a rank that somehow outlives its owner's watch.
+PROCESS_GROUP_TIMEOUT = timedelta(minutes=10)
+LOOPBACK_INTERFACES = ("lo", "lo0")
+
+
+def loopback_interface() -> str | None:
+    """The name of the loopback interface (Linux "lo", macOS "lo0"), or None if unknown."""
+    try:
+        names = {name for _, name in __import__("socket").if_nameindex()}
+    except (OSError, AttributeError):
+        return None
+    return next((n for n in LOOPBACK_INTERFACES if n in names), None)
+
+
+def main(rank: int, world_size: int, workdir: str, conn: Connection, lifeline: Connection) -> None:
+    """Entry point of a rank process; returns only when the owner says stop or disappears."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner handles interrupts and kills us
+    _redirect_output(rank, workdir)
+    _watch_owner(lifeline)
+    if hasattr(signal, "SIGUSR1"):  # the owner's "where are you waiting?" question
+        stack_file = open(os.path.join(workdir, f"rank{rank}.stack"), "a")
+        faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    torch.set_num_threads(1)
+    iface = loopback_interface()
+    if iface is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = iface  # never listen on a public interface
+    store = dist.FileStore(os.path.join(workdir, "store"), world_size)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                            timeout=PROCESS_GROUP_TIMEOUT)
+    conn.send_bytes(pickle.dumps(("ready", os.getpid())))
+    try:
+        _serve(conn)
+    finally:
+        _flush()
+        dist.destroy_process_group()
+
+
+def _serve(conn: Connection) -> None:
+    import cloudpickle  # noqa: F401  (the owner pickled with it; pickle.loads needs it importable)
+
+    while True:
+        try:
+            message = pickle.loads(conn.recv_bytes())
+        except EOFError:  # the owner went away between calls
+            return
+        if message[0] == "stop":
+            return
+        _, payload = message
+        conn.send_bytes(_execute(payload))
+
+
+def _execute(payload: bytes) -> bytes:
+    """Run one shipped call; return the pickled reply. Never raises."""
+    try:
+        fn, args, kwargs = pickle.loads(payload)
+        result = fn(*args, **kwargs)
+        reply = pickle.dumps(("ok", result))
+    except BaseException as exc:  # noqa: BLE001  (everything goes back to the owner)
+        frames = [(f.filename, f.lineno, f.name, f.line) for f in
+                  traceback.extract_tb(exc.__traceback__)[1:]]  # drop this frame
+        reply = pickle.dumps(("error", type(exc).__name__, _safe_str(exc), frames,
+                              traceback.format_exc()))
+    finally:
+        _flush()
+    return reply
+
+
+def _safe_str(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001
+        return repr(exc)
+
+
+def _redirect_output(rank: int, workdir: str) -> None:
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        target = os.open(os.path.join(workdir, f"rank{rank}.{name}"),
+                         os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(target, fd)
+        os.close(target)
+    # Spawned children on some platforms start with sys.stdout None; make both real, line-buffered.
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    try:  # C and C++ stdio buffers (printf from an extension) as well
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError, TypeError):
+        pass
+
+
+def _watch_owner(lifeline: Connection) -> None:
+    """Exit at once when the owner dies, even while blocked inside a collective.
+
+    The owner holds the only write end of ``lifeline``; when it dies the pipe reports EOF.
+    """
+    def watch() -> None:
+        wait([lifeline])
+        os._exit(3)
+
+    threading.Thread(target=watch, name="mtb-owner-watch", daemon=True).start()
