@@ -5,6 +5,16 @@ the bug breaks; the tests prove it. Names are grouped by the layer that honours 
 """
 
 BUGS: dict[str, str] = {
+    # the collectives primer (mtb_helpers.collectives): check_collectives
+    "broadcast-wrong-root": "broadcast: src is the last rank instead of rank 0, so every rank gets "
+                            "the last rank's buffer",
+    "allreduce-lost-inplace": "all-reduce: reduces a temporary copy (all_reduce works in place) and "
+                              "returns the untouched input",
+    "allgather-rank-order": "all-gather: shards concatenated in ring arrival order (own shard "
+                            "first) instead of by source rank",
+    "reduce-scatter-wrong-chunk": "reduce-scatter: rank r keeps chunk r+1 of the sum (off by one)",
+    "alltoall-wrong-split": "all-to-all: splits along the wrong dimension, element i goes to rank "
+                            "i mod t instead of chunk i // (n/t)",
     # tensor parallelism (mtb_helpers.tp_bugs): column, row and MLP checks
     "f-backward-identity": "column layer: identity instead of f, so dX is never all-reduced in "
                            "backward (each rank keeps only its partial input grad)",
