@@ -7,6 +7,7 @@ group that saw a mismatched collective cannot be trusted again, and a fresh pool
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -16,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+from multiprocessing import spawn as mp_spawn
 from multiprocessing.connection import wait
 
 import cloudpickle
@@ -27,12 +29,38 @@ from mtb_helpers.rank_errors import (RankError, RankTimeoutError, SourceIndex, W
 START_TIMEOUT = 120.0   # cold start on a loaded 2-core machine, forkserver import included
 ERROR_GRACE = 0.5       # after one rank fails, how long the others get to report before we stop them
 STACK_DUMP_WAIT = 1.0   # how long a blocked rank gets to write its stack after SIGUSR1
+_start_lock = threading.Lock()
 
 
 def start_method() -> str:
     """forkserver (torch preloaded) where the platform has it; spawn otherwise. Never fork:
     it is unsafe once the owner has used OpenMP threads, and on macOS."""
     return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+
+
+@contextlib.contextmanager
+def _without_main_reimport():
+    """Start processes without re-running the owner's ``__main__`` in them.
+
+    multiprocessing normally re-imports the main script in every child so that functions defined
+    there can be found by name; that re-runs a student's unguarded script top to bottom in every
+    rank. We ship functions by value (cloudpickle), so ranks never need ``__main__``: drop it
+    from the preparation data while our ranks start.
+    """
+    original = mp_spawn.get_preparation_data
+
+    def without_main(name):
+        data = original(name)
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+        return data
+
+    with _start_lock:
+        mp_spawn.get_preparation_data = without_main
+        try:
+            yield
+        finally:
+            mp_spawn.get_preparation_data = original
 
 
 def _context() -> mp.context.BaseContext:
@@ -58,7 +86,8 @@ class Pool:
             life_r, life_w = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=rank_worker.main, name=f"mtb-rank{rank}", daemon=True,
                                args=(rank, world_size, self.workdir, theirs, life_r))
-            proc.start()
+            with _without_main_reimport():
+                proc.start()
             theirs.close()
             life_r.close()
             self.conns.append(ours)

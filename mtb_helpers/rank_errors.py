@@ -105,6 +105,12 @@ def format_remote_traceback(rank: int, exc_type: str, exc_msg: str, frames: list
     return "\n".join(lines)
 
 
+COLLECTIVES = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+    "broadcast", "reduce", "gather", "scatter", "all_to_all", "all_to_all_single", "barrier",
+    "monitored_barrier", "send", "recv", "batch_isend_irecv", "all_gather_object",
+    "broadcast_object_list", "gather_object", "scatter_object_list"})
+
 _FRAME_RE = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+) in (?P<func>\S+)')
 
 
@@ -120,8 +126,7 @@ def parse_wait_point(dump: str, index: SourceIndex | None = None) -> WaitPoint |
         if not any(f["func"] == "_execute" and "rank_worker" in f["file"] for f in frames):
             continue
         collective = next((f["func"] for f in frames if "distributed" in f["file"]
-                           and f["func"] not in ("wrapper", "_wrapper")
-                           and not f["func"].startswith("_")), None)
+                           and f["func"] in COLLECTIVES), None)
         user = next((f for f in frames if not any(m in f["file"] for m in _MACHINERY)), None)
         if user is None:
             return WaitPoint(collective, "?", 0, "?", "")
