@@ -178,12 +178,18 @@ def closed_form(name: str, stages: int, microbatches: int, chunks: int = 1, forw
                 weight: float | None = None) -> dict[str, float | str]:
     """The papers' bubble formulas for uniform stages, next to which the simulator is checked.
 
-    Returns {"bubble_fraction": idle / (idle + busy), "bubble_ratio": idle / busy, "source"}.
-    The ratio is the definition of Narayanan et al. 2021 ((p-1)/m); the fraction is the share of
-    the makespan (GPipe's (p-1)/(m+p-1)). For zb-h1 (Qi et al. 2023) the idle time per stage is
-    (p-1)(F + I - W), which holds when W <= F + I and m >= p.
+    Returns {"bubble_fraction": idle / (idle + busy), "bubble_ratio": idle / busy, "source",
+    "exact"}. The ratio is the definition of Narayanan et al. 2021 ((p-1)/m); the fraction is the
+    share of the makespan (GPipe's (p-1)/(m+p-1)). For zb-h1 (Qi et al. 2023) the idle time per
+    stage is (p-1)(F + I - W); the simulator reproduces it exactly when m >= p and W <= min(F, I)
+    (every deferred W then fits in a gap 1F1B would leave idle) and "exact" says so; outside that
+    regime the simulated bubble is larger.
     """
+    _positive("stages", stages)
+    _positive("microbatches", microbatches)
+    _positive("chunks", chunks)
     p, m, v = stages, microbatches, chunks
+    exact = True
     if name in ("gpipe", "1f1b"):
         idle, busy, source = (p - 1) * (forward + backward), m * (forward + backward), \
             "Huang et al. 2019 (GPipe); Narayanan et al. 2021"
@@ -195,6 +201,8 @@ def closed_form(name: str, stages: int, microbatches: int, chunks: int = 1, forw
         w = backward / 2 if weight is None else weight
         idle, busy, source = (p - 1) * max(forward + i - w, 0.0), m * (forward + i + w), \
             "Qi et al. 2023 (Zero Bubble, ZB-H1)"
+        exact = m >= p and w <= min(forward, i)
     else:
         raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
-    return {"bubble_fraction": idle / (idle + busy), "bubble_ratio": idle / busy, "source": source}
+    return {"bubble_fraction": idle / (idle + busy), "bubble_ratio": idle / busy,
+            "source": source, "exact": exact}
