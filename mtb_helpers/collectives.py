@@ -46,6 +46,14 @@ FORMULAS: dict[str, str] = {
     "all-to-all": "(t-1)/t·V",
 }
 GLOO_HEADER_BYTES = 48   # gloo's TCP transport prefixes every message with six 8-byte fields
+# Why a measurement can differ from its formula (shown when it does).
+MEASURED_NOTES: dict[str, str] = {
+    "reduce-scatter": "gloo has no ring reduce-scatter: it all-reduces the whole buffer and keeps "
+                      "chunk r, so it sends 2(t-1)/t·V; NCCL's ring (and ring_reduce_scatter here) "
+                      "sends (t-1)/t·V",
+    "all-reduce": "gloo cuts a small buffer into uneven pieces, so ranks send a little more or "
+                  "less than 2(t-1)/t·V; the total over ranks matches",
+}
 
 # ---------------------------------------------------------------- rank side (inside a rank)
 
@@ -305,10 +313,19 @@ class CollectivesReport:
     def rows_for(self, collective: str) -> list[dict]:
         return [row for row in self.rows if row["collective"] == collective]
 
+    @property
+    def notes(self) -> list[str]:
+        """One line per collective whose measured bytes differ from the formula, saying why."""
+        off = {r["collective"] for r in self.rows if r["bytes_measured"] is not None
+               and abs(r["bytes_measured"] - r["bytes_formula"]) > 0.01 * r["V_bytes"]}
+        return [f"{name}: {MEASURED_NOTES.get(name, 'measured bytes differ from the formula')}"
+                for name in COLLECTIVES if name in off]
+
     def to_dict(self) -> dict:
         return {"check": "collectives", "world_size": self.world_size, "numel": self.numel,
                 "dtype": self.dtype, "seed": self.seed, "bug": self.bug, "passed": self.passed,
-                "formulas": dict(FORMULAS), "rows": [dict(row) for row in self.rows]}
+                "formulas": dict(FORMULAS), "notes": self.notes,
+                "rows": [dict(row) for row in self.rows]}
 
     def _table(self) -> tuple[list[str], list[list[str]]]:
         head = ["collective", "rank", "before", "after", "max abs err", "sent (measured)",
@@ -327,7 +344,9 @@ class CollectivesReport:
         head, body = self._table()
         widths = [max(len(x) for x in col) for col in zip(head, *body)]
         fmt = "  ".join(f"{{:{'<' if i < 4 else '>'}{w}}}" for i, w in enumerate(widths))
-        return "\n".join([self._title(), fmt.format(*head)] + [fmt.format(*b) for b in body])
+        notes = [f"note: {n}" for n in self.notes]
+        return "\n".join([self._title(), fmt.format(*head)] + [fmt.format(*b) for b in body]
+                         + notes)
 
     def _repr_html_(self) -> str:
         head, body = self._table()
@@ -336,7 +355,8 @@ class CollectivesReport:
             "<tr>" + "".join(f"<td>{c}</td>" for c in b[:-1])
             + f"<td style='color:{'#009E73' if b[-1] == 'PASS' else '#D55E00'}'><b>{b[-1]}</b></td></tr>"
             for b in body)
-        return f"<p><b>{self._title()}</b></p><table><tr>{cells}</tr>{rows}</table>"
+        notes = "".join(f"<p><i>note: {n}</i></p>" for n in self.notes)
+        return f"<p><b>{self._title()}</b></p><table><tr>{cells}</tr>{rows}</table>{notes}"
 
 
 def _short_list(values: list[float], keep: int = 6) -> str:
