@@ -4,7 +4,9 @@ Each row compares what a rank computed with the single-process reference twice:
 
 * against the reference **in the run's dtype** (same inputs, one process): ``max_abs_err``,
   ``max_rel_err`` and ``ulps`` measure only what distribution changed. Column-parallel forward
-  is bit-exact (0); a row-parallel sum adds the partial products in another order (~1 ulp).
+  does the very same dot products, so it is usually bit-exact (0; a BLAS library may pick another
+  kernel for the narrower matrix, then 1 ulp); a row-parallel sum adds the partial products in
+  another order (~1 ulp).
   ``passed`` compares ``max_abs_err`` with ``tolerance``.
 * against a **float64** reference: ``fp64_err`` (the distributed result) next to
   ``ref_fp64_err`` (the one-process result in the run's dtype) shows that the reordering costs

@@ -1,0 +1,142 @@
+"""The TP checks: every bug fails exactly the quantities it breaks; reports, traces, refusals."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import mtb_helpers.check as check_module
+from mtb_helpers import BUGS
+from mtb_helpers.check import check_column_parallel, check_row_parallel, check_tp_mlp
+from mtb_helpers.tp_bugs import COLUMN_BUGS, MLP_BUGS, ROW_BUGS
+
+# (check, extra kwargs, bug) -> the quantities that must fail, on every rank
+BROKEN = [
+    (check_column_parallel, {}, "f-backward-identity", {"input_grad"}),
+    (check_column_parallel, {"gather_output": True}, "allgather-wrong-order", {"output"}),
+    (check_row_parallel, {}, "bias-before-allreduce", {"output"}),
+    (check_row_parallel, {"input_is_parallel": False}, "bias-before-allreduce", {"output"}),
+    (check_row_parallel, {}, "row-missing-allreduce", {"output"}),
+    (check_row_parallel, {}, "g-backward-allreduce", {"input_grad", "weight_grad"}),
+    (check_tp_mlp, {}, "f-backward-identity", {"input_grad"}),
+    (check_tp_mlp, {}, "bias-before-allreduce", {"output"}),
+    (check_tp_mlp, {}, "row-missing-allreduce", {"output"}),
+    (check_tp_mlp, {}, "g-backward-allreduce",
+     {"input_grad", "fc1.weight_grad", "fc1.bias_grad", "fc2.weight_grad"}),
+]
+
+
+def test_every_tp_bug_is_listed_and_tested():
+    assert set(COLUMN_BUGS + ROW_BUGS + MLP_BUGS) <= set(BUGS)
+    tested = {(check.__name__, bug) for check, _, bug, _ in BROKEN}
+    for name, bugs in (("check_column_parallel", COLUMN_BUGS), ("check_row_parallel", ROW_BUGS),
+                       ("check_tp_mlp", MLP_BUGS)):
+        assert {(name, bug) for bug in bugs} <= tested
+
+
+@pytest.mark.parametrize("t", [2, 3])
+@pytest.mark.parametrize("check, kwargs, bug, broken", BROKEN,
+                         ids=[f"{c.__name__}-{b}-{sorted(k)}" for c, k, b, _ in BROKEN])
+def test_bug_fails_exactly_the_quantities_it_breaks(check, kwargs, bug, broken, t):
+    report = check(world_size=t, bug=bug, **kwargs)
+    assert not report.passed
+    failed = {(r.quantity, r.rank) for r in report.failed()}
+    assert failed == {(q, rank) for q in broken for rank in range(t)}, str(report)
+    assert set(report.quantities()) > broken      # something else was checked and passed
+    assert report.config["bug"] == bug
+
+
+def test_one_rank_has_nothing_to_get_wrong():
+    # every TP bug is about communication; with one rank there is none, and the check says so
+    assert check_row_parallel(world_size=1, bug="bias-before-allreduce").passed
+
+
+def test_report_table_html_and_json():
+    report = check_tp_mlp(world_size=2, seed=3, dtype="float64")
+    assert report.passed and report.config["dtype"] == "float64" and report.config["seed"] == 3
+    assert len(report.rows) == 6 * 2 and report.quantities()[0] == "output"
+    text = str(report)
+    assert "PASSED" in text and "fc2.weight_grad" in text and "fp64: distributed" in text
+    assert "collectives on rank 0: forward: 1 all_reduce" in text
+    assert "<table>" in report._repr_html_() and "fc1.bias_grad" in report._repr_html_()
+    data = json.loads(json.dumps(report.to_dict(), allow_nan=False))
+    assert data["passed"] is True and len(data["rows"]) == 12 and len(data["records"]) == 2
+    assert {"quantity", "rank", "max_abs_err", "max_rel_err", "ulps", "tolerance", "passed",
+            "fp64_err", "ref_fp64_err"} <= set(data["rows"][0])
+    # float64 run: the dtype reference *is* the float64 reference
+    assert all(r.fp64_err == r.max_abs_err and r.ref_fp64_err == 0 for r in report.rows)
+
+
+def test_float32_distributed_error_is_no_worse_than_float32_itself():
+    report = check_row_parallel(world_size=4)
+    for r in report.rows:
+        assert r.fp64_err <= 4 * max(r.ref_fp64_err, r.tolerance * 1e-2)
+        assert 0 < r.tolerance < 1e-3
+
+
+def test_failed_report_is_strict_json_and_marks_rows():
+    report = check_column_parallel(world_size=2, bug="f-backward-identity")
+    assert "FAILED (2 of 8 rows)" in str(report) and "NO" in report.table()
+    assert "background" in report._repr_html_()
+    json.dumps(report.to_dict(), allow_nan=False)
+
+
+def test_step_trace_shows_who_holds_what_and_where_it_breaks():
+    report = check_row_parallel(world_size=3, in_features=9, out_features=4, batch_shape=(2,))
+    names = [s.name for s in report.steps]
+    assert names[:3] == ["shard W by rows", "replicate b", "shard X by columns"]
+    w = report.steps[0]
+    assert w.global_shape == (9, 4) and w.layout == "rows"        # W = weight.T, [in, out]
+    assert [h.rows for h in w.holdings] == [(0, 3), (3, 6), (6, 9)]
+    assert all(h.cols == (0, 4) and h.shape == (3, 4) for h in w.holdings)
+    partial = report.steps[names.index("local matmul")]
+    assert partial.layout == "partial" and all(h.partial for h in partial.holdings)
+    reduce = report.steps[names.index("all-reduce (g forward)")]
+    assert reduce.collective["op"] == "all_reduce" and reduce.collective["bytes"] == 2 * 4 * 4
+    assert all(s.passed for s in report.steps)
+
+    broken = check_row_parallel(world_size=3, in_features=9, out_features=4, batch_shape=(2,),
+                                bug="row-missing-allreduce")
+    step = broken.steps[names.index("all-reduce (g forward)")]
+    assert step.collective["missing"] and not step.passed
+    assert all(h.max_abs_err is None for h in step.holdings)
+    failing = [s.name for s in broken.steps if not s.passed]
+    # the partial products are traced as the input handed to g: never handed over, never seen
+    assert failing == ["local matmul", "all-reduce (g forward)", "add b once"]
+    assert broken.steps[names.index("local matmul")].holdings[0].shape is None
+    assert broken.records[0].count("all_reduce") == 0
+
+
+def test_column_trace_with_gather_and_records_per_rank():
+    report = check_column_parallel(world_size=2, gather_output=True, batch_shape=(3,))
+    names = [s.name for s in report.steps]
+    assert "all-gather Y" in names and names.index("all-gather Y") == names.index("local matmul") + 1
+    for rank, rec in enumerate(report.records):
+        assert [(e.op, e.direction) for e in rec] == [
+            ("all_gather", "forward"), ("split", "backward"), ("all_reduce", "backward")]
+    assert report.steps[names.index("local matmul")].holdings[1].cols == (6, 12)
+    wrong = check_column_parallel(world_size=2, gather_output=True, batch_shape=(3,),
+                                  bug="allgather-wrong-order")
+    assert [s.name for s in wrong.steps if not s.passed] == ["all-gather Y"]
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: check_column_parallel(world_size=3, out_features=10), r"out_features=10 .* world size 3"),
+    (lambda: check_row_parallel(world_size=4, in_features=6), r"in_features=6 .* world size 4"),
+    (lambda: check_tp_mlp(world_size=5, ffn_hidden=24), r"ffn_hidden=24 .* world size 5"),
+    (lambda: check_tp_mlp(world_size=9), r"world.size"),
+    (lambda: check_tp_mlp(world_size=0), r"world.size"),
+    (lambda: check_tp_mlp(batch_shape=(2, 0)), r"batch_shape\[1\] must be a positive integer"),
+    (lambda: check_row_parallel(dtype=torch.float16), r"dtype"),
+    (lambda: check_row_parallel(bug="no-such-bug"), r"unknown bug"),
+    (lambda: check_row_parallel(bug="f-backward-identity"), r"does not apply"),
+    (lambda: check_column_parallel(bug="allgather-wrong-order"), r"needs gather_output=True"),
+])
+def test_bad_input_is_refused_before_any_rank_starts(monkeypatch, call, message):
+    def no_ranks(*args, **kwargs):
+        raise AssertionError("a rank was started")
+
+    monkeypatch.setattr(check_module, "run", no_ranks)
+    with pytest.raises(ValueError, match=message):
+        call()
