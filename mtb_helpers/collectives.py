@@ -17,7 +17,6 @@ gloo's TCP sockets), minus gloo's 48-byte header per message, and compared with 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -406,8 +405,9 @@ def check_collectives(world_size: int = 2, numel: int = 8, dtype: torch.dtype | 
     """Run each collective on ``world_size`` gloo ranks and compare every rank's result with
     :func:`reference`. ``numel`` is the full tensor's length n (all-gather's output,
     reduce-scatter's input), divisible by the world size. ``implementations`` replaces the rank
-    function of a collective (e.g. your own all-gather from send/recv). Bad input -> ValueError
-    before any rank starts."""
+    function of a collective (e.g. your own all-gather from send/recv); every rank function runs
+    three times: twice while its bytes are measured, once on provenance tags that tell the figure
+    which ranks each value came from. Bad input -> ValueError before any rank starts."""
     world_size = resolve_world_size(world_size)
     collectives = tuple(collectives)
     dtype = _dtype(dtype)
