@@ -26,6 +26,14 @@ BUGS: dict[str, str] = {
                              "returns only its partial sum",
     "g-backward-allreduce": "row layer: g also all-reduces in backward, so every grad computed "
                             "before it is t times too large",
+    # sequence parallelism (mtb_helpers.sp_bugs): check_sequence_parallel
+    "sp-no-layernorm-grad-allreduce": "sequence-parallel LayerNorm: weight and bias grads are not "
+                                      "all-reduced, so each rank keeps the grad of its own tokens",
+    "sp-same-dropout-mask": "sequence-parallel dropout: the mask is keyed by local positions, so "
+                            "every sequence shard drops the same elements",
+    "sp-allreduce-instead-of-reduce-scatter": "sequence-parallel fc2: all-reduce (g) of the whole "
+                                              "sequence, then each rank slices its rows; forward "
+                                              "is right, backward never all-gathers dZ",
 }
 
 
