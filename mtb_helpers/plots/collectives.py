@@ -44,7 +44,8 @@ def draw_buffers(ax, buffers: Sequence[Sequence[float]], sources: Sequence[Seque
     stripes, none -> grey). ``chunks``: thick separators every len/chunks cells. ``expected``: a
     cell whose value differs gets a red border and the wanted value underneath."""
     width = max((len(b) for b in buffers), default=1)
-    size = 10 if width <= 8 else 8 if width <= 12 else 6.5
+    size = 10 if width <= 8 else 9 if width <= 12 else 8
+    show_wanted = width <= 12   # no room to write the expected value in narrower cells
     for r, (values, srcs) in enumerate(zip(buffers, sources)):
         y = len(buffers) - 1 - r
         for i, (v, src) in enumerate(zip(values, srcs)):
@@ -56,13 +57,13 @@ def draw_buffers(ax, buffers: Sequence[Sequence[float]], sources: Sequence[Seque
             ax.add_patch(Rectangle((i, y), 1, 1, fill=False, linewidth=3 if wrong else 0.8,
                                    edgecolor=FAIL_COLOR if wrong else "white", zorder=3))
             box = dict(boxstyle="round,pad=0.15", facecolor="white", edgecolor="none", alpha=0.85)
-            ax.text(i + 0.5, y + (0.6 if wrong else 0.5), _fmt(v), ha="center", va="center",
+            ax.text(i + 0.5, y + (0.6 if wrong and show_wanted else 0.5), _fmt(v), ha="center", va="center",
                     fontsize=size, fontweight="bold", zorder=4,
                     color="black" if len(colors) > 1 else _text_color(colors[0]),
                     bbox=box if len(colors) > 1 else None)
-            if wrong:
+            if wrong and show_wanted:
                 ax.text(i + 0.5, y + 0.2, f"want {_fmt(expected[r][i])}", ha="center", va="center",
-                        fontsize=size - 2, zorder=4, color="black",
+                        fontsize=max(size - 2, 7), zorder=4, color="black",
                         bbox=dict(boxstyle="square,pad=0.05", facecolor="white", edgecolor="none"))
         step = len(values) // chunks if chunks > 1 and len(values) % chunks == 0 else 0
         for c in range(1, chunks if step else 0):
@@ -88,7 +89,7 @@ def _legend(fig: Figure, world_size: int, striped: bool, wrong: bool) -> None:
                              label="sum of several ranks (stripes)"))
     if wrong:
         handles.append(Patch(facecolor="white", edgecolor=FAIL_COLOR, linewidth=2.5,
-                             label="wrong value (expected underneath)"))
+                             label="wrong value (red border)"))
     fig.legend(handles=handles, loc="lower center", ncol=len(handles) if len(handles) <= 5 else 3,
                fontsize=9,
                frameon=False, bbox_to_anchor=(0.5, 0.0))
