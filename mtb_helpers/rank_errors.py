@@ -152,7 +152,9 @@ def timeout_message(timeout: float, finished: list[int],
 
 
 def _ranks(ranks: list[int]) -> str:
-    return ", ".join(map(str, ranks)) if ranks else "none"
+    if not ranks:
+        return "none"
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 def _short(filename: str) -> str:
@@ -161,4 +163,9 @@ def _short(filename: str) -> str:
         return "<notebook cell>"
     if filename == "<dynamic-code>":
         return "<shipped function>"
+    # Package files by their package path, not this machine's absolute path.
+    for marker in ("/mtb_helpers/", "/site-packages/"):
+        if marker in filename:
+            return filename.split(marker, 1)[1] if marker == "/site-packages/" else \
+                "mtb_helpers/" + filename.split(marker, 1)[1]
     return filename

@@ -107,6 +107,7 @@ def test_mismatched_collective_times_out_naming_the_waiting_rank_and_line():
     point = err.waiting[0]
     assert point.collective == "all_reduce"
     assert point.source == "dist.all_reduce(t)  # nobody joins"
+    assert "finished: rank 1; still waiting: rank 0" in str(err)
     assert "rank 0 waits in all_reduce" in str(err)
     assert run(lambda: dist.get_rank(), world_size=2) == [0, 1]
 
