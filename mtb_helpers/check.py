@@ -16,20 +16,22 @@ from __future__ import annotations
 from functools import partial
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from mtb_helpers.bugs import validate_bug
 from mtb_helpers.ranks import resolve_world_size, run
 from mtb_helpers.report import Report
-from mtb_helpers.tp import check_divisible, shard_range
-from mtb_helpers.tp_bugs import COLUMN_BUGS, MLP_BUGS, ROW_BUGS, build_mlp, column_class, row_class
+from mtb_helpers.tp import check_divisible
+from mtb_helpers.tp_bugs import (COLUMN_BUGS, MLP_BUGS, ROW_BUGS, build_mlp, column_class,
+                                 row_class)
+from mtb_helpers.tp_reference import (cast_linear, column_reference, mlp_reference, random_linear,
+                                      row_reference)
 from mtb_helpers.trace import StepSpec as S, build_rows, build_steps, trace_on_rank
 
 __all__ = ["check_column_parallel", "check_row_parallel", "check_tp_mlp"]
 
 F_BWD, G_FWD = ("f", "backward"), ("g", "forward")
-GATHER, SCATTER = "gather_from_tensor_model_parallel_region", "scatter_to_tensor_model_parallel_region"
+GATHER = "gather_from_tensor_model_parallel_region"
+SCATTER = "scatter_to_tensor_model_parallel_region"
 
 
 def _dtype(dtype) -> torch.dtype:
@@ -42,30 +44,11 @@ def _dtype(dtype) -> torch.dtype:
 
 def _sizes(batch_shape, **dims: int) -> tuple[int, ...]:
     batch_shape = tuple(batch_shape)
-    for name, size in {**dims, **{f"batch_shape[{i}]": n for i, n in enumerate(batch_shape)}}.items():
+    dims.update({f"batch_shape[{i}]": n for i, n in enumerate(batch_shape)})
+    for name, size in dims.items():
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise ValueError(f"{name} must be a positive integer, got {size!r}")
     return batch_shape
-
-
-def _linear(n_in: int, n_out: int, gen: torch.Generator, dtype: torch.dtype) -> nn.Linear:
-    lin = nn.Linear(n_in, n_out, dtype=dtype)
-    with torch.no_grad():
-        lin.weight.copy_(torch.randn(n_out, n_in, generator=gen, dtype=dtype) / n_in ** 0.5)
-        lin.bias.copy_(torch.randn(n_out, generator=gen, dtype=dtype))
-    return lin
-
-
-def _as(lin: nn.Linear, dtype: torch.dtype) -> nn.Linear:
-    out = nn.Linear(lin.in_features, lin.out_features, dtype=dtype)
-    out.load_state_dict({k: v.to(dtype) for k, v in lin.state_dict().items()})
-    return out
-
-
-def _chunks(x: torch.Tensor, w: torch.Tensor, t: int) -> list[torch.Tensor]:
-    """Per rank ``x[.., s_r] @ w[s_r, :]``: the partial products a row split sums."""
-    return [x[..., slice(*shard_range(x.shape[-1], t, r))] @ w[slice(*shard_range(w.shape[0], t, r))]
-            for r in range(t)]
 
 
 def _finish(name: str, config: dict, build, layers, x, dy, x_layout, dy_layout, specs, quantities,
@@ -73,8 +56,9 @@ def _finish(name: str, config: dict, build, layers, x, dy, x_layout, dy_layout, 
     t, dtype = config["world_size"], x.dtype
     results = run(trace_on_rank, build, layers, x, dy, x_layout, dy_layout, specs,
                   world_size=t, timeout=timeout)
-    refs = reference(tuple(_as(lin, dtype) for lin in layers), x, dy, t)
-    refs64 = reference(tuple(_as(lin, torch.float64) for lin in layers), x.double(), dy.double(), t)
+    refs = reference(tuple(cast_linear(lin, dtype) for lin in layers), x, dy, t)
+    refs64 = reference(tuple(cast_linear(lin, torch.float64) for lin in layers), x.double(),
+                       dy.double(), t)
     return Report(name, config, build_rows(quantities, specs, results, refs, refs64, dtype),
                   build_steps(specs, results, refs, dtype), [res["record"] for res in results])
 
@@ -82,56 +66,6 @@ def _finish(name: str, config: dict, build, layers, x, dy, x_layout, dy_layout, 
 def _config(t, dtype, seed, bug, **extra) -> dict:
     return {"world_size": t, **extra, "dtype": str(dtype).replace("torch.", ""), "seed": seed,
             "bug": bug}
-
-
-def _slices(n: int, t: int) -> list[slice]:
-    return [slice(*shard_range(n, t, r)) for r in range(t)]
-
-
-def _autograd(module, x, dy):
-    """``module(x).backward(dy)`` on one process: the reference every rank is compared with."""
-    x = x.clone().requires_grad_(True)
-    y = module(x)
-    y.backward(dy)
-    return x, y.detach()
-
-
-def _column_reference(layers, x, dy, t) -> dict:
-    (lin,) = layers
-    x, y = _autograd(lin, x, dy)
-    w = lin.weight.detach().T                                          # [in, out]
-    return {"weight": w, "bias": lin.bias.detach(), "input": x.detach(), "local": y, "output": y,
-            "dx_partial": [dy[..., s] @ w[:, s].T for s in _slices(w.shape[1], t)],
-            "input_grad": x.grad, "weight_grad": lin.weight.grad.T, "bias_grad": lin.bias.grad}
-
-
-def _row_reference(layers, x, dy, t) -> dict:
-    (lin,) = layers
-    x, y = _autograd(lin, x, dy)
-    w = lin.weight.detach().T                                          # [in, out]
-    return {"weight": w, "bias": lin.bias.detach(), "input": x.detach(), "x_shard": x.detach(),
-            "partial": [x.detach()[..., s] @ w[s] for s in _slices(w.shape[0], t)],
-            "reduced": x.detach() @ w, "output": y, "dx_shard": x.grad, "input_grad": x.grad,
-            "weight_grad": lin.weight.grad.T, "bias_grad": lin.bias.grad}
-
-
-def _mlp_reference(layers, x, dy, t) -> dict:
-    fc1, fc2 = layers
-    x = x.clone().requires_grad_(True)
-    h = fc1(x)
-    a = F.gelu(h)            # exact (erf) GeLU, like the layer's
-    h.retain_grad()
-    a.retain_grad()
-    y = fc2(a)
-    y.backward(dy)
-    w1, w2 = fc1.weight.detach().T, fc2.weight.detach().T             # [h, ffn], [ffn, h]
-    dh = h.grad
-    return {"fc1.weight": w1, "fc2.weight": w2, "input": x.detach(), "fc1": h.detach(),
-            "act": a.detach(), "partial": [a.detach()[..., s] @ w2[s] for s in _slices(w2.shape[0], t)],
-            "reduced": a.detach() @ w2, "output": y.detach(), "d_act": a.grad,
-            "dx_partial": [dh[..., s] @ w1[:, s].T for s in _slices(w1.shape[1], t)],
-            "input_grad": x.grad, "fc1.weight_grad": fc1.weight.grad.T, "fc1.bias_grad": fc1.bias.grad,
-            "fc2.weight_grad": fc2.weight.grad.T, "fc2.bias_grad": fc2.bias.grad}
 
 
 def _build_column(lin, *, bug, gather_output):
@@ -158,17 +92,19 @@ def check_column_parallel(world_size: int = 2, in_features: int = 8, out_feature
     dtype, t = _dtype(dtype), resolve_world_size(world_size)
     validate_bug(bug, COLUMN_BUGS)
     if bug == "allgather-wrong-order" and not gather_output:
-        raise ValueError("bug 'allgather-wrong-order' needs gather_output=True (no all-gather otherwise)")
+        raise ValueError("bug 'allgather-wrong-order' needs gather_output=True "
+                         "(without it there is no all-gather to get wrong)")
     batch = _sizes(batch_shape, in_features=in_features, out_features=out_features)
     check_divisible("out_features", out_features, t)
     gen = torch.Generator().manual_seed(seed)
-    lin = _linear(in_features, out_features, gen, dtype)
+    lin = random_linear(in_features, out_features, gen, dtype)
     x = torch.randn(*batch, in_features, generator=gen, dtype=dtype)
     dy = torch.randn(*batch, out_features, generator=gen, dtype=dtype)
     gathered = [S("output", "all-gather Y", "forward", "Y", "Y = [Y_0, ..., Y_t-1]", "replicated",
                   ("output",), (GATHER, "forward"))] if gather_output else []
     specs = [
-        S("weight", "shard W by columns", "forward", "W", "W_r = W[:, cols r]", "cols", ("param", "weight")),
+        S("weight", "shard W by columns", "forward", "W", "W_r = W[:, cols r]", "cols",
+          ("param", "weight")),
         S("bias", "shard b", "forward", "b", "b_r = b[cols r]", "cols", ("param", "bias")),
         S("input", "replicate X", "forward", "X", "every rank holds X (f: identity)", "replicated",
           ("input",)),
@@ -179,7 +115,8 @@ def check_column_parallel(world_size: int = 2, in_features: int = 8, out_feature
           ("record", "f", "backward", "in")),
         S("input_grad", "all-reduce dX (f backward)", "backward", "dX", "dX = sum_r dX_r",
           "replicated", ("input_grad",), F_BWD),
-        S("weight_grad", "weight grad", "backward", "dW", "dW_r = X.T @ dY_r", "cols", ("grad", "weight")),
+        S("weight_grad", "weight grad", "backward", "dW", "dW_r = X.T @ dY_r", "cols",
+          ("grad", "weight")),
         S("bias_grad", "bias grad", "backward", "db", "db_r = dY_r summed over rows", "cols",
           ("grad", "bias")),
     ]
@@ -187,9 +124,10 @@ def check_column_parallel(world_size: int = 2, in_features: int = 8, out_feature
                   ("weight_grad", "weight_grad"), ("bias_grad", "bias_grad")]
     config = _config(t, dtype, seed, bug, in_features=in_features, out_features=out_features,
                      batch_shape=list(batch), gather_output=gather_output)
-    return _finish("column_parallel", config, partial(_build_column, bug=bug, gather_output=gather_output),
-                   (lin,), x, dy, "replicated", "replicated" if gather_output else "cols", specs,
-                   quantities, _column_reference, timeout)
+    build = partial(_build_column, bug=bug, gather_output=gather_output)
+    return _finish("column_parallel", config, build, (lin,), x, dy, "replicated",
+                   "replicated" if gather_output else "cols", specs, quantities, column_reference,
+                   timeout)
 
 
 def check_row_parallel(world_size: int = 2, in_features: int = 12, out_features: int = 8,
@@ -207,43 +145,48 @@ def check_row_parallel(world_size: int = 2, in_features: int = 12, out_features:
     batch = _sizes(batch_shape, in_features=in_features, out_features=out_features)
     check_divisible("in_features", in_features, t)
     gen = torch.Generator().manual_seed(seed)
-    lin = _linear(in_features, out_features, gen, dtype)
+    lin = random_linear(in_features, out_features, gen, dtype)
     x = torch.randn(*batch, in_features, generator=gen, dtype=dtype)
     dy = torch.randn(*batch, out_features, generator=gen, dtype=dtype)
     if input_is_parallel:
-        given = [S("input", "shard X by columns", "forward", "X", "X_r = X[:, cols r]", "cols", ("input",))]
+        given = [S("input", "shard X by columns", "forward", "X", "X_r = X[:, cols r]", "cols",
+                   ("input",))]
         dx = [S("input_grad", "local input grad", "backward", "dX", "dX_r = dY @ W_r.T", "cols",
                 ("input_grad",))]
     else:
-        given = [S("input", "replicate X", "forward", "X", "every rank holds X", "replicated", ("input",)),
-                 S("x_shard", "split X (scatter)", "forward", "X", "X_r = X[:, cols r], no communication",
-                   "cols", ("record", SCATTER, "forward", "out"), (SCATTER, "forward"))]
+        given = [S("input", "replicate X", "forward", "X", "every rank holds X", "replicated",
+                   ("input",)),
+                 S("x_shard", "split X (scatter)", "forward", "X",
+                   "X_r = X[:, cols r], no communication", "cols",
+                   ("record", SCATTER, "forward", "out"), (SCATTER, "forward"))]
         dx = [S("dx_shard", "local input grad", "backward", "dX", "dX_r = dY @ W_r.T", "cols",
                 ("record", SCATTER, "backward", "in")),
               S("input_grad", "all-gather dX (scatter backward)", "backward", "dX",
                 "dX = [dX_0, ..., dX_t-1]", "replicated", ("input_grad",), (SCATTER, "backward"))]
     specs = [
-        S("weight", "shard W by rows", "forward", "W", "W_r = W[rows r, :]", "rows", ("param", "weight")),
-        S("bias", "replicate b", "forward", "b", "every rank holds all of b", "replicated", ("param", "bias")),
+        S("weight", "shard W by rows", "forward", "W", "W_r = W[rows r, :]", "rows",
+          ("param", "weight")),
+        S("bias", "replicate b", "forward", "b", "every rank holds all of b", "replicated",
+          ("param", "bias")),
         *given,
-        S("partial", "local matmul", "forward", "Y", "P_r = X_r @ W_r (no bias), handed to g", "partial",
-          ("record", "g", "forward", "in")),
+        S("partial", "local matmul", "forward", "Y", "P_r = X_r @ W_r (no bias), handed to g",
+          "partial", ("record", "g", "forward", "in")),
         S("reduced", "all-reduce (g forward)", "forward", "Y", "S = sum_r P_r", "replicated",
           ("record", "g", "forward", "out"), G_FWD),
         S("output", "add b once", "forward", "Y", "Y = S + b", "replicated", ("output",)),
         *dx,
-        S("weight_grad", "weight grad", "backward", "dW", "dW_r = X_r.T @ dY", "rows", ("grad", "weight")),
+        S("weight_grad", "weight grad", "backward", "dW", "dW_r = X_r.T @ dY", "rows",
+          ("grad", "weight")),
         S("bias_grad", "bias grad", "backward", "db", "db = dY summed over rows", "replicated",
           ("grad", "bias")),
     ]
-    quantities = [("output", "output"), ("input_grad", "input_grad"), ("weight_grad", "weight_grad"),
-                  ("bias_grad", "bias_grad")]
+    quantities = [(k, k) for k in ("output", "input_grad", "weight_grad", "bias_grad")]
     config = _config(t, dtype, seed, bug, in_features=in_features, out_features=out_features,
                      batch_shape=list(batch), input_is_parallel=input_is_parallel)
     return _finish("row_parallel", config,
                    partial(_build_row, bug=bug, input_is_parallel=input_is_parallel), (lin,), x, dy,
                    "cols" if input_is_parallel else "replicated", "replicated", specs, quantities,
-                   _row_reference, timeout)
+                   row_reference, timeout)
 
 
 def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
@@ -260,7 +203,8 @@ def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
     batch = _sizes(batch_shape, hidden=hidden, ffn_hidden=ffn_hidden)
     check_divisible("ffn_hidden", ffn_hidden, t)
     gen = torch.Generator().manual_seed(seed)
-    fc1, fc2 = _linear(hidden, ffn_hidden, gen, dtype), _linear(ffn_hidden, hidden, gen, dtype)
+    fc1 = random_linear(hidden, ffn_hidden, gen, dtype)
+    fc2 = random_linear(ffn_hidden, hidden, gen, dtype)
     x = torch.randn(*batch, hidden, generator=gen, dtype=dtype)
     dy = torch.randn(*batch, hidden, generator=gen, dtype=dtype)
     specs = [
@@ -270,10 +214,12 @@ def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
           ("param", "fc2.weight")),
         S("input", "replicate X", "forward", "X", "every rank holds X (f: identity)", "replicated",
           ("input",)),
-        S("fc1", "fc1 local matmul", "forward", "H", "H_r = X @ W1_r + b1_r", "cols", ("hook", "fc1", "out")),
-        S("act", "GeLU on the shard", "forward", "A", "A_r = gelu(H_r)", "cols", ("hook", "act", "out")),
-        S("partial", "fc2 local matmul", "forward", "Y", "P_r = A_r @ W2_r (no bias), handed to g", "partial",
-          ("record", "g", "forward", "in")),
+        S("fc1", "fc1 local matmul", "forward", "H", "H_r = X @ W1_r + b1_r", "cols",
+          ("hook", "fc1", "out")),
+        S("act", "GeLU on the shard", "forward", "A", "A_r = gelu(H_r)", "cols",
+          ("hook", "act", "out")),
+        S("partial", "fc2 local matmul", "forward", "Y", "P_r = A_r @ W2_r (no bias), handed to g",
+          "partial", ("record", "g", "forward", "in")),
         S("reduced", "all-reduce (g forward)", "forward", "Y", "S = sum_r P_r", "replicated",
           ("record", "g", "forward", "out"), G_FWD),
         S("output", "add b2 once", "forward", "Y", "Y = S + b2", "replicated", ("output",)),
@@ -289,11 +235,12 @@ def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
           "replicated", ("input_grad",), F_BWD),
         S("fc1.weight_grad", "fc1 weight grad", "backward", "dW1", "dW1_r = X.T @ dH_r", "cols",
           ("grad", "fc1.weight")),
-        S("fc1.bias_grad", "fc1 bias grad", "backward", "db1", "db1_r = dH_r summed over rows", "cols",
-          ("grad", "fc1.bias")),
+        S("fc1.bias_grad", "fc1 bias grad", "backward", "db1", "db1_r = dH_r summed over rows",
+          "cols", ("grad", "fc1.bias")),
     ]
     quantities = [(k, k) for k in ("output", "input_grad", "fc1.weight_grad", "fc1.bias_grad",
                                    "fc2.weight_grad", "fc2.bias_grad")]
-    config = _config(t, dtype, seed, bug, hidden=hidden, ffn_hidden=ffn_hidden, batch_shape=list(batch))
+    config = _config(t, dtype, seed, bug, hidden=hidden, ffn_hidden=ffn_hidden,
+                     batch_shape=list(batch))
     return _finish("tp_mlp", config, partial(_build_mlp, bug=bug), (fc1, fc2), x, dy, "replicated",
-                   "replicated", specs, quantities, _mlp_reference, timeout)
+                   "replicated", specs, quantities, mlp_reference, timeout)

@@ -180,11 +180,12 @@ def group_rank(group: dist.ProcessGroup | None = None) -> int:
 
 def issue(op: str, x: torch.Tensor, *, region: str, direction: str, operator: str = "",
           dim: int = -1, group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """Perform ``op`` on this rank's ``x`` along ``dim`` and record it; the shared helper of every region.
+    """Perform ``op`` on this rank's ``x`` along ``dim`` and record it (every region uses this).
 
     ``all_reduce``: ``x`` -> sum over ranks, same shape. ``all_gather``: ``[.., n/t]`` ->
     ``[.., n]``, shards concatenated along ``dim`` in rank order. ``reduce_scatter``:
-    ``[.., n]`` -> this rank's ``[.., n/t]`` of the sum. ``split``: ``[.., n]`` -> this rank's ``[.., n/t]``, no communication.
+    ``[.., n]`` -> this rank's ``[.., n/t]`` of the sum. ``split``: ``[.., n]`` -> this rank's
+    ``[.., n/t]``, no communication.
     With one rank every op returns ``x`` unchanged (recorded with ``sent_bytes == 0``).
     """
     if op not in OPS:
@@ -242,7 +243,7 @@ class _ReduceFromTensorModelParallelRegion(torch.autograd.Function):
 
 
 class _GatherFromTensorModelParallelRegion(torch.autograd.Function):
-    """forward: all-gather along the last dim [.., n/t] -> [.., n]; backward: split along the last dim."""
+    """forward: all-gather along the last dim [.., n/t] -> [.., n]; backward: split the last dim."""
 
     @staticmethod
     def forward(ctx, x, group):
@@ -257,7 +258,7 @@ class _GatherFromTensorModelParallelRegion(torch.autograd.Function):
 
 
 class _ScatterToTensorModelParallelRegion(torch.autograd.Function):
-    """forward: split along the last dim [.., n] -> [.., n/t]; backward: all-gather along the last dim."""
+    """forward: split the last dim [.., n] -> [.., n/t]; backward: all-gather along the last dim."""
 
     @staticmethod
     def forward(ctx, x, group):

@@ -23,11 +23,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from mtb_helpers.comm import (copy_to_tensor_model_parallel_region, gather_from_tensor_model_parallel_region,
-                              group_rank, group_size, reduce_from_tensor_model_parallel_region,
+from mtb_helpers.comm import (copy_to_tensor_model_parallel_region,
+                              gather_from_tensor_model_parallel_region, group_rank, group_size,
+                              reduce_from_tensor_model_parallel_region,
                               scatter_to_tensor_model_parallel_region)
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "check_divisible", "shard_range"]
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "check_divisible",
+           "shard_range"]
 
 
 def check_divisible(what: str, size: int, world_size: int) -> None:

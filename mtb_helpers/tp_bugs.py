@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mtb_helpers.comm import (copy_to_tensor_model_parallel_region, gather_from_tensor_model_parallel_region,
-                              group_size, issue, reduce_from_tensor_model_parallel_region,
+from mtb_helpers.comm import (copy_to_tensor_model_parallel_region,
+                              gather_from_tensor_model_parallel_region, group_size, issue,
+                              reduce_from_tensor_model_parallel_region,
                               scatter_to_tensor_model_parallel_region)
 from mtb_helpers.tp import ColumnParallelLinear, ParallelMLP, RowParallelLinear
 

@@ -140,3 +140,33 @@ def test_bad_input_is_refused_before_any_rank_starts(monkeypatch, call, message)
     monkeypatch.setattr(check_module, "run", no_ranks)
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_figures_draw_the_trace_with_titles_legends_and_red_failures():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mtb_helpers.plots.palette import FAIL_COLOR, rank_color
+    from mtb_helpers.plots.tp import plot_errors, plot_step, plot_steps
+
+    report = check_row_parallel(world_size=3, bug="row-missing-allreduce")
+    fig = plot_step(report, "shard W by rows")
+    assert len(fig.axes) == 3 and "shard W by rows" in fig._suptitle.get_text()
+    filled = [p for p in fig.axes[1].patches
+              if matplotlib.colors.same_color(p.get_facecolor(), rank_color(1))]
+    assert len(filled) == 1 and filled[0].get_height() == 4     # rank 1 holds rows 4:8 of W [12, 8]
+    assert fig.legends and "NOT ISSUED" in plot_step(report, 5)._suptitle.get_text()
+    overview = plot_steps(report, phase="forward")
+    assert len(overview.axes) == 3 * sum(s.phase == "forward" for s in report.steps)
+    errors = plot_errors(report)
+    ax = errors.axes[0]
+    assert ax.get_yscale() == "log" and ax.get_ylabel() and ax.get_title() and ax.get_legend()
+    red = [t.get_text() for t in ax.get_xticklabels()
+           if matplotlib.colors.same_color(t.get_color(), FAIL_COLOR)]
+    assert red == [f"{s.index}. {s.name}" for s in report.steps if not s.passed]
+    by_quantity = plot_errors(report, by="quantity").axes[0]
+    assert [t.get_text() for t in by_quantity.get_xticklabels()] == report.quantities()
+    with pytest.raises(ValueError, match="no step"):
+        plot_step(report, "no such step")
+    plt.close("all")
