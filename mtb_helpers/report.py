@@ -138,9 +138,20 @@ class Report:
                 return r
         raise KeyError((quantity, rank))
 
+    def step(self, which: int | str):
+        """The trace step with this index (as printed, from 1) or name."""
+        for s in self.steps:
+            if s.index == which or s.name == which:
+                return s
+        raise KeyError(f"no step {which!r}; steps: {[s.name for s in self.steps]}")
+
+    def __repr__(self) -> str:
+        return f"<Report {self.title()}>"
+
     def title(self) -> str:
         cfg = ", ".join(f"{k}={v}" for k, v in self.config.items())
-        verdict = "PASSED" if self.passed else f"FAILED ({len(self.failed())} of {len(self.rows)} rows)"
+        verdict = ("PASSED" if self.passed
+                   else f"FAILED ({len(self.failed())} of {len(self.rows)} rows)")
         return f"{self.check} [{cfg}]: {verdict}"
 
     def to_dict(self) -> dict:

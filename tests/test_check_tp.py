@@ -59,6 +59,8 @@ def test_report_table_html_and_json():
     text = str(report)
     assert "PASSED" in text and "fc2.weight_grad" in text and "fp64: distributed" in text
     assert "collectives on rank 0: forward: 1 all_reduce" in text
+    assert repr(report).startswith("<Report tp_mlp [") and report.step(1) is report.steps[0]
+    assert report.step("all-reduce (g forward)").collective["operator"] == "g"
     assert "<table>" in report._repr_html_() and "fc1.bias_grad" in report._repr_html_()
     data = json.loads(json.dumps(report.to_dict(), allow_nan=False))
     assert data["passed"] is True and len(data["rows"]) == 12 and len(data["records"]) == 2
