@@ -12,8 +12,10 @@ matplotlib.use("Agg")
 
 import mtb_helpers.collectives as coll  # noqa: E402
 from mtb_helpers import BUGS, RankTimeoutError  # noqa: E402
-from mtb_helpers.collectives import (COLLECTIVE_BUGS, COLLECTIVES, check_collectives,  # noqa: E402
-                                     formula_bytes, reference)
+import mtb_helpers.collectives_check as cc  # noqa: E402
+from mtb_helpers.collectives import (COLLECTIVE_BUGS, COLLECTIVES, formula_bytes,  # noqa: E402
+                                     reference)
+from mtb_helpers.collectives_check import check_collectives  # noqa: E402
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
@@ -71,7 +73,7 @@ def test_bug_provenance_shows_where_values_came_from():
     ({"collectives": ("all-scatter",)}, "unknown collective"),
 ])
 def test_bad_input_is_refused_before_any_rank_starts(monkeypatch, kwargs, match):
-    monkeypatch.setattr(coll, "run", lambda *a, **k: pytest.fail("a rank was started"))
+    monkeypatch.setattr(cc, "run", lambda *a, **k: pytest.fail("a rank was started"))
     args = {"world_size": 2, "numel": 8, **kwargs}
     with pytest.raises(ValueError, match=match):
         check_collectives(**args)
@@ -101,7 +103,7 @@ def test_formulas():
 
 
 def test_measured_bytes_follow_the_formulas():
-    rows = coll.measure_bytes(world_sizes=(2, 3), numel=6 * 256)
+    rows = cc.measure_bytes(world_sizes=(2, 3), numel=6 * 256)
     for name in ("broadcast", "all-gather", "all-to-all"):
         assert all(r["measured"] == r["formula"] for r in rows if r["collective"] == name), name
     for t in (2, 3):
@@ -131,7 +133,7 @@ def test_a_wrong_user_implementation_fails():
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_all_reduce_equals_reduce_scatter_then_all_gather(world_size):
-    result = coll.all_reduce_as_reduce_scatter_all_gather(world_size, numel=12 * 32)
+    result = cc.all_reduce_as_reduce_scatter_all_gather(world_size, numel=12 * 32)
     assert result["passed"]
     formula = result["formula"]
     assert formula["all-reduce"] == formula["reduce-scatter"] + formula["all-gather"]
@@ -145,11 +147,11 @@ def test_all_reduce_equals_reduce_scatter_then_all_gather(world_size):
 
 def test_deadlock_demo_times_out_with_a_message_then_ranks_work_again():
     with pytest.raises(RankTimeoutError) as info:
-        coll.deadlock_demo(world_size=2, timeout=2.0)
+        cc.deadlock_demo(world_size=2, timeout=2.0)
     assert "all_reduce" in str(info.value) and "rank 0" in str(info.value)
     assert check_collectives(2, numel=2, collectives=("all-reduce",)).passed
     with pytest.raises(ValueError):
-        coll.deadlock_demo(world_size=1)
+        cc.deadlock_demo(world_size=1)
 
 
 def test_figures_and_explorer_draw_the_report(monkeypatch):
@@ -167,7 +169,7 @@ def test_figures_and_explorer_draw_the_report(monkeypatch):
              "formula": f} for c in COLLECTIVES for t in (1, 2)
             for r, f in enumerate(formula_bytes(c, t, 64))]
     assert len(plot_bytes(rows).axes) == len(COLLECTIVES)
-    assert len(plot_decomposition(coll.all_reduce_as_reduce_scatter_all_gather(2, 4)).axes) == 3
+    assert len(plot_decomposition(cc.all_reduce_as_reduce_scatter_all_gather(2, 4)).axes) == 3
     fig, text = explorer_module.render(3, "all-to-all", 2, inject_bug=True)
     assert text.startswith("FAIL") and "alltoall-wrong-split" in text
     calls = []

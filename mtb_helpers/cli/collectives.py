@@ -5,7 +5,8 @@ import argparse
 import json
 
 from mtb_helpers.cli.common import add_check_options, is_primary
-from mtb_helpers.collectives import COLLECTIVES, check_collectives
+from mtb_helpers.collectives import COLLECTIVES
+from mtb_helpers.collectives_check import check_collectives
 
 
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:

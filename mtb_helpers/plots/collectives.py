@@ -1,6 +1,6 @@
 """Figures of the collectives primer: every rank's buffer before and after, and bytes sent.
 
-They draw plain data (a :class:`~mtb_helpers.collectives.CollectivesReport`, its ``to_dict()``,
+They draw plain data (a :class:`~mtb_helpers.collectives_check.CollectivesReport`, its ``to_dict()``,
 or the rows of ``measure_bytes``); they never start ranks. A cell is coloured by the rank its
 value came from; a value summed from several ranks is striped in all their colours.
 """

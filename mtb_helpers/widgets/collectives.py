@@ -7,7 +7,8 @@ import matplotlib.pyplot as plt
 from IPython.display import display
 from matplotlib.figure import Figure
 
-from mtb_helpers.collectives import COLLECTIVE_BUGS, COLLECTIVES, FORMULAS, check_collectives
+from mtb_helpers.collectives import COLLECTIVE_BUGS, COLLECTIVES, FORMULAS
+from mtb_helpers.collectives_check import check_collectives
 from mtb_helpers.plots.collectives import plot_collective
 
 MAX_EXPLORER_RANKS = 4   # Binder has 1 CPU and 2 GB; the figures are made for a few rows
