@@ -79,7 +79,8 @@ def _draw_holding(ax: Axes, step, holding, rank: int, extent: tuple[int, int]) -
             else f"rows {holding.rows[0]}:{holding.rows[1]}" if holding.cols == (0, cols)
             else f"cols {holding.cols[0]}:{holding.cols[1]}")
         err = "0" if holding.max_abs_err == 0 else f"{holding.max_abs_err:.1e}"
-    ax.set_title(f"rank {rank}: {what}\nerr {err}", fontsize=9,
+    ax.set_title(f"rank {rank}:\n{what}\nerr {err}" if len(what) > 10 else
+                 f"rank {rank}: {what}\nerr {err}", fontsize=9,
                  color="black" if holding.passed else FAIL_COLOR)
     if not holding.passed:
         for side in ax.spines.values():
@@ -118,7 +119,9 @@ def plot_step(report, step, figsize: tuple[float, float] | None = None) -> Figur
     fig, axes = plt.subplots(1, t, figsize=figsize or (width, panel_h + 2.0), squeeze=False)
     for r, h in enumerate(s.holdings):
         _draw_holding(axes[0][r], s, h, r, s.global_shape)
-        axes[0][r].set_xlabel(_axis_names(s)[1], fontsize=8)
+        if t > 4:   # eight panels in 10 inches: shorter titles, or they run into each other
+            axes[0][r].title.set_fontsize(7)
+    axes[0][0].set_xlabel(_axis_names(s)[1], fontsize=8)
     axes[0][0].set_ylabel(_axis_names(s)[0], fontsize=8)
     fig.suptitle(step_title(s) + f"\n{s.tensor} is {rows} x {cols}, {LAYOUT_TEXT[s.layout]}",
                  fontsize=10, x=0.02, ha="left")
@@ -210,7 +213,7 @@ def plot_errors(report, by: str = "step", ax: Axes | None = None) -> Figure:
     ax.set_ylabel("max abs error vs one process")
     ax.set_xlabel("step of the trace" if by == "step" else "quantity")
     verdict = "passed" if report.passed else "FAILED"
-    ax.set_title(f"{report.check} ({report.config.get('dtype')}, {t} ranks): error per "
+    ax.set_title(f"{report.check} ({report.config.get('dtype')}, {t} rank{'s' * (t > 1)}): error per "
                  f"{by}, {verdict}", fontsize=11)
     handles = [*rank_legend_handles(t),
                Line2D([], [], color="black", linewidth=1.5, label="tolerance"),
