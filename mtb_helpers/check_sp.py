@@ -52,7 +52,7 @@ SP_SPECS = [
       ("hook", "dropout", "out")),
     S("output", "residual on the shard", "forward", "Y", "Y_r = X_r + D_r", "rows", ("output",)),
     S("dz_shard", "dropout backward", "backward", "dZ", "dZ_r = mask[seq rows r] * dY_r / (1-p)", "rows",
-      ("record", RS, "backward", "in")),
+      ("hook", "fc2", "grad_out")),
     S("fc2.bias_grad_partial", "fc2 bias grad of the shard", "backward", "db2", "db2_r = dZ_r summed",
       "partial", ("record", "fc2.bias", "backward", "in")),
     S("fc2.bias_grad", "all-reduce db2", "backward", "db2", "db2 = sum_r db2_r", "replicated",
