@@ -1,0 +1,45 @@
+"""The tensor-parallel explorer re-runs its check on real ranks when a control changes."""
+from __future__ import annotations
+
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+
+from mtb_helpers.widgets.tp import run_explorer_check, summary, tp_explorer  # noqa: E402
+
+
+def _controls(explorer):
+    first_row, second_row, _ = explorer.children
+    size, per_rank, other = first_row.children
+    dtype, bug = second_row.children
+    return size, per_rank, other, dtype, bug
+
+
+@pytest.mark.parametrize("kind", ["column", "row", "mlp"])
+def test_explorer_redraws_on_every_control(kind, capsys):
+    explorer = tp_explorer(kind, world_size=2)
+    assert "PASS" in capsys.readouterr().out
+    size, per_rank, _, _, bug = _controls(explorer)
+    size.value = 3
+    assert "on 3 rank(s)" in capsys.readouterr().out
+    bug.value = bug.options[1][1]
+    out = capsys.readouterr().out
+    assert "FAIL (" in out and f"bug={bug.options[1][1]}" in out
+
+
+def test_summary_counts_the_mlps_two_all_reduces_and_names_failing_quantities():
+    report = run_explorer_check("mlp", 2, 2, 4, "float64", None)
+    assert "2 all-reduce(s)" in summary(report)
+    broken = run_explorer_check("row", 2, 2, 4, "float32", "bias-before-allreduce")
+    assert summary(broken).startswith("FAIL (output)")
+
+
+def test_explorer_sets_gather_output_for_the_all_gather_bug():
+    report = run_explorer_check("column", 2, 2, 4, "float32", "allgather-wrong-order")
+    assert not report.passed and {r.quantity for r in report.failed()} == {"output"}
+
+
+def test_unknown_kind_is_refused():
+    with pytest.raises(ValueError, match="kind"):
+        tp_explorer("diagonal")
