@@ -26,6 +26,7 @@ from mtb_helpers.tp_bugs import (COLUMN_BUGS, MLP_BUGS, ROW_BUGS, build_mlp, col
 from mtb_helpers.tp_reference import (cast_linear, column_reference, mlp_reference, random_linear,
                                       row_reference)
 from mtb_helpers.trace import StepSpec as S, build_rows, build_steps, trace_on_rank
+from mtb_helpers.check_sp import check_sequence_parallel  # noqa: F401  (DESIGN: one import path for every check)
 
 __all__ = ["check_column_parallel", "check_row_parallel", "check_tp_mlp"]
 

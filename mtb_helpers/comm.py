@@ -295,3 +295,16 @@ def scatter_to_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torc
 __all__ = ["CollectiveEvent", "CollectiveRecord", "record", "issue", "group_size", "group_rank",
            "copy_to_tensor_model_parallel_region", "reduce_from_tensor_model_parallel_region",
            "gather_from_tensor_model_parallel_region", "scatter_to_tensor_model_parallel_region"]
+
+# The sequence-parallel regions live in comm_sp (they build on issue() above); they are reachable
+# from here too, so that every region has one import path. Lazy, because comm_sp imports this module.
+_SEQUENCE_PARALLEL_REGIONS = ("scatter_to_sequence_parallel_region",
+                              "gather_from_sequence_parallel_region",
+                              "reduce_scatter_to_sequence_parallel_region")
+
+
+def __getattr__(name: str):
+    if name in _SEQUENCE_PARALLEL_REGIONS:
+        from mtb_helpers import comm_sp
+        return getattr(comm_sp, name)
+    raise AttributeError(f"module 'mtb_helpers.comm' has no attribute {name!r}")

@@ -138,3 +138,16 @@ def test_record_counts_filters_serialises_and_nests():
     assert again.events == outer.events and again.tensors == []
     assert "forward: 1 all_reduce (64 B)" in outer.summary()
     assert outer.without_tensors().tensors == [] and not comm._ACTIVE
+
+
+def test_every_region_and_check_has_the_one_import_path_design_promises():
+    from mtb_helpers import comm, comm_sp
+    from mtb_helpers.check import check_sequence_parallel
+    from mtb_helpers.check_sp import check_sequence_parallel as in_its_module
+
+    assert check_sequence_parallel is in_its_module
+    for name in ("scatter_to_sequence_parallel_region", "gather_from_sequence_parallel_region",
+                 "reduce_scatter_to_sequence_parallel_region"):
+        assert getattr(comm, name) is getattr(comm_sp, name)
+    with pytest.raises(AttributeError):
+        comm.no_such_region  # noqa: B018
