@@ -13,6 +13,7 @@ from __future__ import annotations
 import textwrap
 
 import matplotlib.pyplot as plt
+import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -20,9 +21,10 @@ from matplotlib.patches import Patch, Rectangle
 
 from mtb_helpers.plots.palette import EMPTY_COLOR, FAIL_COLOR, rank_color, rank_legend_handles
 from mtb_helpers.plots.tp import plot_errors
+from mtb_helpers.sp import keep_mask
 
-__all__ = ["plot_sequence_layout", "plot_errors", "plot_activation_memory", "plot_communication",
-           "TERM_COLORS"]
+__all__ = ["plot_sequence_layout", "plot_errors", "plot_dropout_masks", "plot_activation_memory",
+           "plot_communication", "TERM_COLORS"]
 
 COLLECTIVE_TEXT = {"all_gather": "all-gather", "reduce_scatter": "reduce-scatter",
                    "all_reduce": "all-reduce", "split": "split"}
@@ -108,6 +110,42 @@ def plot_sequence_layout(report, phase: str = "forward", width: float = 10.0) ->
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8,
                frameon=False)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
+    return fig
+
+
+def plot_dropout_masks(seq_len: int = 8, batch: int = 2, hidden: int = 4, p: float = 0.3,
+                       seed: int = 0, world_size: int = 2) -> Figure:
+    """The dropout mask of ``[s, b, h]`` as rank ``r`` sees it (rows = sequence positions, columns
+    = the ``b * h`` elements of a position): keyed by global position (one mask, cut into shards)
+    next to keyed by local position (the bug: every shard repeats the first shard's mask). Kept
+    elements are in the colour of the rank holding that row, dropped ones white."""
+    n = seq_len // world_size
+    masks = {"keyed by global position (correct):\none mask, each rank holds its rows":
+             keep_mask((seq_len, batch, hidden), p, seed),
+             "keyed by local position (bug):\nevery shard repeats rank 0's mask":
+             torch.cat([keep_mask((n, batch, hidden), p, seed) for _ in range(world_size)])}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 1.6 + 0.32 * seq_len))
+    for ax, (title, mask) in zip(axes, masks.items()):
+        flat = mask.reshape(seq_len, -1)
+        for i in range(seq_len):
+            for j in range(flat.shape[1]):
+                color = rank_color(i // n) if flat[i, j] else "white"
+                ax.add_patch(Rectangle((j, i), 1, 1, facecolor=color, edgecolor="#BBBBBB",
+                                       linewidth=0.5))
+        for r in range(1, world_size):   # shard boundaries
+            ax.axhline(r * n, color="black", linewidth=1.5)
+        ax.set_xlim(0, flat.shape[1])
+        ax.set_ylim(seq_len, 0)
+        ax.set_yticks([i + 0.5 for i in range(seq_len)], [str(i) for i in range(seq_len)], fontsize=7)
+        ax.set_xticks([])
+        ax.set_xlabel(f"the b x h = {batch} x {hidden} elements of each position")
+        ax.set_ylabel("sequence position")
+        ax.set_title(title, fontsize=10)
+    fig.suptitle(f"Dropout mask, p = {p}, seed {seed}, {world_size} ranks", fontsize=11)
+    fig.legend(handles=[*rank_legend_handles(world_size),
+                        Patch(facecolor="white", edgecolor="#BBBBBB", label="dropped")],
+               loc="lower center", ncol=world_size + 1, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
 
 
