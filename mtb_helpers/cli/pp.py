@@ -52,7 +52,7 @@ def bubble(args: argparse.Namespace) -> int:
 
         from mtb_helpers.plots.pp import plot_gantt
         fig = plot_gantt(timeline, args.schedule)
-        fig.savefig(args.plot, dpi=100)
+        fig.savefig(args.plot, dpi=100, bbox_inches="tight")
         plt.close(fig)
     wide = ops.chunks > 1
     if args.json:

@@ -19,7 +19,8 @@ from mtb_helpers.plots.palette import EMPTY_COLOR, rank_color
 from mtb_helpers.pp import SCHEDULES, closed_form, schedule, simulate
 from mtb_helpers.pp_sim import Timeline
 
-__all__ = ["OP_COLORS", "plot_gantt", "plot_bubble_vs_microbatches", "plot_peak_memory"]
+__all__ = ["OP_COLORS", "plot_gantt", "plot_bubble_vs_microbatches", "plot_peak_memory",
+           "plot_stage_layout"]
 
 OP_COLORS = {"F": "#77AADD", "B": "#EE8866", "I": "#EEDD88", "W": "#44BB99"}
 OP_NAMES = {"F": "F forward", "B": "B backward (dX and dW)", "I": "I input grad (dX)",
@@ -63,7 +64,7 @@ def plot_gantt(timeline: Timeline, name: str | None = None, ax: plt.Axes | None 
     p, chunks, span = timeline.ranks, timeline.chunks, timeline.makespan
     own_figure = ax is None
     if ax is None:
-        fig, ax = plt.subplots(figsize=(width, 1.6 + 0.5 * p + 0.5))
+        fig, ax = plt.subplots(figsize=(width, 2.0 + 0.5 * p))
     fig = ax.figure
     band = span * 0.025  # the rank-colour band left of time 0
     axes_inches = fig.get_figwidth() * ax.get_position().width
@@ -90,16 +91,17 @@ def plot_gantt(timeline: Timeline, name: str | None = None, ax: plt.Axes | None 
     ax.set_ylim(-0.6, p - 0.4)
     ax.set_yticks(range(p), [f"stage {r}" for r in reversed(range(p))])
     ax.set_xlabel("time (in the units of forward= / backward= given to simulate)")
-    ax.set_ylabel("pipeline stage (= rank)")
+    ax.set_ylabel("stage (= rank)")
     ax.set_title(f"{_description(timeline, name)}\nmakespan {span:g}, bubble "
                  f"{timeline.bubble_fraction:.1%} of p x makespan (hatched = idle)")
     handles = _gantt_handles(timeline)
     legend_title = "numbers in boxes = micro-batch" + (" (c = chunk)" if chunks > 1 else "")
-    if own_figure:  # legend under the axes, with room reserved for it
-        rows = -(-len(handles) // 4)
-        fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False,
-                   title=legend_title, title_fontsize=8)
-        fig.tight_layout(rect=(0, (0.35 + 0.22 * rows) / fig.get_figheight(), 1, 1))
+    if own_figure:  # legend right under the x label, in room reserved at the bottom
+        ncol = len(handles) if len(handles) <= 5 else -(-len(handles) // 2)
+        bottom = (0.3 + 0.2 * -(-len(handles) // ncol)) / fig.get_figheight()
+        fig.tight_layout(rect=(0, bottom, 1, 1))
+        fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, bottom), ncol=ncol,
+                   fontsize=8, frameon=False, title=legend_title, title_fontsize=8)
     else:
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
                   title="numbers = micro-batch", title_fontsize=8)
@@ -171,5 +173,39 @@ def plot_peak_memory(stages: int = 4, microbatches: int = 8, chunks: int = 2,
     handles.append(Line2D([], [], color="black", linestyle=":", label=f"p = {stages}"))
     ax.legend(handles=handles, title="schedule (hatch)", fontsize=8, ncol=len(handles),
               loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def plot_stage_layout(stages: int = 4, microbatches: int = 4) -> Figure:
+    """Who holds what: stage r (rank r) holds layer block W_r; micro-batches X_i enter stage 0,
+    activations [s, b, h] go right by send/recv, their gradients come back left; loss on the last."""
+    fig, ax = plt.subplots(figsize=(9, 2.6))
+    for r in range(stages):
+        x = 1.0 + 2.0 * r
+        ax.add_patch(Rectangle((x, 0.0), 1.3, 1.0, facecolor=rank_color(r), alpha=0.35,
+                               edgecolor=rank_color(r), linewidth=2.5))
+        ax.text(x + 0.65, 0.5, f"stage {r}\nrank {r}\nholds W{r}", ha="center", va="center",
+                fontsize=9)
+        if r < stages - 1:  # forward activation right (top), its gradient left (bottom)
+            ax.annotate("", xy=(x + 2.0, 0.75), xytext=(x + 1.3, 0.75),
+                        arrowprops=dict(arrowstyle="->", color="black"))
+            ax.annotate("", xy=(x + 1.3, 0.25), xytext=(x + 2.0, 0.25),
+                        arrowprops=dict(arrowstyle="->", color="#D55E00"))
+    ax.text(0.15, 0.5, "\n".join(f"X{i}" for i in range(min(microbatches, 4)))
+            + ("\n..." if microbatches > 4 else ""), ha="center", va="center", fontsize=8)
+    ax.annotate("", xy=(1.0, 0.5), xytext=(0.4, 0.5), arrowprops=dict(arrowstyle="->"))
+    end = 1.0 + 2.0 * (stages - 1) + 1.3
+    ax.annotate("", xy=(end + 0.6, 0.5), xytext=(end, 0.5), arrowprops=dict(arrowstyle="->"))
+    ax.text(end + 0.7, 0.5, "loss", va="center", fontsize=9)
+    handles = [Line2D([], [], color="black", label="F: send activation Y_r [s, b, h] to stage r+1"),
+               Line2D([], [], color="#D55E00", label="B: send gradient dY_r [s, b, h] back to stage r")]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=2,
+              fontsize=8, frameon=False)
+    ax.set_xlim(-0.2, end + 1.5)
+    ax.set_ylim(-0.1, 1.1)
+    ax.set_axis_off()
+    ax.set_title(f"Pipeline parallelism: W = [W0, ..., W{stages - 1}] split by layers, "
+                 f"{microbatches} micro-batches X_i flow through")
     fig.tight_layout()
     return fig
