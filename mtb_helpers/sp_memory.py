@@ -186,19 +186,31 @@ def measure_activation_memory(world_sizes: tuple[int, ...] = (1, 2, 4), seq_len:
             for t in sizes]
 
 
+_SHORT_TERMS = {"LayerNorm input": "LN in", "fc1 input": "fc1 in", "GeLU input": "GeLU in",
+                "fc2 input": "fc2 in", "dropout mask": "mask"}
+_SHORT_VARIANTS = {"tp": "TP", "sp": "SP", "sp_regather": "SP+"}
+
+
 def memory_table(figures: list[dict] | dict) -> str:
-    """Measured and modelled bytes per rank, one line per (world size, variant), plus bytes sent."""
+    """Measured and modelled bytes per rank, one line per (world size, variant), plus bytes sent.
+    Variants: TP = tensor parallel only, SP = TP + SP, SP+ = SP with fc1's input re-gathered."""
     figures = [figures] if isinstance(figures, dict) else figures
-    head = ["t", "variant", *TERMS, "total", "model", STATS, "sent (acts)", "sent (grads)"]
+    head = ["t", "variant", *_SHORT_TERMS.values(), "total", "model", "LN stats", "sent",
+            "sent (grads)"]
     body = []
     for fig in figures:
-        for v in fig["variants"].values():
+        for key, v in fig["variants"].items():
             comm = v["communication"]
-            body.append([str(fig["world_size"]), v["label"],
+            body.append([str(fig["world_size"]), _SHORT_VARIANTS[key],
                          *(str(v["measured"][k]) for k in TERMS), str(v["measured_total"]),
                          str(v["model_total"]), str(v["measured"][STATS]),
                          str(comm["activation_sent"]), str(comm["param_grad_sent"])])
     widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *body]]
+    lines = ["  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
+             for row in [head, *body]]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    lines += ["bytes per rank. TP: tensor parallel only; SP: + sequence parallel; SP+: SP, fc1 "
+              "input re-gathered.",
+              "total: measured, without LN stats (LayerNorm mean, 1/std); model: Korthikanti et al.",
+              "sent: activation collectives (ring bytes); sent (grads): LayerNorm/fc2-bias grads."]
     return "\n".join(lines)

@@ -16,7 +16,7 @@ def test_sequence_passes_and_prints_the_table_and_the_memory(capsys):
                      "fc1.weight_grad", "fc2.bias_grad"):
         assert quantity in out
     assert "max abs error over ranks: output" in out
-    assert "TP only" in out and "TP + SP" in out and "LayerNorm input" in out
+    assert "LN in" in out and "SP+" in out and "Korthikanti" in out
 
 
 def test_sequence_json_carries_rows_and_activation_memory(capsys):
