@@ -123,11 +123,13 @@ def plot_step(report, step, figsize: tuple[float, float] | None = None) -> Figur
             axes[0][r].title.set_fontsize(7)
     axes[0][0].set_xlabel(_axis_names(s)[1], fontsize=8)
     axes[0][0].set_ylabel(_axis_names(s)[0], fontsize=8)
-    fig.suptitle(step_title(s) + f"\n{s.tensor} is {rows} x {cols}, {LAYOUT_TEXT[s.layout]}",
-                 fontsize=10, x=0.02, ha="left")
+    title = step_title(s) + f"\n{s.tensor} is {rows} x {cols}, {LAYOUT_TEXT[s.layout]}"
+    fig.suptitle(title, fontsize=10, x=0.02, ha="left")
     fig.legend(handles=_legend_handles(t), loc="lower center", ncol=min(t + 3, 8), fontsize=8,
                frameon=False)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    # Keep the panels below the title: ~0.19 in per 10 pt line, whatever the figure's height.
+    top = 1 - (0.19 * (title.count("\n") + 1) + 0.1) / fig.get_figheight()
+    fig.tight_layout(rect=(0, 0.1, 1, top))
     return fig
 
 
