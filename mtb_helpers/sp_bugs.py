@@ -12,8 +12,9 @@ from torch import nn
 
 from mtb_helpers.comm import group_rank, group_size, reduce_from_tensor_model_parallel_region
 from mtb_helpers.comm_sp import allreduce_sequence_parallel_grad
-from mtb_helpers.sp import (PositionKeyedDropout, SequenceParallelColumnLinear, SequenceParallelLayerNorm,
-                            SequenceParallelMLPBlock, SequenceParallelRowLinear)
+from mtb_helpers.sp import (PositionKeyedDropout, SequenceParallelColumnLinear,
+                            SequenceParallelLayerNorm, SequenceParallelMLPBlock,
+                            SequenceParallelRowLinear)
 
 SP_BUGS = ("sp-no-layernorm-grad-allreduce", "sp-same-dropout-mask",
            "sp-allreduce-instead-of-reduce-scatter")
@@ -48,14 +49,19 @@ class RowAllReduceThenSlice(SequenceParallelRowLinear):
         return y + allreduce_sequence_parallel_grad(self.bias, "fc2.bias", self.group)
 
 
+_LAYERNORM = {"sp-no-layernorm-grad-allreduce": LayerNormWithoutGradAllReduce}
+_DROPOUT = {"sp-same-dropout-mask": SameMaskDropout}
+_ROW = {"sp-allreduce-instead-of-reduce-scatter": RowAllReduceThenSlice}
+
+
 def build_block(ln: nn.LayerNorm, fc1: nn.Linear, fc2: nn.Linear, dropout_p: float = 0.1,
                 seed: int = 0, bug: str | None = None, group=None) -> SequenceParallelMLPBlock:
     """``SequenceParallelMLPBlock.from_full(...)`` with ``bug`` injected into the part it concerns."""
     if bug is None:
         return SequenceParallelMLPBlock.from_full(ln, fc1, fc2, dropout_p, seed, group)
-    norm = LayerNormWithoutGradAllReduce if bug == "sp-no-layernorm-grad-allreduce" else SequenceParallelLayerNorm
-    drop = SameMaskDropout if bug == "sp-same-dropout-mask" else PositionKeyedDropout
-    row = RowAllReduceThenSlice if bug == "sp-allreduce-instead-of-reduce-scatter" else SequenceParallelRowLinear
+    norm = _LAYERNORM.get(bug, SequenceParallelLayerNorm)
+    drop = _DROPOUT.get(bug, PositionKeyedDropout)
+    row = _ROW.get(bug, SequenceParallelRowLinear)
     return SequenceParallelMLPBlock(norm.from_full(ln, "ln", group),
                                     SequenceParallelColumnLinear.from_full(fc1, group=group),
                                     row.from_full(fc2, group=group),

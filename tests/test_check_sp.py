@@ -154,3 +154,19 @@ def test_figures_have_rank_colours_titles_legends_and_red_failures():
     comm = plot_communication(figures).axes[0]
     assert comm.get_title() and comm.get_legend()
     plt.close("all")
+
+
+def test_explorer_summary_and_controls():
+    import matplotlib
+    matplotlib.use("Agg")
+
+    from mtb_helpers.widgets.sp import VIEWS, explore_sequence_parallel, sp_summary
+
+    text = sp_summary(check_sequence_parallel(world_size=2, bug="sp-no-layernorm-grad-allreduce"))
+    assert "FAILED" in text and "fails: ln.weight_grad on ranks 0, 1" in text
+    assert "saved for backward per rank: TP only" in text and "collectives on rank 0" in text
+    widget = explore_sequence_parallel(world_size=2, seq_len=8)
+    controls = {c.description: c for c in widget.children[:-1]}
+    assert set(controls) == {"world size t", "sequence length s", "dropout p", "bug", "show"}
+    assert controls["bug"].options == ("none", *SP_BUGS)
+    assert list(controls["show"].options) == list(VIEWS)
