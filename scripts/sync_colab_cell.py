@@ -1,17 +1,18 @@
 """Rewrite the first code cell of every notebook (the Colab install cell) from pyproject.toml.
 
-    python scripts/sync_colab_cell.py                 # every notebooks/*.ipynb
-    python scripts/sync_colab_cell.py --check         # exit 1 if any notebook would change
-    python scripts/sync_colab_cell.py NB.ipynb ... [--pyproject path/to/pyproject.toml]
+    python scripts/sync_colab_cell.py                 # every notebooks/*.ipynb and README.md
+    python scripts/sync_colab_cell.py --check         # exit 1 if anything would change
+    python scripts/sync_colab_cell.py NB.ipynb ... [--pyproject P] [--readme R]
 
-The repository address is set in one place, ``[project.urls] Repository`` in pyproject.toml; the
-README's Colab and Binder links and this cell follow it. Only the cell's source changes: outputs,
+The repository address is set in one place, ``[project.urls] Repository`` in pyproject.toml; this
+cell and the README's Colab and Binder links follow it. Only the cell's source changes: outputs,
 execution counts and metadata stay as they are, so a synced notebook is still "executed top to
 bottom" without running it again (the cell prints nothing where the package is installed).
 """
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tomllib
 from pathlib import Path
@@ -63,11 +64,27 @@ def sync(path: Path, url: str, write: bool = True) -> bool:
     return True
 
 
+def sync_readme(path: Path, url: str, write: bool = True) -> bool:
+    """Point the README's Colab and Binder links at ``url``; True if it changed."""
+    if not url.startswith("https://github.com/"):
+        raise ValueError(f"Colab and Binder open GitHub repositories; Repository is {url}")
+    owner_repo = url.removeprefix("https://github.com/")
+    text = path.read_text()
+    new = re.sub(r"(colab\.research\.google\.com/github/|mybinder\.org/v2/gh/)[^/\s]+/[^/\s]+/",
+                 lambda m: f"{m.group(1)}{owner_repo}/", text)
+    if new == text:
+        return False
+    if write:
+        path.write_text(new)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="*", type=Path,
                         help="notebooks to sync (default: notebooks/*.ipynb)")
     parser.add_argument("--pyproject", type=Path, default=ROOT / "pyproject.toml")
+    parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
     parser.add_argument("--check", action="store_true",
                         help="change nothing; exit 1 if some notebook is out of date")
     args = parser.parse_args(argv)
@@ -83,6 +100,13 @@ def main(argv: list[str] | None = None) -> int:
         if changed:
             stale.append(path)
             print(f"{'out of date' if args.check else 'updated'}: {path}")
+    try:
+        if sync_readme(args.readme, url, write=not args.check):
+            stale.append(args.readme)
+            print(f"{'out of date' if args.check else 'updated'}: {args.readme}")
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     return 1 if (args.check and stale) else 0
 
 

@@ -174,12 +174,19 @@ def test_sync_script_rewrites_only_the_install_cell(tmp_path):
     pyproject = tmp_path / "pyproject.toml"
     pyproject.write_text('[project]\nname = "x"\n[project.urls]\n'
                          'Repository = "https://github.com/someone/fork.git"\n')
+    readme = tmp_path / "README.md"
+    shutil.copy(ROOT / "README.md", readme)
     cmd = [sys.executable, str(ROOT / "scripts" / "sync_colab_cell.py"),
-           "--pyproject", str(pyproject), str(nb_copy)]
+           "--pyproject", str(pyproject), "--readme", str(readme), str(nb_copy)]
     check = subprocess.run(cmd + ["--check"], capture_output=True, text=True)
     assert check.returncode == 1, check.stdout + check.stderr
     assert nb_copy.read_bytes() == source.read_bytes(), "--check must not write"
+    assert readme.read_text() == _readme(), "--check must not write"
     subprocess.run(cmd, check=True, capture_output=True)
+    owner_repo = REPO_URL.removeprefix("https://github.com/")
+    synced = readme.read_text()
+    for link in ("colab.research.google.com/github/", "mybinder.org/v2/gh/"):
+        assert f"{link}{owner_repo}/" not in synced and f"{link}someone/fork/" in synced, link
     before, after = _read(source), _read(nb_copy)
     assert _code_cells(after)[0].source == SYNC.colab_cell_source("https://github.com/someone/fork")
     assert 'git+https://github.com/someone/fork"' in _code_cells(after)[0].source
