@@ -300,7 +300,8 @@ __all__ = ["CollectiveEvent", "CollectiveRecord", "record", "issue", "group_size
 # from here too, so that every region has one import path. Lazy, because comm_sp imports this module.
 _SEQUENCE_PARALLEL_REGIONS = ("scatter_to_sequence_parallel_region",
                               "gather_from_sequence_parallel_region",
-                              "reduce_scatter_to_sequence_parallel_region")
+                              "reduce_scatter_to_sequence_parallel_region",
+                              "allreduce_sequence_parallel_grad")
 
 
 def __getattr__(name: str):

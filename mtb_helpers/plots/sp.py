@@ -20,7 +20,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
 from mtb_helpers.plots.palette import EMPTY_COLOR, FAIL_COLOR, rank_color, rank_legend_handles
-from mtb_helpers.plots.tp import plot_errors as _tp_plot_errors
+from mtb_helpers.plots.tp import plot_errors  # noqa: F401  (re-exported: notebook 04 draws it from here)
 from mtb_helpers.sp import keep_mask
 
 __all__ = ["plot_sequence_layout", "plot_errors", "plot_dropout_masks", "plot_activation_memory",
@@ -110,19 +110,6 @@ def plot_sequence_layout(report, phase: str = "forward", width: float = 10.0) ->
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8,
                frameon=False)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
-    return fig
-
-
-def plot_errors(report, by: str = "step", ax: Axes | None = None) -> Figure:
-    """``plots.tp.plot_errors`` (max abs error per rank against the tolerance); with many
-    quantities their labels are slanted so that names like ``fc1.weight_grad`` stay apart."""
-    fig = _tp_plot_errors(report, by=by, ax=ax)
-    if by == "quantity" and len(report.quantities()) > 6:
-        axis = ax or fig.axes[0]
-        for label in axis.get_xticklabels():
-            label.set_rotation(25)
-            label.set_ha("right")
-        fig.tight_layout()
     return fig
 
 

@@ -207,8 +207,9 @@ def plot_errors(report, by: str = "step", ax: Axes | None = None) -> Figure:
     exps = list(range(hi, lo, -stride))[::-1]
     ax.yaxis.set_minor_locator(NullLocator())
     ax.set_yticks([floor] + [10.0 ** k for k in exps], ["0 (exact)"] + [f"1e{k}" for k in exps])
-    ax.set_xticks(range(len(labels)), labels, rotation=35 if by == "step" else 0, ha="right"
-                  if by == "step" else "center", fontsize=8)
+    slant = by == "step" or len(labels) > 6   # long names like fc1.weight_grad run together
+    ax.set_xticks(range(len(labels)), labels, rotation=35 if slant else 0,
+                  ha="right" if slant else "center", fontsize=8)
     for tick, ok in zip(ax.get_xticklabels(), oks):
         tick.set_color("black" if all(ok) else FAIL_COLOR)
     ax.set_xlim(-0.6, len(errs) - 0.4)
