@@ -1,6 +1,5 @@
 """``minitrainbench collectives``: table, --json, exit 0 on pass, 1 on a caught bug, 2 on bad
-arguments. Runs through the real ``mtb_helpers.cli.main`` with only this command registered, so
-it does not depend on the other command modules being present."""
+arguments, through the real ``mtb_helpers.cli.main``."""
 from __future__ import annotations
 
 import json
@@ -11,8 +10,7 @@ import mtb_helpers.cli as cli
 
 
 @pytest.fixture
-def main(monkeypatch):
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("collectives",))
+def main():
     return cli.main
 
 

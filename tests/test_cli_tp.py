@@ -4,36 +4,12 @@ Runs through ``mtb_helpers.cli.main`` when every command module exists, else thr
 module registered on a parser built the same way (other command modules may still be landing)."""
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import json
 
 import pytest
 
 import mtb_helpers.check as check_module
-from mtb_helpers.cli import tp as tp_cli
-
-
-def _own_main(argv: list[str]) -> int:
-    """The top-level command's behaviour, with only the tp commands registered."""
-    parser = argparse.ArgumentParser(prog="minitrainbench")
-    top = parser.add_subparsers(dest="command", required=True)
-    group = top.add_parser("tp").add_subparsers(dest="subcommand", required=True)
-    tp_cli.register(top, {"tp": group})
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args))
-    except ValueError as exc:
-        print(f"minitrainbench: error: {exc}")
-        return 2
-
-
-def main(argv: list[str]) -> int:
-    modules = ("collectives", "tp", "sp", "pp")
-    if all(importlib.util.find_spec(f"mtb_helpers.cli.{m}") for m in modules):
-        from mtb_helpers.cli import main as real_main
-        return real_main(argv)
-    return _own_main(argv)
+from mtb_helpers.cli import main
 
 
 def test_tp_check_passes_and_prints_both_tables(capsys):
