@@ -42,6 +42,7 @@ SLIDER_NOTEBOOKS = {"03_tp_mlp", "05_pipeline_bubble"}
 RUN_ALL_TIMEOUT_MS = 420_000
 PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
 RANK_LINE = re.compile(r"^\[rank \d+\]")
+MAX_SCREENSHOT_HEIGHT = 60_000  # px; the longest notebook is about 30 000
 
 
 def _free_port() -> int:
@@ -175,7 +176,7 @@ def _wait_run_all(page, timeout_ms: int) -> None:
         """(panel) => {
           const root = document.querySelector(panel);
           if (!root) return false;
-          const prompts = [...root.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
+          const prompts = [...root.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]
                           .map(e => e.textContent.trim());
           const status = root.querySelector('.jp-Notebook-ExecutionIndicator')?.getAttribute('data-status');
           return status === 'idle' && prompts.length > 0 && !prompts.some(t => t.includes('*'))
@@ -187,14 +188,18 @@ def _code_cell_report(page) -> list[dict]:
     """Per code cell in the DOM: its prompt, first source line, widget views and bad outputs."""
     return page.evaluate(
         """(panel) => [...document.querySelector(panel).querySelectorAll('.jp-CodeCell')].map(cell => {
-          const prompt = cell.querySelector('.jp-InputPrompt')?.textContent.trim() ?? '';
-          const first = cell.querySelector('.cm-content .cm-line')?.textContent ?? '';
+          // textContent, not innerText: content-visibility leaves off-screen cells unrendered,
+          // and innerText of an unrendered element is empty
+          const hidden = cell.querySelector('.jp-InputPlaceholder') !== null;  // folded source
+          const prompt = cell.querySelector('.jp-InputArea-prompt')?.textContent.trim() ?? '';
+          const first = (hidden ? cell.querySelector('.jp-PlaceholderText')?.textContent
+                                : cell.querySelector('.cm-content .cm-line')?.textContent) ?? '';
           const stderr = [...cell.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')]
-                          .map(e => e.innerText);
+                          .map(e => e.textContent);
           const outputs = cell.querySelector('.jp-Cell-outputArea');
-          return {prompt, first, stderr,
+          return {prompt, first, stderr, hidden,
                   widgets: cell.querySelectorAll('.jp-Cell-outputArea .jupyter-widgets').length,
-                  text: outputs ? outputs.innerText : ''};
+                  text: outputs ? outputs.textContent : ''};
         })""", PANEL)
 
 
@@ -210,21 +215,31 @@ def _not_rank_lines(text: str) -> list[str]:
 
 
 def _screenshot(page, name: str) -> None:
-    """The whole notebook, not only the viewport: grow the window to the notebook's height."""
+    """The whole notebook, not only the viewport: grow the window to the notebook's height.
+
+    Off-screen cells are laid out at an estimated height (content-visibility) until they come into
+    view, so grow, let them render, measure again, until the last cell fits."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    extra = page.evaluate(
-        """(panel) => {
-          const s = document.querySelector(panel + ' .jp-WindowedPanel-outer');
-          const cells = document.querySelectorAll(panel + ' .jp-Cell');
-          if (!s || !cells.length) return 0;
-          // up to the last cell, not the scroll-past-end padding below it
-          const bottom = cells[cells.length - 1].getBoundingClientRect().bottom
-                         - s.getBoundingClientRect().top + s.scrollTop;
-          return Math.max(0, Math.ceil(bottom + 24 - s.clientHeight));
-        }""", PANEL)
     size = page.viewport_size
-    page.set_viewport_size({"width": size["width"], "height": min(size["height"] + extra, 30000)})
-    page.wait_for_timeout(500)
+    page.evaluate("(panel) => document.querySelector(panel + ' .jp-WindowedPanel-outer')"
+                  "?.scrollTo(0, 0)", PANEL)
+    height = size["height"]
+    for _ in range(6):
+        extra = page.evaluate(
+            """(panel) => {
+              const s = document.querySelector(panel + ' .jp-WindowedPanel-outer');
+              const cells = document.querySelectorAll(panel + ' .jp-Cell');
+              if (!s || !cells.length) return 0;
+              // up to the last cell, not the scroll-past-end padding below it
+              const bottom = cells[cells.length - 1].getBoundingClientRect().bottom
+                             - s.getBoundingClientRect().top + s.scrollTop;
+              return Math.ceil(bottom + 24 - s.clientHeight);
+            }""", PANEL)
+        if extra <= 0 or height >= MAX_SCREENSHOT_HEIGHT:
+            break
+        height = min(height + extra, MAX_SCREENSHOT_HEIGHT)
+        page.set_viewport_size({"width": size["width"], "height": height})
+        page.wait_for_timeout(400)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
     page.set_viewport_size(size)
 
@@ -234,7 +249,7 @@ def _explorer_state(explorer) -> tuple[str | None, str]:
     text = explorer.locator(
         ".widget-output .jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stdout']")
     return (img.first.get_attribute("src") if img.count() else None,
-            "\n".join(text.all_inner_texts()))
+            "\n".join(text.all_text_contents()))
 
 
 def _move_a_slider(page, name: str) -> None:
@@ -253,7 +268,7 @@ def _move_a_slider(page, name: str) -> None:
             """([el, src0, text0]) => {
               const img = el.querySelector('.widget-output img');
               const text = [...el.querySelectorAll('.widget-output .jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stdout"]')]
-                           .map(e => e.innerText).join('\\n');
+                           .map(e => e.textContent).join('\\n');
               return img && img.src !== src0 && text.trim() && text !== text0;
             }""", arg=[explorer.element_handle(), src0, text0], timeout=60_000, polling=250)
     except Exception as exc:  # say what did and did not change
@@ -294,8 +309,9 @@ def test_notebook_runs_in_jupyterlab(lab, browser, path):
                   for i, c in enumerate(cells) for s in c["stderr"]
                   for bad in [_not_rank_lines(s)] if bad]
         assert not errors, f"{name}: error output in the browser:\n" + "\n\n".join(errors)
+        # a folded cell shows no prompt; the cells around it show whether Run All got past it
         not_run = [f"code cell {i} {c['first']!r}" for i, c in enumerate(cells)
-                   if not re.search(r"\d", c["prompt"])]
+                   if not c["hidden"] and not re.search(r"\d", c["prompt"])]
         assert not not_run, f"{name}: Run All stopped before {not_run[:3]}"
         broken = [f"code cell {i} {c['first']!r}" for i, c in enumerate(cells)
                   if "Error displaying widget" in c["text"]]
