@@ -272,3 +272,49 @@ def test_binder_start_sets_one_thread_and_execs_the_command(tmp_path):
                           "os.environ['MKL_NUM_THREADS'])"],
                          capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["1", "1"]
+
+
+def test_each_check_fails_on_a_notebook_that_breaks_it(tmp_path):
+    """The checks above, run on notebooks made to break exactly one rule each."""
+    new_code, new_md = nbformat.v4.new_code_cell, nbformat.v4.new_markdown_cell
+    out = nbformat.v4.new_output
+
+    def saved(cells, name):
+        for i, cell in enumerate([c for c in cells if c.cell_type == "code"], start=1):
+            if cell.execution_count is None and "unrun" not in cell.source:
+                cell.execution_count = i
+        path = tmp_path / f"{name}.ipynb"
+        nbformat.write(nbformat.v4.new_notebook(cells=cells), path)
+        return path
+
+    def good():
+        return [new_md("# t"), new_code(SYNC.colab_cell_source(REPO_URL)),
+                new_code("# NBVAL_CHECK_OUTPUT\nprint(1)",
+                         outputs=[out("stream", name="stdout", text="1\n")])]
+
+    fine = saved(good(), "fine")
+    checks = [test_saved_executed_top_to_bottom, test_no_error_outputs,
+              test_no_absolute_paths_in_outputs,
+              test_first_code_cell_installs_the_package_from_the_repository,
+              test_widget_cells_are_ignored_by_nbval, test_has_a_compared_summary_cell,
+              test_world_sizes_fit_binder, test_links_between_notebooks_exist]
+    for check in checks:
+        check(fine)  # the control: a notebook that keeps every rule passes every check
+
+    widget = out("display_data", data={WIDGET_MIME: {"model_id": "x"}, "text/plain": "w"})
+    breakers = {
+        test_saved_executed_top_to_bottom: good() + [new_code("x = 1  # unrun")],
+        test_no_error_outputs: good() + [new_code("1/0", outputs=[out(
+            "error", ename="ZeroDivisionError", evalue="division by zero", traceback=[])])],
+        test_no_absolute_paths_in_outputs: good() + [new_code("print(p)", outputs=[out(
+            "stream", name="stdout", text="saved to /home/student/x.png\n")])],
+        test_first_code_cell_installs_the_package_from_the_repository:
+            [new_code("import torch")] + good()[1:],
+        test_widget_cells_are_ignored_by_nbval: good() + [new_code("w", outputs=[widget])],
+        test_has_a_compared_summary_cell: good()[:2] + [new_code("print(1)")],
+        test_world_sizes_fit_binder: good() + [new_code("run(f, world_size=8)")],
+        test_links_between_notebooks_exist: good() + [new_md("[next](07_missing.ipynb)")],
+    }
+    for check, cells in breakers.items():
+        with pytest.raises(AssertionError):
+            check(saved(cells, check.__name__))
