@@ -1,37 +1,12 @@
-"""``minitrainbench pp bubble``: prints the op order and numbers, writes the Gantt PNG, exits 2 on
-bad arguments. Runs the command through ``mtb_helpers.cli.main`` when every command module is
-there, else through the pp module registered on a parser built the same way."""
+"""``minitrainbench pp bubble``, through the real ``minitrainbench`` entry point: prints the op
+order and numbers, writes the Gantt PNG, exits 2 on bad arguments. No ranks start."""
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import json
 
 import pytest
 
-from mtb_helpers.cli import pp as pp_cli
-
-
-def _own_main(argv: list[str]) -> int:
-    """The top-level command's behaviour, with only the pp commands registered."""
-    parser = argparse.ArgumentParser(prog="minitrainbench")
-    top = parser.add_subparsers(dest="command", required=True)
-    group = top.add_parser("pp").add_subparsers(dest="subcommand", required=True)
-    pp_cli.register(top, {"pp": group})
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args))
-    except ValueError as exc:
-        print(f"minitrainbench: error: {exc}")
-        return 2
-
-
-def main(argv: list[str]) -> int:
-    modules = ("collectives", "tp", "sp", "pp")
-    if all(importlib.util.find_spec(f"mtb_helpers.cli.{m}") for m in modules):
-        from mtb_helpers.cli import main as real_main
-        return real_main(argv)
-    return _own_main(argv)
+from mtb_helpers.cli import main
 
 
 def test_bubble_prints_order_makespan_bubble_and_peaks(capsys):
@@ -92,3 +67,14 @@ def test_argparse_refusals_exit_2(argv):
     with pytest.raises(SystemExit) as info:
         main(["pp", "bubble", *argv])
     assert info.value.code == 2
+
+
+def test_the_installed_command_exits_0_and_2():
+    import subprocess
+    import sys
+    ok = subprocess.run([sys.executable, "-m", "mtb_helpers.cli", "pp", "bubble", "--stages", "2",
+                         "--microbatches", "2"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "stage 1: F0 B0 F1 B1" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "mtb_helpers.cli", "pp", "bubble", "--stages", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "stages must be a positive integer" in bad.stderr

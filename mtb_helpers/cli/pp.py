@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from mtb_helpers.cli.common import is_primary
 from mtb_helpers.pp import SCHEDULES, closed_form, schedule, simulate
 
 
@@ -45,6 +46,8 @@ def bubble(args: argparse.Namespace) -> int:
                         latency=args.latency)
     ref = closed_form(args.schedule, ops.stages, ops.microbatches, ops.chunks, args.forward,
                       args.backward, args.input, args.weight)
+    if not is_primary():  # under torchrun every rank would compute the same: rank 0 reports
+        return 0
     if args.plot:
         import matplotlib
         matplotlib.use("Agg")  # headless: never open a window from the command line
