@@ -150,7 +150,9 @@ def schedule(name: str, stages: int, microbatches: int, chunks: int | None = Non
     ``chunks`` (v) is the number of model chunks per rank for "interleaved" (default 2, at least
     2; v = 1 is plain 1f1b) and must stay 1 (or None) for the others. Interleaved needs the
     micro-batch count to be a multiple of ``stages``, as Megatron-LM requires for its groups of p
-    micro-batches per chunk. Raises ValueError naming the bad argument.
+    micro-batches per chunk (older Megatron-LM releases also ran all forwards first when m == p;
+    current megatron.core applies the warm-up formula there too, as here). Raises ValueError
+    naming the bad argument.
     """
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
