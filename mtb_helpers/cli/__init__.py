@@ -15,6 +15,9 @@ import sys
 GROUPS = {
     "tp": "tensor- and sequence-parallel checks (column, row, MLP, sequence)",
     "pp": "pipeline schedules and their bubble",
+    "dp": "data parallelism: DDP, ZeRO-1/2, ZeRO-3/FSDP against one optimizer step",
+    "moe": "expert parallelism: token dispatch and combine with all-to-all",
+    "grid": "tensor x data parallelism on one grid of ranks",
 }
 COMMAND_MODULES = ("collectives", "tp", "sp", "pp")
 
