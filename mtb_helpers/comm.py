@@ -25,13 +25,14 @@ the operation and records it, so they are recorded the same way.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import asdict, dataclass
 from typing import Iterator
 
 import torch
 import torch.distributed as dist
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "split")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "split", "all_to_all")
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,8 @@ class CollectiveEvent:
     ``shape``/``bytes`` describe the tensor this rank handed to the operation; ``out_shape`` the
     tensor it got back. ``sent_bytes`` is what this rank sends with the usual ring algorithm for a
     group of ``group_size`` ranks and N = ``bytes``: all-reduce 2(t-1)/t N, all-gather (t-1) N,
-    reduce-scatter (t-1)/t N, split 0 (local slicing, no communication).
+    reduce-scatter (t-1)/t N, split 0 (local slicing, no communication), all-to-all the bytes
+    of the rows addressed to the other ranks (what leaves this rank; its own rows stay).
     """
     op: str
     region: str
@@ -160,11 +162,11 @@ def _sent_bytes(op: str, nbytes: int, t: int) -> int:
 
 
 def _note(op: str, x: torch.Tensor, out: torch.Tensor, region: str, operator: str,
-          direction: str, t: int) -> None:
+          direction: str, t: int, sent: int | None = None) -> None:
     nbytes = x.numel() * x.element_size()
     event = CollectiveEvent(op, region, operator, direction, tuple(x.shape), tuple(out.shape),
                             str(x.dtype).replace("torch.", ""), nbytes,
-                            _sent_bytes(op, nbytes, t), t)
+                            _sent_bytes(op, nbytes, t) if sent is None else sent, t)
     for rec in _ACTIVE:
         rec.events.append(event)
         rec.tensors.append((x.detach().clone(), out.detach().clone()) if rec.keep_tensors else None)
@@ -179,19 +181,26 @@ def group_rank(group: dist.ProcessGroup | None = None) -> int:
 
 
 def issue(op: str, x: torch.Tensor, *, region: str, direction: str, operator: str = "",
-          dim: int = -1, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+          dim: int = -1, group: dist.ProcessGroup | None = None,
+          splits: tuple[list[int], list[int]] | None = None) -> torch.Tensor:
     """Perform ``op`` on this rank's ``x`` along ``dim`` and record it (every region uses this).
 
     ``all_reduce``: ``x`` -> sum over ranks, same shape. ``all_gather``: ``[.., n/t]`` ->
     ``[.., n]``, shards concatenated along ``dim`` in rank order. ``reduce_scatter``:
     ``[.., n]`` -> this rank's ``[.., n/t]`` of the sum. ``split``: ``[.., n]`` -> this rank's
-    ``[.., n/t]``, no communication.
+    ``[.., n/t]``, no communication. ``all_to_all`` (rows, ``dim`` must be 0): ``x`` ``[m, ..]``
+    is cut into ``splits[0][q]`` consecutive rows for rank q; the result stacks the
+    ``splits[1][q]`` rows received from each rank q in rank order, ``[sum(splits[1]), ..]``.
+    Without ``splits`` every rank sends ``m/t`` rows to each rank. ``sent_bytes`` counts the rows
+    sent to the other ranks.
     With one rank every op returns ``x`` unchanged (recorded with ``sent_bytes == 0``).
     """
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; expected one of {OPS}")
     t = group_size(group)
     dim = dim % x.dim()
+    if op == "all_to_all":
+        return _all_to_all(x, region, operator, direction, dim, group, splits, t)
     if t == 1:
         # One rank: every op is the identity and moves nothing; it is still recorded (0 bytes
         # sent), so a program's record has the same shape at every world size.
@@ -212,6 +221,34 @@ def issue(op: str, x: torch.Tensor, *, region: str, direction: str, operator: st
     else:
         out = x.chunk(t, dim=dim)[group_rank(group)].contiguous()
     _note(op, x, out, region, operator, direction, t)
+    return out
+
+
+def _all_to_all(x: torch.Tensor, region: str, operator: str, direction: str, dim: int,
+                group: dist.ProcessGroup | None, splits: tuple[list[int], list[int]] | None,
+                t: int) -> torch.Tensor:
+    if dim != 0:
+        raise ValueError(f"all_to_all exchanges rows (dim 0), got dim={dim}")
+    if splits is None:
+        if x.shape[0] % t:
+            raise ValueError(f"all_to_all without splits needs {x.shape[0]} rows divisible by {t}")
+        splits = ([x.shape[0] // t] * t, [x.shape[0] // t] * t)
+    send, recv = [int(n) for n in splits[0]], [int(n) for n in splits[1]]
+    if len(send) != t or len(recv) != t or sum(send) != x.shape[0] or min(send + recv) < 0:
+        raise ValueError(f"all_to_all splits {send} / {recv} do not fit {t} ranks and "
+                         f"{x.shape[0]} rows")
+    row_bytes = (x.numel() // x.shape[0] if x.shape[0] else math.prod(x.shape[1:])) * x.element_size()
+    me = group_rank(group)
+    if t == 1:
+        if recv != send:
+            raise ValueError(f"all_to_all on one rank receives what it sends, got {send} / {recv}")
+        out = x
+    else:
+        out = x.new_empty((sum(recv), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv,
+                               input_split_sizes=send, group=group)
+    _note("all_to_all", x, out, region, operator, direction, t,
+          sent=(sum(send) - send[me]) * row_bytes)
     return out
 
 
