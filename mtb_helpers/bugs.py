@@ -34,6 +34,14 @@ BUGS: dict[str, str] = {
     "sp-allreduce-instead-of-reduce-scatter": "sequence-parallel fc2: all-reduce (g) of the whole "
                                               "sequence, then each rank slices its rows; forward "
                                               "is right, backward never all-gathers dZ",
+    # tensor x data parallelism on a grid (mtb_helpers.check_grid): check_grid
+    "grid-dp-allreduce-in-tp-group": "grid: the gradient all-reduce runs in the tensor-parallel "
+                                     "group, summing different shards instead of the replicas' "
+                                     "grads of the same shard",
+    "grid-no-dp-allreduce": "grid: no gradient all-reduce across the data-parallel group, so each "
+                            "replica steps with the gradient of its own slice of the batch",
+    "grid-dp-sum-not-average": "grid: the data-parallel all-reduce sums the replicas' gradients "
+                               "without dividing by dp, so the step is dp times too large",
 }
 
 
