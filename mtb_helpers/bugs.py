@@ -42,6 +42,13 @@ BUGS: dict[str, str] = {
                             "replica steps with the gradient of its own slice of the batch",
     "grid-dp-sum-not-average": "grid: the data-parallel all-reduce sums the replicas' gradients "
                                "without dividing by dp, so the step is dp times too large",
+    # expert parallelism (mtb_helpers.moe_bugs): check_moe
+    "moe-no-inverse-permutation": "MoE combine: the rows coming back from the experts stay sorted "
+                                  "by expert instead of going back to their tokens",
+    "moe-gate-not-applied": "MoE combine: expert outputs are summed without the router "
+                            "probabilities, so the router gets no gradient",
+    "moe-no-router-grad-allreduce": "MoE router: its grad is not all-reduced, so each rank keeps "
+                                    "the router grad of its own tokens",
 }
 
 
