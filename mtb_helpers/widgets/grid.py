@@ -1,0 +1,66 @@
+"""The TP x DP explorer: pick how 4 ranks form a grid (tp x dp), the dtype or a bug; the check
+re-runs on real ranks and the summary, the grid with each group's collectives, the check table
+and the error figure redraw.
+
+Core ipywidgets only (Dropdown, Output, observe), so it runs on 7.7 and 8.
+"""
+from __future__ import annotations
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+from IPython.display import HTML, display
+
+from mtb_helpers.check_grid import GRID_BUGS, check_grid
+from mtb_helpers.plots.grid import plot_grid, plot_grid_errors
+from mtb_helpers.report import Report
+
+__all__ = ["grid_choices", "grid_summary", "grid_explorer"]
+
+
+def grid_choices(world_size: int) -> list[tuple[str, tuple[int, int]]]:
+    """Every ``tp x dp`` factorisation of ``world_size``, as dropdown options."""
+    return [(f"tp={tp} x dp={world_size // tp}", (tp, world_size // tp))
+            for tp in range(1, world_size + 1) if world_size % tp == 0]
+
+
+def grid_summary(report: Report) -> str:
+    """One line: verdict, the failing quantities, and what rank 0 sent in each kind of group."""
+    failed = list(dict.fromkeys(r.quantity for r in report.failed()))
+    verdict = "PASS" if report.passed else f"FAIL ({', '.join(failed)})"
+    parts = [f"{e['all_reduces']} {'TP' if e['kind'] == 'tp' else 'gradient'} all-reduce(s) in "
+             f"ranks {e['ranks']} ({e['sent']} B sent)" for e in report.extra["traffic"][0]]
+    cfg = report.config
+    return (f"{verdict}: tp={cfg['tp']} x dp={cfg['dp']}, bug={cfg['bug']}; rank 0 issued "
+            + ("; ".join(parts) or "nothing"))
+
+
+def grid_explorer(world_size: int = 4) -> widgets.VBox:
+    """The explorer widget for a grid of ``world_size`` ranks (4 in the notebook); display it."""
+    choices = grid_choices(world_size)
+    default = (2, world_size // 2) if world_size % 2 == 0 else choices[0][1]
+    shape = widgets.Dropdown(options=choices, value=default, description="grid")
+    dtype = widgets.Dropdown(options=["float32", "float64"], value="float32", description="dtype")
+    bug = widgets.Dropdown(options=[("none", None)] + [(b, b) for b in GRID_BUGS], value=None,
+                           description="bug", style={"description_width": "initial"})
+    out = widgets.Output()
+
+    def redraw(*_) -> None:
+        with out:
+            out.clear_output(wait=True)
+            tp, dp = shape.value
+            try:
+                report = check_grid(world_size=world_size, tp=tp, dp=dp, dtype=dtype.value,
+                                    bug=bug.value)
+            except Exception as exc:  # a refused setting or a rank error: say it, stay alive
+                print(f"{type(exc).__name__}: {exc}")
+                return
+            print(grid_summary(report))
+            for fig in (plot_grid(report), plot_grid_errors(report)):
+                display(fig)
+                plt.close(fig)
+            display(HTML(report._repr_html_()))
+
+    for control in (shape, dtype, bug):
+        control.observe(redraw, names="value")
+    redraw()
+    return widgets.VBox([widgets.HBox([shape, dtype, bug]), out])
