@@ -34,6 +34,13 @@ BUGS: dict[str, str] = {
     "sp-allreduce-instead-of-reduce-scatter": "sequence-parallel fc2: all-reduce (g) of the whole "
                                               "sequence, then each rank slices its rows; forward "
                                               "is right, backward never all-gathers dZ",
+    # data parallelism (mtb_helpers.dp_zero): check_data_parallel, every strategy unless noted
+    "dp-double-average": "data parallel: the reduced gradient is divided by t twice (e.g. the "
+                         "loss already divided by t, then averaged again), t times too small",
+    "dp-sum-not-average": "data parallel: the gradient is summed over ranks and never divided "
+                          "by t, t times the whole batch's gradient",
+    "zero-stale-params": "ZeRO-1/2: no all-gather of the parameters after the sharded Adam step, "
+                         "so every rank's copy is updated only in its own shard",
     # tensor x data parallelism on a grid (mtb_helpers.check_grid): check_grid
     "grid-dp-allreduce-in-tp-group": "grid: the gradient all-reduce runs in the tensor-parallel "
                                      "group, summing different shards instead of the replicas' "
