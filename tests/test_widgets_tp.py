@@ -23,9 +23,10 @@ def test_explorer_redraws_on_every_control(kind, capsys):
     size, per_rank, _, _, bug = _controls(explorer)
     size.value = 3
     assert "on 3 rank(s)" in capsys.readouterr().out
-    bug.value = bug.options[1][1]
+    assert bug.value == "none" and bug.index == 0  # shown selected, not blank
+    bug.value = bug.options[1]
     out = capsys.readouterr().out
-    assert "FAIL (" in out and f"bug={bug.options[1][1]}" in out
+    assert "FAIL (" in out and f"bug={bug.options[1]}" in out
 
 
 def test_summary_counts_the_mlps_two_all_reduces_and_names_failing_quantities():

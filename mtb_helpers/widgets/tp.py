@@ -59,8 +59,8 @@ def tp_explorer(kind: str = "mlp", world_size: int = 2) -> widgets.VBox:
     per_rank = widgets.IntSlider(value=2, min=1, max=6, description=f"{sharded} / t", **slider)
     other = widgets.IntSlider(value=4, min=1, max=8, description=unsharded, **slider)
     dtype = widgets.Dropdown(options=["float32", "float64"], value="float32", description="dtype")
-    bug = widgets.Dropdown(options=[("none", None)] + [(b, b) for b in bugs], value=None,
-                           description="bug")
+    # Strings only: a None option reads as "nothing selected" on ipywidgets 7 and 8 alike.
+    bug = widgets.Dropdown(options=["none", *bugs], value="none", description="bug")
     out = widgets.Output()
 
     def redraw(*_) -> None:
@@ -68,7 +68,7 @@ def tp_explorer(kind: str = "mlp", world_size: int = 2) -> widgets.VBox:
             out.clear_output(wait=True)
             try:
                 report = run_explorer_check(kind, size.value, per_rank.value, other.value,
-                                            dtype.value, bug.value)
+                                            dtype.value, None if bug.value == "none" else bug.value)
             except Exception as exc:  # a refused setting or a rank error: say it, stay alive
                 print(f"{type(exc).__name__}: {exc}")
                 return
