@@ -36,21 +36,20 @@ def grid_summary(report: Report) -> str:
 
 def grid_explorer(world_size: int = 4) -> widgets.VBox:
     """The explorer widget for a grid of ``world_size`` ranks (4 in the notebook); display it."""
-    choices = grid_choices(world_size)
-    default = (2, world_size // 2) if world_size % 2 == 0 else choices[0][1]
-    shape = widgets.Dropdown(options=choices, value=default, description="grid")
+    choices = dict(grid_choices(world_size))   # plain string options: ipywidgets 7 shows them
+    default = next((k for k, (tp, _) in choices.items() if tp == 2), next(iter(choices)))
+    shape = widgets.Dropdown(options=list(choices), value=default, description="grid")
     dtype = widgets.Dropdown(options=["float32", "float64"], value="float32", description="dtype")
-    bug = widgets.Dropdown(options=[("none", None)] + [(b, b) for b in GRID_BUGS], value=None,
-                           description="bug", style={"description_width": "initial"})
+    bug = widgets.Dropdown(options=["none", *GRID_BUGS], value="none", description="bug")
     out = widgets.Output()
 
     def redraw(*_) -> None:
         with out:
             out.clear_output(wait=True)
-            tp, dp = shape.value
+            tp, dp = choices[shape.value]
             try:
                 report = check_grid(world_size=world_size, tp=tp, dp=dp, dtype=dtype.value,
-                                    bug=bug.value)
+                                    bug=None if bug.value == "none" else bug.value)
             except Exception as exc:  # a refused setting or a rank error: say it, stay alive
                 print(f"{type(exc).__name__}: {exc}")
                 return
