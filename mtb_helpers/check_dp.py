@@ -218,7 +218,9 @@ def check_all_strategies(world_size: int = 2, strategies=STRATEGIES, **kwargs) -
     strategies = tuple(strategies)
     validate_bug(bug, DP_BUGS)
     if bug is not None and not any(bug in BUGS_BY_STRATEGY.get(s, ()) for s in strategies):
-        raise ValueError(f"bug {bug!r} applies to none of {strategies}")
+        where = [s for s, bugs in BUGS_BY_STRATEGY.items() if bug in bugs]
+        raise ValueError(f"bug {bug!r} does not apply to any of {', '.join(strategies)}; "
+                         f"it applies to {', '.join(where)}")
     chosen = {s: (bug if bug in BUGS_BY_STRATEGY.get(s, ()) else None) for s in strategies}
     t = resolve_world_size(world_size)
     for s, b in chosen.items():   # refuse bad input before any rank starts

@@ -1,0 +1,125 @@
+"""check_data_parallel: every strategy matches one process at several world sizes, bytes held and
+sent equal the accounting, every bug fails exactly the quantities it breaks, bad input is refused
+before any rank starts."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import mtb_helpers.check_dp as check_dp_module
+from mtb_helpers import BUGS
+from mtb_helpers.check_dp import QUANTITIES, check_all_strategies, check_data_parallel
+from mtb_helpers.dp import STRATEGIES
+from mtb_helpers.dp_zero import BUGS_BY_STRATEGY, DP_BUGS
+
+
+def test_every_dp_bug_is_listed():
+    assert set(DP_BUGS) <= set(BUGS) and all(BUGS[b] for b in DP_BUGS)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("t", [1, 2, 3, 4])
+def test_one_step_equals_one_process_and_the_accounting(strategy, t):
+    # hidden=5, ffn=7: 82 parameters (units 42 and 40), so t = 3 and 4 need padding
+    report = check_data_parallel(world_size=t, strategy=strategy, batch=12, hidden=5, ffn_hidden=7)
+    assert report.passed, str(report)
+    assert {(r.quantity, r.rank) for r in report.rows} == {(q, r) for q in QUANTITIES for r in range(t)}
+    mem, comm = report.extra["memory"], report.extra["communication"]
+    assert mem["numel"] == 82
+    for held in mem["per_rank"]:
+        assert {k: held[k] for k in mem["ours"]} == mem["ours"]
+    assert [c["total"] for c in comm["per_rank"]] == [comm["formula"]] * t
+    d, pad = 4, mem["padded_numel"]
+    expected_sent = {"ddp": 2 * (t - 1) * d * 82 // t, "zero1": 2 * (t - 1) * d * pad // t,
+                     "zero2": 2 * (t - 1) * d * pad // t, "zero3": 3 * (t - 1) * d * pad // t}
+    assert comm["formula"] == expected_sent[strategy]
+
+
+def test_memory_shrinks_stage_by_stage_as_the_zero_paper_says():
+    reports = check_all_strategies(world_size=4, batch=8, hidden=8, ffn_hidden=32)
+    psi = 552   # 8*32 + 32 + 32*8 + 8, divisible by 4: no padding
+    totals = {r.config["strategy"]: r.extra["memory"]["per_rank"][3] for r in reports}
+    assert totals["ddp"] == {"params": 4 * psi, "grads": 4 * psi, "optimizer_state": 8 * psi}
+    assert totals["zero1"] == {"params": 4 * psi, "grads": 4 * psi, "optimizer_state": 2 * psi}
+    assert totals["zero2"] == {"params": 4 * psi, "grads": psi, "optimizer_state": 2 * psi}
+    assert totals["zero3"]["params"] == psi and totals["zero3"]["gathered_transient"] == 4 * (8 * 32 + 32)
+    paper = {r.config["strategy"]: r.extra["memory"]["paper_mixed_precision"] for r in reports}
+    assert paper["zero2"] == {"params": 2 * psi, "grads": 2 * psi // 4, "optimizer_state": 12 * psi // 4}
+    sent = {r.config["strategy"]: r.extra["communication"]["per_rank"][0] for r in reports}
+    assert sent["zero1"]["total"] == sent["ddp"]["total"] == 2 * 3 * 4 * psi // 4
+    assert set(sent["zero3"]["by_op"]) == {"forward all_gather", "backward all_gather",
+                                           "backward reduce_scatter"}
+    assert sent["zero2"]["by_op"]["step all_gather"] == 3 * 4 * psi // 4
+
+
+def _expected(bug: str, t: int) -> set[tuple[str, int]]:
+    if bug in ("dp-double-average", "dp-sum-not-average"):
+        # the gradient is t times off; Adam's m and v follow it, and since the step starts from
+        # a warm state (not Adam's scale-blind first step) so do the parameters
+        return {(q, r) for q in QUANTITIES for r in range(t)}
+    if bug == "zero-stale-params":
+        # grads and Adam's state are right; every rank's copy misses the other ranks' shards
+        return {("params", r) for r in range(t)}
+    raise AssertionError(bug)
+
+
+@pytest.mark.parametrize("t", [2, 3])
+@pytest.mark.parametrize("strategy, bug", [(s, b) for s in STRATEGIES for b in BUGS_BY_STRATEGY[s]])
+def test_bug_fails_exactly_the_quantities_it_breaks(strategy, bug, t):
+    report = check_data_parallel(world_size=t, strategy=strategy, batch=6, bug=bug)
+    assert {(r.quantity, r.rank) for r in report.failed()} == _expected(bug, t), str(report)
+    assert report.config["bug"] == bug
+
+
+def test_with_one_rank_no_bug_has_anything_to_break():
+    for strategy in STRATEGIES:
+        for bug in BUGS_BY_STRATEGY[strategy]:
+            assert check_data_parallel(world_size=1, strategy=strategy, bug=bug).passed
+
+
+def test_stale_params_skips_the_all_gather_in_the_record():
+    report = check_data_parallel(world_size=2, strategy="zero2", bug="zero-stale-params")
+    assert report.records[0].count("all_gather") == 0
+    comm = report.extra["communication"]
+    assert comm["per_rank"][0]["total"] == comm["formula"] // 2
+
+
+def test_report_is_strict_json_with_memory_and_communication():
+    report = check_data_parallel(world_size=2, strategy="zero3", dtype="float64", seed=3)
+    data = json.loads(json.dumps(report.to_dict(), allow_nan=False))
+    assert data["passed"] is True and data["config"]["strategy"] == "zero3"
+    assert data["memory"]["dtype_bytes"] == 8 and data["memory"]["ours"]["params"] == 8 * 552 // 2
+    assert data["communication"]["formula"] == 3 * 8 * 552 // 2
+    assert max(r["max_abs_err"] for r in data["rows"]) < 1e-12
+    assert "step" not in str(report.records[0].summary()) and "forward: 2 all_gather" in str(report)
+
+
+def test_all_strategies_inject_a_bug_only_where_it_applies():
+    reports = check_all_strategies(world_size=2, bug="zero-stale-params")
+    assert {r.config["strategy"]: r.config["bug"] for r in reports} == {
+        "ddp": None, "zero1": "zero-stale-params", "zero2": "zero-stale-params", "zero3": None}
+    assert [r.passed for r in reports] == [True, False, False, True]
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: check_data_parallel(world_size=3, batch=8), r"batch=8 is not divisible by the world size 3"),
+    (lambda: check_data_parallel(strategy="fsdp"), r"unknown strategy 'fsdp'"),
+    (lambda: check_data_parallel(hidden=0), r"hidden must be a positive integer"),
+    (lambda: check_data_parallel(lr=-1), r"lr must be a non-negative number"),
+    (lambda: check_data_parallel(world_size=0), r"world.size"),
+    (lambda: check_data_parallel(dtype=torch.float16), r"dtype"),
+    (lambda: check_data_parallel(bug="no-such-bug"), r"unknown bug"),
+    (lambda: check_data_parallel(bug="f-backward-identity"), r"does not apply"),
+    (lambda: check_data_parallel(strategy="ddp", bug="zero-stale-params"), r"does not apply to strategy 'ddp'"),
+    (lambda: check_all_strategies(strategies=("ddp", "zero3"), bug="zero-stale-params"), r"does not apply to any of ddp, zero3; it applies to zero1, zero2"),
+    (lambda: check_all_strategies(world_size=4, batch=6), r"batch=6 is not divisible"),
+])
+def test_bad_input_is_refused_before_any_rank_starts(monkeypatch, call, message):
+    def no_ranks(*args, **kwargs):
+        raise AssertionError("a rank was started")
+
+    monkeypatch.setattr(check_dp_module, "run", no_ranks)
+    with pytest.raises(ValueError, match=message):
+        call()

@@ -1,0 +1,81 @@
+"""The pieces of the data-parallel strategies: flat layout and padding, held bytes, the record's
+summary, and each strategy on one rank (where it must be exactly one Adam step)."""
+from __future__ import annotations
+
+import torch
+
+from mtb_helpers import run
+from mtb_helpers.check_dp import make_problem, reference_step
+from mtb_helpers.comm import CollectiveEvent
+from mtb_helpers.dp import DPRecord, Layout, held_bytes, padded_numel
+from mtb_helpers.dp_zero import BUGS_BY_STRATEGY, STRATEGY_CLASSES, build_strategy
+from mtb_helpers.dp import Adam
+
+
+def test_padded_numel_rounds_up_to_the_world_size():
+    assert [padded_numel(n, 3) for n in (1, 3, 4, 552)] == [3, 3, 6, 552]
+    assert padded_numel(7, 1) == 7
+
+
+def test_layout_pieces_pad_with_zeros_and_cover_the_vector():
+    layout = Layout((5, 3), world_size=2, pad=True)     # units padded to 6 and 4
+    vec = torch.arange(1.0, 9.0)
+    assert layout.padded_numel == 10 and layout.numel == 8
+    full = layout.piece(vec, 0, sharded=False)
+    assert full.tolist() == [1, 2, 3, 4, 5, 0, 6, 7, 8, 0]
+    assert layout.piece(vec, 0, sharded=True).tolist() == [1, 2, 3, 6, 7]
+    assert layout.piece(vec, 1, sharded=True).tolist() == [4, 5, 0, 8, 0]
+
+
+def test_held_bytes_counts_a_shared_storage_once():
+    buf = torch.zeros(10)
+    assert held_bytes([buf[:5], buf[5:], buf]) == 40
+    assert held_bytes([buf[:5].clone(), None]) == 20
+
+
+def test_record_summary_lists_the_step_collectives():
+    ev = lambda op, d: CollectiveEvent(op, "r", "", d, (4,), (8,), "float32", 16, 16, 2)  # noqa: E731
+    rec = DPRecord([ev("reduce_scatter", "backward"), ev("all_gather", "step")])
+    assert rec.summary() == ("forward: nothing; backward: 1 reduce_scatter (16 B); "
+                             "step: 1 all_gather (16 B)")
+
+
+def _one_rank_step(strategy, bug):
+    model, warm, batch = make_problem(4, 3, 5, torch.float64, seed=2)
+    adam = Adam()
+    start = reference_step(model, warm, adam)
+    offset = 0
+    for p in model.parameters():
+        p.data = start["params"][offset:offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
+    dp = build_strategy(strategy, model, start, adam, bug)   # no process group: one rank
+    dp.train_step(*batch)
+    return dp.pieces(), reference_step(model, batch, adam, start)
+
+
+def test_every_strategy_on_one_rank_is_the_single_process_step():
+    for strategy in STRATEGY_CLASSES:
+        for bug in (None, *BUGS_BY_STRATEGY[strategy]):   # with t = 1 no bug has anything to break
+            got, ref = _one_rank_step(strategy, bug)
+            for q in ("params", "grads", "exp_avg", "exp_avg_sq"):
+                assert torch.allclose(got[q][:len(ref[q])], ref[q], rtol=0, atol=1e-14), (strategy, q)
+
+
+def _held_on_rank(strategy):
+    model, warm, batch = make_problem(4, 3, 5, torch.float32, seed=0)
+    start = reference_step(model, warm, Adam())
+    dp = build_strategy(strategy, model, start)
+    n = 4 // torch.distributed.get_world_size()
+    r = torch.distributed.get_rank()
+    dp.train_step(batch[0][r * n:(r + 1) * n], batch[1][r * n:(r + 1) * n])
+    return dp.held()
+
+
+def test_zero3_frees_the_gathered_parameters_and_zero2_the_full_gradient():
+    psi = 3 * 5 + 5 + 5 * 3 + 3    # 38 parameters; ZeRO-3 units 20 and 18, padded to 20 and 18
+    held3 = run(_held_on_rank, "zero3", world_size=2)
+    assert held3[0]["params"] == held3[0]["grads"] == 4 * 19 and held3[0]["optimizer_state"] == 8 * 19
+    held2 = run(_held_on_rank, "zero2", world_size=2)
+    assert held2[1] == {"params": 4 * psi, "grads": 4 * psi // 2, "optimizer_state": 8 * psi // 2}
+    held1 = run(_held_on_rank, "zero1", world_size=2)
+    assert held1[1]["grads"] == 4 * psi
