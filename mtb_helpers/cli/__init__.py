@@ -19,7 +19,7 @@ GROUPS = {
     "moe": "expert parallelism: token dispatch and combine with all-to-all",
     "grid": "tensor x data parallelism on one grid of ranks",
 }
-COMMAND_MODULES = ("collectives", "tp", "sp", "pp", "grid", "dp")
+COMMAND_MODULES = ("collectives", "tp", "sp", "pp", "grid", "dp", "moe")
 
 
 def build_parser() -> argparse.ArgumentParser:
