@@ -167,8 +167,8 @@ def check_moe(world_size: int = 2, num_experts: int = 4, top_k: int = 1, tokens:
     results = run(_on_rank, gate, experts, x, dy, top_k, capacity_factor, bug,
                   world_size=t, timeout=timeout)
     refs = _reference(gate, experts, x, dy, top_k, capacity_factor, t)
-    refs64 = _reference(copy.deepcopy(gate).double(), [e.double() for e in copy.deepcopy(experts)], x.double(),
-                        dy.double(), top_k, capacity_factor, t, chosen=refs["chosen"])
+    refs64 = _reference(copy.deepcopy(gate).double(), [e.double() for e in copy.deepcopy(experts)],
+                        x.double(), dy.double(), top_k, capacity_factor, t, chosen=refs["chosen"])
     n, per_rank = tokens // t, num_experts // t
     rows = []
     for q in ("output", "input_grad"):

@@ -67,7 +67,7 @@ class Expert(nn.Module):
 
 def route(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int):
     """``(w [n, k], e [n, k], P [n, E])``: softmax of ``x [n, h] @ gate_weight.T`` (``gate_weight``
-    is nn.Linear's ``[E, h]``), its k largest probabilities per row (descending) and their experts."""
+    is nn.Linear's ``[E, h]``), its k largest probabilities per row (descending), their experts."""
     probs = torch.softmax(x @ gate_weight.T, dim=-1)
     weights, experts = probs.topk(top_k, dim=-1)
     return weights, experts, probs
@@ -243,7 +243,8 @@ class ExpertParallelMoE(nn.Module):
         out = self.run_experts(received, recv_counts)
         back = all_to_all_rows(out, recv, send, COMBINE, self.group)  # in `order`
         rows = self.unpermute(back, order)                            # in (token, choice) order
-        y = x.new_zeros(x.shape).index_add(0, token[sel], self.weigh(rows, weights.reshape(-1)[sel]))
+        weighted = self.weigh(rows, weights.reshape(-1)[sel])
+        y = x.new_zeros(x.shape).index_add(0, token[sel], weighted)  # sum the k choices per token
         self.last = Routing(experts.detach(), weights.detach(), kept, dest_expert, order, send,
                             recv, recv_counts, cap)
         return y

@@ -148,3 +148,30 @@ def test_bad_input_is_refused_before_ranks_start(kwargs, message, monkeypatch):
     monkeypatch.setattr(module, "run", no_ranks)
     with pytest.raises(ValueError, match=message):
         check_moe(**kwargs)
+
+
+def test_figures_have_titles_labels_legends_and_one_box_per_token():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mtb_helpers.plots.moe import (plot_all_to_all_bytes, plot_moe_errors, plot_routing,
+                                       plot_tokens_per_expert)
+    report = check_moe(world_size=2, top_k=2, capacity_factor=1.0, bug="moe-gate-not-applied")
+    moe = report.extra["moe"]
+    routing = plot_routing(moe)
+    texts = [t.get_text() for t in routing.axes[0].texts]
+    assert sum(s.startswith("token ") for s in texts) == 16
+    assert sum(s.startswith("expert ") for s in texts) == 4 and "capacity 4" in routing.axes[0].get_title()
+    tokens = plot_tokens_per_expert(moe)
+    assert "dropped" in tokens.axes[0].get_title() and tokens.axes[0].get_legend() is not None
+    heights = sum(p.get_height() for p in tokens.axes[0].patches)
+    assert heights == 32   # every choice drawn once: kept + dropped = 16 tokens x 2
+    by = plot_all_to_all_bytes(moe)
+    assert len(by.axes) == 3 and by.legends and all(ax.get_xlabel() for ax in by.axes)
+    errors = plot_moe_errors(report)
+    ax = errors.axes[0]
+    assert "FAILED" in ax.get_title() and ax.get_ylabel() and ax.get_legend() is not None
+    assert [t.get_text() for t in ax.get_xticklabels()][:3] == ["output", "input_grad",
+                                                               "gate.weight_grad"]
+    plt.close("all")

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -10,13 +12,15 @@ from mtb_helpers.moe_bugs import MOE_BUGS
 
 
 def test_check_passes_and_prints_table_routing_and_bytes(capsys):
-    assert main(["moe", "check", "--world-size", "2", "--top-k", "2", "--capacity-factor", "1"]) == 0
+    argv = ["moe", "check", "--world-size", "2", "--top-k", "2", "--capacity-factor", "1"]
+    assert main(argv) == 0
     out = capsys.readouterr().out
     assert "moe [world_size=2" in out and "PASSED" in out
     for quantity in ("output", "input_grad", "gate.weight_grad", "experts.3.fc2.weight_grad"):
         assert quantity in out
     assert "capacity per expert per rank: 4" in out and "dropped:" in out
-    assert "rank 1: counts 16, dispatch" in out and "all-gather + reduce-scatter instead: 512 B" in out
+    assert "rank 1: counts 16, dispatch" in out
+    assert "all-gather + reduce-scatter instead: 512 B" in out
 
 
 def test_check_json_carries_rows_and_routing(capsys):
@@ -52,3 +56,14 @@ def test_argparse_errors_exit_2():
     with pytest.raises(SystemExit) as exc:
         main(["moe", "check", "--capacity-factor", "lots"])
     assert exc.value.code == 2
+
+
+def test_check_runs_under_torchrun_and_only_rank_0_prints():
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node=2", "-m", "mtb_helpers.cli", "moe", "check",
+                          "--top-k", "2", "--capacity-factor", "1.0", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    data = json.loads(out.stdout)   # one JSON document: a second rank printing would break it
+    assert data["passed"] is True and data["checks"][0]["config"]["world_size"] == 2
+    assert sum(data["checks"][0]["moe"]["dropped_per_expert"]) > 0

@@ -19,7 +19,8 @@ def _capacity(text: str) -> float | None:
     return None if text.lower() == "none" else float(text)
 
 
-def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
+def register(top: argparse._SubParsersAction,
+             groups: dict[str, argparse._SubParsersAction]) -> None:
     """Add ``check`` to ``minitrainbench moe``."""
     parser = groups["moe"].add_parser(
         "check", help="expert-parallel MoE (all-to-all dispatch and combine) against one process",

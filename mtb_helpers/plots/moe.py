@@ -15,8 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import FancyBboxPatch, Patch
 
-from mtb_helpers.plots.palette import (EMPTY_COLOR, FAIL_COLOR, PASS_COLOR, rank_color,
-                                       rank_legend_handles)
+from mtb_helpers.plots.palette import FAIL_COLOR, PASS_COLOR, rank_color, rank_legend_handles
 
 __all__ = ["plot_routing", "plot_tokens_per_expert", "plot_all_to_all_bytes", "plot_moe_errors"]
 
@@ -52,7 +51,8 @@ def plot_routing(moe: dict, title: str | None = None) -> Figure:
                         markersize=6, zorder=3)
     for e in range(E):
         _box(ax, 2, ey[e], 0.6, 1.0, rank_color(owner[e]), f"expert {e}")
-        ax.plot([2.3, 3.7], [ey[e], ry[owner[e]]], color=rank_color(owner[e]), linewidth=3, zorder=2)
+        ax.plot([2.3, 3.7], [ey[e], ry[owner[e]]], color=rank_color(owner[e]), linewidth=3,
+                zorder=2)
     for r in range(t):
         _box(ax, 4, ry[r], 0.6, 1.4, rank_color(r), f"rank {r}")
     ax.set_xlim(-0.45, 4.45)
@@ -175,8 +175,8 @@ def plot_moe_errors(report) -> Figure:
             "experts.") else row.quantity
         groups.setdefault(key, []).append(row)
     labels = list(groups)
-    finite = [r.max_abs_err for rows in groups.values() for r in rows
-              if r.max_abs_err and not math.isinf(r.max_abs_err)] + [r.tolerance for r in report.rows]
+    finite = [r.max_abs_err for r in report.rows if r.max_abs_err and not math.isinf(r.max_abs_err)]
+    finite += [r.tolerance for r in report.rows]
     floor = 10 ** math.floor(math.log10(min(finite)) - 2)
     top = 10 ** math.ceil(math.log10(max(finite)) + 1)
     t = report.config["world_size"]
