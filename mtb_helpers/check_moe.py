@@ -37,13 +37,16 @@ def make_moe_inputs(tokens: int, hidden: int, ffn_hidden: int, num_experts: int,
                     dtype: torch.dtype = torch.float32, seed: int = 0):
     """``(gate nn.Linear(h, E, bias=False), [Expert] * E, X [n, h], dY [n, h])`` from ``seed``.
     The router weights are scaled up so its choices are clear-cut (no near-ties)."""
-    torch.manual_seed(seed)
-    gate = nn.Linear(hidden, num_experts, bias=False, dtype=dtype)
-    with torch.no_grad():
-        gate.weight.mul_(4.0)
-    experts = [Expert(hidden, ffn_hidden, dtype) for _ in range(num_experts)]
-    x = torch.randn(tokens, hidden, dtype=dtype)
-    dy = torch.randn(tokens, hidden, dtype=dtype)
+    # nn.Linear draws from the global generator: seed it inside fork_rng, so that building the
+    # inputs leaves the caller's own random stream (a notebook's) where it was.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        gate = nn.Linear(hidden, num_experts, bias=False, dtype=dtype)
+        with torch.no_grad():
+            gate.weight.mul_(4.0)
+        experts = [Expert(hidden, ffn_hidden, dtype) for _ in range(num_experts)]
+        x = torch.randn(tokens, hidden, dtype=dtype)
+        dy = torch.randn(tokens, hidden, dtype=dtype)
     return gate, experts, x, dy
 
 

@@ -175,3 +175,15 @@ def test_figures_have_titles_labels_legends_and_one_box_per_token():
     assert [t.get_text() for t in ax.get_xticklabels()][:3] == ["output", "input_grad",
                                                                "gate.weight_grad"]
     plt.close("all")
+
+
+def test_building_the_inputs_leaves_the_callers_random_stream_alone():
+    from mtb_helpers.check_moe import make_moe_inputs
+
+    torch.manual_seed(1234)
+    expected = torch.rand(3)
+    torch.manual_seed(1234)
+    first = make_moe_inputs(8, 4, 8, 4, seed=0)
+    assert torch.equal(torch.rand(3), expected)
+    again = make_moe_inputs(8, 4, 8, 4, seed=0)
+    assert torch.equal(first[2], again[2])  # and the inputs still follow their own seed
