@@ -24,7 +24,7 @@ from mtb_helpers.grid import (CONVENTION, DP_REGION, PARAMS, GridGroups, average
                               tp_group_ranks, validate_grid)
 from mtb_helpers.ranks import resolve_world_size, run
 from mtb_helpers.report import Report, compare
-from mtb_helpers.tp import check_divisible, shard_range
+from mtb_helpers.tp import shard_range
 from mtb_helpers.tp_reference import random_linear
 
 __all__ = ["check_grid", "GRID_BUGS", "GRID_QUANTITIES", "grid_reference", "group_traffic"]
@@ -129,7 +129,9 @@ def check_grid(world_size: int = 4, tp: int = 2, dp: int = 2, hidden: int = 8,
             raise ValueError(f"{name} must be a positive integer, got {size!r}")
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr <= 0:
         raise ValueError(f"lr must be a positive number, got {lr!r}")
-    check_divisible("ffn_hidden", ffn_hidden, tp)
+    if ffn_hidden % tp:
+        raise ValueError(f"ffn_hidden={ffn_hidden} is not divisible by tp={tp}: tensor "
+                         f"parallelism splits it into {tp} equal shards, one per TP-group rank")
     if batch % dp:
         raise ValueError(f"batch={batch} is not divisible by dp={dp}: data parallelism gives "
                          f"each of the {dp} replicas an equal slice of the batch")
