@@ -81,10 +81,7 @@ class GridGroups:
     dp_ranks: list[int]
     tp_group: object
     dp_group: object
-    created: list
-
-    def group_of(self, which: str):
-        return {"tp": self.tp_group, "dp": self.dp_group}[which]
+    created: list          # every group this rank created, to destroy them after the step
 
 
 def make_groups(tp: int, dp: int) -> GridGroups:
