@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from mtb_helpers.bugs import validate_bug
 from mtb_helpers.comm import record
-from mtb_helpers.dp import SHARDED, STRATEGIES, Adam, DPRecord, Layout, flat, make_mlp
+from mtb_helpers.dp import SHARDED, STRATEGIES, Adam, Layout, flat, make_mlp
 from mtb_helpers.dp_zero import BUGS_BY_STRATEGY, DP_BUGS, build_strategy
 from mtb_helpers.ranks import resolve_world_size, run
 from mtb_helpers.report import Report, compare
@@ -88,7 +88,7 @@ def _on_rank(strategy: str, model, start: dict, batch, adam: Adam, bug: str | No
     held = dp.held()
     if strategy == "zero3":
         held["gathered_transient"] = dp.gathered_bytes
-    return {"pieces": dp.pieces(), "held": held, "record": DPRecord(rec.events)}
+    return {"pieces": dp.pieces(), "held": held, "record": rec.without_tensors()}
 
 
 def _layout(strategy: str, model, t: int) -> Layout:

@@ -109,9 +109,10 @@ class CollectiveRecord:
         return [e for e in self.events if e.op != "split"]
 
     def summary(self) -> str:
-        """One line per direction, e.g. ``'forward: 1 all_reduce (192 B)'``; local splits left out."""
+        """One line per direction, e.g. ``'forward: 1 all_reduce (192 B)'``; local splits left out.
+        forward and backward always appear; other directions (an optimizer ``step``) when used."""
         parts = []
-        for direction in ("forward", "backward"):
+        for direction in dict.fromkeys(["forward", "backward", *(e.direction for e in self)]):
             counts: dict[str, list[int]] = {}
             for e in self.communicating():
                 if e.direction == direction:

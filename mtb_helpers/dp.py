@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from mtb_helpers.comm import CollectiveRecord, group_rank, group_size, issue
+from mtb_helpers.comm import group_rank, group_size, issue
 
 __all__ = ["STRATEGIES", "SHARDED", "Adam", "make_mlp", "flat", "padded_numel", "Layout",
-           "held_bytes", "DDP", "ZeRO1", "ZeRO2", "DPRecord"]
+           "held_bytes", "DDP", "ZeRO1", "ZeRO2"]
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 # which of the compared quantities each strategy keeps only a shard of
@@ -116,22 +116,6 @@ def held_bytes(tensors) -> int:
             storage = t.untyped_storage()
             seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
-
-
-class DPRecord(CollectiveRecord):
-    """A ``CollectiveRecord`` whose one-line summary also lists the optimizer-step collectives."""
-
-    def summary(self) -> str:
-        parts = []
-        for direction in dict.fromkeys(["forward", "backward", *(e.direction for e in self)]):
-            counts: dict[str, list[int]] = {}
-            for e in self.communicating():
-                if e.direction == direction:
-                    n, b = counts.get(e.op, [0, 0])
-                    counts[e.op] = [n + 1, b + e.bytes]
-            parts.append(f"{direction}: " + (", ".join(f"{n} {op} ({b} B)"
-                                                       for op, (n, b) in counts.items()) or "nothing"))
-        return "; ".join(parts)
 
 
 class DDP:

@@ -7,7 +7,8 @@ import torch
 from mtb_helpers import run
 from mtb_helpers.check_dp import make_problem, reference_step
 from mtb_helpers.comm import CollectiveEvent
-from mtb_helpers.dp import DPRecord, Layout, held_bytes, padded_numel
+from mtb_helpers.comm import CollectiveRecord
+from mtb_helpers.dp import Layout, held_bytes, padded_numel
 from mtb_helpers.dp_zero import BUGS_BY_STRATEGY, STRATEGY_CLASSES, build_strategy
 from mtb_helpers.dp import Adam
 
@@ -35,7 +36,7 @@ def test_held_bytes_counts_a_shared_storage_once():
 
 def test_record_summary_lists_the_step_collectives():
     ev = lambda op, d: CollectiveEvent(op, "r", "", d, (4,), (8,), "float32", 16, 16, 2)  # noqa: E731
-    rec = DPRecord([ev("reduce_scatter", "backward"), ev("all_gather", "step")])
+    rec = CollectiveRecord([ev("reduce_scatter", "backward"), ev("all_gather", "step")])
     assert rec.summary() == ("forward: nothing; backward: 1 reduce_scatter (16 B); "
                              "step: 1 all_gather (16 B)")
 
