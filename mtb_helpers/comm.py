@@ -253,6 +253,27 @@ def _all_to_all(x: torch.Tensor, region: str, operator: str, direction: str, dim
     return out
 
 
+class _AllReduceGrad(torch.autograd.Function):
+    """forward: identity; backward: all-reduce (sum) of the grad over the group."""
+
+    @staticmethod
+    def forward(ctx, p, region, operator, group):
+        ctx.region, ctx.operator, ctx.group = region, operator, group
+        return p.view_as(p)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return issue("all_reduce", grad, region=ctx.region, operator=ctx.operator,
+                     direction="backward", group=ctx.group), None, None, None
+
+
+def allreduce_grad(p: torch.Tensor, region: str, operator: str = "", group=None) -> torch.Tensor:
+    """Use a replicated parameter through this when each rank saw different data (other tokens,
+    other sequence rows): its grad is then summed over the group during backward. ``operator``
+    names the parameter in the record (``"ln.weight"``), so its all-reduce can be told apart."""
+    return _AllReduceGrad.apply(p, region, operator, group)
+
+
 class _CopyToTensorModelParallelRegion(torch.autograd.Function):
     """f. forward: identity; backward: all-reduce (sum) of the input grad over the group."""
 
@@ -331,6 +352,7 @@ def scatter_to_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torc
 
 
 __all__ = ["CollectiveEvent", "CollectiveRecord", "record", "issue", "group_size", "group_rank",
+           "allreduce_grad",
            "copy_to_tensor_model_parallel_region", "reduce_from_tensor_model_parallel_region",
            "gather_from_tensor_model_parallel_region", "scatter_to_tensor_model_parallel_region"]
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from mtb_helpers.comm import issue
+from mtb_helpers.comm import allreduce_grad, issue
 
 SCATTER_SP = "scatter_to_sequence_parallel_region"
 GATHER_SP = "gather_from_sequence_parallel_region"
@@ -79,22 +79,6 @@ class _ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
                      group=ctx.group), None
 
 
-class _AllReduceSequenceParallelGrad(torch.autograd.Function):
-    """forward: identity; backward: all-reduce (sum) of the parameter's grad over the group."""
-
-    @staticmethod
-    def forward(ctx, p, name, group):
-        ctx.name, ctx.group = name, group
-        return p.view_as(p)
-
-    @staticmethod
-    def backward(ctx, grad):
-        # The name goes in the operator field so a record (and a step trace) can tell
-        # ln.weight's all-reduce from ln.bias's.
-        return issue("all_reduce", grad, region=GRAD_ALLREDUCE_SP, operator=ctx.name,
-                     direction="backward", group=ctx.group), None, None
-
-
 def scatter_to_sequence_parallel_region(x: torch.Tensor,
                                         group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """forward split dim 0 ``[s, b, h] -> [s/t, b, h]``, backward all-gather dim 0."""
@@ -123,4 +107,4 @@ def allreduce_sequence_parallel_grad(p: torch.Tensor, name: str = "",
                                      group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """forward identity, backward all-reduce: use ``p`` (e.g. LayerNorm weight ``[h]``) through
     this so its grad, a partial sum over this rank's tokens, is summed over the group."""
-    return _AllReduceSequenceParallelGrad.apply(p, name, group)
+    return allreduce_grad(p, GRAD_ALLREDUCE_SP, name, group)

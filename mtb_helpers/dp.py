@@ -28,7 +28,7 @@ from torch import nn
 from mtb_helpers.comm import group_rank, group_size, issue
 
 __all__ = ["STRATEGIES", "SHARDED", "Adam", "make_mlp", "flat", "padded_numel", "Layout",
-           "held_bytes", "DDP", "ZeRO1", "ZeRO2"]
+           "held_bytes", "Strategy", "DDP", "ZeRO1", "ZeRO2"]
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 # which of the compared quantities each strategy keeps only a shard of
@@ -118,7 +118,27 @@ def held_bytes(tensors) -> int:
     return sum(seen.values())
 
 
-class DDP:
+class Strategy:
+    """One data-parallel training step, whatever is sharded: forward and backward on this rank's
+    slice of the batch, gradients reduced (how is the subclass's business), one Adam step.
+    Subclasses set ``t`` (the group size) and ``optimizer``."""
+
+    def average(self, summed: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks -> the mean: each rank's loss is the mean over its B/t samples."""
+        return summed / self.t
+
+    def step(self) -> None:
+        """One Adam step on what this rank owns."""
+        self.optimizer.step()
+
+    def train_step(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss = self.forward_backward(x, target)
+        self.reduce_gradients()
+        self.step()
+        return loss
+
+
+class DDP(Strategy):
     """Distributed data parallel: everything replicated; after backward one all-reduce of the flat
     gradient bucket ``[Ψ]``, divided by ``t``; every rank runs the same Adam step on all of Ψ.
 
@@ -149,10 +169,6 @@ class DDP:
                for k in ("exp_avg", "exp_avg_sq")}}
         self.grads: torch.Tensor | None = None
 
-    def average(self, summed: torch.Tensor) -> torch.Tensor:
-        """The sum over ranks -> the mean: each rank's loss is the mean over its B/t samples."""
-        return summed / self.t
-
     def forward_backward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Loss (mean squared error) of this rank's slice ``x, target [B/t, h]``, then backward."""
         loss = nn.functional.mse_loss(self.model(x), target)
@@ -177,16 +193,6 @@ class DDP:
         buffer.copy_(self.average(issue("all_reduce", buffer, region="ddp_grad_bucket",
                                         direction="backward", group=self.group)))
         self.master.grad = buffer
-
-    def step(self) -> None:
-        """One Adam step on what this rank owns."""
-        self.optimizer.step()
-
-    def train_step(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        loss = self.forward_backward(x, target)
-        self.reduce_gradients()
-        self.step()
-        return loss
 
     def held(self) -> dict[str, int]:
         """Bytes this rank holds for parameters, gradients and optimizer state (Adam's m and v;

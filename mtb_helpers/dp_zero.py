@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtb_helpers.comm import group_rank, group_size, issue
-from mtb_helpers.dp import DDP, SHARDED, Adam, Layout, ZeRO1, ZeRO2, held_bytes
+from mtb_helpers.dp import DDP, SHARDED, Adam, Layout, Strategy, ZeRO1, ZeRO2, held_bytes
 
 __all__ = ["ZeRO3", "STRATEGY_CLASSES", "DP_BUGS", "BUGS_BY_STRATEGY", "DoubleAverage",
            "SumNotAverage", "StaleParams", "build_strategy"]
@@ -49,7 +49,7 @@ class _ShardedLinear(torch.autograd.Function):
         return dy @ w, grad_shard, None, None
 
 
-class ZeRO3:
+class ZeRO3(Strategy):
     """ZeRO stage 3 (P_os+g+p), the scheme of PyTorch FSDP: parameters, gradients and Adam's state
     are all sharded; each linear layer's parameters are all-gathered before each use (forward and
     backward) and freed after. ``start`` as for ``DDP``."""
@@ -84,9 +84,6 @@ class ZeRO3:
         out[:n] = vec[start:start + n]
         return out
 
-    def average(self, summed: torch.Tensor) -> torch.Tensor:
-        return summed / self.t
-
     def gather(self, shard: torch.Tensor, unit: int, direction: str):
         """All-gather unit ``unit``'s parameters: ``[n_pad/t] -> [n_pad]`` -> ``(W, b)``."""
         full = issue("all_gather", shard.detach(), region="zero3_param_all_gather",
@@ -108,15 +105,6 @@ class ZeRO3:
 
     def reduce_gradients(self) -> None:
         """Nothing left to do: each unit's backward reduce-scattered its gradient already."""
-
-    def step(self) -> None:
-        self.optimizer.step()
-
-    def train_step(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        loss = self.forward_backward(x, target)
-        self.reduce_gradients()
-        self.step()
-        return loss
 
     def held(self) -> dict[str, int]:
         return {"params": held_bytes(self.shards),

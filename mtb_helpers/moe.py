@@ -22,7 +22,7 @@ experts ``r*E/t .. (r+1)*E/t - 1``; the router ``Wg`` is replicated. One forward
     7. the inverse permutation puts each row back at its (token, choice), then weight by w and sum.
 
 The backward of an all-to-all is the all-to-all with input and output splits swapped. The router
-sees only this rank's tokens, so its grad is all-reduced over the group (``_AllReduceRouterGrad``).
+sees only this rank's tokens, so its grad is all-reduced over the group (``comm.allreduce_grad``).
 
 **Capacity** (``capacity_factor`` c): each rank's n/t tokens are one group (GShard's groups);
 each expert accepts at most ``ceil(c * (n/t) * k / E)`` choices from a group, first choices
@@ -41,7 +41,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from mtb_helpers.comm import group_rank, group_size, issue
+from mtb_helpers.comm import allreduce_grad, group_rank, group_size, issue
 
 __all__ = ["Expert", "route", "expert_capacity", "keep_mask", "inverse_permutation",
            "all_to_all_rows", "allreduce_router_grad", "moe_reference", "ExpertParallelMoE",
@@ -122,24 +122,10 @@ def all_to_all_rows(x: torch.Tensor, send: list[int], recv: list[int], region: s
     return _AllToAll.apply(x, list(send), list(recv), region, group)
 
 
-class _AllReduceRouterGrad(torch.autograd.Function):
-    """forward: identity; backward: all-reduce (sum) of the replicated router's grad."""
-
-    @staticmethod
-    def forward(ctx, p, group):
-        ctx.group = group
-        return p.view_as(p)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return issue("all_reduce", grad, region=ROUTER_GRAD, operator="gate.weight",
-                     direction="backward", group=ctx.group), None
-
-
 def allreduce_router_grad(p: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Use the replicated router weight ``[E, h]`` through this so its grad (a sum over this
     rank's tokens only) is summed over the group in backward."""
-    return _AllReduceRouterGrad.apply(p, group)
+    return allreduce_grad(p, ROUTER_GRAD, "gate.weight", group)
 
 
 def moe_reference(gate: nn.Linear, experts: list[Expert], x: torch.Tensor, top_k: int,

@@ -26,7 +26,9 @@ def test_passing_check_prints_a_table_and_exits_0(main, capsys):
 def test_json_report(main, capsys):
     assert main(["collectives", "--world-size", "3", "--numel", "6", "--dtype", "float64",
                  "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
+    out = json.loads(capsys.readouterr().out)
+    assert out["passed"] and len(out["checks"]) == 1  # the same shape as every check command
+    data = out["checks"][0]
     assert data["passed"] and data["world_size"] == 3 and data["dtype"] == "float64"
     assert len(data["rows"]) == 5 * 3
 

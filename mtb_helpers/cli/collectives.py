@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-from mtb_helpers.cli.common import add_check_options, is_primary
+from mtb_helpers.cli.common import add_check_options, is_primary, print_json
 from mtb_helpers.collectives import COLLECTIVES
 from mtb_helpers.collectives_check import check_collectives
 
@@ -32,5 +31,8 @@ def collectives(args: argparse.Namespace) -> int:
                                seed=args.seed, bug=args.bug,
                                collectives=tuple(args.collective or COLLECTIVES))
     if is_primary():
-        print(json.dumps(report.to_dict(), indent=1) if args.json else report)
+        if args.json:
+            print_json([report])
+        else:
+            print(report)
     return 0 if report.passed else 1

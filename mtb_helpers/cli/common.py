@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 from mtb_helpers.ranks import MAX_WORLD_SIZE
@@ -23,3 +24,10 @@ def add_check_options(parser: argparse.ArgumentParser, world_size: int = 2) -> N
 def is_primary() -> bool:
     """True unless this process is a non-zero rank of a torchrun job (only rank 0 prints)."""
     return int(os.environ.get("RANK", "0")) == 0
+
+
+def print_json(reports: list) -> None:
+    """The --json output of the check commands: ``{"passed": ..., "checks": [report, ...]}``,
+    strict JSON (no NaN), one document however many checks ran."""
+    print(json.dumps({"passed": all(r.passed for r in reports),
+                      "checks": [r.to_dict() for r in reports]}, allow_nan=False))

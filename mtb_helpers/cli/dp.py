@@ -11,9 +11,8 @@ arguments raise ValueError before any rank starts (exit 2). Under torchrun only 
 from __future__ import annotations
 
 import argparse
-import json
 
-from mtb_helpers.cli.common import add_check_options, is_primary
+from mtb_helpers.cli.common import add_check_options, is_primary, print_json
 from mtb_helpers.dp import STRATEGIES
 
 
@@ -62,8 +61,7 @@ def run_check(args: argparse.Namespace) -> int:
     passed = all(r.passed for r in reports)
     if is_primary():
         if args.json:
-            print(json.dumps({"passed": passed, "checks": [r.to_dict() for r in reports]},
-                             allow_nan=False))
+            print_json(reports)
         else:
             for report in reports:
                 print(report)

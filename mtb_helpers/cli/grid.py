@@ -8,9 +8,8 @@ Under torchrun the world size is the launched job's and only rank 0 prints.
 from __future__ import annotations
 
 import argparse
-import json
 
-from mtb_helpers.cli.common import add_check_options, is_primary
+from mtb_helpers.cli.common import add_check_options, is_primary, print_json
 
 
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
@@ -42,8 +41,7 @@ def run_check(args: argparse.Namespace) -> int:
                         dtype=args.dtype, seed=args.seed, bug=args.bug)
     if is_primary():
         if args.json:
-            print(json.dumps({"passed": report.passed, "checks": [report.to_dict()]},
-                             allow_nan=False))
+            print_json([report])
         else:
             print(report)
             print(f"grid: {report.extra['grid']['convention']}")

@@ -10,9 +10,8 @@ Under torchrun only rank 0 prints.
 from __future__ import annotations
 
 import argparse
-import json
 
-from mtb_helpers.cli.common import add_check_options, is_primary
+from mtb_helpers.cli.common import add_check_options, is_primary, print_json
 
 
 def _capacity(text: str) -> float | None:
@@ -52,7 +51,7 @@ def run_check(args: argparse.Namespace) -> int:
     if not is_primary():
         return 0 if report.passed else 1
     if args.json:
-        print(json.dumps({"passed": report.passed, "checks": [report.to_dict()]}, allow_nan=False))
+        print_json([report])
         return 0 if report.passed else 1
     moe = report.extra["moe"]
     print(report)

@@ -10,9 +10,8 @@ starts, which the top-level command turns into exit 2. Under torchrun only rank 
 from __future__ import annotations
 
 import argparse
-import json
 
-from mtb_helpers.cli.common import add_check_options, is_primary
+from mtb_helpers.cli.common import add_check_options, is_primary, print_json
 
 
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
@@ -44,8 +43,7 @@ def run_sequence(args: argparse.Namespace) -> int:
                                      dtype=args.dtype, seed=args.seed, bug=args.bug)
     if is_primary():
         if args.json:
-            print(json.dumps({"passed": report.passed, "checks": [report.to_dict()]},
-                             allow_nan=False))
+            print_json([report])
         else:
             worst = {q: max(r.max_abs_err for r in report.rows if r.quantity == q)
                      for q in report.quantities()}

@@ -8,9 +8,8 @@ torchrun every rank runs the checks inside the launched group and only rank 0 pr
 from __future__ import annotations
 
 import argparse
-import json
 
-from mtb_helpers.cli.common import add_check_options, is_primary
+from mtb_helpers.cli.common import add_check_options, is_primary, print_json
 from mtb_helpers.report import Report
 
 
@@ -52,8 +51,7 @@ def _emit(reports: list[Report], as_json: bool) -> int:
     passed = all(r.passed for r in reports)
     if is_primary():
         if as_json:
-            print(json.dumps({"passed": passed, "checks": [r.to_dict() for r in reports]},
-                             allow_nan=False))
+            print_json(reports)
         else:
             print("\n\n".join(str(r) for r in reports))
     return 0 if passed else 1

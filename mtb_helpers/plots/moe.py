@@ -16,6 +16,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import FancyBboxPatch, Patch
 
 from mtb_helpers.plots.palette import FAIL_COLOR, PASS_COLOR, rank_color, rank_legend_handles
+from mtb_helpers.plots.tp import error_legend_handles
 
 __all__ = ["plot_routing", "plot_tokens_per_expert", "plot_all_to_all_bytes", "plot_moe_errors"]
 
@@ -209,10 +210,6 @@ def plot_moe_errors(report) -> Figure:
     bug = report.config.get("bug")
     ax.set_title(f"MoE check ({report.config['dtype']}, {t} rank(s){', bug ' + bug if bug else ''})"
                  f": {verdict}", fontsize=11)
-    handles = [*rank_legend_handles(t), Line2D([], [], color="black", lw=1.5, label="tolerance"),
-               Line2D([], [], marker="o", linestyle="", markerfacecolor="white",
-                      markeredgecolor=FAIL_COLOR, markeredgewidth=2, label="fails"),
-               Line2D([], [], marker="X", linestyle="", color=FAIL_COLOR, label="missing")]
-    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.legend(handles=error_legend_handles(t), fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     return fig

@@ -161,6 +161,15 @@ def plot_steps(report, phase: str | None = None, steps: list | None = None) -> F
     return fig
 
 
+def error_legend_handles(world_size: int) -> list:
+    """The legend of every error-per-quantity figure: ranks, tolerance, fails, missing."""
+    return [*rank_legend_handles(world_size),
+            Line2D([], [], color="black", linewidth=1.5, label="tolerance"),
+            Line2D([], [], marker="o", linestyle="", markerfacecolor="white",
+                   markeredgecolor=FAIL_COLOR, markeredgewidth=2, label="fails"),
+            Line2D([], [], marker="X", linestyle="", color=FAIL_COLOR, label="missing")]
+
+
 def plot_errors(report, by: str = "step", ax: Axes | None = None) -> Figure:
     """Max abs error per rank on a log scale against the tolerance, red where it fails.
 
@@ -218,12 +227,8 @@ def plot_errors(report, by: str = "step", ax: Axes | None = None) -> Figure:
     verdict = "passed" if report.passed else "FAILED"
     ax.set_title(f"{report.check} ({report.config.get('dtype')}, {t} rank{'s' * (t > 1)}): error per "
                  f"{by}, {verdict}", fontsize=11)
-    handles = [*rank_legend_handles(t),
-               Line2D([], [], color="black", linewidth=1.5, label="tolerance"),
-               Line2D([], [], marker="o", linestyle="", markerfacecolor="white",
-                      markeredgecolor=FAIL_COLOR, markeredgewidth=2, label="fails"),
-               Line2D([], [], marker="X", linestyle="", color=FAIL_COLOR, label="missing")]
     # outside the axes: failing points sit high up, exactly where an inside legend would go
-    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.legend(handles=error_legend_handles(t), fontsize=8, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     return fig
