@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mtb_helpers import comm, run
+from mtb_helpers import collective_record, comm, run
 
 
 def _region_job(name: str, shape: tuple[int, ...], grad_shape: tuple[int, ...]):
@@ -137,7 +137,7 @@ def test_record_counts_filters_serialises_and_nests():
     again = comm.CollectiveRecord.from_list(outer.to_list())
     assert again.events == outer.events and again.tensors == []
     assert "forward: 1 all_reduce (64 B)" in outer.summary()
-    assert outer.without_tensors().tensors == [] and not comm._ACTIVE
+    assert outer.without_tensors().tensors == [] and not collective_record._ACTIVE
 
 
 def test_every_region_and_check_has_the_one_import_path_design_promises():
