@@ -3,13 +3,12 @@ on real ranks and the figure and the bytes line redraw. Core ipywidgets only."""
 from __future__ import annotations
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
-from IPython.display import display
 from matplotlib.figure import Figure
 
 from mtb_helpers.collectives import COLLECTIVE_BUGS, COLLECTIVES, FORMULAS
 from mtb_helpers.collectives_check import check_collectives
 from mtb_helpers.plots.collectives import plot_collective
+from mtb_helpers.widgets._live import live_view
 
 MAX_EXPLORER_RANKS = 4   # Binder has 1 CPU and 2 GB; the figures are made for a few rows
 
@@ -43,21 +42,8 @@ def collectives_explorer(world_size: int = 2, collective: str = "all-gather",
     chunk = widgets.IntSlider(value=per_chunk, min=1, max=4, description="n / t",
                               continuous_update=False)
     bug = widgets.Checkbox(value=False, description="inject this collective's bug")
-    out = widgets.Output()
+    def show() -> list:
+        fig, text = render(size.value, which.value, chunk.value, bug.value)
+        return [text, fig]
 
-    def redraw(*_) -> None:
-        with out:
-            out.clear_output(wait=True)
-            try:
-                fig, text = render(size.value, which.value, chunk.value, bug.value)
-            except Exception as exc:  # a rank error or timeout: show it, keep the explorer alive
-                print(f"{type(exc).__name__}: {exc}")
-                return
-            print(text)
-            display(fig)
-            plt.close(fig)
-
-    for w in (size, which, chunk, bug):
-        w.observe(redraw, names="value")
-    redraw()
-    return widgets.VBox([widgets.HBox([size, which]), widgets.HBox([chunk, bug]), out])
+    return live_view([[size, which], [chunk, bug]], show)

@@ -7,12 +7,12 @@ Core ipywidgets only (Dropdown, Output, observe), so it runs on 7.7 and 8.
 from __future__ import annotations
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
-from IPython.display import HTML, display
+from IPython.display import HTML
 
 from mtb_helpers.check_grid import GRID_BUGS, check_grid
 from mtb_helpers.plots.grid import plot_grid, plot_grid_errors
 from mtb_helpers.report import Report
+from mtb_helpers.widgets._live import live_view
 
 __all__ = ["grid_choices", "grid_summary", "grid_explorer"]
 
@@ -41,25 +41,11 @@ def grid_explorer(world_size: int = 4) -> widgets.VBox:
     shape = widgets.Dropdown(options=list(choices), value=default, description="grid")
     dtype = widgets.Dropdown(options=["float32", "float64"], value="float32", description="dtype")
     bug = widgets.Dropdown(options=["none", *GRID_BUGS], value="none", description="bug")
-    out = widgets.Output()
+    def render() -> list:
+        tp, dp = choices[shape.value]
+        report = check_grid(world_size=world_size, tp=tp, dp=dp, dtype=dtype.value,
+                            bug=None if bug.value == "none" else bug.value)
+        return [grid_summary(report), plot_grid(report), plot_grid_errors(report),
+                HTML(report._repr_html_())]
 
-    def redraw(*_) -> None:
-        with out:
-            out.clear_output(wait=True)
-            tp, dp = choices[shape.value]
-            try:
-                report = check_grid(world_size=world_size, tp=tp, dp=dp, dtype=dtype.value,
-                                    bug=None if bug.value == "none" else bug.value)
-            except Exception as exc:  # a refused setting or a rank error: say it, stay alive
-                print(f"{type(exc).__name__}: {exc}")
-                return
-            print(grid_summary(report))
-            for fig in (plot_grid(report), plot_grid_errors(report)):
-                display(fig)
-                plt.close(fig)
-            display(HTML(report._repr_html_()))
-
-    for control in (shape, dtype, bug):
-        control.observe(redraw, names="value")
-    redraw()
-    return widgets.VBox([widgets.HBox([shape, dtype, bug]), out])
+    return live_view([[shape, dtype, bug]], render)

@@ -8,13 +8,12 @@ Core ipywidgets only (IntSlider, Dropdown, Output, observe), so it runs on 7.7 a
 from __future__ import annotations
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
-from IPython.display import display
 
 from mtb_helpers.check_moe import check_moe
 from mtb_helpers.moe_bugs import MOE_BUGS
 from mtb_helpers.plots.moe import plot_moe_errors, plot_routing, plot_tokens_per_expert
 from mtb_helpers.report import Report
+from mtb_helpers.widgets._live import live_view
 
 MAX_EXPLORER_RANKS = 4   # Binder has 1 CPU and 2 GB
 CAPACITY_FACTORS = [("none (keep all)", None), ("0.5", 0.5), ("1.0", 1.0), ("1.25", 1.25),
@@ -45,25 +44,11 @@ def explore_moe(world_size: int = 2, num_experts: int = 4) -> widgets.VBox:
     capacity = widgets.Dropdown(options=CAPACITY_FACTORS, value=None, description="capacity c")
     bug = widgets.Dropdown(options=[("none", None)] + [(b, b) for b in MOE_BUGS], value=None,
                            description="bug")
-    out = widgets.Output()
+    def render() -> list:
+        report = check_moe(world_size=size.value, num_experts=experts.value, top_k=top_k.value,
+                           capacity_factor=capacity.value, bug=bug.value)
+        moe = report.extra["moe"]
+        return [summary(report), plot_routing(moe), plot_tokens_per_expert(moe),
+                plot_moe_errors(report)]
 
-    def redraw(*_) -> None:
-        with out:
-            out.clear_output(wait=True)
-            try:
-                report = check_moe(world_size=size.value, num_experts=experts.value,
-                                   top_k=top_k.value, capacity_factor=capacity.value,
-                                   bug=bug.value)
-            except Exception as exc:  # a refused setting or a rank error: say it, stay alive
-                print(f"{type(exc).__name__}: {exc}")
-                return
-            print(summary(report))
-            moe = report.extra["moe"]
-            for fig in (plot_routing(moe), plot_tokens_per_expert(moe), plot_moe_errors(report)):
-                display(fig)
-                plt.close(fig)
-
-    for control in (size, experts, top_k, capacity, bug):
-        control.observe(redraw, names="value")
-    redraw()
-    return widgets.VBox([widgets.HBox([size, experts, top_k]), widgets.HBox([capacity, bug]), out])
+    return live_view([[size, experts, top_k], [capacity, bug]], render)

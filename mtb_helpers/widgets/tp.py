@@ -7,14 +7,14 @@ Core ipywidgets only (IntSlider, Dropdown, Output, observe), so it runs on 7.7 a
 from __future__ import annotations
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
 import torch
-from IPython.display import HTML, display
+from IPython.display import HTML
 
 from mtb_helpers.check import check_column_parallel, check_row_parallel, check_tp_mlp
 from mtb_helpers.plots.tp import plot_errors, plot_steps
 from mtb_helpers.report import Report
 from mtb_helpers.tp_bugs import COLUMN_BUGS, MLP_BUGS, ROW_BUGS
+from mtb_helpers.widgets._live import live_view
 
 MAX_EXPLORER_RANKS = 4   # Binder has 1 CPU and 2 GB; the layouts are drawn for a few ranks
 
@@ -61,24 +61,11 @@ def tp_explorer(kind: str = "mlp", world_size: int = 2) -> widgets.VBox:
     dtype = widgets.Dropdown(options=["float32", "float64"], value="float32", description="dtype")
     # Strings only: a None option reads as "nothing selected" on ipywidgets 7 and 8 alike.
     bug = widgets.Dropdown(options=["none", *bugs], value="none", description="bug")
-    out = widgets.Output()
 
-    def redraw(*_) -> None:
-        with out:
-            out.clear_output(wait=True)
-            try:
-                report = run_explorer_check(kind, size.value, per_rank.value, other.value,
-                                            dtype.value, None if bug.value == "none" else bug.value)
-            except Exception as exc:  # a refused setting or a rank error: say it, stay alive
-                print(f"{type(exc).__name__}: {exc}")
-                return
-            print(summary(report))
-            display(HTML(report._repr_html_()))
-            for fig in (plot_steps(report, phase="forward"), plot_errors(report)):
-                display(fig)
-                plt.close(fig)
+    def render() -> list:
+        report = run_explorer_check(kind, size.value, per_rank.value, other.value, dtype.value,
+                                    None if bug.value == "none" else bug.value)
+        return [summary(report), HTML(report._repr_html_()), plot_steps(report, phase="forward"),
+                plot_errors(report)]
 
-    for control in (size, per_rank, other, dtype, bug):
-        control.observe(redraw, names="value")
-    redraw()
-    return widgets.VBox([widgets.HBox([size, per_rank, other]), widgets.HBox([dtype, bug]), out])
+    return live_view([[size, per_rank, other], [dtype, bug]], render)

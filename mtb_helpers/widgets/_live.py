@@ -1,0 +1,41 @@
+"""The frame the rank-running explorers share: controls on top, one Output below that is filled
+again whenever a control changes. Core ipywidgets only (observe, Output), so 7.7 and 8 alike."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+from IPython.display import display
+from matplotlib.figure import Figure
+
+
+def live_view(rows: Sequence[Sequence[widgets.Widget]],
+              render: Callable[[], Sequence[object]]) -> widgets.VBox:
+    """``rows`` of controls above an Output that shows ``render()``'s items in order: a string is
+    printed, a Figure displayed and closed, anything else (an HTML table) displayed. An exception
+    (a setting a check refuses, a rank error or timeout) is shown as one line, and the explorer
+    stays usable."""
+    out = widgets.Output()
+
+    def redraw(*_) -> None:
+        with out:
+            out.clear_output(wait=True)
+            try:
+                items = render()
+            except Exception as exc:  # noqa: BLE001  (say it, keep the explorer alive)
+                print(f"{type(exc).__name__}: {exc}")
+                return
+            for item in items:
+                if isinstance(item, str):
+                    print(item)
+                else:
+                    display(item)
+                    if isinstance(item, Figure):
+                        plt.close(item)
+
+    for row in rows:
+        for control in row:
+            control.observe(redraw, names="value")
+    redraw()
+    return widgets.VBox([widgets.HBox(list(row)) for row in rows] + [out])
