@@ -8,6 +8,7 @@ already prefixes each rank's lines (``--tee 3``) or writes them to its log direc
 """
 from __future__ import annotations
 
+import atexit
 from typing import Any, Callable
 
 import torch.distributed as dist
@@ -17,6 +18,9 @@ def run_in_launched_job(fn: Callable[..., Any], args: tuple, kwargs: dict,
                         world_size: int) -> list:
     if not dist.is_initialized():
         dist.init_process_group("gloo", init_method="env://")
+        # We created the group, so we take it down: a gloo group still alive when the
+        # interpreter exits can abort the process ("terminate called without an active exception").
+        atexit.register(_destroy)
     actual = dist.get_world_size()
     if world_size != actual:
         raise ValueError(f"this process is a rank of a launched job of {actual} ranks, so run() "
@@ -26,3 +30,8 @@ def run_in_launched_job(fn: Callable[..., Any], args: tuple, kwargs: dict,
     gathered: list = [None] * actual
     dist.all_gather_object(gathered, result)
     return gathered
+
+
+def _destroy() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -94,3 +94,24 @@ def test_under_torchrun_run_uses_the_launched_group(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     # every rank ran fn in its own (launched) process, no pool was started
     assert "RESULT 2 [0, 1] 2 True" in out.stdout
+
+
+def test_a_group_run_created_in_a_launched_job_is_destroyed_at_exit(tmp_path):
+    # A gloo group alive at interpreter exit can abort the rank ("terminate called without an
+    # active exception", about one torchrun job in four before this was fixed).
+    script = _script(tmp_path, """
+        import atexit, socket, os
+        import torch.distributed as dist
+        from mtb_helpers import run
+        s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        print("results", run(lambda: dist.get_rank(), world_size=1))
+        atexit._run_exitfuncs()
+        print("initialized after exit handlers:", dist.is_initialized())
+        """)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "results [0]" in out.stdout
+    assert "initialized after exit handlers: False" in out.stdout
