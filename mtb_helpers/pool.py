@@ -115,6 +115,12 @@ class Pool:
             for conn in self.conns:
                 conn.send_bytes(pickle.dumps(("call", payload)))
             replies = self._collect(timeout, what="call")
+        except KeyboardInterrupt:
+            # Stopped while sending (some ranks got the call, some not): kill them all, as
+            # _collect does when stopped while waiting.
+            if not self.broken:
+                self.kill(remove_files=False)
+            raise
         finally:
             self._after_collect()
         return [value for _, value in replies]

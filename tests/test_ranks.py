@@ -200,3 +200,23 @@ def test_pools_beyond_the_rank_budget_are_stopped():
     run(lambda: 0, world_size=8)  # 4 + 8 > budget: the 4-rank pool goes
     assert 4 not in ranks_module._pools
     assert wait_dead(four)
+
+
+def test_an_interrupt_while_the_call_is_being_sent_stops_every_rank(monkeypatch):
+    pids = run(os.getpid, world_size=2)
+    pool = ranks_module._pools[2]
+    sent = []
+    real_send = type(pool.conns[0]).send_bytes
+
+    def send_then_interrupt(conn, data):
+        real_send(conn, data)
+        sent.append(conn)
+        if len(sent) == 1:  # rank 0 has the call, rank 1 never will
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(type(pool.conns[0]), "send_bytes", send_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        run(dist.barrier, world_size=2)
+    monkeypatch.undo()
+    assert wait_dead(pids), "a rank was left waiting in the barrier"
+    assert run(lambda: 5, world_size=2) == [5, 5]

@@ -14,7 +14,8 @@ def torchrun(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("command", [["tp", "check"], ["tp", "sequence"], ["collectives"]])
+@pytest.mark.parametrize("command", [["tp", "check"], ["tp", "sequence"], ["collectives"],
+                                     ["dp", "check"], ["moe", "check"]])
 def test_checks_pass_under_torchrun_and_only_rank_0_prints(command):
     out = torchrun(*command, "--json")
     assert out.returncode == 0, out.stderr[-3000:]
