@@ -28,7 +28,7 @@ from mtb_helpers.rank_errors import (RankError, RankTimeoutError, SourceIndex, W
 
 START_TIMEOUT = 120.0   # cold start on a loaded 2-core machine, forkserver import included
 ERROR_GRACE = 0.5       # after one rank fails, how long the others get to report before we stop them
-STACK_DUMP_WAIT = 1.0   # how long a blocked rank gets to write its stack after SIGUSR1
+STACK_DUMP_WAIT = 2.0   # at most, for a blocked rank to write its stack after SIGUSR1 (usually ms)
 _start_lock = threading.Lock()
 
 
