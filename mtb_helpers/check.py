@@ -23,7 +23,7 @@ from mtb_helpers.report import Report
 from mtb_helpers.tp import check_divisible
 from mtb_helpers.tp_bugs import (COLUMN_BUGS, MLP_BUGS, ROW_BUGS, build_mlp, column_class,
                                  row_class)
-from mtb_helpers.tp_reference import (cast_linear, column_reference, mlp_reference, random_linear,
+from mtb_helpers.tp_reference import (cast_linear, column_reference, mlp_reference, draw_inputs,
                                       row_reference)
 from mtb_helpers.trace import StepSpec as S, build_rows, build_steps, trace_on_rank
 from mtb_helpers.check_sp import check_sequence_parallel  # noqa: F401  (DESIGN: one import path for every check)
@@ -97,10 +97,7 @@ def check_column_parallel(world_size: int = 2, in_features: int = 8, out_feature
                          "(without it there is no all-gather to get wrong)")
     batch = _sizes(batch_shape, in_features=in_features, out_features=out_features)
     check_divisible("out_features", out_features, t)
-    gen = torch.Generator().manual_seed(seed)
-    lin = random_linear(in_features, out_features, gen, dtype)
-    x = torch.randn(*batch, in_features, generator=gen, dtype=dtype)
-    dy = torch.randn(*batch, out_features, generator=gen, dtype=dtype)
+    (lin,), x, dy = draw_inputs(seed, batch, dtype, (in_features, out_features))
     gathered = [S("output", "all-gather Y", "forward", "Y", "Y = [Y_0, ..., Y_t-1]", "replicated",
                   ("output",), (GATHER, "forward"))] if gather_output else []
     specs = [
@@ -145,10 +142,7 @@ def check_row_parallel(world_size: int = 2, in_features: int = 12, out_features:
     validate_bug(bug, ROW_BUGS)
     batch = _sizes(batch_shape, in_features=in_features, out_features=out_features)
     check_divisible("in_features", in_features, t)
-    gen = torch.Generator().manual_seed(seed)
-    lin = random_linear(in_features, out_features, gen, dtype)
-    x = torch.randn(*batch, in_features, generator=gen, dtype=dtype)
-    dy = torch.randn(*batch, out_features, generator=gen, dtype=dtype)
+    (lin,), x, dy = draw_inputs(seed, batch, dtype, (in_features, out_features))
     if input_is_parallel:
         given = [S("input", "shard X by columns", "forward", "X", "X_r = X[:, cols r]", "cols",
                    ("input",))]
@@ -203,11 +197,7 @@ def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
     validate_bug(bug, MLP_BUGS)
     batch = _sizes(batch_shape, hidden=hidden, ffn_hidden=ffn_hidden)
     check_divisible("ffn_hidden", ffn_hidden, t)
-    gen = torch.Generator().manual_seed(seed)
-    fc1 = random_linear(hidden, ffn_hidden, gen, dtype)
-    fc2 = random_linear(ffn_hidden, hidden, gen, dtype)
-    x = torch.randn(*batch, hidden, generator=gen, dtype=dtype)
-    dy = torch.randn(*batch, hidden, generator=gen, dtype=dtype)
+    (fc1, fc2), x, dy = draw_inputs(seed, batch, dtype, (hidden, ffn_hidden), (ffn_hidden, hidden))
     specs = [
         S("fc1.weight", "shard W1 by columns", "forward", "W1", "W1_r = W1[:, cols r]", "cols",
           ("param", "fc1.weight")),

@@ -25,7 +25,7 @@ from mtb_helpers.grid import (CONVENTION, DP_REGION, PARAMS, GridGroups, average
 from mtb_helpers.ranks import resolve_world_size, run
 from mtb_helpers.report import Report, compare
 from mtb_helpers.tp import shard_range
-from mtb_helpers.tp_reference import random_linear
+from mtb_helpers.tp_reference import draw_inputs
 
 __all__ = ["check_grid", "GRID_BUGS", "GRID_QUANTITIES", "grid_reference", "group_traffic"]
 
@@ -135,11 +135,8 @@ def check_grid(world_size: int = 4, tp: int = 2, dp: int = 2, hidden: int = 8,
     if batch % dp:
         raise ValueError(f"batch={batch} is not divisible by dp={dp}: data parallelism gives "
                          f"each of the {dp} replicas an equal slice of the batch")
-    gen = torch.Generator().manual_seed(seed)
-    fc1 = random_linear(hidden, ffn_hidden, gen, dtype)
-    fc2 = random_linear(ffn_hidden, hidden, gen, dtype)
-    x = torch.randn(batch, hidden, generator=gen, dtype=dtype)
-    target = torch.randn(batch, hidden, generator=gen, dtype=dtype)
+    (fc1, fc2), x, target = draw_inputs(seed, (batch,), dtype, (hidden, ffn_hidden),
+                                        (ffn_hidden, hidden))
     results = run(grid_step_on_rank, fc1, fc2, x, target, tp, dp, lr,
                   _SYNC.get(bug, average_gradients), world_size=t, timeout=timeout)
     ref, ref64 = (grid_reference(fc1, fc2, x, target, lr, d) for d in (dtype, torch.float64))

@@ -14,7 +14,7 @@ from torch import nn
 
 from mtb_helpers.tp import shard_range
 
-__all__ = ["random_linear", "cast_linear", "column_reference", "row_reference", "mlp_reference"]
+__all__ = ["random_linear", "draw_inputs", "cast_linear", "column_reference", "row_reference", "mlp_reference"]
 
 
 def random_linear(n_in: int, n_out: int, gen: torch.Generator, dtype: torch.dtype) -> nn.Linear:
@@ -24,6 +24,18 @@ def random_linear(n_in: int, n_out: int, gen: torch.Generator, dtype: torch.dtyp
         lin.weight.copy_(torch.randn(n_out, n_in, generator=gen, dtype=dtype) / n_in ** 0.5)
         lin.bias.copy_(torch.randn(n_out, generator=gen, dtype=dtype))
     return lin
+
+
+def draw_inputs(seed: int, batch: tuple[int, ...], dtype: torch.dtype,
+                *shapes: tuple[int, int]) -> tuple[list[nn.Linear], torch.Tensor, torch.Tensor]:
+    """What a check draws for ``seed``, in its order: one ``nn.Linear(n_in, n_out)`` per shape,
+    then X ``[*batch, first n_in]`` and dY ``[*batch, last n_out]``. A notebook calls it to hold
+    the very tensors the check used."""
+    gen = torch.Generator().manual_seed(seed)
+    layers = [random_linear(n_in, n_out, gen, dtype) for n_in, n_out in shapes]
+    x = torch.randn(*batch, shapes[0][0], generator=gen, dtype=dtype)
+    dy = torch.randn(*batch, shapes[-1][1], generator=gen, dtype=dtype)
+    return layers, x, dy
 
 
 def cast_linear(lin: nn.Linear, dtype: torch.dtype) -> nn.Linear:
