@@ -68,8 +68,6 @@ def main(rank: int, world_size: int, workdir: str, conn: Connection, lifeline: C
 
 
 def _serve(conn: Connection) -> None:
-    import cloudpickle  # noqa: F401  (the owner pickled with it; pickle.loads needs it importable)
-
     while True:
         try:
             message = pickle.loads(conn.recv_bytes())
