@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
-import mtb_helpers.check_dp as check_dp_module
+import mtb_helpers.dp.check as check_dp_module
 from mtb_helpers import BUGS
-from mtb_helpers.check_dp import QUANTITIES, check_all_strategies, check_data_parallel
-from mtb_helpers.dp import STRATEGIES
-from mtb_helpers.dp_zero import BUGS_BY_STRATEGY, DP_BUGS
+from mtb_helpers.dp.check import QUANTITIES, check_all_strategies, check_data_parallel
+from mtb_helpers.dp.strategies import STRATEGIES
+from mtb_helpers.dp.zero3 import BUGS_BY_STRATEGY, DP_BUGS
 
 
 def test_every_dp_bug_is_listed():

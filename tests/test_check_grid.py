@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-import mtb_helpers.check_grid as check_grid_module
+import mtb_helpers.grid.check as check_grid_module
 from mtb_helpers import BUGS
-from mtb_helpers.check_grid import GRID_BUGS, GRID_QUANTITIES, check_grid
-from mtb_helpers.grid import DP_REGION
+from mtb_helpers.grid.check import GRID_BUGS, GRID_QUANTITIES, check_grid
+from mtb_helpers.grid.layers import DP_REGION
 
 GRADS_AND_PARAMS = set(GRID_QUANTITIES) - {"output"}
 SHARDED = {q for q in GRADS_AND_PARAMS if not q.startswith("fc2.bias")}

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from mtb_helpers import BUGS
-from mtb_helpers.check_moe import EXPERT_PARAMS, all_gather_alternative_bytes, check_moe
-from mtb_helpers.moe_bugs import MOE_BUGS
+from mtb_helpers.moe.check import EXPERT_PARAMS, all_gather_alternative_bytes, check_moe
+from mtb_helpers.moe.bugs import MOE_BUGS
 
 
 def _expert_rows(e: int, owner: int) -> set:
@@ -141,7 +141,7 @@ def test_report_is_strict_json_and_readable():
     ({"dtype": torch.float16}, "dtype"),
 ])
 def test_bad_input_is_refused_before_ranks_start(kwargs, message, monkeypatch):
-    import mtb_helpers.check_moe as module
+    import mtb_helpers.moe.check as module
 
     def no_ranks(*args, **kw):
         raise AssertionError("ranks started")
@@ -155,7 +155,7 @@ def test_figures_have_titles_labels_legends_and_one_box_per_token():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from mtb_helpers.plots.moe import (plot_all_to_all_bytes, plot_moe_errors, plot_routing,
+    from mtb_helpers.moe.plots import (plot_all_to_all_bytes, plot_moe_errors, plot_routing,
                                        plot_tokens_per_expert)
     report = check_moe(world_size=2, top_k=2, capacity_factor=1.0, bug="moe-gate-not-applied")
     moe = report.extra["moe"]
@@ -178,7 +178,7 @@ def test_figures_have_titles_labels_legends_and_one_box_per_token():
 
 
 def test_building_the_inputs_leaves_the_callers_random_stream_alone():
-    from mtb_helpers.check_moe import make_moe_inputs
+    from mtb_helpers.moe.check import make_moe_inputs
 
     torch.manual_seed(1234)
     expected = torch.rand(3)

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-import mtb_helpers.check_sp as check_sp_module
+import mtb_helpers.sp.check as check_sp_module
 from mtb_helpers import BUGS
-from mtb_helpers.check_sp import check_sequence_parallel
-from mtb_helpers.sp_bugs import SP_BUGS
+from mtb_helpers.sp.check import check_sequence_parallel
+from mtb_helpers.sp.bugs import SP_BUGS
 
 PARAM_GRADS = {"ln.weight_grad", "ln.bias_grad", "fc1.weight_grad", "fc1.bias_grad",
                "fc2.weight_grad", "fc2.bias_grad"}
@@ -128,9 +128,9 @@ def test_figures_have_rank_colours_titles_legends_and_red_failures():
     import matplotlib.pyplot as plt
 
     from mtb_helpers.plots.palette import FAIL_COLOR, rank_color
-    from mtb_helpers.plots.sp import (plot_activation_memory, plot_communication, plot_errors,
+    from mtb_helpers.sp.plots import (plot_activation_memory, plot_communication, plot_errors,
                                       plot_sequence_layout)
-    from mtb_helpers.sp_memory import measure_activation_memory
+    from mtb_helpers.sp.memory import measure_activation_memory
 
     report = check_sequence_parallel(world_size=2, bug="sp-allreduce-instead-of-reduce-scatter")
     fig = plot_sequence_layout(report, "forward")
@@ -160,7 +160,7 @@ def test_explorer_summary_and_controls():
     import matplotlib
     matplotlib.use("Agg")
 
-    from mtb_helpers.widgets.sp import VIEWS, explore_sequence_parallel, sp_summary
+    from mtb_helpers.sp.widget import VIEWS, explore_sequence_parallel, sp_summary
 
     text = sp_summary(check_sequence_parallel(world_size=2, bug="sp-no-layernorm-grad-allreduce"))
     assert "FAILED" in text and "fails: ln.weight_grad on ranks 0, 1" in text

@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-import mtb_helpers.check as check_module
+import mtb_helpers.tp.check as check_module
 from mtb_helpers import BUGS
-from mtb_helpers.check import check_column_parallel, check_row_parallel, check_tp_mlp
-from mtb_helpers.tp_bugs import COLUMN_BUGS, MLP_BUGS, ROW_BUGS
+from mtb_helpers.tp.check import check_column_parallel, check_row_parallel, check_tp_mlp
+from mtb_helpers.tp.bugs import COLUMN_BUGS, MLP_BUGS, ROW_BUGS
 
 # (check, extra kwargs, bug) -> the quantities that must fail, on every rank
 BROKEN = [
@@ -150,7 +150,7 @@ def test_figures_draw_the_trace_with_titles_legends_and_red_failures():
     import matplotlib.pyplot as plt
 
     from mtb_helpers.plots.palette import FAIL_COLOR, rank_color
-    from mtb_helpers.plots.tp import plot_errors, plot_step, plot_steps
+    from mtb_helpers.tp.plots import plot_errors, plot_step, plot_steps
 
     report = check_row_parallel(world_size=3, bug="row-missing-allreduce")
     fig = plot_step(report, "shard W by rows")

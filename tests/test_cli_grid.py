@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-import mtb_helpers.check_grid as check_grid_module
+import mtb_helpers.grid.check as check_grid_module
 from mtb_helpers.cli import main
 
 

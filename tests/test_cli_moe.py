@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from mtb_helpers.cli import main
-from mtb_helpers.moe_bugs import MOE_BUGS
+from mtb_helpers.moe.bugs import MOE_BUGS
 
 
 def test_check_passes_and_prints_table_routing_and_bytes(capsys):

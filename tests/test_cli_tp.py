@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-import mtb_helpers.check as check_module
+import mtb_helpers.tp.check as check_module
 from mtb_helpers.cli import main
 
 

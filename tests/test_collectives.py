@@ -10,12 +10,12 @@ import torch
 
 matplotlib.use("Agg")
 
-import mtb_helpers.collectives as coll  # noqa: E402
+import mtb_helpers.collectives.ops as coll  # noqa: E402
 from mtb_helpers import BUGS, RankTimeoutError  # noqa: E402
-import mtb_helpers.collectives_check as cc  # noqa: E402
-from mtb_helpers.collectives import (COLLECTIVE_BUGS, COLLECTIVES, formula_bytes,  # noqa: E402
+import mtb_helpers.collectives.check as cc  # noqa: E402
+from mtb_helpers.collectives.ops import (COLLECTIVE_BUGS, COLLECTIVES, formula_bytes,  # noqa: E402
                                      reference)
-from mtb_helpers.collectives_check import check_collectives  # noqa: E402
+from mtb_helpers.collectives.check import check_collectives  # noqa: E402
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
@@ -155,8 +155,8 @@ def test_deadlock_demo_times_out_with_a_message_then_ranks_work_again():
 
 
 def test_figures_and_explorer_draw_the_report(monkeypatch):
-    import mtb_helpers.widgets.collectives as explorer_module
-    from mtb_helpers.plots.collectives import plot_bytes, plot_collective, plot_decomposition
+    import mtb_helpers.collectives.widget as explorer_module
+    from mtb_helpers.collectives.plots import plot_bytes, plot_collective, plot_decomposition
 
     report = check_collectives(2, numel=4, bug="allgather-rank-order")
     fig = plot_collective(report.to_dict(), "all-gather")

@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mtb_helpers import collective_record, comm, run
+from mtb_helpers import run
+from mtb_helpers.comm import records as collective_record, regions as comm
 
 
 def _region_job(name: str, shape: tuple[int, ...], grad_shape: tuple[int, ...]):
@@ -141,9 +142,10 @@ def test_record_counts_filters_serialises_and_nests():
 
 
 def test_every_region_and_check_has_the_one_import_path_design_promises():
-    from mtb_helpers import comm, comm_sp
+    from mtb_helpers import comm
+    from mtb_helpers.comm import sp_regions as comm_sp
     from mtb_helpers.check import check_sequence_parallel
-    from mtb_helpers.check_sp import check_sequence_parallel as in_its_module
+    from mtb_helpers.sp.check import check_sequence_parallel as in_its_module
 
     assert check_sequence_parallel is in_its_module
     for name in ("scatter_to_sequence_parallel_region", "gather_from_sequence_parallel_region",

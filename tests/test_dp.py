@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 
 from mtb_helpers import run
-from mtb_helpers.check_dp import make_problem, reference_step
-from mtb_helpers.comm import CollectiveEvent
-from mtb_helpers.comm import CollectiveRecord
-from mtb_helpers.dp import Layout, held_bytes, padded_numel
-from mtb_helpers.dp_zero import BUGS_BY_STRATEGY, STRATEGY_CLASSES, build_strategy
-from mtb_helpers.dp import Adam
+from mtb_helpers.dp.check import make_problem, reference_step
+from mtb_helpers.comm.regions import CollectiveEvent
+from mtb_helpers.comm.regions import CollectiveRecord
+from mtb_helpers.dp.strategies import Layout, held_bytes, padded_numel
+from mtb_helpers.dp.zero3 import BUGS_BY_STRATEGY, STRATEGY_CLASSES, build_strategy
+from mtb_helpers.dp.strategies import Adam
 
 
 def test_padded_numel_rounds_up_to_the_world_size():

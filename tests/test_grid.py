@@ -10,11 +10,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from mtb_helpers import run  # noqa: E402
-from mtb_helpers.check_grid import check_grid  # noqa: E402
-from mtb_helpers.grid import (coords, dp_group_ranks, expected_bytes, make_groups,  # noqa: E402
+from mtb_helpers.grid.check import check_grid  # noqa: E402
+from mtb_helpers.grid.layers import (coords, dp_group_ranks, expected_bytes, make_groups,  # noqa: E402
                               param_piece, rank_of, tp_group_ranks, validate_grid, destroy_groups)
-from mtb_helpers.plots.grid import group_lines, plot_grid, plot_grid_bytes, plot_grid_errors  # noqa: E402
-from mtb_helpers.widgets.grid import grid_choices, grid_explorer, grid_summary  # noqa: E402
+from mtb_helpers.grid.plots import group_lines, plot_grid, plot_grid_bytes, plot_grid_errors  # noqa: E402
+from mtb_helpers.grid.widget import grid_choices, grid_explorer, grid_summary  # noqa: E402
 
 
 def test_megatron_layout_tp_ranks_are_neighbours():

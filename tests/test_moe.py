@@ -6,10 +6,10 @@ import torch
 import torch.distributed as dist
 
 from mtb_helpers import run
-from mtb_helpers.comm import issue, record
-from mtb_helpers.moe import (DISPATCH, ExpertParallelMoE, all_to_all_rows, expert_capacity,
+from mtb_helpers.comm.regions import issue, record
+from mtb_helpers.moe.layers import (DISPATCH, ExpertParallelMoE, all_to_all_rows, expert_capacity,
                              inverse_permutation, keep_mask, moe_reference, route)
-from mtb_helpers.check_moe import make_moe_inputs
+from mtb_helpers.moe.check import make_moe_inputs
 
 
 def test_route_picks_the_largest_probabilities():

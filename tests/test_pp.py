@@ -9,7 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from mtb_helpers.pp import Op, closed_form, schedule, simulate, warmup_count  # noqa: E402
+from mtb_helpers.pp.schedules import Op, closed_form, schedule, simulate, warmup_count  # noqa: E402
 
 
 def order(name, p, m, chunks=None):
@@ -231,7 +231,7 @@ def test_simulate_refuses_an_op_run_twice():
 # ---- figures and explorer ------------------------------------------------------------------
 
 def test_gantt_draws_one_box_per_op_hatches_idle_and_titles_the_bubble():
-    from mtb_helpers.plots.pp import IDLE_HATCH, OP_COLORS, plot_gantt
+    from mtb_helpers.pp.plots import IDLE_HATCH, OP_COLORS, plot_gantt
     from matplotlib.colors import to_rgba
     t = simulate(schedule("1f1b", 3, 4))
     fig = plot_gantt(t, "1f1b")
@@ -246,7 +246,7 @@ def test_gantt_draws_one_box_per_op_hatches_idle_and_titles_the_bubble():
 
 
 def test_bubble_and_memory_figures_plot_the_simulated_numbers():
-    from mtb_helpers.plots.pp import plot_bubble_vs_microbatches, plot_peak_memory
+    from mtb_helpers.pp.plots import plot_bubble_vs_microbatches, plot_peak_memory
     fig = plot_bubble_vs_microbatches(stage_counts=(2, 4), max_microbatches=6)
     dots = [line for line in fig.axes[0].lines if line.get_marker() == "o"]
     assert list(dots[1].get_ydata()) == pytest.approx([3 / (m + 3) for m in range(1, 7)])
@@ -258,7 +258,7 @@ def test_bubble_and_memory_figures_plot_the_simulated_numbers():
 
 
 def test_explorer_numbers_and_refusal(capsys):
-    from mtb_helpers.widgets.pp import explore_pipeline, pipeline_numbers
+    from mtb_helpers.pp.widget import explore_pipeline, pipeline_numbers
     text, t = pipeline_numbers("gpipe", 4, 8, ratio=2.0)
     assert "simulated 0.273, closed form 0.273" in text
     assert t.makespan == pytest.approx(33)

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import mtb_helpers
 from mtb_helpers import RankError, RankTimeoutError, run, seed_all, shutdown
-from mtb_helpers import ranks as ranks_module
+from mtb_helpers.runtime import ranks as ranks_module
 from tests.procs import alive, wait_dead
 
 

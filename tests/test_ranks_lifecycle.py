@@ -81,7 +81,7 @@ def test_under_torchrun_run_uses_the_launched_group(tmp_path):
     script = _script(tmp_path, """
         import os, torch.distributed as dist
         from mtb_helpers import run
-        from mtb_helpers.ranks import resolve_world_size
+        from mtb_helpers.runtime.ranks import resolve_world_size
         size = resolve_world_size(5)  # torchrun's size wins over the default
         ranks = run(lambda: (dist.get_rank(), os.getpid()), world_size=size)
         if dist.get_rank() == 0:

@@ -8,16 +8,16 @@ import torch.distributed as dist
 from torch import nn
 
 from mtb_helpers import run
-from mtb_helpers.check_sp import check_sequence_parallel
-from mtb_helpers.comm import record
-from mtb_helpers.comm_sp import (GATHER_SP, GRAD_ALLREDUCE_SP, REDUCE_SCATTER_SP, SCATTER_SP,
+from mtb_helpers.sp.check import check_sequence_parallel
+from mtb_helpers.comm.regions import record
+from mtb_helpers.comm.sp_regions import (GATHER_SP, GRAD_ALLREDUCE_SP, REDUCE_SCATTER_SP, SCATTER_SP,
                                  allreduce_sequence_parallel_grad, gather_from_sequence_parallel_region,
                                  reduce_scatter_to_sequence_parallel_region,
                                  scatter_to_sequence_parallel_region)
-from mtb_helpers.sp import (PositionKeyedDropout, SequenceParallelMLPBlock, TensorParallelMLPBlock,
+from mtb_helpers.sp.layers import (PositionKeyedDropout, SequenceParallelMLPBlock, TensorParallelMLPBlock,
                             keep_mask, layernorm_dropout_on_shard, layernorm_dropout_reference,
                             position_keyed_dropout)
-from mtb_helpers.sp_memory import (TERMS, activation_model, make_block_inputs, measure_activation_memory)
+from mtb_helpers.sp.memory import (TERMS, activation_model, make_block_inputs, measure_activation_memory)
 
 DTYPES = [torch.float32, torch.float64]
 
@@ -29,7 +29,7 @@ def _x(shape, r):
 def _region_job(name, in_shape, grad_shape, **kwargs):
     """Each rank sends its own x (values tagged by rank) through the region and back-propagates
     its own grad; returns (y, dx, record)."""
-    import mtb_helpers.comm_sp as comm_sp
+    import mtb_helpers.comm.sp_regions as comm_sp
 
     def job():
         r = dist.get_rank() if dist.is_initialized() else 0

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 
-from mtb_helpers.widgets._live import live_view
+from mtb_helpers.widgets.frame import live_view
 
 
 def test_renders_on_each_change_and_a_failure_is_one_line_not_a_dead_explorer(capsys):

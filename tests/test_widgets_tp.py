@@ -6,7 +6,7 @@ import pytest
 
 matplotlib.use("Agg")
 
-from mtb_helpers.widgets.tp import run_explorer_check, summary, tp_explorer  # noqa: E402
+from mtb_helpers.tp.widget import run_explorer_check, summary, tp_explorer  # noqa: E402
 
 
 def _controls(explorer):

@@ -19,6 +19,7 @@ GROUPS = {
     "moe": "expert parallelism: token dispatch and combine with all-to-all",
     "grid": "tensor x data parallelism on one grid of ranks",
 }
+# Each topic folder has a cli.py with register(top, groups); these are the topics it loads.
 COMMAND_MODULES = ("collectives", "tp", "sp", "pp", "grid", "dp", "moe")
 
 
@@ -32,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         group = top.add_parser(name, help=help_text, description=help_text)
         groups[name] = group.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
     for module in COMMAND_MODULES:
-        importlib.import_module(f"mtb_helpers.cli.{module}").register(top, groups)
+        importlib.import_module(f"mtb_helpers.{module}.cli").register(top, groups)
     return parser
 
 

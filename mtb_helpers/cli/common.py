@@ -5,7 +5,7 @@ import argparse
 import json
 import os
 
-from mtb_helpers.ranks import MAX_WORLD_SIZE
+from mtb_helpers.runtime.ranks import MAX_WORLD_SIZE
 
 
 def add_check_options(parser: argparse.ArgumentParser, world_size: int = 2) -> None:

@@ -1,0 +1,247 @@
+"""The step trace of a check: for each step, what each rank holds and how far it is from the truth.
+
+A check describes its steps with ``StepSpec``s. Each rank runs the real layer once
+(``trace_on_rank``) and reports, for every spec, the tensor it observed: a parameter, its grad,
+the input, the output, the input or output of a recorded collective, or a module's output (forward
+hook) or output grad (backward hook). Nothing is recomputed on the side, so a broken layer shows up
+in the trace exactly where it goes wrong, and a collective it never issued shows as missing.
+
+Every tensor is drawn as its 2-D view ``[rows, cols]``: an activation ``[.., n]`` is
+``[prod(..), n]``, a bias is ``[1, out]``, and a weight is shown in the math layout of
+``Y = X @ W + b``, ``W = weight.T`` ``[in, out]``, so a column-parallel shard really is a block of
+columns (``W = [W0, ..., Wn]``) and a row-parallel shard a block of rows. A ``layout`` says which part of
+that view rank ``r`` holds: ``"rows"`` / ``"cols"`` (its contiguous shard), ``"replicated"`` (all
+of it), ``"partial"`` (all of it, but only its share of a sum).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from mtb_helpers.comm.regions import CollectiveRecord, record
+from mtb_helpers.checking.report import Row, compare, tolerance
+from mtb_helpers.comm.sharding import shard_range
+
+LAYOUTS = ("rows", "cols", "replicated", "partial")
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One step of a check. ``source`` says where a rank finds the step's tensor:
+    ``("param", path)``, ``("grad", path)``, ``("input",)``, ``("input_grad",)``, ``("output",)``,
+    ``("record", region, direction, "in" | "out")``, ``("hook", path, "out" | "grad_out")``.
+    ``collective`` = ``(region, direction)`` of the region event this step shows, if any."""
+    key: str
+    name: str
+    phase: str
+    tensor: str
+    formula: str
+    layout: str
+    source: tuple
+    collective: tuple | None = None
+
+
+@dataclass
+class Holding:
+    """What one rank holds at one step: its block ``rows`` x ``cols`` of the global 2-D view
+    (half-open ranges), whether it is a partial sum, the local tensor's shape (``None`` if the rank
+    never produced it) and its max abs error against the reference piece."""
+    rank: int
+    rows: tuple[int, int]
+    cols: tuple[int, int]
+    partial: bool
+    shape: tuple[int, ...] | None
+    max_abs_err: float | None
+    passed: bool
+
+
+@dataclass
+class Step:
+    """One step of the trace; ``holdings[r]`` is rank r's part. ``collective`` is the event dict
+    of the region this step runs (rank 0's record), ``None`` for a local step, and
+    ``{"missing": True, ...}`` when the layer should have issued one but did not."""
+    index: int
+    name: str
+    phase: str
+    tensor: str
+    formula: str
+    global_shape: tuple[int, int]
+    layout: str
+    collective: dict | None
+    holdings: list[Holding]
+    tolerance: float
+
+    @property
+    def passed(self) -> bool:
+        return all(h.passed for h in self.holdings)
+
+    @property
+    def max_abs_err(self) -> float | None:
+        errs = [h.max_abs_err for h in self.holdings if h.max_abs_err is not None]
+        return max(errs) if len(errs) == len(self.holdings) else None
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "passed": self.passed}
+
+    def __str__(self) -> str:
+        err = "missing" if self.max_abs_err is None else f"{self.max_abs_err:.1e}"
+        coll = ""
+        if self.collective:
+            coll = (f" [{self.collective['op']} NOT ISSUED]" if self.collective.get("missing")
+                    else f" [{self.collective['op']} {self.collective['direction']}]")
+        return (f"{self.index}. {self.phase} {self.name}: {self.formula}{coll} - {self.layout} "
+                f"{self.tensor} {list(self.global_shape)}, max err {err}"
+                f"{'' if self.passed else ' FAILED'}")
+
+
+def as2d(x: torch.Tensor) -> torch.Tensor:
+    """The 2-D view a figure draws: ``[..., n] -> [prod(...), n]``, a vector -> ``[1, n]``."""
+    return x.reshape(1, -1) if x.dim() == 1 else x.reshape(-1, x.shape[-1])
+
+
+def block(shape: tuple[int, int], layout: str, world_size: int, rank: int):
+    """``(rows, cols)`` ranges of rank ``rank``'s part of a ``shape`` 2-D view."""
+    rows, cols = (0, shape[0]), (0, shape[1])
+    if layout == "rows":
+        rows = shard_range(shape[0], world_size, rank)
+    elif layout == "cols":
+        cols = shard_range(shape[1], world_size, rank)
+    return rows, cols
+
+
+def piece(ref, layout: str, world_size: int, rank: int) -> torch.Tensor:
+    """Rank ``rank``'s reference piece (2-D). For ``"partial"`` ``ref`` is the per-rank list."""
+    if layout == "partial":
+        return as2d(ref[rank])
+    ref = as2d(ref)
+    (r0, r1), (c0, c1) = block(tuple(ref.shape), layout, world_size, rank)
+    return ref[r0:r1, c0:c1]
+
+
+def _find(module: nn.Module, path: str):
+    obj = module
+    for part in path.split("."):
+        obj = getattr(obj, part, None) if part else obj
+    return obj
+
+
+def local(x: torch.Tensor, layout: str, world_size: int, rank: int) -> torch.Tensor:
+    """Rank ``rank``'s piece of a full activation ``[.., n]``: all of it (``"replicated"``) or
+    its ``[.., n/t]`` columns (``"cols"``)."""
+    if layout == "replicated":
+        return x
+    lo, hi = shard_range(x.shape[-1], world_size, rank)
+    return x[..., lo:hi]
+
+
+def trace_on_rank(build, layers: tuple, x: torch.Tensor, dy: torch.Tensor, x_layout: str,
+                  dy_layout: str, specs: list[StepSpec]) -> dict:
+    """Run on every rank: ``module = build(*layers)``, ``y = module(x_r)``, ``y.backward(dy_r)``
+    inside a collective record, where ``x_r``/``dy_r`` are this rank's pieces of the full ``x``
+    and ``dy`` (see ``local``). Returns ``{"obs": {key: tensor}, "record": CollectiveRecord}``
+    with an entry for every spec whose source exists.
+    """
+    t = dist.get_world_size() if dist.is_initialized() else 1
+    r = dist.get_rank() if dist.is_initialized() else 0
+    module = build(*layers)
+    x = local(x, x_layout, t, r).clone().requires_grad_(True)
+    dy = local(dy, dy_layout, t, r)
+    hooked: dict[tuple, torch.Tensor] = {}
+    handles = []
+    for s in specs:
+        if s.source[0] != "hook":
+            continue
+        sub, what = _find(module, s.source[1]), s.source[2]
+        if what == "out":
+            handles.append(sub.register_forward_hook(
+                lambda m, i, o, k=s.source: hooked.__setitem__(k, o.detach().clone())))
+        else:
+            handles.append(sub.register_full_backward_hook(
+                lambda m, gi, go, k=s.source: hooked.__setitem__(k, go[0].detach().clone())))
+    with record(keep_tensors=True) as rec:
+        y = module(x)
+        y.backward(dy)
+    for h in handles:
+        h.remove()
+    obs = {}
+    for s in specs:
+        kind = s.source[0]
+        got = None
+        if kind in ("param", "grad"):
+            p = _find(module, s.source[1])
+            got = p if kind == "param" else (p.grad if p is not None else None)
+            got = got.T if got is not None and got.dim() == 2 else got   # W = weight.T [in, out]
+        elif kind == "input":
+            got = x
+        elif kind == "input_grad":
+            got = x.grad
+        elif kind == "output":
+            got = y
+        elif kind == "hook":
+            got = hooked.get(s.source)
+        elif kind == "record":
+            _, region, direction, end = s.source
+            for e, pair in zip(rec.events, rec.tensors):
+                if region in (e.region, e.operator) and e.direction == direction:
+                    got = pair[0] if end == "in" else pair[1]
+                    break
+        if got is not None:
+            obs[s.key] = got.detach().clone()
+    return {"obs": obs, "record": rec.without_tensors(), "rank": r}
+
+
+def _collective(spec: StepSpec, rec: CollectiveRecord) -> dict | None:
+    if spec.collective is None:
+        return None
+    region, direction = spec.collective
+    for e in rec.events:
+        if region in (e.region, e.operator) and e.direction == direction:
+            return {**asdict(e), "shape": list(e.shape), "out_shape": list(e.out_shape),
+                    "missing": False, "label": e.describe()}
+    return {"missing": True, "region": region, "direction": direction, "op": "collective",
+            "label": f"{direction} {region}: not issued"}
+
+
+def build_steps(specs: list[StepSpec], results: list[dict], refs: dict,
+                dtype: torch.dtype) -> list[Step]:
+    """The trace from every rank's ``trace_on_rank`` result and the references ``refs[key]``
+    (global tensor in ``dtype``; for a ``"partial"`` step, the list of per-rank partial sums)."""
+    t = len(results)
+    steps = []
+    for index, spec in enumerate(specs, start=1):
+        ref = refs[spec.key]
+        shape = tuple(as2d(ref[0] if spec.layout == "partial" else ref).shape)
+        tol = tolerance(as2d(ref[0] if spec.layout == "partial" else ref), dtype)
+        holdings = []
+        for r, res in enumerate(results):
+            want = piece(ref, spec.layout, t, r)
+            got = res["obs"].get(spec.key)
+            err = None
+            if got is not None and tuple(as2d(got).shape) == tuple(want.shape):
+                err = float((as2d(got).double() - want.double()).abs().max()) if want.numel() else 0.0
+            rows, cols = block(shape, spec.layout, t, r)
+            holdings.append(Holding(r, rows, cols, spec.layout == "partial",
+                                    None if got is None else tuple(got.shape), err,
+                                    err is not None and err <= tolerance(want, dtype)))
+        steps.append(Step(index, spec.name, spec.phase, spec.tensor, spec.formula, shape,
+                          spec.layout, _collective(spec, results[0]["record"]), holdings, tol))
+    return steps
+
+
+def build_rows(quantities: list[tuple[str, str]], specs: list[StepSpec], results: list[dict],
+               refs: dict, refs64: dict, dtype: torch.dtype) -> list[Row]:
+    """Report rows: for each ``(quantity, step key)`` and rank, the step's tensor against the
+    reference piece in ``dtype`` (``refs``) and in float64 (``refs64``)."""
+    layout = {s.key: s.layout for s in specs}
+    t = len(results)
+    rows = []
+    for quantity, key in quantities:
+        for r, res in enumerate(results):
+            got = res["obs"].get(key)
+            rows.append(compare(quantity, r, None if got is None else as2d(got),
+                                piece(refs[key], layout[key], t, r),
+                                piece(refs64[key], layout[key], t, r).double(), dtype))
+    return rows

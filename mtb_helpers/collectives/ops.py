@@ -1,0 +1,234 @@
+"""The five collectives on real ranks, checked against one process, with the bytes each rank sends.
+
+Notation: ``t`` ranks, ``n`` elements in the full (logical) tensor, ``V`` its size in bytes.
+
+    broadcast       rank 0's [n] -> every rank's [n]
+    all-reduce      every rank's [n] -> their sum [n] on every rank
+    all-gather      rank r's shard [n/t] -> the concatenation [n] (shards in rank order) everywhere
+    reduce-scatter  every rank's [n] -> rank r keeps chunk r of the sum, [n/t]
+    all-to-all      rank r's [n] in t chunks -> chunk j goes to rank j; rank r gets [n] made of
+                    chunk r of every rank, in rank order
+
+Inputs are integer-valued (rank r holds ``10*r + d`` with a seeded digit d), so every result is
+exact in float32 and float64: the check's tolerance is 0 and any difference is a bug.
+
+The check, its report and the byte measurements live in :mod:`mtb_helpers.collectives.check`.
+Bytes sent are measured on Linux from the rank's own ``/proc/self/io`` (bytes its threads wrote to
+gloo's TCP sockets), minus gloo's 48-byte header per message, and compared with the ring formulas.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+
+COLLECTIVES: tuple[str, ...] = ("broadcast", "all-reduce", "all-gather", "reduce-scatter",
+                                "all-to-all")
+# The bugs this module can inject, and the collective each one breaks (descriptions in bugs.py).
+COLLECTIVE_BUGS: dict[str, str] = {
+    "broadcast-wrong-root": "broadcast",
+    "allreduce-lost-inplace": "all-reduce",
+    "allgather-rank-order": "all-gather",
+    "reduce-scatter-wrong-chunk": "reduce-scatter",
+    "alltoall-wrong-split": "all-to-all",
+}
+FORMULAS: dict[str, str] = {
+    "broadcast": "binomial tree: rank r sends V per child, the root ceil(log2 t)·V "
+                 "(a pipelined ring: V per rank, 0 for the last)",
+    "all-reduce": "2(t-1)/t·V",
+    "all-gather": "(t-1)/t·V",
+    "reduce-scatter": "(t-1)/t·V",
+    "all-to-all": "(t-1)/t·V",
+}
+GLOO_HEADER_BYTES = 48   # gloo's TCP transport prefixes every message with six 8-byte fields
+# Why a measurement can differ from its formula (shown when it does).
+MEASURED_NOTES: dict[str, str] = {
+    "reduce-scatter": "gloo has no ring reduce-scatter: it all-reduces the whole buffer and keeps "
+                      "chunk r, so it sends 2(t-1)/t·V; NCCL's ring (and ring_reduce_scatter here) "
+                      "sends (t-1)/t·V",
+    "all-reduce": "gloo cuts a small buffer into uneven pieces, so ranks send a little more or "
+                  "less than 2(t-1)/t·V; the total over ranks matches",
+}
+
+# ---------------------------------------------------------------- rank side (inside a rank)
+
+
+def broadcast(x: torch.Tensor, src: int = 0) -> torch.Tensor:
+    """Inside a rank: ``x`` [n] -> rank ``src``'s [n] on every rank."""
+    out = x.clone()
+    dist.broadcast(out, src=src)
+    return out
+
+
+def all_reduce(x: torch.Tensor) -> torch.Tensor:
+    """Inside a rank: ``x`` [n] -> the sum over ranks [n]. all_reduce works in place."""
+    out = x.clone()
+    dist.all_reduce(out)
+    return out
+
+
+def all_gather(x: torch.Tensor) -> torch.Tensor:
+    """Inside a rank: this rank's shard [n/t] -> every shard, in rank order [n]."""
+    out = x.new_empty(x.numel() * dist.get_world_size())
+    # torch 2.13 renamed all_gather_into_tensor; Colab's older torch only has the old name.
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(out, x.contiguous())
+    return out
+
+
+def reduce_scatter(x: torch.Tensor) -> torch.Tensor:
+    """Inside a rank: ``x`` [n] -> chunk ``rank`` of the sum over ranks [n/t]."""
+    t, rank = dist.get_world_size(), dist.get_rank()
+    out = x.new_empty(x.numel() // t)
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    try:
+        fn(out, x.contiguous())
+    except RuntimeError as exc:  # older gloo builds have no reduce-scatter: the same result
+        if "support" not in str(exc):
+            raise
+        total = x.clone()
+        dist.all_reduce(total)
+        out = total.chunk(t)[rank].clone()
+    return out
+
+
+def all_to_all(x: torch.Tensor) -> torch.Tensor:
+    """Inside a rank: ``x`` [n] as t chunks [n/t]; chunk j goes to rank j. Returns [n]: chunk
+    ``rank`` of every rank, in rank order (a transpose of the [t, t] grid of chunks)."""
+    out = torch.empty_like(x)
+    dist.all_to_all_single(out, x.contiguous())
+    return out
+
+
+RANK_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "broadcast": broadcast, "all-reduce": all_reduce, "all-gather": all_gather,
+    "reduce-scatter": reduce_scatter, "all-to-all": all_to_all}
+
+
+def ring_all_gather(x: torch.Tensor) -> torch.Tensor:
+    """Inside a rank: all-gather [n/t] -> [n] from point-to-point messages around a ring.
+
+    In step s every rank passes the shard it received last (its own at s=0) to rank r+1 and
+    receives a new one from rank r-1: t-1 steps of n/t elements, so (t-1)/t·V bytes sent."""
+    t, rank = dist.get_world_size(), dist.get_rank()
+    shards = [torch.empty_like(x) for _ in range(t)]
+    shards[rank] = x.clone()
+    for step in range(t - 1):
+        send_idx, recv_idx = (rank - step) % t, (rank - step - 1) % t
+        req = dist.isend(shards[send_idx], dst=(rank + 1) % t)
+        dist.recv(shards[recv_idx], src=(rank - 1) % t)
+        req.wait()
+    return torch.cat(shards)
+
+
+def ring_reduce_scatter(x: torch.Tensor) -> torch.Tensor:
+    """Inside a rank: reduce-scatter [n] -> [n/t] around a ring, the way NCCL does it.
+
+    Chunk k starts on rank k+1 and travels t-1 hops, each rank adding its own chunk k, so it
+    ends summed on rank k: t-1 messages of n/t elements, (t-1)/t·V bytes sent."""
+    t, rank = dist.get_world_size(), dist.get_rank()
+    chunks = [c.clone() for c in x.chunk(t)]
+    for step in range(t - 1):
+        send_idx, recv_idx = (rank - step - 1) % t, (rank - step - 2) % t
+        incoming = torch.empty_like(chunks[recv_idx])
+        req = dist.isend(chunks[send_idx], dst=(rank + 1) % t)
+        dist.recv(incoming, src=(rank - 1) % t)
+        req.wait()
+        chunks[recv_idx] += incoming
+    return chunks[rank]
+
+
+# The deliberate mistakes: each one a realistic slip in calling the collective.
+def _broadcast_wrong_root(x):
+    return broadcast(x, src=dist.get_world_size() - 1)
+
+
+def _allreduce_lost_inplace(x):
+    dist.all_reduce(x.clone())  # reduces a temporary; the caller's tensor is never updated
+    return x.clone()
+
+
+def _allgather_rank_order(x):
+    t, rank = dist.get_world_size(), dist.get_rank()
+    shards = list(all_gather(x).chunk(t))
+    return torch.cat(shards[rank:] + shards[:rank])  # arrival order, own shard first
+
+
+def _reduce_scatter_wrong_chunk(x):
+    chunks = list(x.chunk(dist.get_world_size()))
+    return reduce_scatter(torch.cat(chunks[1:] + chunks[:1]))  # rank r gets chunk r+1
+
+
+def _alltoall_wrong_split(x):
+    t = dist.get_world_size()
+    return all_to_all(x.view(-1, t).t().reshape(-1))  # element i goes to rank i % t
+
+
+_BUGGY: dict[str, Callable] = {
+    "broadcast-wrong-root": _broadcast_wrong_root,
+    "allreduce-lost-inplace": _allreduce_lost_inplace,
+    "allgather-rank-order": _allgather_rank_order,
+    "reduce-scatter-wrong-chunk": _reduce_scatter_wrong_chunk,
+    "alltoall-wrong-split": _alltoall_wrong_split,
+}
+
+# ---------------------------------------------------------------- the single-process side
+
+
+def input_numel(collective: str, world_size: int, numel: int) -> int:
+    """Elements in each rank's input: the shard n/t for all-gather, the full n otherwise."""
+    return numel // world_size if collective == "all-gather" else numel
+
+
+def rank_input(collective: str, rank: int, world_size: int, numel: int,
+               dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:
+    """Rank ``rank``'s input for ``collective``: ``10*rank + d`` with seeded digits d in 0..9, so
+    the tens digit names the rank it came from and every sum stays exact."""
+    gen = torch.Generator().manual_seed(seed * 1000 + rank)
+    digits = torch.randint(0, 10, (input_numel(collective, world_size, numel),), generator=gen)
+    return (10 * rank + digits).to(dtype)
+
+
+def reference(collective: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """What every rank must hold after ``collective``, computed in one process from all inputs."""
+    t = len(inputs)
+    if collective == "broadcast":
+        return [inputs[0].clone() for _ in range(t)]
+    if collective == "all-gather":
+        return [torch.cat(inputs) for _ in range(t)]
+    if collective == "all-to-all":
+        return [torch.cat([x.chunk(t)[r] for x in inputs]) for r in range(t)]
+    total = torch.stack(inputs).sum(dim=0)
+    if collective == "all-reduce":
+        return [total.clone() for _ in range(t)]
+    return [c.clone() for c in total.chunk(t)]  # reduce-scatter
+
+
+def _tree_children(rank: int, world_size: int) -> int:
+    # Binomial tree rooted at 0 (gloo's broadcast): rank r forwards to r + 2^k for 2^k > r.
+    return sum(1 for k in range(world_size.bit_length())
+               if 2 ** k > rank and rank + 2 ** k < world_size)
+
+
+def formula_bytes(collective: str, world_size: int, nbytes: float) -> list[float]:
+    """Bytes each rank sends by the textbook algorithm; ``nbytes`` = V, the full tensor's bytes
+    (all-gather's output, reduce-scatter's input). Rings for all but broadcast (binomial tree)."""
+    t = world_size
+    if collective == "broadcast":
+        return [float(nbytes * _tree_children(r, t)) for r in range(t)]
+    factor = 2 if collective == "all-reduce" else 1  # all-reduce = reduce-scatter + all-gather
+    return [factor * (t - 1) / t * nbytes] * t
+
+
+def ring_broadcast_bytes(world_size: int, nbytes: float) -> list[float]:
+    """A pipelined ring broadcast: every rank but the last forwards V once."""
+    return [float(nbytes)] * (world_size - 1) + [0.0]
+
+
+def decode_sources(tag: float, world_size: int) -> list[int]:
+    """The ranks whose data reached a cell: bit r of the provenance tag (see ``_on_rank``)."""
+    if tag != int(tag) or not 0 < tag < 2 ** world_size:
+        return []
+    return [r for r in range(world_size) if int(tag) >> r & 1]

@@ -1,0 +1,49 @@
+"""The collectives explorer: pick a world size, a collective and a tensor size; the collective runs
+on real ranks and the figure and the bytes line redraw. Core ipywidgets only."""
+from __future__ import annotations
+
+import ipywidgets as widgets
+from matplotlib.figure import Figure
+
+from mtb_helpers.collectives.ops import COLLECTIVE_BUGS, COLLECTIVES, FORMULAS
+from mtb_helpers.collectives.check import check_collectives
+from mtb_helpers.collectives.plots import plot_collective
+from mtb_helpers.widgets.frame import live_view
+
+MAX_EXPLORER_RANKS = 4   # Binder has 1 CPU and 2 GB; the figures are made for a few rows
+
+
+def render(world_size: int, collective: str, per_chunk: int,
+           inject_bug: bool = False) -> tuple[Figure, str]:
+    """Run ``collective`` on ``world_size`` ranks with n = per_chunk·t elements; return its figure
+    and a line comparing the bytes each rank sent with the formula."""
+    bug = next((b for b, c in COLLECTIVE_BUGS.items() if c == collective), None) if inject_bug else None
+    note = ""
+    if bug is not None and (world_size < 2 or (bug == "alltoall-wrong-split" and per_chunk < 2)):
+        bug, note = None, " (the bug needs 2+ ranks and 2+ elements per chunk to show)"
+    numel = per_chunk * world_size
+    report = check_collectives(world_size, numel, collectives=(collective,), bug=bug)
+    rows = report.rows
+    measured = [r["bytes_measured"] for r in rows]
+    formula = [round(r["bytes_formula"]) for r in rows]
+    text = (f"{'PASS' if report.passed else 'FAIL'}: {collective}, bug={bug}{note}. "
+            f"V = {rows[0]['V_bytes']} B. Bytes sent per rank, measured: "
+            f"{'n/a' if None in measured else measured}; formula {FORMULAS[collective]}: {formula}")
+    return plot_collective(report, collective), text
+
+
+def collectives_explorer(world_size: int = 2, collective: str = "all-gather",
+                         per_chunk: int = 2) -> widgets.VBox:
+    """Sliders for the world size (1-4) and the elements per chunk (n/t, 1-4), a dropdown for the
+    collective and a checkbox injecting that collective's deliberate bug."""
+    size = widgets.IntSlider(value=world_size, min=1, max=MAX_EXPLORER_RANKS,
+                             description="world size", continuous_update=False)
+    which = widgets.Dropdown(options=list(COLLECTIVES), value=collective, description="collective")
+    chunk = widgets.IntSlider(value=per_chunk, min=1, max=4, description="n / t",
+                              continuous_update=False)
+    bug = widgets.Checkbox(value=False, description="inject this collective's bug")
+    def show() -> list:
+        fig, text = render(size.value, which.value, chunk.value, bug.value)
+        return [text, fig]
+
+    return live_view([[size, which], [chunk, bug]], show)

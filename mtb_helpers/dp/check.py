@@ -1,0 +1,230 @@
+"""The data-parallel check: one Adam step of DDP / ZeRO-1 / ZeRO-2 / ZeRO-3 on real ranks against
+the single-process step on the whole batch.
+
+    report = check_data_parallel(world_size=2, strategy="zero2")
+    report.passed, report.rows, report.records
+    report.to_dict()["memory"], report.to_dict()["communication"]
+
+The caller draws the MLP (``dp.make_mlp``), a warm-up batch and the checked batch
+``X, target [B, h]`` from ``seed``, and takes one Adam step on the warm-up batch on one process:
+Adam's first step is ``lr·sign(g)`` whatever the scale of ``g``, so a gradient that is ``t`` times
+too large or too small would not show in the parameters; from the second step on it does. Then
+every rank starts from that state, runs the strategy on its ``B/t`` rows and takes one step; the
+reference takes the same step on one process (``torch.optim.Adam`` on the ``nn.Module``), in the
+run's dtype and in float64. Rows, per rank: ``params`` after the step, ``grads`` (the averaged
+gradient the optimizer used), ``exp_avg`` and ``exp_avg_sq`` (Adam's m and v), each the piece the
+rank holds (see ``dp.SHARDED``). ``extra``: bytes held per rank vs the ZeRO paper's accounting
+(``memory``) and bytes sent per rank from the record vs the formulas (``communication``).
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+
+from mtb_helpers.checking.bugs import validate_bug
+from mtb_helpers.comm.regions import record
+from mtb_helpers.dp.strategies import SHARDED, STRATEGIES, Adam, Layout, flat, make_mlp
+from mtb_helpers.dp.zero3 import BUGS_BY_STRATEGY, DP_BUGS, build_strategy
+from mtb_helpers.runtime.ranks import resolve_world_size, run
+from mtb_helpers.checking.report import Report, compare
+
+__all__ = ["check_data_parallel", "check_all_strategies", "make_problem", "reference_step",
+           "memory_model", "communication_model", "QUANTITIES", "MEMORY_TERMS",
+           "MEMORY_SHARDED"]
+
+QUANTITIES = ("params", "grads", "exp_avg", "exp_avg_sq")
+PAPER_K = 12   # ZeRO paper, mixed-precision Adam: fp32 master params, momentum and variance
+MEMORY_TERMS = ("params", "grads", "optimizer_state")
+# what each strategy keeps only 1/t of (ZeRO-1 keeps the full local gradient buffer)
+MEMORY_SHARDED = {"ddp": (), "zero1": ("optimizer_state",), "zero2": ("grads", "optimizer_state"),
+                  "zero3": MEMORY_TERMS}
+
+
+def make_problem(batch: int, hidden: int, ffn_hidden: int, dtype: torch.dtype, seed: int):
+    """``(model, (x0, y0), (x, y))``: the MLP, the warm-up batch and the checked batch, ``[B, h]``."""
+    gen = torch.Generator().manual_seed(seed)
+    model = make_mlp(hidden, ffn_hidden, gen, dtype)
+    batches = [tuple(torch.randn(batch, hidden, generator=gen, dtype=dtype) for _ in range(2))
+               for _ in range(2)]
+    return model, batches[0], batches[1]
+
+
+def reference_step(model, batch, adam: Adam, state: dict | None = None):
+    """One Adam step of ``model`` (a copy) on the whole batch, on one process, optionally from the
+    flat ``state`` (``exp_avg``, ``exp_avg_sq``, ``step``). Returns the flat ``[Ψ]`` results:
+    ``{"params", "grads", "exp_avg", "exp_avg_sq", "step"}``."""
+    model = copy.deepcopy(model)
+    params = list(model.parameters())
+    opt = adam.make(params)
+    if state is not None:
+        offset = 0
+        for p in params:
+            opt.state[p] = {"step": torch.tensor(float(state["step"])),
+                            **{k: state[k][offset:offset + p.numel()].view_as(p).clone().to(p.dtype)
+                               for k in ("exp_avg", "exp_avg_sq")}}
+            offset += p.numel()
+    x, y = batch
+    F.mse_loss(model(x), y).backward()
+    opt.step()
+    return {"params": flat(params), "grads": flat(p.grad for p in params),
+            "exp_avg": flat(opt.state[p]["exp_avg"] for p in params),
+            "exp_avg_sq": flat(opt.state[p]["exp_avg_sq"] for p in params),
+            "step": int(opt.state[params[0]]["step"])}
+
+
+def _on_rank(strategy: str, model, start: dict, batch, adam: Adam, bug: str | None) -> dict:
+    """Run on every rank: build the strategy, one training step on this rank's rows, and report
+    the pieces, the bytes held and the record."""
+    import torch.distributed as dist
+    t = dist.get_world_size() if dist.is_initialized() else 1
+    r = dist.get_rank() if dist.is_initialized() else 0
+    x, y = batch
+    n = x.shape[0] // t
+    with record() as rec:
+        dp = build_strategy(strategy, model, start, adam, bug)
+        dp.train_step(x[r * n:(r + 1) * n], y[r * n:(r + 1) * n])
+    held = dp.held()
+    if strategy == "zero3":
+        held["gathered_transient"] = dp.gathered_bytes
+    return {"pieces": dp.pieces(), "held": held, "record": rec.without_tensors()}
+
+
+def _layout(strategy: str, model, t: int) -> Layout:
+    if strategy == "zero3":
+        return Layout(tuple(m.weight.numel() + m.bias.numel() for m in model
+                            if isinstance(m, torch.nn.Linear)), t, True)
+    return Layout((sum(p.numel() for p in model.parameters()),), t, strategy != "ddp")
+
+
+def memory_model(strategy: str, layout: Layout, dtype_bytes: int) -> dict:
+    """Bytes per rank our run should hold: params ``dΨ``, grads ``dΨ``, Adam ``2dΨ`` (``d`` bytes
+    per element, K = 2d: m and v, no master copy since the parameters already are in the run's
+    dtype), each of them ``/t`` where the strategy shards it (``Ψ`` padded then). Next to it the
+    ZeRO paper's mixed-precision accounting ``2Ψ + 2Ψ + KΨ``, K = 12, sharded the same way."""
+    t, d = layout.world_size, dtype_bytes
+    sharded = MEMORY_SHARDED[strategy]
+    n = {q: (layout.padded_numel // t if q in sharded else layout.numel if strategy == "ddp"
+             else layout.padded_numel) for q in MEMORY_TERMS}
+    ours = {"params": d * n["params"], "grads": d * n["grads"],
+            "optimizer_state": 2 * d * n["optimizer_state"]}
+    psi = layout.numel
+    paper = {q: k * psi // (t if q in sharded else 1)
+             for q, k in (("params", 2), ("grads", 2), ("optimizer_state", PAPER_K))}
+    return {"ours": ours, "paper_mixed_precision": paper}
+
+
+_FORMULA_TEXT = {"ddp": "all-reduce 2(t-1)/t·dΨ", "zero1": "reduce-scatter + all-gather 2(t-1)/t·dΨ",
+                 "zero2": "reduce-scatter + all-gather 2(t-1)/t·dΨ",
+                 "zero3": "all-gather fwd + all-gather bwd + reduce-scatter 3(t-1)/t·dΨ"}
+
+
+def communication_model(strategy: str, layout: Layout, dtype_bytes: int) -> int:
+    """Bytes each rank sends per step with ring collectives (``Ψ`` padded where sharded)."""
+    t = layout.world_size
+    units = [layout.padded(i) * dtype_bytes for i in range(len(layout.units))]
+    per_unit = 3 if strategy == "zero3" else 2
+    return sum(per_unit * (t - 1) * nbytes // t for nbytes in units)
+
+
+def _validate(strategy, batch, hidden, ffn_hidden, lr, weight_decay, t, bug) -> None:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
+    for name, size in {"batch": batch, "hidden": hidden, "ffn_hidden": ffn_hidden}.items():
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ValueError(f"{name} must be a positive integer, got {size!r}")
+    if batch % t:
+        raise ValueError(f"batch={batch} is not divisible by the world size {t}: data parallelism "
+                         f"gives each rank {batch}/{t} samples, and equal slices are what make "
+                         f"the average of the ranks' mean losses the mean of the whole batch")
+    for name, value in {"lr": lr, "weight_decay": weight_decay}.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ValueError(f"{name} must be a non-negative number, got {value!r}")
+    validate_bug(bug, DP_BUGS)
+    if bug is not None and bug not in BUGS_BY_STRATEGY[strategy]:
+        raise ValueError(f"bug {bug!r} does not apply to strategy {strategy!r}; it can inject: "
+                         f"{', '.join(BUGS_BY_STRATEGY[strategy])}")
+
+
+def check_data_parallel(world_size: int = 2, strategy: str = "ddp", batch: int = 8, hidden: int = 8,
+                        ffn_hidden: int = 32, lr: float = 1e-2, weight_decay: float = 0.0,
+                        dtype=torch.float32, seed: int = 0, bug: str | None = None,
+                        timeout: float = 30.0) -> Report:
+    """One Adam step of ``strategy`` on ``world_size`` ranks against one process on the whole batch.
+
+    ``X, target [batch, hidden]``, each rank gets ``[batch/t, hidden]``. Refuses (ValueError,
+    before any rank starts) an unknown strategy, a batch the world size does not divide, and a
+    bug that does not apply to the strategy. Any parameter count works: flat buffers are padded.
+    """
+    from mtb_helpers.tp.check import _config, _dtype
+
+    dtype, t = _dtype(dtype), resolve_world_size(world_size)
+    _validate(strategy, batch, hidden, ffn_hidden, lr, weight_decay, t, bug)
+    adam = Adam(lr=float(lr), weight_decay=float(weight_decay))
+    model, warm, batch_xy = make_problem(batch, hidden, ffn_hidden, dtype, seed)
+    start = reference_step(model, warm, adam)              # the state after one earlier step
+    for p, v in zip(model.parameters(), _split(start["params"], model)):
+        p.data = v
+    results = run(_on_rank, strategy, model, start, batch_xy, adam, bug, world_size=t,
+                  timeout=timeout)
+    ref = reference_step(model, batch_xy, adam, start)
+    model64 = copy.deepcopy(model).double()
+    ref64 = reference_step(model64, tuple(v.double() for v in batch_xy), adam,
+                           {k: (v.double() if torch.is_tensor(v) else v) for k, v in start.items()})
+    layout = _layout(strategy, model, t)
+    rows = []
+    for q in QUANTITIES:
+        sharded = q in SHARDED[strategy]
+        for r, res in enumerate(results):
+            rows.append(compare(q, r, res["pieces"][q], layout.piece(ref[q], r, sharded),
+                                layout.piece(ref64[q], r, sharded), dtype))
+    d = torch.empty((), dtype=dtype).element_size()
+    records = [res["record"] for res in results]
+    extra = {"memory": {"unit": "bytes held per rank after the step", "numel": layout.numel,
+                        "padded_numel": layout.padded_numel, "dtype_bytes": d,
+                        "per_rank": [res["held"] for res in results],
+                        **memory_model(strategy, layout, d)},
+             "communication": {"unit": "bytes sent per rank per step (ring)",
+                               "per_rank": [_sent_by_op(rec) for rec in records],
+                               "formula": communication_model(strategy, layout, d),
+                               "formula_text": _FORMULA_TEXT[strategy]}}
+    config = _config(t, dtype, seed, bug, strategy=strategy, batch=batch, hidden=hidden,
+                     ffn_hidden=ffn_hidden, lr=lr, weight_decay=weight_decay)
+    return Report("data_parallel", config, rows, [], records, extra=extra)
+
+
+def _split(vec: torch.Tensor, model) -> list[torch.Tensor]:
+    out, offset = [], 0
+    for p in model.parameters():
+        out.append(vec[offset:offset + p.numel()].view_as(p).clone())
+        offset += p.numel()
+    return out
+
+
+def _sent_by_op(rec) -> dict:
+    """``{"total": bytes, "by_op": {"backward reduce_scatter": bytes, ...}}`` from one record."""
+    by_op: dict[str, int] = {}
+    for e in rec.communicating():
+        key = f"{e.direction} {e.op}"
+        by_op[key] = by_op.get(key, 0) + e.sent_bytes
+    return {"total": sum(by_op.values()), "by_op": by_op}
+
+
+def check_all_strategies(world_size: int = 2, strategies=STRATEGIES, **kwargs) -> list[Report]:
+    """``check_data_parallel`` for each strategy, same problem; a bug is injected only into the
+    strategies it applies to (the others run correct). Everything is validated first."""
+    bug = kwargs.pop("bug", None)
+    strategies = tuple(strategies)
+    validate_bug(bug, DP_BUGS)
+    if bug is not None and not any(bug in BUGS_BY_STRATEGY.get(s, ()) for s in strategies):
+        where = [s for s, bugs in BUGS_BY_STRATEGY.items() if bug in bugs]
+        raise ValueError(f"bug {bug!r} does not apply to any of {', '.join(strategies)}; "
+                         f"it applies to {', '.join(where)}")
+    chosen = {s: (bug if bug in BUGS_BY_STRATEGY.get(s, ()) else None) for s in strategies}
+    t = resolve_world_size(world_size)
+    for s, b in chosen.items():   # refuse bad input before any rank starts
+        _validate(s, kwargs.get("batch", 8), kwargs.get("hidden", 8), kwargs.get("ffn_hidden", 32),
+                  kwargs.get("lr", 1e-2), kwargs.get("weight_decay", 0.0), t, b)
+    return [check_data_parallel(world_size=world_size, strategy=s, bug=b, **kwargs)
+            for s, b in chosen.items()]

@@ -1,0 +1,72 @@
+"""``minitrainbench dp check``: DDP, ZeRO-1, ZeRO-2 and ZeRO-3 against one Adam step, headless.
+
+Prints, per strategy, the report table (params after the step, grads, Adam's m and v, per rank),
+the bytes each rank holds (measured vs our fp32 accounting and the ZeRO paper's mixed-precision
+one) and the bytes it sent (from the record vs the formula); with ``--json``
+``{"passed": ..., "checks": [report.to_dict(), ...]}`` (each dict carries ``"memory"`` and
+``"communication"``). ``--strategy all`` (the default) runs the four; with ``--bug`` only the
+strategies the bug applies to get it. Exit 0 when every check passes, 1 when one fails; bad
+arguments raise ValueError before any rank starts (exit 2). Under torchrun only rank 0 prints.
+"""
+from __future__ import annotations
+
+import argparse
+
+from mtb_helpers.cli.common import add_check_options, is_primary, print_json
+from mtb_helpers.dp.strategies import STRATEGIES
+
+
+def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
+    """Add ``check`` to ``minitrainbench dp``."""
+    parser = groups["dp"].add_parser(
+        "check", help="DDP / ZeRO-1 / ZeRO-2 / ZeRO-3: one Adam step against one process",
+        description="Run one Adam step of a small MLP with data parallelism (DDP, ZeRO-1, ZeRO-2, "
+                    "ZeRO-3/FSDP) on real gloo ranks, each rank on its slice of the batch, and "
+                    "compare parameters, gradients and Adam's state on every rank with the "
+                    "single-process step on the whole batch; then print the bytes each rank "
+                    "holds and sends next to the ZeRO paper's accounting.")
+    add_check_options(parser)
+    parser.add_argument("--strategy", choices=("all", *STRATEGIES), default="all",
+                        help="which strategy to check (default: all four)")
+    parser.add_argument("--batch", type=int, default=8, help="global batch B, split over ranks (8)")
+    parser.add_argument("--hidden", type=int, default=8, help="model width h (8)")
+    parser.add_argument("--ffn-hidden", type=int, default=32, help="MLP width f (32)")
+    parser.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate (0.01)")
+    parser.add_argument("--weight-decay", type=float, default=0.0, help="Adam L2 weight decay (0)")
+    parser.set_defaults(func=run_check)
+
+
+def figures_text(report) -> str:
+    """Two lines: bytes held per rank (measured / ours / paper) and bytes sent per rank."""
+    mem, comm = report.extra["memory"], report.extra["communication"]
+    held = " | ".join(f"rank {r}: " + " + ".join(f"{h[k]}" for k in ("params", "grads", "optimizer_state"))
+                      for r, h in enumerate(mem["per_rank"]))
+    ours = " + ".join(str(v) for v in mem["ours"].values())
+    paper = " + ".join(str(v) for v in mem["paper_mixed_precision"].values())
+    sent = ", ".join(str(c["total"]) for c in comm["per_rank"])
+    return (f"  held (params + grads + Adam state) B: {held}; ours {ours}; "
+            f"ZeRO paper 2Ψ+2Ψ+12Ψ: {paper} (Ψ={mem['numel']})\n"
+            f"  sent per rank B: {sent}; formula {comm['formula_text']} = {comm['formula']}")
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """Handler of ``minitrainbench dp check``; returns the exit code."""
+    from mtb_helpers.dp.check import check_all_strategies
+
+    strategies = STRATEGIES if args.strategy == "all" else (args.strategy,)
+    reports = check_all_strategies(world_size=args.world_size, strategies=strategies,
+                                   batch=args.batch, hidden=args.hidden, ffn_hidden=args.ffn_hidden,
+                                   lr=args.lr, weight_decay=args.weight_decay, dtype=args.dtype,
+                                   seed=args.seed, bug=args.bug)
+    passed = all(r.passed for r in reports)
+    if is_primary():
+        if args.json:
+            print_json(reports)
+        else:
+            for report in reports:
+                print(report)
+                print(figures_text(report))
+                print()
+            print("all passed" if passed else "FAILED: " + ", ".join(
+                r.config["strategy"] for r in reports if not r.passed))
+    return 0 if passed else 1

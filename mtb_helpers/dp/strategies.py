@@ -1,0 +1,248 @@
+"""Data parallelism on flat buffers: DDP, ZeRO-1 and ZeRO-2 (ZeRO-3 / FSDP is in ``dp_zero.py``).
+
+Every rank holds a replica of a small MLP (``fc1 [h -> f]``, GeLU, ``fc2 [f -> h]``) and runs
+forward and backward on its slice of the batch, ``X_r = X[r*B/t:(r+1)*B/t]`` ``[B/t, h]``. The
+loss is the mean over the slice, so the **average** of the ranks' gradients is the gradient of the
+whole batch. What the strategies differ in is who keeps what (Rajbhandari et al. 2020, "ZeRO"):
+
+    strategy  parameters   gradients                optimizer state (Adam m, v)   collectives per step
+    ddp       all Ψ        all Ψ                    all Ψ                        all-reduce grads
+    zero1     all Ψ        all Ψ (own shard summed) shard Ψ/t                    reduce-scatter grads, all-gather params
+    zero2     all Ψ        shard Ψ/t                shard Ψ/t                    reduce-scatter grads, all-gather params
+    zero3     shard Ψ/t    shard Ψ/t                shard Ψ/t                    all-gather params (fwd, bwd), reduce-scatter grads
+
+Parameters live in one flat buffer ``[Ψ_pad]`` (the module's tensors are views into it, like DDP's
+gradient buckets), padded with zeros to a multiple of ``t`` when it is sharded, so any parameter
+count works; the padding stays zero through Adam (zero grad, zero state). Each rank's shard is the
+contiguous ``[r*Ψ_pad/t, (r+1)*Ψ_pad/t)``. Every collective goes through ``comm.issue`` and is
+recorded (direction ``"backward"`` for grads, ``"step"`` for the all-gather after the optimizer).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from mtb_helpers.comm.regions import group_rank, group_size, issue
+
+__all__ = ["STRATEGIES", "SHARDED", "Adam", "make_mlp", "flat", "padded_numel", "Layout",
+           "held_bytes", "Strategy", "DDP", "ZeRO1", "ZeRO2"]
+
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
+# which of the compared quantities each strategy keeps only a shard of
+SHARDED = {"ddp": (), "zero1": ("grads", "exp_avg", "exp_avg_sq"),
+           "zero2": ("grads", "exp_avg", "exp_avg_sq"),
+           "zero3": ("params", "grads", "exp_avg", "exp_avg_sq")}
+
+
+@dataclass(frozen=True)
+class Adam:
+    """Adam's hyper-parameters (``torch.optim.Adam``, L2 weight decay added to the grad)."""
+    lr: float = 1e-2
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+    def make(self, params) -> torch.optim.Adam:
+        return torch.optim.Adam(params, lr=self.lr, betas=self.betas, eps=self.eps,
+                                weight_decay=self.weight_decay)
+
+
+def make_mlp(hidden: int, ffn_hidden: int, gen: torch.Generator, dtype: torch.dtype) -> nn.Sequential:
+    """``Sequential(fc1 [h -> f], GELU, fc2 [f -> h])``, weights ~ N(0, 1/in), biases ~ N(0, 0.1²)."""
+    model = nn.Sequential(nn.Linear(hidden, ffn_hidden, dtype=dtype), nn.GELU(),
+                          nn.Linear(ffn_hidden, hidden, dtype=dtype))
+    with torch.no_grad():
+        for lin in (model[0], model[2]):
+            lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen, dtype=dtype)
+                             / lin.in_features ** 0.5)
+            lin.bias.copy_(0.1 * torch.randn(lin.out_features, generator=gen, dtype=dtype))
+    return model
+
+
+def flat(tensors) -> torch.Tensor:
+    """The tensors flattened and concatenated, in order: ``[sum of numel]``."""
+    return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+
+def padded_numel(numel: int, t: int) -> int:
+    """``numel`` rounded up to a multiple of ``t``: the flat buffer every rank can shard evenly."""
+    return -(-numel // t) * t
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a strategy lays the ``Ψ`` parameters out in flat units (one unit for DDP/ZeRO-1/2, one
+    per linear layer for ZeRO-3) and which piece of each unit rank ``r`` holds."""
+    units: tuple[int, ...]      # parameter count of each unit
+    world_size: int
+    pad: bool                   # pad each unit to a multiple of the world size
+
+    def padded(self, i: int) -> int:
+        return padded_numel(self.units[i], self.world_size) if self.pad else self.units[i]
+
+    @property
+    def numel(self) -> int:
+        return sum(self.units)
+
+    @property
+    def padded_numel(self) -> int:
+        return sum(self.padded(i) for i in range(len(self.units)))
+
+    def shard(self, i: int, rank: int) -> tuple[int, int]:
+        n = self.padded(i) // self.world_size
+        return rank * n, (rank + 1) * n
+
+    def piece(self, vec: torch.Tensor, rank: int, sharded: bool) -> torch.Tensor:
+        """Rank ``rank``'s piece of a full ``[Ψ]`` vector: every unit zero-padded, then its shard
+        (``sharded``) or all of it, concatenated over units."""
+        out, start = [], 0
+        for i, n in enumerate(self.units):
+            unit = torch.zeros(self.padded(i), dtype=vec.dtype)
+            unit[:n] = vec[start:start + n]
+            start += n
+            lo, hi = self.shard(i, rank) if sharded else (0, len(unit))
+            out.append(unit[lo:hi])
+        return torch.cat(out)
+
+
+def held_bytes(tensors) -> int:
+    """Bytes of the distinct storages the tensors keep alive (views of one buffer count once)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is not None:
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+class Strategy:
+    """One data-parallel training step, whatever is sharded: forward and backward on this rank's
+    slice of the batch, gradients reduced (how is the subclass's business), one Adam step.
+    Subclasses set ``t`` (the group size) and ``optimizer``."""
+
+    def average(self, summed: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks -> the mean: each rank's loss is the mean over its B/t samples."""
+        return summed / self.t
+
+    def step(self) -> None:
+        """One Adam step on what this rank owns."""
+        self.optimizer.step()
+
+    def train_step(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss = self.forward_backward(x, target)
+        self.reduce_gradients()
+        self.step()
+        return loss
+
+
+class DDP(Strategy):
+    """Distributed data parallel: everything replicated; after backward one all-reduce of the flat
+    gradient bucket ``[Ψ]``, divided by ``t``; every rank runs the same Adam step on all of Ψ.
+
+    ``start`` holds flat ``[Ψ]`` tensors ``params``, ``exp_avg``, ``exp_avg_sq`` and the int
+    ``step``: the state after the steps already taken (the same on every rank).
+    """
+    name = "ddp"
+    shard_optimizer = False   # ZeRO-1 and ZeRO-2: Adam updates only this rank's shard
+    keep_full_grads = True    # ZeRO-2 frees the full gradient once it is reduce-scattered
+
+    def __init__(self, model: nn.Sequential, start: dict, adam: Adam = Adam(), group=None):
+        self.group, self.t, self.rank = group, group_size(group), group_rank(group)
+        self.model = copy.deepcopy(model)
+        params = list(self.model.parameters())
+        self.layout = Layout((sum(p.numel() for p in params),), self.t, self.shard_optimizer)
+        self.flat = self.layout.piece(start["params"], 0, sharded=False)   # [Ψ_pad]
+        offset = 0
+        for p in params:   # the module's parameters become views of the flat buffer
+            p.data = self.flat[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+        lo, hi = self.layout.shard(0, self.rank) if self.shard_optimizer else (0, len(self.flat))
+        self.own = (lo, hi)
+        self.master = nn.Parameter(self.flat[lo:hi])   # shares the flat buffer's storage
+        self.optimizer = adam.make([self.master])
+        self.optimizer.state[self.master] = {
+            "step": torch.tensor(float(start["step"])),
+            **{k: self.layout.piece(start[k], 0, sharded=False)[lo:hi].clone()
+               for k in ("exp_avg", "exp_avg_sq")}}
+        self.grads: torch.Tensor | None = None
+
+    def forward_backward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Loss (mean squared error) of this rank's slice ``x, target [B/t, h]``, then backward."""
+        loss = nn.functional.mse_loss(self.model(x), target)
+        loss.backward()
+        return loss.detach()
+
+    def _full_grads(self) -> torch.Tensor:
+        """This rank's own (not yet reduced) gradient as one flat buffer ``[Ψ_pad]``; the module's
+        ``.grad`` become views of it, so only one copy is held."""
+        params = list(self.model.parameters())
+        buffer = torch.zeros_like(self.flat)
+        buffer[:self.layout.numel] = flat(p.grad for p in params)
+        offset = 0
+        for p in params:
+            p.grad = buffer[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+        return buffer
+
+    def reduce_gradients(self) -> None:
+        """All-reduce (sum) the bucket, then average; the optimizer's grad is all of it."""
+        buffer = self._full_grads()
+        buffer.copy_(self.average(issue("all_reduce", buffer, region="ddp_grad_bucket",
+                                        direction="backward", group=self.group)))
+        self.master.grad = buffer
+
+    def held(self) -> dict[str, int]:
+        """Bytes this rank holds for parameters, gradients and optimizer state (Adam's m and v;
+        the 4-byte step counter is left out, as the ZeRO paper does)."""
+        params = [*self.model.parameters(), self.master]
+        return {"params": held_bytes(params),
+                "grads": held_bytes([p.grad for p in params]),
+                "optimizer_state": held_bytes(v for s in self.optimizer.state.values()
+                                              for k, v in s.items() if k != "step")}
+
+    def pieces(self) -> dict[str, torch.Tensor]:
+        """What this rank holds of each compared quantity (full ``[Ψ_pad]`` or its shard)."""
+        state = self.optimizer.state[self.master]
+        return {"params": self.flat.clone(), "grads": self.master.grad.detach().clone(),
+                "exp_avg": state["exp_avg"].clone(), "exp_avg_sq": state["exp_avg_sq"].clone()}
+
+
+class ZeRO1(DDP):
+    """ZeRO stage 1 (P_os): Adam's state sharded. Gradients are reduce-scattered (each rank needs
+    the averaged gradient of its shard only) into the rank's slice of the full local gradient
+    buffer, which stays allocated; after the sharded step the parameters are all-gathered."""
+    name = "zero1"
+    shard_optimizer = True
+
+    def reduce_gradients(self) -> None:
+        buffer = self._full_grads()
+        lo, hi = self.own
+        shard = self.average(issue("reduce_scatter", buffer, region="zero_grad_reduce_scatter",
+                                   direction="backward", group=self.group))
+        if self.keep_full_grads:
+            buffer[lo:hi] = shard        # the summed shard overwrites this rank's own slice
+            self.master.grad = buffer[lo:hi]
+        else:
+            self.master.grad = shard.clone()   # its own storage, so the full buffer is freed
+            for p in self.model.parameters():
+                p.grad = None
+
+    def step(self) -> None:
+        self.optimizer.step()
+        self.gather_params()
+
+    def gather_params(self) -> None:
+        """Every rank's updated shard to every rank: ``[Ψ_pad/t] -> [Ψ_pad]`` into the flat buffer."""
+        self.flat.copy_(issue("all_gather", self.master.detach(), region="zero_param_all_gather",
+                              direction="step", group=self.group))
+
+
+class ZeRO2(ZeRO1):
+    """ZeRO stage 2 (P_os+g): gradients sharded too; the full local gradient is freed as soon as
+    it is reduce-scattered. (DeepSpeed reduces bucket by bucket during backward, so the full
+    gradient never exists at once; here it does, briefly, before the reduce-scatter.)"""
+    name = "zero2"
+    keep_full_grads = False

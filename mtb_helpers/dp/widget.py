@@ -1,0 +1,70 @@
+"""Data-parallel explorer: world size, strategy and a deliberate bug; the errors per quantity, the
+bytes each rank holds and sends, and a summary redraw on every change.
+
+Core ipywidgets only (interactive, IntSlider, Dropdown), so it runs on 7.7 and 8. Every change
+re-runs ``check_data_parallel`` on warm ranks.
+"""
+from __future__ import annotations
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+
+from mtb_helpers.dp.check import check_data_parallel
+from mtb_helpers.dp.strategies import STRATEGIES
+from mtb_helpers.dp.zero3 import DP_BUGS
+from mtb_helpers.dp.plots import plot_communication, plot_errors, plot_holdings, plot_memory
+from mtb_helpers.checking.report import Report
+
+__all__ = ["dp_summary", "explore_data_parallel"]
+
+VIEWS = ("errors per quantity", "bytes held", "bytes sent", "who holds what")
+
+
+def dp_summary(report: Report) -> str:
+    """A few lines: verdict, failing quantities by rank, bytes held and sent by rank 0 vs formula."""
+    lines = [report.title()]
+    failed: dict[str, list[int]] = {}
+    for row in report.failed():
+        failed.setdefault(row.quantity, []).append(row.rank)
+    for quantity, ranks in failed.items():
+        lines.append(f"  fails: {quantity} on ranks {', '.join(map(str, ranks))}")
+    mem, comm = report.extra["memory"], report.extra["communication"]
+    held = mem["per_rank"][0]
+    lines.append(f"rank 0 holds {held['params']} + {held['grads']} + {held['optimizer_state']} B "
+                 f"(params + grads + Adam state), accounting {sum(mem['ours'].values())} B")
+    lines.append(f"rank 0 sent {comm['per_rank'][0]['total']} B; {comm['formula_text']} = "
+                 f"{comm['formula']} B")
+    lines.append(f"collectives on rank 0: {report.records[0].summary()}")
+    return "\n".join(lines)
+
+
+def explore_data_parallel(world_size: int = 2, strategy: str = "ddp",
+                          bug: str | None = None) -> widgets.interactive:
+    """The explorer widget; display it (it is the last expression of a notebook cell)."""
+
+    def draw(world_size: int, strategy: str, bug: str, view: str) -> None:
+        try:
+            report = check_data_parallel(world_size=world_size, strategy=strategy, batch=12,
+                                         bug=None if bug == "none" else bug)
+        except ValueError as exc:   # e.g. a bug that does not apply to this strategy: say why
+            print(f"cannot run: {exc}")
+            return
+        if view == "errors per quantity":
+            fig = plot_errors(report, by="quantity")
+        elif view == "who holds what":
+            fig = plot_holdings(world_size, (strategy,))
+        else:
+            fig = (plot_memory if view == "bytes held" else plot_communication)([report])
+        plt.show()
+        plt.close(fig)
+        print(dp_summary(report))
+
+    return widgets.interactive(
+        draw,
+        world_size=widgets.IntSlider(value=world_size, min=1, max=4, description="world size t",
+                                     style={"description_width": "initial"},
+                                     continuous_update=False),
+        strategy=widgets.Dropdown(options=list(STRATEGIES), value=strategy, description="strategy"),
+        bug=widgets.Dropdown(options=["none", *DP_BUGS], value=bug or "none", description="bug"),
+        view=widgets.Dropdown(options=list(VIEWS), value=VIEWS[0], description="show"),
+    )

@@ -1,0 +1,179 @@
+"""Tensor x data parallelism on one grid of ranks: the groups, and one training step on it.
+
+``world_size = tp * dp`` ranks form a grid of ``dp`` rows (data-parallel replicas) by ``tp``
+columns (tensor-parallel shards). We number them the way Megatron-LM does (with no pipeline or
+context dimension): **tensor-parallel ranks are neighbours**,
+
+    rank = dp_index * tp + tp_index        e.g. tp = 2, dp = 2:   replica 0: ranks 0 1
+                                                                  replica 1: ranks 2 3
+
+so a tensor-parallel group is a row ``[d*tp, ..., d*tp + tp-1]`` and a data-parallel group is a
+column ``[j, j + tp, j + 2tp, ...]``. Why that order: tensor parallelism communicates inside every
+layer, data parallelism once per step, so the chatty group gets the neighbouring ranks, which a
+launcher places on the same node (NVLink) (Shoeybi et al. 2019; Narayanan et al. 2021).
+
+The step (``grid_step_on_rank``, run on every rank): the TP MLP of notebook 03 built inside this
+rank's TP group from the full layers, the forward on this replica's rows of the batch
+``[b/dp, h]``, the mean-squared-error loss of those rows, backward (TP's ``g`` and ``f``
+all-reduce inside the TP group), then the gradient of every local parameter shard is all-reduced
+across the DP group and divided by ``dp`` (``average_gradients``), then one SGD step. Every
+collective goes through ``comm.issue``, so the record holds both kinds; each event is tagged with
+the ranks of the group it really ran in.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from mtb_helpers.comm.regions import issue, record
+from mtb_helpers.tp.layers import ParallelMLP, shard_range
+
+__all__ = ["CONVENTION", "DP_REGION", "PARAMS", "GridGroups", "validate_grid", "coords",
+           "rank_of", "tp_group_ranks", "dp_group_ranks", "make_groups", "destroy_groups",
+           "average_gradients", "grid_step_on_rank", "expected_bytes", "param_piece"]
+
+CONVENTION = "rank = dp_index * tp + tp_index (Megatron-LM: tensor-parallel ranks are neighbours)"
+DP_REGION = "data_parallel_grad_allreduce"
+PARAMS = ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
+
+
+def validate_grid(world_size: int, tp: int, dp: int) -> None:
+    """ValueError unless ``tp`` and ``dp`` are positive integers with ``tp * dp == world_size``."""
+    for name, value in (("tp", tp), ("dp", dp)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if tp * dp != world_size:
+        raise ValueError(f"a grid of tp={tp} x dp={dp} = {tp * dp} ranks does not match the "
+                         f"world size {world_size}: every rank must sit in exactly one cell")
+
+
+def coords(rank: int, tp: int) -> tuple[int, int]:
+    """``(dp_index, tp_index)`` of ``rank``: its replica (grid row) and its shard (grid column)."""
+    return divmod(rank, tp)
+
+
+def rank_of(dp_index: int, tp_index: int, tp: int) -> int:
+    """The rank in replica ``dp_index`` holding shard ``tp_index``."""
+    return dp_index * tp + tp_index
+
+
+def tp_group_ranks(tp: int, dp: int) -> list[list[int]]:
+    """The tensor-parallel groups, one per replica: ``[[0, .., tp-1], [tp, .., 2tp-1], ...]``."""
+    return [[rank_of(d, j, tp) for j in range(tp)] for d in range(dp)]
+
+
+def dp_group_ranks(tp: int, dp: int) -> list[list[int]]:
+    """The data-parallel groups, one per shard: ``[[0, tp, 2tp, ..], [1, tp+1, ..], ...]``."""
+    return [[rank_of(d, j, tp) for d in range(dp)] for j in range(tp)]
+
+
+@dataclass
+class GridGroups:
+    """This rank's place on the grid and the two subgroups it belongs to."""
+    tp_index: int
+    dp_index: int
+    tp_ranks: list[int]
+    dp_ranks: list[int]
+    tp_group: object
+    dp_group: object
+    created: list          # every group this rank created, to destroy them after the step
+
+
+def make_groups(tp: int, dp: int) -> GridGroups:
+    """On every rank: create every TP group, then every DP group, in the same order on all ranks
+    (``new_group`` is collective: a rank that skipped a group it is not in would hang the others)."""
+    rank = dist.get_rank()
+    validate_grid(dist.get_world_size(), tp, dp)
+    tp_groups = [(ranks, dist.new_group(ranks)) for ranks in tp_group_ranks(tp, dp)]
+    dp_groups = [(ranks, dist.new_group(ranks)) for ranks in dp_group_ranks(tp, dp)]
+    dp_index, tp_index = coords(rank, tp)
+    tp_ranks, tp_group = tp_groups[dp_index]
+    dp_ranks, dp_group = dp_groups[tp_index]
+    return GridGroups(tp_index, dp_index, tp_ranks, dp_ranks, tp_group, dp_group,
+                      [g for _, g in tp_groups + dp_groups])
+
+
+def destroy_groups(groups: GridGroups) -> None:
+    """Free the subgroups (the rank pool is reused, so every step would otherwise leak some)."""
+    for group in groups.created:
+        dist.destroy_process_group(group)
+
+
+def average_gradients(params: dict[str, nn.Parameter], groups: GridGroups) -> list[int]:
+    """DP: all-reduce each local grad shard over this rank's **data-parallel** group and divide by
+    its size, so every replica ends with the gradient of the whole batch. Returns the ranks of the
+    group used (for the record). One all-reduce per parameter shard, in ``PARAMS`` order."""
+    for name, p in params.items():
+        total = issue("all_reduce", p.grad, region=DP_REGION, direction="backward",
+                      group=groups.dp_group)
+        p.grad.copy_(total / len(groups.dp_ranks))
+    return groups.dp_ranks
+
+
+def param_piece(name: str, full: torch.Tensor, tp: int, tp_index: int) -> torch.Tensor:
+    """The piece of full parameter ``name`` (nn.Linear layout) that shard ``tp_index`` holds:
+    fc1 rows (``[ffn/tp, h]``, ``[ffn/tp]``), fc2 columns (``[h, ffn/tp]``), fc2's bias whole."""
+    if name == "fc2.bias":
+        return full
+    size = full.shape[-1] if name == "fc2.weight" else full.shape[0]
+    lo, hi = shard_range(size, tp, tp_index)
+    return full[:, lo:hi] if name == "fc2.weight" else full[lo:hi]
+
+
+def grid_step_on_rank(fc1: nn.Linear, fc2: nn.Linear, x: torch.Tensor, target: torch.Tensor,
+                      tp: int, dp: int, lr: float,
+                      sync: Callable[[dict, GridGroups], list[int]] = average_gradients) -> dict:
+    """Run on every rank: one SGD step of ``MSE(mlp(x), target)`` on the ``tp x dp`` grid.
+
+    ``x``, ``target``: the full batch ``[b, h]`` (every rank gets it; it keeps its replica's rows
+    ``[b/dp, h]``); ``fc1``, ``fc2``: the full layers. Returns this rank's coordinates and groups,
+    ``output`` ``[b/dp, h]``, ``loss`` (of its rows), ``grads`` and ``params`` (after the step)
+    per parameter shard, the collective ``record`` and ``event_groups`` (the ranks of the group
+    each recorded event ran in).
+    """
+    groups = make_groups(tp, dp)
+    try:
+        mlp = ParallelMLP.from_full(fc1, fc2, group=groups.tp_group)
+        params = dict(mlp.named_parameters())
+        lo, hi = shard_range(x.shape[0], dp, groups.dp_index)
+        # x requires grad as inside a model (the layer below needs dX), so f's backward runs
+        x_local = x[lo:hi].clone().requires_grad_(True)
+        with record() as rec:
+            y = mlp(x_local)                           # g: all-reduce in the TP group
+            loss = F.mse_loss(y, target[lo:hi])        # mean over this replica's rows
+            loss.backward()                            # f: all-reduce of dX in the TP group
+            n_tp_events = len(rec)
+            sync_ranks = sync(params, groups)          # DP: gradient all-reduce (average)
+        with torch.no_grad():
+            for p in params.values():
+                p -= lr * p.grad
+        event_groups = [groups.tp_ranks] * n_tp_events + [sync_ranks] * (len(rec) - n_tp_events)
+        return {"tp_index": groups.tp_index, "dp_index": groups.dp_index,
+                "tp_ranks": groups.tp_ranks, "dp_ranks": groups.dp_ranks,
+                "output": y.detach(), "loss": float(loss.detach()),
+                "grads": {n: p.grad.detach().clone() for n, p in params.items()},
+                "params": {n: p.detach().clone() for n, p in params.items()},
+                "record": rec, "event_groups": event_groups}
+    finally:
+        destroy_groups(groups)
+
+
+def expected_bytes(tp: int, dp: int, batch: int, hidden: int, ffn_hidden: int,
+                   itemsize: int) -> dict[str, dict[str, int]]:
+    """What one rank should issue per step, by group, from the shapes alone (ring all-reduce sends
+    ``2(n-1)/n`` of its buffer per rank; rounded down per call, as the record does).
+
+    TP group: 2 all-reduces of ``[b/dp, h]`` (g forward, f backward). DP group: one all-reduce
+    per parameter shard, ``2·ffn·h/tp + ffn/tp + h`` elements in all.
+    """
+    act = batch // dp * hidden * itemsize
+    shards = [ffn_hidden // tp * hidden, ffn_hidden // tp, hidden * ffn_hidden // tp, hidden]
+    dp_bytes = [n * itemsize for n in shards]
+    return {"tp": {"all_reduces": 2, "bytes": 2 * act, "sent": 2 * (2 * (tp - 1) * act // tp)},
+            "dp": {"all_reduces": len(shards), "bytes": sum(dp_bytes),
+                   "sent": sum(2 * (dp - 1) * b // dp for b in dp_bytes)}}

@@ -1,0 +1,154 @@
+"""Figures of the TP x DP grid: who sits where, which group talks about what, and how many bytes.
+
+They draw a ``check_grid`` report (its ``extra["grid"]`` and ``extra["traffic"]``); they never
+start ranks. The grid has one row per data-parallel replica and one column per tensor-parallel
+shard; rank r is drawn in its course colour. Tensor-parallel groups (rows) are outlined dashed,
+data-parallel groups (columns) dotted; the panel on the right lists every group's collectives as
+the ranks recorded them, and flags a gradient all-reduce that ran in the wrong group.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
+
+from mtb_helpers.plots.palette import FAIL_COLOR, rank_color, rank_legend_handles
+from mtb_helpers.tp.plots import plot_errors
+
+__all__ = ["plot_grid", "plot_grid_bytes", "plot_grid_errors", "group_lines"]
+
+TP_STYLE = {"edgecolor": "black", "linestyle": "--", "linewidth": 1.8}
+DP_STYLE = {"edgecolor": "#555555", "linestyle": ":", "linewidth": 2.2}
+GAP = 0.45   # space between cells, room for the two outlines
+
+
+def _groups_by_ranks(report) -> dict[tuple, dict]:
+    """Every (group ranks, kind) any rank communicated in, with the traffic of one member."""
+    seen: dict[tuple, dict] = {}
+    for rank_traffic in report.extra["traffic"]:
+        for entry in rank_traffic:
+            seen.setdefault((tuple(entry["ranks"]), entry["kind"]), entry)
+    return seen
+
+
+def group_lines(report) -> list[tuple[str, bool]]:
+    """``(text, ok)`` lines for the figure's side panel: a header per group, then one line per
+    kind of collective it ran, with calls and bytes per rank. ``ok`` is False for a gradient
+    all-reduce outside a DP group, and for a missing one when dp > 1."""
+    grid = report.extra["grid"]
+    dp_groups = [tuple(g) for g in grid["dp_groups"]]
+    traffic = _groups_by_ranks(report)
+    lines = []
+    for kind, groups in (("tp", grid["tp_groups"]), ("dp", grid["dp_groups"])):
+        for i, ranks in enumerate(groups):
+            lines.append((f"{kind.upper()} group {i}: ranks {list(ranks)}", True))
+            ran = [(what, entry) for (who, what), entry in traffic.items()
+                   if who == tuple(ranks) and not (kind == "tp" and what == "dp"
+                                                  and who in dp_groups)]
+            for what, entry in ran:
+                label = "all-reduce (g fwd, f bwd)" if what == "tp" else "grad all-reduce"
+                ok = what == "tp" or tuple(entry["ranks"]) in dp_groups
+                lines.append((f"  {entry['all_reduces']} x {label}: {entry['bytes']} B in, "
+                              f"{entry['sent']} B sent/rank" + ("" if ok else "  WRONG GROUP"), ok))
+            if not ran:
+                lines.append(("  nothing", kind == "tp" or grid["dp"] == 1))
+    return lines
+
+
+def _failing_ranks(report) -> set[int]:
+    return {row.rank for row in report.failed()}
+
+
+def plot_grid(report, figsize: tuple[float, float] | None = None) -> Figure:
+    """The ``tp x dp`` grid of ``report``: ranks as cells in their colours, what each holds, the
+    TP groups (dashed rows) and DP groups (dotted columns), and each group's collectives."""
+    grid, cfg = report.extra["grid"], report.config
+    tp, dp = grid["tp"], grid["dp"]
+    b, ffn = cfg["batch"], cfg["ffn_hidden"]
+    fig = plt.figure(figsize=figsize or (10, 2.3 + 1.1 * dp))
+    ax = fig.add_axes([0.02, 0.06, 0.44, 0.78])
+    side = fig.add_axes([0.47, 0.06, 0.52, 0.78])
+    side.axis("off")
+    failing = _failing_ranks(report)
+    step = 1 + GAP
+    for rank, (d, j) in enumerate(grid["coords"]):
+        x0, y0 = j * step, d * step
+        ax.add_patch(Rectangle((x0, y0), 1, 1, facecolor=rank_color(rank),
+                               edgecolor=FAIL_COLOR if rank in failing else "white",
+                               linewidth=3 if rank in failing else 1))
+        text = (f"rank {rank}\nX rows {d * b // dp}:{(d + 1) * b // dp}\n"
+                f"ffn {j * ffn // tp}:{(j + 1) * ffn // tp}")
+        ax.text(x0 + 0.5, y0 + 0.5, text, ha="center", va="center", fontsize=8.5 if tp < 4 else 7,
+                color="white" if rank_color(rank) in ("#0072B2", "#D55E00", "#7F7F7F") else "black")
+    for d in range(dp):           # TP groups: the rows, outlined close to the cells
+        ax.add_patch(FancyBboxPatch((-0.1, d * step - 0.1), tp * step - GAP + 0.2, 1.2,
+                                    boxstyle="round,pad=0,rounding_size=0.12", fill=False,
+                                    **TP_STYLE))
+        ax.text(-0.25, d * step + 0.5, f"TP {d}\nreplica {d}", ha="right", va="center",
+                fontsize=9, fontweight="bold")
+    for j in range(tp):           # DP groups: the columns, outlined a little further out
+        ax.add_patch(FancyBboxPatch((j * step - 0.19, -0.19), 1.38, dp * step - GAP + 0.38,
+                                    boxstyle="round,pad=0,rounding_size=0.15", fill=False,
+                                    **DP_STYLE))
+        ax.text(j * step + 0.5, dp * step - GAP + 0.27, f"DP {j}\nshard {j}", ha="center",
+                va="top",
+                fontsize=9, fontweight="bold", color="#555555")
+    ax.set_xlim(-1.2, max(tp * step - GAP + 0.3, 2.6))
+    ax.set_ylim(dp * step - GAP + 0.8, -0.3)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    lines = group_lines(report)
+    box = side.get_position()
+    height = min(0.21 / (box.height * fig.get_figheight()), 0.9 / max(len(lines), 1))
+    for i, (text, ok) in enumerate(lines):
+        side.text(0.0, 1.0 - i * height, text, ha="left", va="top", fontsize=8.5,
+                  family="monospace", color="black" if ok else FAIL_COLOR,
+                  fontweight="normal" if text.startswith(" ") else "bold",
+                  transform=side.transAxes)
+    handles = [*rank_legend_handles(tp * dp),
+               Line2D([], [], color="black", linestyle="--", label="TP group (row)"),
+               Line2D([], [], color="#555555", linestyle=":", linewidth=2.2,
+                      label="DP group (column)"),
+               Patch(facecolor="white", edgecolor=FAIL_COLOR, linewidth=2, label="rank fails")]
+    ax.text(-1.2, dp * step - GAP + 0.75, "X rows: the replica's slice of the batch\n"
+            "ffn: the shard's columns of W1 = rows of W2", fontsize=7.5, va="top", ha="left")
+    side.legend(handles=handles, loc="lower left", ncol=4, fontsize=8, frameon=False)
+    verdict = "PASSED" if report.passed else "FAILED"
+    fig.suptitle(f"tp={tp} x dp={dp} grid, rank = dp_index * tp + tp_index; "
+                 f"bug={cfg.get('bug')}: check {verdict}", fontsize=11)
+    return fig
+
+
+def plot_grid_bytes(report) -> Figure:
+    """Bytes each rank sent per step, in its TP group (solid) and its DP group (hatched), against
+    the formula of ``grid.expected_bytes`` (black ticks)."""
+    expected = report.extra["expected_bytes"]
+    n = len(report.extra["traffic"])
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    for rank, entries in enumerate(report.extra["traffic"]):
+        for k, kind in enumerate(("tp", "dp")):
+            sent = sum(e["sent"] for e in entries if e["kind"] == kind)
+            x = rank + (k - 0.5) * 0.38
+            ax.bar(x, sent, width=0.36, color=rank_color(rank), edgecolor="black",
+                   hatch="//" if kind == "dp" else None, linewidth=0.6)
+            ax.plot([x - 0.18, x + 0.18], [expected[kind]["sent"]] * 2, color="black",
+                    linewidth=2)
+    ax.set_xticks(range(n), [f"rank {r}" for r in range(n)])
+    ax.set_ylabel("bytes sent per step (ring)")
+    ax.set_xlabel("rank (left bar: TP group, right bar: DP group)")
+    cfg = report.config
+    ax.set_title(f"What each rank sends: tp={cfg['tp']} x dp={cfg['dp']}, h={cfg['hidden']}, "
+                 f"ffn={cfg['ffn_hidden']}, batch={cfg['batch']}, {cfg['dtype']}", fontsize=10)
+    handles = [*rank_legend_handles(n),
+               Patch(facecolor="white", edgecolor="black", label="TP: g + f all-reduce"),
+               Patch(facecolor="white", edgecolor="black", hatch="//", label="DP: grad all-reduce"),
+               Line2D([], [], color="black", linewidth=2, label="formula")]
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return fig
+
+
+def plot_grid_errors(report) -> Figure:
+    """Max abs error per quantity and rank against the tolerance (``plots.tp.plot_errors``)."""
+    return plot_errors(report, by="quantity")

@@ -1,0 +1,236 @@
+"""Expert parallelism: a mixture-of-experts MLP whose experts live on different ranks.
+
+Notation (one token per row, ``n`` tokens, width ``h``, ``E`` experts, top-``k`` routing):
+
+    P = softmax(X @ Wg)            router probabilities                       [n, E]
+    (w, e) = top-k of P per row    the k chosen experts and their probability  [n, k]
+    Y[i] = sum_j w[i, j] * Expert_{e[i, j]}(X[i])     over the kept choices j  [n, h]
+
+Like the Switch Transformer (Fedus et al. 2021) the output is weighted by the raw softmax
+probability (not renormalised over the k choices), which is what gives the router a gradient
+even with k = 1.
+
+**Expert parallelism** (GShard, Lepikhin et al. 2020): rank r holds n/t of the tokens and the
+experts ``r*E/t .. (r+1)*E/t - 1``; the router ``Wg`` is replicated. One forward is
+
+    1. route the local tokens; keep at most ``capacity`` choices per expert (below);
+    2. sort the kept (token, choice) pairs by expert, hence by owning rank (permutation ``order``);
+    3. all-to-all of the counts per expert, so each rank learns how many rows it will receive;
+    4. all-to-all of the rows with uneven split sizes (dispatch);
+    5. each local expert's MLP on the rows it received;
+    6. all-to-all back with the split sizes swapped (combine);
+    7. the inverse permutation puts each row back at its (token, choice), then weight by w and sum.
+
+The backward of an all-to-all is the all-to-all with input and output splits swapped. The router
+sees only this rank's tokens, so its grad is all-reduced over the group (``comm.allreduce_grad``).
+
+**Capacity** (``capacity_factor`` c): each rank's n/t tokens are one group (GShard's groups);
+each expert accepts at most ``ceil(c * (n/t) * k / E)`` choices from a group, first choices
+before second choices, then in token order. A dropped choice contributes zero; a token whose
+choices are all dropped gets ``Y[i] = 0``, so in a transformer the residual ``X + Y`` carries it
+through unchanged. ``capacity_factor=None`` keeps everything.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from mtb_helpers.comm.regions import allreduce_grad, group_rank, group_size, issue
+
+__all__ = ["Expert", "route", "expert_capacity", "keep_mask", "inverse_permutation",
+           "all_to_all_rows", "allreduce_router_grad", "moe_reference", "ExpertParallelMoE",
+           "Routing", "COUNTS", "DISPATCH", "COMBINE", "ROUTER_GRAD"]
+
+COUNTS = "exchange_expert_counts"
+DISPATCH = "dispatch_to_experts"
+COMBINE = "combine_from_experts"
+ROUTER_GRAD = "allreduce_router_grad"
+
+
+class Expert(nn.Module):
+    """One expert: ``fc2(gelu(fc1(x)))``, ``[m, h] -> [m, f] -> [m, h]`` (exact-erf GeLU)."""
+
+    def __init__(self, hidden: int, ffn_hidden: int, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.fc1 = nn.Linear(hidden, ffn_hidden, dtype=dtype)
+        self.fc2 = nn.Linear(ffn_hidden, hidden, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+def route(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int):
+    """``(w [n, k], e [n, k], P [n, E])``: softmax of ``x [n, h] @ gate_weight.T`` (``gate_weight``
+    is nn.Linear's ``[E, h]``), its k largest probabilities per row (descending), their experts."""
+    probs = torch.softmax(x @ gate_weight.T, dim=-1)
+    weights, experts = probs.topk(top_k, dim=-1)
+    return weights, experts, probs
+
+
+def expert_capacity(tokens: int, num_experts: int, top_k: int,
+                    capacity_factor: float | None) -> int | None:
+    """Choices one expert accepts from a group of ``tokens``: ``ceil(c * tokens * k / E)``."""
+    if capacity_factor is None:
+        return None
+    return math.ceil(capacity_factor * tokens * top_k / num_experts)
+
+
+def keep_mask(experts: torch.Tensor, num_experts: int, capacity: int | None) -> torch.Tensor:
+    """``[n, k]`` bool: which choices of one group fit under ``capacity`` per expert. Priority:
+    every token's first choice (in token order), then every second choice, ..."""
+    if capacity is None:
+        return torch.ones_like(experts, dtype=torch.bool)
+    n, k = experts.shape
+    slot_major = experts.T.reshape(-1)                         # [k*n]
+    onehot = F.one_hot(slot_major, num_experts)
+    earlier = (onehot.cumsum(0) * onehot).sum(1) - 1          # choices of this expert before it
+    return (earlier < capacity).view(k, n).T
+
+
+def inverse_permutation(order: torch.Tensor) -> torch.Tensor:
+    """``inv`` with ``inv[order[i]] = i``: ``rows[order][inv]`` is ``rows`` again."""
+    return torch.argsort(order)
+
+
+class _AllToAll(torch.autograd.Function):
+    """forward: all-to-all of rows with splits (send, recv); backward: all-to-all of the grad with
+    the splits swapped (recv, send), which returns every row's grad to the rank it came from."""
+
+    @staticmethod
+    def forward(ctx, x, send, recv, region, group):
+        ctx.send, ctx.recv, ctx.region, ctx.group = send, recv, region, group
+        return issue("all_to_all", x, region=region, direction="forward", dim=0, group=group,
+                     splits=(send, recv))
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (issue("all_to_all", grad.contiguous(), region=ctx.region, direction="backward",
+                      dim=0, group=ctx.group, splits=(ctx.recv, ctx.send)),
+                None, None, None, None)
+
+
+def all_to_all_rows(x: torch.Tensor, send: list[int], recv: list[int], region: str,
+                    group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """``x [sum(send), h]`` -> ``[sum(recv), h]``: ``send[q]`` consecutive rows go to rank q,
+    ``recv[q]`` rows arrive from rank q (stacked in rank order). Autograd-aware."""
+    return _AllToAll.apply(x, list(send), list(recv), region, group)
+
+
+def allreduce_router_grad(p: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Use the replicated router weight ``[E, h]`` through this so its grad (a sum over this
+    rank's tokens only) is summed over the group in backward."""
+    return allreduce_grad(p, ROUTER_GRAD, "gate.weight", group)
+
+
+def moe_reference(gate: nn.Linear, experts: list[Expert], x: torch.Tensor, top_k: int,
+                  capacity_factor: float | None, groups: int = 1,
+                  chosen: torch.Tensor | None = None):
+    """The MoE on one process, written the plain way (a loop over experts with masks):
+    ``(Y [n, h], e [n, k], kept [n, k])``, differentiable in ``x``, the router and every expert.
+    Capacity is applied per group of ``n / groups`` consecutive tokens (a rank's tokens).
+    ``chosen`` forces the experts (so a float64 reference follows the float32 routing)."""
+    n = x.shape[0]
+    weights, experts_, probs = route(x, gate.weight, top_k)
+    if chosen is not None:
+        experts_, weights = chosen, probs.gather(1, chosen)
+    g = n // groups
+    cap = expert_capacity(g, len(experts), top_k, capacity_factor)
+    kept = torch.cat([keep_mask(experts_[i * g:(i + 1) * g], len(experts), cap)
+                      for i in range(groups)])
+    y = x.new_zeros(x.shape)
+    for e, expert in enumerate(experts):
+        tok, slot = ((experts_ == e) & kept).nonzero(as_tuple=True)
+        y = y.index_add(0, tok, expert(x[tok]) * weights[tok, slot].unsqueeze(1))
+    return y, experts_, kept
+
+
+@dataclass
+class Routing:
+    """What one rank's last forward did (plain tensors). ``experts``/``weights``/``kept``
+    ``[n/t, k]``; ``dest_expert [m]`` the expert of each kept choice in (token, choice) order;
+    ``order [m]`` the sort by expert; ``send``/``recv`` the dispatch split sizes per rank;
+    ``recv_counts [t, E/t]`` rows received from each rank for each local expert."""
+    experts: torch.Tensor
+    weights: torch.Tensor
+    kept: torch.Tensor
+    dest_expert: torch.Tensor
+    order: torch.Tensor
+    send: list[int]
+    recv: list[int]
+    recv_counts: torch.Tensor
+    capacity: int | None
+
+
+class ExpertParallelMoE(nn.Module):
+    """The MoE layer on one rank: ``forward(x [n/t, h]) -> y [n/t, h]`` for this rank's tokens.
+    ``experts`` holds only this rank's ``E/t`` experts (global ids from ``first_expert``)."""
+
+    def __init__(self, gate: nn.Linear, experts: list[Expert], num_experts: int, top_k: int,
+                 capacity_factor: float | None, group: dist.ProcessGroup | None = None):
+        super().__init__()
+        self.gate, self.experts = gate, nn.ModuleList(experts)
+        self.num_experts, self.top_k, self.capacity_factor = num_experts, top_k, capacity_factor
+        self.group = group
+        self.first_expert = group_rank(group) * len(experts)
+        self.last: Routing | None = None
+
+    @classmethod
+    def from_full(cls, gate: nn.Linear, experts: list[Expert], top_k: int = 1,
+                  capacity_factor: float | None = None, group=None) -> "ExpertParallelMoE":
+        """Inside a rank: the replicated router and this rank's block of the full expert list."""
+        t, r = group_size(group), group_rank(group)
+        per_rank = len(experts) // t
+        mine = [copy.deepcopy(e) for e in experts[r * per_rank:(r + 1) * per_rank]]
+        return cls(copy.deepcopy(gate), mine, len(experts), top_k, capacity_factor, group)
+
+    def router_weight(self) -> torch.Tensor:
+        return allreduce_router_grad(self.gate.weight, self.group)
+
+    def unpermute(self, back: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+        """Rows came back sorted by expert; put each at its (token, choice) again."""
+        return back[inverse_permutation(order)]
+
+    def weigh(self, rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return rows * weights.unsqueeze(1)
+
+    def run_experts(self, received: torch.Tensor, recv_counts: torch.Tensor) -> torch.Tensor:
+        """``received [m_in, h]`` arrives grouped by source rank, then by local expert
+        (``recv_counts [t, E/t]``); run each local expert on its rows, in the same row order."""
+        local = torch.arange(len(self.experts)).repeat(recv_counts.shape[0])
+        which = local.repeat_interleave(recv_counts.reshape(-1))      # local expert of each row
+        pieces, where = [], []
+        for j, expert in enumerate(self.experts):
+            idx = (which == j).nonzero().squeeze(1)
+            pieces.append(expert(received[idx]))   # also on 0 rows, so every grad exists
+            where.append(idx)
+        return torch.cat(pieces)[inverse_permutation(torch.cat(where))]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t, n, k, E = group_size(self.group), x.shape[0], self.top_k, self.num_experts
+        weights, experts, _ = route(x, self.router_weight(), k)
+        cap = expert_capacity(n, E, k, self.capacity_factor)
+        kept = keep_mask(experts, E, cap)
+        token = torch.arange(n).repeat_interleave(k)                  # choice a = token*k + j
+        sel = kept.reshape(-1).nonzero().squeeze(1)                   # the kept choices
+        dest_expert = experts.reshape(-1)[sel]
+        order = torch.argsort(dest_expert, stable=True)               # by expert = by rank
+        counts = torch.bincount(dest_expert, minlength=E)             # [E]
+        recv_counts = issue("all_to_all", counts, region=COUNTS, direction="forward", dim=0,
+                            group=self.group).view(t, E // t)         # [source rank, local expert]
+        send = counts.view(t, E // t).sum(1).tolist()
+        recv = recv_counts.sum(1).tolist()
+        received = all_to_all_rows(x[token[sel][order]], send, recv, DISPATCH, self.group)
+        out = self.run_experts(received, recv_counts)
+        back = all_to_all_rows(out, recv, send, COMBINE, self.group)  # in `order`
+        rows = self.unpermute(back, order)                            # in (token, choice) order
+        weighted = self.weigh(rows, weights.reshape(-1)[sel])
+        y = x.new_zeros(x.shape).index_add(0, token[sel], weighted)  # sum the k choices per token
+        self.last = Routing(experts.detach(), weights.detach(), kept, dest_expert, order, send,
+                            recv, recv_counts, cap)
+        return y

@@ -1,0 +1,215 @@
+"""Expert-parallel figures, drawn from ``check_moe``'s ``report.extra["moe"]``; no ranks started.
+
+``plot_routing``: tokens (in the colour of the rank that holds them) -> the expert each chose ->
+the rank that owns it; ``plot_tokens_per_expert``: kept and dropped choices per expert and source
+rank against the capacity; ``plot_all_to_all_bytes``: bytes each rank sends in each all-to-all,
+by destination, and the forward total against the all-gather alternative; ``plot_moe_errors``:
+max error per quantity (expert grads grouped by expert) on the rank that holds it.
+"""
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import FancyBboxPatch, Patch
+
+from mtb_helpers.plots.palette import FAIL_COLOR, PASS_COLOR, rank_color, rank_legend_handles
+from mtb_helpers.tp.plots import error_legend_handles
+
+__all__ = ["plot_routing", "plot_tokens_per_expert", "plot_all_to_all_bytes", "plot_moe_errors"]
+
+DROPPED = "#999999"
+
+
+def _box(ax, x, y, w, h, color, text, text_color="black") -> None:
+    ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.02",
+                                facecolor=color, edgecolor="black", linewidth=0.8, zorder=3))
+    ax.text(x, y, text, ha="center", va="center", fontsize=9, color=text_color, zorder=4)
+
+
+def plot_routing(moe: dict, title: str | None = None) -> Figure:
+    """Token -> expert -> rank. Each line is one choice, in the colour of the rank it travels
+    to; dashed for a second choice, grey dotted for a choice dropped by the capacity limit."""
+    experts, kept, owner = moe["experts"], moe["kept"], moe["owner"]
+    src, n, E = moe["source_rank"], len(moe["experts"]), len(moe["owner"])
+    t = max(owner) + 1
+    fig, ax = plt.subplots(figsize=(10, max(4.5, 0.28 * n + 1.5)))
+    ty = [n - 1 - i for i in range(n)]
+    ey = [(n - 1) * (1 - (e + 0.5) / E) for e in range(E)]
+    ry = [(n - 1) * (1 - (r + 0.5) / t) for r in range(t)]
+    for i in range(n):
+        _box(ax, 0, ty[i], 0.55, 0.7, rank_color(src[i]), f"token {i}")
+        for j, e in enumerate(experts[i]):
+            ok = kept[i][j]
+            ax.plot([0.3, 1.7], [ty[i], ey[e]], zorder=2,
+                    color=rank_color(owner[e]) if ok else DROPPED,
+                    linestyle=("-" if j == 0 else "--") if ok else ":",
+                    linewidth=1.6 if ok else 1.2, alpha=0.85 if ok else 1.0)
+            if not ok:
+                ax.plot([1.6], [ey[e] + 0.85 * (ty[i] - ey[e]) / 14], marker="x", color="black",
+                        markersize=6, zorder=3)
+    for e in range(E):
+        _box(ax, 2, ey[e], 0.6, 1.0, rank_color(owner[e]), f"expert {e}")
+        ax.plot([2.3, 3.7], [ey[e], ry[owner[e]]], color=rank_color(owner[e]), linewidth=3,
+                zorder=2)
+    for r in range(t):
+        _box(ax, 4, ry[r], 0.6, 1.4, rank_color(r), f"rank {r}")
+    ax.set_xlim(-0.45, 4.45)
+    ax.set_ylim(-1, n)
+    ax.set_xticks([0, 2, 4], ["tokens (colour: rank holding them)", "experts (colour: owner)",
+                              "ranks"])
+    ax.set_yticks([])
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    handles = [*rank_legend_handles(t), Line2D([], [], color="black", label="1st choice"),
+               Line2D([], [], color="black", linestyle="--", label="2nd choice"),
+               Line2D([], [], color=DROPPED, linestyle=":", marker="x", markeredgecolor="black",
+                      label="dropped (capacity)")]
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    cap = moe["capacity"]
+    ax.set_title(title or f"Who goes where: {n} tokens, {E} experts on {t} rank(s), capacity "
+             f"{'unlimited' if cap is None else f'{cap} per expert per rank'}", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def plot_tokens_per_expert(moe: dict) -> Figure:
+    """For each expert, one bar per source rank: kept choices in the source rank's colour,
+    dropped ones hatched grey on top; the dashed line is the capacity per expert per rank."""
+    kept, owner, t = moe["tokens_per_expert"], moe["owner"], len(moe["tokens_per_expert"])
+    E = len(owner)
+    dropped = [[0] * E for _ in range(t)]
+    n = moe["tokens_per_rank"]
+    for i, choices in enumerate(moe["experts"]):
+        for j, e in enumerate(choices):
+            if not moe["kept"][i][j]:
+                dropped[i // n][e] += 1
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    width = 0.8 / t
+    for r in range(t):
+        x = [e + (r - (t - 1) / 2) * width for e in range(E)]
+        ax.bar(x, kept[r], width, color=rank_color(r), edgecolor="black", linewidth=0.6)
+        ax.bar(x, dropped[r], width, bottom=kept[r], color="white", edgecolor=DROPPED,
+               hatch="///", linewidth=0.6)
+    if moe["capacity"] is not None:
+        ax.axhline(moe["capacity"], color="black", linestyle="--", linewidth=1.2)
+    ax.set_xticks(range(E), [f"expert {e}\n(on rank {owner[e]})" for e in range(E)])
+    for tick, e in zip(ax.get_xticklabels(), range(E)):
+        tick.set_color(rank_color(owner[e]))
+    ax.set_ylabel("choices routed (from each rank)")
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    handles = [Patch(facecolor=rank_color(r), edgecolor="black", label=f"kept, from rank {r}")
+               for r in range(t)]
+    handles.append(Patch(facecolor="white", edgecolor=DROPPED, hatch="///", label="dropped"))
+    if moe["capacity"] is not None:
+        handles.append(Line2D([], [], color="black", linestyle="--", label="capacity per rank"))
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    total = sum(map(sum, dropped))
+    ax.set_title(f"Tokens per expert: {sum(map(sum, kept))} choices kept, {total} dropped",
+                 fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def _stacked_by_destination(ax, matrix: list[list[int]], row_bytes: int, title: str) -> None:
+    t = len(matrix)
+    for r in range(t):
+        bottom = 0
+        for q in range(t):
+            b = matrix[r][q] * row_bytes
+            ax.bar(r, b, 0.6, bottom=bottom, color=rank_color(q), edgecolor="black",
+                   linewidth=0.6, hatch="..." if q == r else None, alpha=0.45 if q == r else 1.0)
+            bottom += b
+    ax.set_xticks(range(t), [f"rank {r}" for r in range(t)])
+    ax.set_xlabel("sending rank")
+    ax.set_title(title, fontsize=10)
+
+
+def plot_all_to_all_bytes(moe: dict) -> Figure:
+    """Left, middle: bytes of rows each rank hands to each destination (colour) in the dispatch and
+    the combine all-to-all; the dotted part stays on the rank. Right: forward bytes each rank sends
+    (counts + dispatch + combine, from the record) against all-gather + reduce-scatter."""
+    rows, rb, by = moe["dispatch_rows"], moe["row_bytes"], moe["bytes"]
+    t = len(rows)
+    combine = [[rows[q][r] for q in range(t)] for r in range(t)]
+    fig, axes = plt.subplots(1, 3, figsize=(10, 3.8))
+    _stacked_by_destination(axes[0], rows, rb, "dispatch: rows to the experts")
+    _stacked_by_destination(axes[1], combine, rb, "combine: rows back home")
+    axes[0].set_ylabel("bytes (by destination rank)")
+    top = max(axes[0].get_ylim()[1], axes[1].get_ylim()[1])
+    axes[0].set_ylim(0, top)
+    axes[1].set_ylim(0, top)
+    ax = axes[2]
+    parts = [("counts", "#BBBBBB"), ("dispatch", "#555555"), ("combine", "#999999")]
+    for r in range(t):
+        bottom = 0
+        for name, color in parts:
+            ax.bar(r, by[name][r], 0.6, bottom=bottom, color=color, edgecolor=rank_color(r),
+                   linewidth=2)
+            bottom += by[name][r]
+    alt = by["all_gather_alternative"][0]
+    ax.axhline(alt, color="black", linestyle="--", linewidth=1.2)
+    ax.set_xticks(range(t), [f"rank {r}" for r in range(t)])
+    ax.set_ylim(0, max([alt] + [sum(by[p][r] for p, _ in parts) for r in range(t)]) * 1.25 or 1)
+    ax.set_xlabel("sending rank")
+    ax.set_ylabel("bytes sent, forward")
+    ax.set_title("forward total vs all-gather", fontsize=10)
+    handles = [*rank_legend_handles(t),
+               Patch(facecolor="white", edgecolor="black", hatch="...", label="stays local"),
+               *[Patch(facecolor=c, label=f"{name} all-to-all") for name, c in parts],
+               Line2D([], [], color="black", linestyle="--", label="all-gather +\nreduce-scatter")]
+    fig.legend(handles=handles, fontsize=8, loc="center left", bbox_to_anchor=(0.84, 0.5))
+    fig.suptitle("Bytes each rank sends in the all-to-alls (forward; backward mirrors them)",
+                 fontsize=11)
+    fig.tight_layout(rect=(0, 0, 0.84, 1))
+    return fig
+
+
+def plot_moe_errors(report) -> Figure:
+    """Max abs error vs one process on a log scale, one point per (quantity, rank) in the rank's
+    colour; the four grads of an expert share one position; red frames fail, a cross is missing."""
+    groups: dict[str, list] = {}
+    for row in report.rows:
+        key = ".".join(row.quantity.split(".")[:2]) + " grads" if row.quantity.startswith(
+            "experts.") else row.quantity
+        groups.setdefault(key, []).append(row)
+    labels = list(groups)
+    finite = [r.max_abs_err for r in report.rows if r.max_abs_err and not math.isinf(r.max_abs_err)]
+    finite += [r.tolerance for r in report.rows]
+    floor = 10 ** math.floor(math.log10(min(finite)) - 2)
+    top = 10 ** math.ceil(math.log10(max(finite)) + 1)
+    t = report.config["world_size"]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    for i, key in enumerate(labels):
+        rows = groups[key]
+        ax.plot([i - 0.4, i + 0.4], [max(r.tolerance for r in rows)] * 2, color="black", lw=1.5)
+        for r in rows:
+            x = i + (r.rank - (t - 1) / 2) * 0.6 / max(t, 2) if not key.startswith("experts") else i
+            missing = math.isinf(r.max_abs_err)
+            y = top / 3 if missing else max(r.max_abs_err, floor)
+            ax.scatter([x], [y], s=60, color=rank_color(r.rank), marker="X" if missing else "o",
+                       edgecolor=PASS_COLOR if r.passed else FAIL_COLOR,
+                       linewidth=0.5 if r.passed else 2.0, zorder=3)
+        if not all(r.passed for r in rows):
+            ax.axvspan(i - 0.5, i + 0.5, color=FAIL_COLOR, alpha=0.12, linewidth=0)
+    ax.set_yscale("log")
+    ax.set_ylim(floor / 3, top)
+    ax.axhline(floor, color="grey", linestyle=":", linewidth=1)
+    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
+    for tick, key in zip(ax.get_xticklabels(), labels):
+        tick.set_color("black" if all(r.passed for r in groups[key]) else FAIL_COLOR)
+    ticks = ax.get_yticks()
+    ax.set_yticks([floor] + [v for v in ticks if floor < v <= top],
+                  ["0 (exact)"] + [f"1e{round(math.log10(v))}" for v in ticks if floor < v <= top])
+    ax.minorticks_off()
+    ax.set_ylabel("max abs error vs one process")
+    ax.set_xlabel("quantity (expert grads: fc1/fc2 weight and bias, on the owning rank)")
+    verdict = "passed" if report.passed else "FAILED"
+    bug = report.config.get("bug")
+    ax.set_title(f"MoE check ({report.config['dtype']}, {t} rank(s){', bug ' + bug if bug else ''})"
+                 f": {verdict}", fontsize=11)
+    ax.legend(handles=error_legend_handles(t), fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return fig

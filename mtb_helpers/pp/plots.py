@@ -1,0 +1,211 @@
+"""Pipeline figures: the Gantt chart of a simulated schedule, bubble against micro-batch count, and
+peak activation memory per stage.
+
+Colours: stage r runs on rank r, so its row carries rank_color(r) in a band on the left (as in
+every figure of the course). Op kinds use their own palette (Paul Tol's "light" scheme, also
+colour-blind safe) so they are never mistaken for ranks; idle time is grey and hatched.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+from matplotlib.colors import to_rgb
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch, Rectangle
+
+from mtb_helpers.plots.palette import EMPTY_COLOR, rank_color
+from mtb_helpers.pp.schedules import SCHEDULES, closed_form, schedule, simulate
+from mtb_helpers.pp.simulator import Timeline
+
+__all__ = ["OP_COLORS", "plot_gantt", "plot_bubble_vs_microbatches", "plot_peak_memory",
+           "plot_stage_layout"]
+
+OP_COLORS = {"F": "#77AADD", "B": "#EE8866", "I": "#EEDD88", "W": "#44BB99"}
+OP_NAMES = {"F": "F forward", "B": "B backward (dX and dW)", "I": "I input grad (dX)",
+            "W": "W weight grad (dW)"}
+IDLE_HATCH = "///"
+SCHEDULE_HATCHES = {"gpipe": "", "1f1b": "//", "interleaved": "..", "zb-h1": "xx"}
+
+
+def _shade(color: str, chunk: int, chunks: int) -> tuple[float, float, float]:
+    """Later model chunks get paler versions of the op colour (Megatron's figures do the same)."""
+    mix = 0.55 * chunk / max(chunks - 1, 1)
+    return tuple(c + (1 - c) * mix for c in to_rgb(color))
+
+
+def _description(timeline: Timeline, name: str | None) -> str:
+    p = timeline.ranks
+    m = len({e.op.microbatch for e in timeline.events[0]})
+    v = f", v={timeline.chunks} chunks" if timeline.chunks > 1 else ""
+    return f"{name + ': ' if name else ''}p={p} stages, m={m} micro-batches{v}"
+
+
+def _gantt_handles(timeline: Timeline) -> list[Patch]:
+    chunks = timeline.chunks
+    kinds = sorted({e.op.kind for evs in timeline.events for e in evs}, key="FBIW".index)
+    handles = [Patch(facecolor=_shade(OP_COLORS[k], c, chunks), edgecolor="black",
+                     label=OP_NAMES[k] + (f", chunk {c}" if chunks > 1 else ""))
+               for k in kinds for c in range(chunks)]
+    handles.append(Patch(facecolor=EMPTY_COLOR, edgecolor="#999999", hatch=IDLE_HATCH,
+                         label="idle (bubble)"))
+    handles.append(Patch(facecolor=rank_color(0), label="left band: the stage's rank colour"))
+    return handles
+
+
+def plot_gantt(timeline: Timeline, name: str | None = None, ax: plt.Axes | None = None,
+               width: float = 10.0) -> Figure:
+    """One row per stage (stage 0 on top), one box per op labelled with its micro-batch.
+
+    ``timeline`` comes from ``simulate``; ``name`` (e.g. "1f1b") goes into the title next to the
+    bubble fraction. Draws into ``ax`` when given, else into a new figure ``width`` inches wide.
+    """
+    p, chunks, span = timeline.ranks, timeline.chunks, timeline.makespan
+    own_figure = ax is None
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(width, 2.0 + 0.5 * p))
+    fig = ax.figure
+    band = span * 0.025  # the rank-colour band left of time 0
+    axes_inches = fig.get_figwidth() * ax.get_position().width
+    for r in range(p):
+        y = p - 1 - r
+        ax.add_patch(Rectangle((-band * 1.6, y - 0.4), band, 0.8, color=rank_color(r)))
+        for lo, hi in timeline.idle_intervals(r):
+            ax.add_patch(Rectangle((lo, y - 0.4), hi - lo, 0.8, facecolor=EMPTY_COLOR,
+                                   edgecolor="#999999", hatch=IDLE_HATCH, linewidth=0.0))
+        for e in timeline.events[r]:
+            face = _shade(OP_COLORS[e.op.kind], e.op.chunk, chunks)
+            ax.add_patch(Rectangle((e.start, y - 0.4), e.end - e.start, 0.8, facecolor=face,
+                                   edgecolor="black", linewidth=0.6))
+            # micro-batch number; interleaved adds the chunk on a second line (shades alone
+            # are hard to tell apart beyond two chunks)
+            text = str(e.op.microbatch) + (f"\nc{e.op.chunk}" if chunks > 1 else "")
+            box_points = (e.end - e.start) / (span + 2 * band) * axes_inches * 72
+            longest = max(len(line) for line in text.split("\n"))
+            size = min(9.0 if chunks == 1 else 7.5, box_points / (0.62 * longest + 0.3))
+            if size >= 5.0:  # too small to read is worse than no label
+                ax.text((e.start + e.end) / 2, y, text, ha="center", va="center", fontsize=size,
+                        linespacing=1.0)
+    ax.set_xlim(-band * 2, span * 1.01)
+    ax.set_ylim(-0.6, p - 0.4)
+    ax.set_yticks(range(p), [f"stage {r}" for r in reversed(range(p))])
+    ax.set_xlabel("time (in the units of forward= / backward= given to simulate)")
+    ax.set_ylabel("stage (= rank)")
+    ax.set_title(f"{_description(timeline, name)}\nmakespan {span:g}, bubble "
+                 f"{timeline.bubble_fraction:.1%} of p x makespan (hatched = idle)")
+    handles = _gantt_handles(timeline)
+    legend_title = "numbers in boxes = micro-batch" + (" (c = chunk)" if chunks > 1 else "")
+    if own_figure:  # legend right under the x label, in room reserved at the bottom
+        ncol = len(handles) if len(handles) <= 5 else -(-len(handles) // 2)
+        bottom = (0.3 + 0.2 * -(-len(handles) // ncol)) / fig.get_figheight()
+        fig.tight_layout(rect=(0, bottom, 1, 1))
+        fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, bottom), ncol=ncol,
+                   fontsize=8, frameon=False, title=legend_title, title_fontsize=8)
+    else:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
+                  title="numbers = micro-batch", title_fontsize=8)
+    return fig
+
+
+def plot_bubble_vs_microbatches(stage_counts: Sequence[int] = (2, 4, 8), max_microbatches: int = 32,
+                                name: str = "1f1b", chunks: int | None = None,
+                                forward: float = 1.0, backward: float = 2.0) -> Figure:
+    """Simulated bubble fraction (dots) over m = 1..max against the closed form (lines).
+
+    One colour per stage count (a sequential colormap: these are pipeline depths, not ranks).
+    For interleaved only multiples of p are possible micro-batch counts.
+    """
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    cmap = plt.get_cmap("viridis")
+    for n, p in enumerate(stage_counts):
+        color = cmap(n / max(len(stage_counts) - 1, 1) * 0.85)
+        ms = [m for m in range(1, max_microbatches + 1) if name != "interleaved" or m % p == 0]
+        sim = [simulate(schedule(name, p, m, chunks), forward, backward).bubble_fraction
+               for m in ms]
+        v = 1 if chunks is None else chunks
+        v = 2 if name == "interleaved" and chunks is None else v
+        ref = [closed_form(name, p, m, v, forward, backward)["bubble_fraction"] for m in ms]
+        ax.plot(ms, ref, color=color, linewidth=1.5, label=f"p={p} closed form")
+        ax.plot(ms, sim, "o", color=color, markersize=4, label=f"p={p} simulated")
+    ax.set_xlabel("micro-batches m")
+    ax.set_ylabel("bubble fraction = idle / (p x makespan)")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"{name}: simulated bubble (dots) against the closed form (lines)\n"
+                 f"backward = {backward / forward:g} x forward")
+    ax.grid(alpha=0.3)
+    ax.legend(ncol=2, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_peak_memory(stages: int = 4, microbatches: int = 8, chunks: int = 2,
+                     names: Sequence[str] = tuple(SCHEDULES)) -> Figure:
+    """Peak stashed activations per stage for each schedule, in whole-stage micro-batch units.
+
+    Bars take the rank colour of their stage; schedules differ by hatch. Interleaved chunk
+    activations count 1/chunks each (a chunk holds 1/v of the stage's layers).
+    """
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / len(names)
+    top = 0.0
+    for n, name in enumerate(names):
+        try:
+            ops = schedule(name, stages, microbatches, chunks if name == "interleaved" else None)
+        except ValueError:  # e.g. interleaved with m not divisible by p: leave its bars out
+            continue
+        peaks = simulate(ops).peak_memory
+        top = max(top, *peaks)
+        for r, peak in enumerate(peaks):
+            x = r + (n - (len(names) - 1) / 2) * width
+            ax.bar(x, peak, width * 0.95, color=rank_color(r), edgecolor="black",
+                   hatch=SCHEDULE_HATCHES.get(name, ""))
+            ax.text(x, peak + 0.1, f"{peak:g}", ha="center", va="bottom", fontsize=7)
+    ax.axhline(stages, color="black", linestyle=":", linewidth=1)
+    ax.set_xticks(range(stages), [f"stage {r}" for r in range(stages)])
+    ax.set_xlabel("pipeline stage (bar colour = its rank)")
+    ax.set_ylabel("peak activations held\n(micro-batches of one whole stage)")
+    ax.set_ylim(0, top * 1.25 + 0.5)
+    ax.set_title(f"Peak activation memory per stage: p={stages}, m={microbatches}, "
+                 f"interleaved v={chunks}")
+    handles = [Patch(facecolor="white", edgecolor="black", hatch=SCHEDULE_HATCHES.get(n, ""),
+                     label=n) for n in names]
+    handles.append(Line2D([], [], color="black", linestyle=":", label=f"p = {stages}"))
+    ax.legend(handles=handles, title="schedule (hatch)", fontsize=8, ncol=len(handles),
+              loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def plot_stage_layout(stages: int = 4, microbatches: int = 4) -> Figure:
+    """Who holds what: stage r (rank r) holds layer block W_r; micro-batches X_i enter stage 0,
+    activations [s, b, h] go right by send/recv, their gradients come back left; loss on the last."""
+    fig, ax = plt.subplots(figsize=(9, 2.6))
+    for r in range(stages):
+        x = 1.0 + 2.0 * r
+        ax.add_patch(Rectangle((x, 0.0), 1.3, 1.0, facecolor=rank_color(r), alpha=0.35,
+                               edgecolor=rank_color(r), linewidth=2.5))
+        ax.text(x + 0.65, 0.5, f"stage {r}\nrank {r}\nholds W{r}", ha="center", va="center",
+                fontsize=9)
+        if r < stages - 1:  # forward activation right (top), its gradient left (bottom)
+            ax.annotate("", xy=(x + 2.0, 0.75), xytext=(x + 1.3, 0.75),
+                        arrowprops=dict(arrowstyle="->", color="black"))
+            ax.annotate("", xy=(x + 1.3, 0.25), xytext=(x + 2.0, 0.25),
+                        arrowprops=dict(arrowstyle="->", color="#D55E00"))
+    ax.text(0.15, 0.5, "\n".join(f"X{i}" for i in range(min(microbatches, 4)))
+            + ("\n..." if microbatches > 4 else ""), ha="center", va="center", fontsize=8)
+    ax.annotate("", xy=(1.0, 0.5), xytext=(0.4, 0.5), arrowprops=dict(arrowstyle="->"))
+    end = 1.0 + 2.0 * (stages - 1) + 1.3
+    ax.annotate("", xy=(end + 0.6, 0.5), xytext=(end, 0.5), arrowprops=dict(arrowstyle="->"))
+    ax.text(end + 0.7, 0.5, "loss", va="center", fontsize=9)
+    handles = [Line2D([], [], color="black", label="F: send activation Y_r [s, b, h] to stage r+1"),
+               Line2D([], [], color="#D55E00", label="B: send gradient dY_r [s, b, h] back to stage r")]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=2,
+              fontsize=8, frameon=False)
+    ax.set_xlim(-0.2, end + 1.5)
+    ax.set_ylim(-0.1, 1.1)
+    ax.set_axis_off()
+    ax.set_title(f"Pipeline parallelism: W = [W0, ..., W{stages - 1}] split by layers, "
+                 f"{microbatches} micro-batches X_i flow through")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,210 @@
+"""Pipeline schedules: which op every stage runs, in which order.
+
+A model of ``p`` layer blocks is split into ``p`` stages, one per rank; a batch is split into
+``m`` micro-batches. Every stage runs a forward ``F`` and a backward ``B`` for every micro-batch;
+zero-bubble schedules split ``B`` into the input-gradient op ``I`` (dX, which the previous stage
+waits for) and the weight-gradient op ``W`` (dW, which nobody waits for)::
+
+    from mtb_helpers.pp.schedules import schedule, simulate
+    ops = schedule("1f1b", stages=4, microbatches=8)
+    ops[2]                      # stage 2's ops in order: [F0, F1, B0, F2, B1, ...]
+    timeline = simulate(ops, forward=1.0, backward=2.0)
+    timeline.makespan, timeline.bubble_fraction, timeline.peak_activations
+
+Orders follow the systems students can read next to this file:
+  gpipe        Huang et al. 2019: all forwards, then all backwards in micro-batch order.
+  1f1b         PipeDream-Flush (Narayanan et al. 2021), as Megatron-LM's non-interleaved schedule:
+               min(p-r-1, m) warm-up forwards on stage r, then F/B alternating, then the cool-down.
+  interleaved  Megatron-LM's interleaved 1F1B (Narayanan et al. 2021): rank r holds ``v = chunks``
+               model chunks (virtual stages r, r+p, r+2p, ...); forwards go in groups of p
+               micro-batches per chunk; warm-up 2(p-r-1) + (v-1)p chunk forwards.
+  zb-h1        Qi et al. 2023 handcrafted ZB-H1: 1F1B's warm-up, B replaced by I, and stage r
+               lets r weight-gradient ops W wait, so W fills the slots where 1F1B idled.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mtb_helpers.pp.simulator import Event, Timeline, simulate
+
+__all__ = ["Op", "Schedule", "SCHEDULES", "schedule", "simulate", "Timeline", "Event",
+           "warmup_count", "closed_form"]
+
+SCHEDULES: dict[str, str] = {
+    "gpipe": "GPipe (Huang et al. 2019): all forwards, then all backwards",
+    "1f1b": "1F1B / PipeDream-Flush (Narayanan et al. 2021): warm-up, one forward one backward, cool-down",
+    "interleaved": "interleaved 1F1B (Narayanan et al. 2021, Megatron-LM): v model chunks per rank",
+    "zb-h1": "ZB-H1 (Qi et al. 2023): backward split into input grad I and weight grad W",
+}
+
+
+@dataclass(frozen=True)
+class Op:
+    """One unit of work on one stage: ``kind`` F/B/I/W of ``microbatch`` on model ``chunk``."""
+
+    kind: str
+    microbatch: int
+    chunk: int = 0
+
+    def label(self, with_chunk: bool = False) -> str:
+        """``F3``, or ``F3c1`` (micro-batch 3, chunk 1) when chunks matter."""
+        return f"{self.kind}{self.microbatch}" + (f"c{self.chunk}" if with_chunk else "")
+
+    def __str__(self) -> str:
+        return self.label(self.chunk != 0)
+
+    __repr__ = __str__
+
+
+class Schedule(list):
+    """``ops[stage]`` is that stage's ordered list of :class:`Op`; also knows how it was made."""
+
+    def __init__(self, per_stage: list[list[Op]], name: str, microbatches: int, chunks: int):
+        super().__init__(per_stage)
+        self.name = name
+        self.stages = len(per_stage)
+        self.microbatches = microbatches
+        self.chunks = chunks
+
+    def table(self) -> str:
+        """One line per stage: ``stage r: F0 F1 B0 ...`` (chunk shown for interleaved)."""
+        wide = self.chunks > 1
+        return "\n".join(f"stage {r}: " + " ".join(op.label(wide) for op in ops)
+                         for r, ops in enumerate(self))
+
+
+def _positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def warmup_count(name: str, stages: int, microbatches: int, stage: int, chunks: int = 2) -> int:
+    """How many forwards stage ``stage`` runs before its first backward (I for zb-h1).
+
+    1f1b and zb-h1: min(p-r-1, m). interleaved: min(2(p-r-1) + (v-1)p, v m) chunk forwards
+    (Megatron-LM). gpipe: all m. The first steady-state step adds one more forward before the
+    first backward, except when the warm-up already ran every forward.
+    """
+    p, m, r = stages, microbatches, stage
+    if name == "gpipe":
+        return m
+    if name in ("1f1b", "zb-h1"):
+        return min(p - r - 1, m)
+    if name == "interleaved":
+        return min(2 * (p - r - 1) + (chunks - 1) * p, chunks * m)
+    raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
+
+
+def _gpipe(p: int, m: int) -> list[list[Op]]:
+    return [[Op("F", i) for i in range(m)] + [Op("B", i) for i in range(m)] for _ in range(p)]
+
+
+def _one_f_one_b(p: int, m: int, split_backward: bool) -> list[list[Op]]:
+    stages = []
+    for r in range(p):
+        warm = min(p - r - 1, m)
+        ops = [Op("F", i) for i in range(warm)]
+        waiting_w: list[int] = []  # zb-h1: micro-batches whose I ran but whose W still waits
+        for k in range(m):
+            if k + warm < m:
+                ops.append(Op("F", k + warm))
+            if not split_backward:
+                ops.append(Op("B", k))
+                continue
+            ops.append(Op("I", k))
+            waiting_w.append(k)
+            # Stage r keeps r weight-grad ops pending: stage r's I arrive r slots "late" relative
+            # to the last stage, so its W fill exactly the slots 1F1B would leave idle.
+            if len(waiting_w) > r:
+                ops.append(Op("W", waiting_w.pop(0)))
+        ops += [Op("W", i) for i in waiting_w]
+        stages.append(ops)
+    return stages
+
+
+def _interleaved(p: int, m: int, v: int) -> list[list[Op]]:
+    total = v * m  # chunk-level ops of each kind per rank
+
+    def virtual(k: int, forward: bool) -> tuple[int, int]:
+        # Megatron's order: the k-th chunk op of a rank belongs to group k // (p v); within a
+        # group, p consecutive micro-batches per chunk; backwards walk the chunks in reverse.
+        group, within = divmod(k, p * v)
+        chunk = within // p
+        return group * p + within % p, (chunk if forward else v - 1 - chunk)
+
+    stages = []
+    for r in range(p):
+        warm = min(2 * (p - r - 1) + (v - 1) * p, total)
+        ops = [Op("F", *virtual(k, True)) for k in range(warm)]
+        for k in range(total - warm):
+            ops.append(Op("F", *virtual(k + warm, True)))
+            ops.append(Op("B", *virtual(k, False)))
+        ops += [Op("B", *virtual(k, False)) for k in range(total - warm, total)]
+        stages.append(ops)
+    return stages
+
+
+def schedule(name: str, stages: int, microbatches: int, chunks: int | None = None) -> Schedule:
+    """Per-stage op order of pipeline schedule ``name`` ("gpipe", "1f1b", "interleaved", "zb-h1").
+
+    ``chunks`` (v) is the number of model chunks per rank for "interleaved" (default 2, at least
+    2; v = 1 is plain 1f1b) and must stay 1 (or None) for the others. Interleaved needs the
+    micro-batch count to be a multiple of ``stages``, as Megatron-LM requires for its groups of p
+    micro-batches per chunk (older Megatron-LM releases also ran all forwards first when m == p;
+    current megatron.core applies the warm-up formula there too, as here). Raises ValueError
+    naming the bad argument.
+    """
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
+    _positive("stages", stages)
+    _positive("microbatches", microbatches)
+    if name == "interleaved":
+        chunks = 2 if chunks is None else chunks
+        _positive("chunks", chunks)
+        if chunks < 2:
+            raise ValueError("interleaved needs chunks >= 2 (with one chunk per rank it is 1f1b)")
+        if microbatches % stages:
+            raise ValueError(f"interleaved needs microbatches divisible by stages (Megatron-LM "
+                             f"sends groups of p={stages} micro-batches through each chunk); "
+                             f"got microbatches={microbatches}")
+        return Schedule(_interleaved(stages, microbatches, chunks), name, microbatches, chunks)
+    if chunks not in (None, 1):
+        raise ValueError(f"chunks={chunks} only applies to the interleaved schedule")
+    per_stage = (_gpipe(stages, microbatches) if name == "gpipe"
+                 else _one_f_one_b(stages, microbatches, split_backward=(name == "zb-h1")))
+    return Schedule(per_stage, name, microbatches, 1)
+
+
+def closed_form(name: str, stages: int, microbatches: int, chunks: int = 1, forward: float = 1.0,
+                backward: float = 2.0, input: float | None = None,
+                weight: float | None = None) -> dict[str, float | str]:
+    """The papers' bubble formulas for uniform stages, next to which the simulator is checked.
+
+    Returns {"bubble_fraction": idle / (idle + busy), "bubble_ratio": idle / busy, "source",
+    "exact"}. The ratio is the definition of Narayanan et al. 2021 ((p-1)/m); the fraction is the
+    share of the makespan (GPipe's (p-1)/(m+p-1)). For zb-h1 (Qi et al. 2023) the idle time per
+    stage is (p-1)(F + I - W); the simulator reproduces it exactly when m >= p and W <= min(F, I)
+    (every deferred W then fits in a gap 1F1B would leave idle) and "exact" says so; outside that
+    regime the simulated bubble is larger.
+    """
+    _positive("stages", stages)
+    _positive("microbatches", microbatches)
+    _positive("chunks", chunks)
+    p, m, v = stages, microbatches, chunks
+    exact = True
+    if name in ("gpipe", "1f1b"):
+        idle, busy, source = (p - 1) * (forward + backward), m * (forward + backward), \
+            "Huang et al. 2019 (GPipe); Narayanan et al. 2021"
+    elif name == "interleaved":
+        idle, busy, source = (p - 1) * (forward + backward) / v, m * (forward + backward), \
+            "Narayanan et al. 2021 (Megatron-LM, interleaved)"
+    elif name == "zb-h1":
+        i = backward / 2 if input is None else input
+        w = backward / 2 if weight is None else weight
+        idle, busy, source = (p - 1) * max(forward + i - w, 0.0), m * (forward + i + w), \
+            "Qi et al. 2023 (Zero Bubble, ZB-H1)"
+        exact = m >= p and w <= min(forward, i)
+    else:
+        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
+    return {"bubble_fraction": idle / (idle + busy), "bubble_ratio": idle / busy,
+            "source": source, "exact": exact}

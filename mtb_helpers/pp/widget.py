@@ -1,0 +1,69 @@
+"""Pipeline explorer: pick a schedule, stages, micro-batches, chunks and the backward/forward time
+ratio; see the Gantt chart and the numbers next to the closed form. Pure simulation, no ranks.
+
+Core ipywidgets only (interactive, IntSlider, FloatSlider, Dropdown), so it runs on 7.7 and 8.
+"""
+from __future__ import annotations
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+
+from mtb_helpers.pp.plots import plot_gantt
+from mtb_helpers.pp.schedules import SCHEDULES, closed_form, schedule, simulate
+
+__all__ = ["pipeline_numbers", "explore_pipeline"]
+
+
+def pipeline_numbers(name: str, stages: int, microbatches: int, chunks: int = 2,
+                     ratio: float = 2.0) -> tuple[str, object]:
+    """Simulate one setting; return (the text the explorer prints, the timeline).
+
+    ``ratio`` is backward time / forward time (forward = 1); zb-h1 splits the backward evenly
+    into I and W. ``chunks`` only matters for interleaved. Raises ValueError for settings the
+    schedule cannot take (e.g. interleaved with m not a multiple of p).
+    """
+    ops = schedule(name, stages, microbatches, chunks if name == "interleaved" else None)
+    timeline = simulate(ops, forward=1.0, backward=ratio)
+    ref = closed_form(name, stages, microbatches, ops.chunks, 1.0, ratio)
+    note = "" if ref["exact"] else "  (closed form assumes m >= p and W <= min(F, I))"
+    lines = [
+        f"makespan {timeline.makespan:g}   (ideal, no bubble: {microbatches * (1 + ratio):g})",
+        f"bubble fraction idle/(p x makespan): simulated {timeline.bubble_fraction:.3f}, "
+        f"closed form {ref['bubble_fraction']:.3f}{note}",
+        f"bubble ratio idle/busy:              simulated {timeline.bubble_ratio:.3f}, "
+        f"closed form {ref['bubble_ratio']:.3f}   [{ref['source']}]",
+        "peak activations per stage (whole-stage micro-batches): "
+        + ", ".join(f"{x:g}" for x in timeline.peak_memory),
+    ]
+    return "\n".join(lines), timeline
+
+
+def explore_pipeline(name: str = "1f1b", stages: int = 4, microbatches: int = 8, chunks: int = 2,
+                     ratio: float = 2.0) -> widgets.interactive:
+    """The explorer widget; display it (it is the last expression of a notebook cell)."""
+
+    def draw(schedule_name: str, stages: int, microbatches: int, chunks: int, ratio: float) -> None:
+        try:
+            text, timeline = pipeline_numbers(schedule_name, stages, microbatches, chunks, ratio)
+        except ValueError as exc:  # a setting this schedule refuses: say why instead of a traceback
+            print(f"cannot simulate: {exc}")
+            return
+        fig = plot_gantt(timeline, schedule_name, width=9.5)
+        plt.show()
+        plt.close(fig)
+        print(text)
+
+    style = {"description_width": "initial"}
+    # redraw on release, not on every pixel of a drag: a p=8, m=32 chart takes a moment to draw
+    slider = dict(style=style, continuous_update=False)
+    return widgets.interactive(
+        draw,
+        schedule_name=widgets.Dropdown(options=list(SCHEDULES), value=name, description="schedule"),
+        stages=widgets.IntSlider(value=stages, min=1, max=8, description="stages p", **slider),
+        microbatches=widgets.IntSlider(value=microbatches, min=1, max=32,
+                                       description="micro-batches m", **slider),
+        chunks=widgets.IntSlider(value=chunks, min=2, max=4, description="chunks v (interleaved)",
+                                 **slider),
+        ratio=widgets.FloatSlider(value=ratio, min=0.5, max=4.0, step=0.5,
+                                  description="backward / forward", **slider),
+    )

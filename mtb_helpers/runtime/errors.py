@@ -1,0 +1,171 @@
+"""What a student sees when ranks fail: a rank's traceback, or which rank waits where.
+
+Tracebacks come back from ranks as frames; source lines are filled in here, in the owner,
+because a notebook cell's code lives in the owner's ``linecache`` and not in the rank's.
+"""
+from __future__ import annotations
+
+import linecache
+import re
+from dataclasses import dataclass
+
+Frame = tuple[str, int, str, "str | None"]  # filename, line number, function, source line
+
+# Frames from these places are machinery; "where is the rank waiting" skips them to reach
+# the student's line.
+_MACHINERY = ("/torch/", "\\torch\\", "mtb_helpers/runtime/worker.py", "mtb_helpers\\runtime\\worker.py",
+              "/threading.py", "/cloudpickle/")
+
+
+class RankError(RuntimeError):
+    """A rank raised. ``.rank`` is the lowest failing rank; the message holds its traceback."""
+
+    def __init__(self, rank: int, message: str, exc_type: str = "", remote_traceback: str = ""):
+        super().__init__(message)
+        self.rank = rank
+        self.exc_type = exc_type
+        self.remote_traceback = remote_traceback
+
+
+class RankTimeoutError(TimeoutError):
+    """Ranks stopped answering. ``.finished`` lists ranks that answered; ``.waiting`` maps each
+    rank still busy to where it was (a :class:`WaitPoint`, or None if it could not say)."""
+
+    def __init__(self, message: str, finished: list[int], waiting: dict[int, "WaitPoint | None"]):
+        super().__init__(message)
+        self.finished = finished
+        self.waiting = waiting
+
+
+@dataclass(frozen=True)
+class WaitPoint:
+    """Where a blocked rank was: the collective (if any) and the student's line."""
+
+    collective: str | None
+    filename: str
+    lineno: int
+    function: str
+    source: str
+
+    def __str__(self) -> str:
+        inside = f"in {self.collective} " if self.collective else ""
+        src = f": {self.source}" if self.source else ""
+        return f"{inside}at {_short(self.filename)}:{self.lineno} ({self.function}){src}"
+
+
+class SourceIndex:
+    """Maps frames of shipped code back to the caller's source.
+
+    cloudpickle renames the file of every function it ships by value to ``<dynamic-code>``, so a
+    rank cannot say which notebook cell a frame is in. The caller still has the original code
+    objects: index them by name and line range, and look the lines up in the caller's linecache.
+    """
+
+    def __init__(self, fn: object):
+        self._codes: dict[str, list[tuple[int, int, str]]] = {}
+        seen: set[int] = set()
+        roots = [fn] + [v for v in getattr(fn, "__globals__", {}).values()
+                        if callable(v) and getattr(v, "__module__", None) == "__main__"]
+        for root in roots:
+            code = getattr(getattr(root, "__func__", root), "__code__", None)
+            if code is not None:
+                self._add(code, seen)
+
+    def _add(self, code, seen: set[int]) -> None:
+        if id(code) in seen:
+            return
+        seen.add(id(code))
+        lines = [line for _, _, line in code.co_lines() if line is not None] or [code.co_firstlineno]
+        self._codes.setdefault(code.co_name, []).append(
+            (code.co_firstlineno, max(lines), code.co_filename))
+        for const in code.co_consts:
+            if hasattr(const, "co_code"):
+                self._add(const, seen)
+
+    def resolve(self, filename: str, lineno: int, function: str) -> str:
+        """The real file name of a frame (unchanged unless it is shipped code)."""
+        if filename != "<dynamic-code>":
+            return filename
+        for first, last, real in self._codes.get(function, []):
+            if first <= lineno <= last:
+                return real
+        return filename
+
+
+def format_remote_traceback(rank: int, exc_type: str, exc_msg: str, frames: list[Frame],
+                            index: SourceIndex | None = None) -> str:
+    lines = [f"Traceback from rank {rank} (most recent call last):"]
+    for filename, lineno, name, line in frames:
+        filename = index.resolve(filename, lineno, name) if index else filename
+        source = (line or linecache.getline(filename, lineno)).strip()
+        lines.append(f'  File "{_short(filename)}", line {lineno}, in {name}')
+        if source:
+            lines.append(f"    {source}")
+    lines.append(f"{exc_type}: {exc_msg}" if exc_msg else exc_type)
+    return "\n".join(lines)
+
+
+COLLECTIVES = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+    "broadcast", "reduce", "gather", "scatter", "all_to_all", "all_to_all_single", "barrier",
+    "monitored_barrier", "send", "recv", "batch_isend_irecv", "all_gather_object",
+    "broadcast_object_list", "gather_object", "scatter_object_list"})
+
+_FRAME_RE = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def parse_wait_point(dump: str, index: SourceIndex | None = None) -> WaitPoint | None:
+    """Find where a rank waits in a faulthandler dump (``all_threads=True``).
+
+    faulthandler lists each thread's frames innermost first. We take the thread that is running
+    the shipped call, name the innermost ``torch.distributed`` function as the collective and
+    the innermost non-machinery frame as the student's line.
+    """
+    for block in re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump):
+        frames = [m.groupdict() for m in map(_FRAME_RE.match, block.splitlines()) if m]
+        if not any(f["func"] == "_execute" and f["file"].replace("\\", "/").endswith("runtime/worker.py") for f in frames):
+            continue
+        collective = next((f["func"] for f in frames if "distributed" in f["file"]
+                           and f["func"] in COLLECTIVES), None)
+        user = next((f for f in frames if not any(m in f["file"] for m in _MACHINERY)), None)
+        if user is None:
+            return WaitPoint(collective, "?", 0, "?", "")
+        lineno = int(user["line"])
+        filename = index.resolve(user["file"], lineno, user["func"]) if index else user["file"]
+        source = linecache.getline(filename, lineno).strip()
+        return WaitPoint(collective, filename, lineno, user["func"], source)
+    return None
+
+
+def timeout_message(timeout: float, finished: list[int],
+                    waiting: dict[int, WaitPoint | None]) -> str:
+    lines = [f"ranks stopped answering: no result within timeout={timeout:g} s.",
+             f"  finished: {_ranks(finished)}; still waiting: {_ranks(sorted(waiting))}"]
+    for rank, point in sorted(waiting.items()):
+        lines.append(f"  rank {rank} waits {point}" if point else
+                     f"  rank {rank}: could not report where it waits")
+    if any(p and p.collective for p in waiting.values()):
+        lines.append("A collective waits until every rank of the group calls it: look for a rank "
+                     "that skipped it, called a different one, or used a different shape.")
+    lines.append("The rank pool was stopped; the next run() starts a fresh one.")
+    return "\n".join(lines)
+
+
+def _ranks(ranks: list[int]) -> str:
+    if not ranks:
+        return "none"
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def _short(filename: str) -> str:
+    # Notebook cells compile to /tmp/ipykernel_<pid>/<hash>.py: call them what they are.
+    if "ipykernel_" in filename:
+        return "<notebook cell>"
+    if filename == "<dynamic-code>":
+        return "<shipped function>"
+    # Package files by their package path, not this machine's absolute path.
+    for marker in ("/mtb_helpers/", "/site-packages/"):
+        if marker in filename:
+            return filename.split(marker, 1)[1] if marker == "/site-packages/" else \
+                "mtb_helpers/" + filename.split(marker, 1)[1]
+    return filename

@@ -1,0 +1,68 @@
+"""Deliberately wrong sequence-parallel parts, for ``check_sequence_parallel(bug=...)``.
+
+Like ``tp_bugs.py``: each bug is a subclass of a correct part from ``sp.py`` whose ``forward``
+differs by the one mistake (marked ``# BUG``), so the notebook can show it with
+``inspect.getsource`` and the correct block carries no test-only code path.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mtb_helpers.comm.regions import group_rank, group_size, reduce_from_tensor_model_parallel_region
+from mtb_helpers.comm.sp_regions import allreduce_sequence_parallel_grad
+from mtb_helpers.sp.layers import (PositionKeyedDropout, SequenceParallelColumnLinear,
+                            SequenceParallelLayerNorm, SequenceParallelMLPBlock,
+                            SequenceParallelRowLinear)
+
+SP_BUGS = ("sp-no-layernorm-grad-allreduce", "sp-same-dropout-mask",
+           "sp-allreduce-instead-of-reduce-scatter")
+
+
+class LayerNormWithoutGradAllReduce(SequenceParallelLayerNorm):
+    """sp-no-layernorm-grad-allreduce."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # BUG: weight and bias are used directly, so each rank keeps the grad of its own tokens only
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+
+
+class SameMaskDropout(PositionKeyedDropout):
+    """sp-same-dropout-mask."""
+
+    def row_offset(self, x: torch.Tensor) -> int:
+        return 0   # BUG: positions keyed locally, so every shard draws the mask of rows 0..s/t
+
+
+class RowAllReduceThenSlice(SequenceParallelRowLinear):
+    """sp-allreduce-instead-of-reduce-scatter."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # BUG: g all-reduces the whole [s, b, h] and the rank slices its rows out. The forward
+        # values are right, but the transpose of "slice" pads with zeros and g's backward is the
+        # identity: no all-gather of dZ, so every grad before this point misses the other shards.
+        full = reduce_from_tensor_model_parallel_region(F.linear(x, self.weight), self.group)
+        n = full.shape[0] // group_size(self.group)
+        r = group_rank(self.group)
+        y = full[r * n:(r + 1) * n]
+        return y + allreduce_sequence_parallel_grad(self.bias, "fc2.bias", self.group)
+
+
+_LAYERNORM = {"sp-no-layernorm-grad-allreduce": LayerNormWithoutGradAllReduce}
+_DROPOUT = {"sp-same-dropout-mask": SameMaskDropout}
+_ROW = {"sp-allreduce-instead-of-reduce-scatter": RowAllReduceThenSlice}
+
+
+def build_block(ln: nn.LayerNorm, fc1: nn.Linear, fc2: nn.Linear, dropout_p: float = 0.1,
+                seed: int = 0, bug: str | None = None, group=None) -> SequenceParallelMLPBlock:
+    """``SequenceParallelMLPBlock.from_full(...)`` with ``bug`` injected into the part it concerns."""
+    if bug is None:
+        return SequenceParallelMLPBlock.from_full(ln, fc1, fc2, dropout_p, seed, group)
+    norm = _LAYERNORM.get(bug, SequenceParallelLayerNorm)
+    drop = _DROPOUT.get(bug, PositionKeyedDropout)
+    row = _ROW.get(bug, SequenceParallelRowLinear)
+    return SequenceParallelMLPBlock(norm.from_full(ln, "ln", group),
+                                    SequenceParallelColumnLinear.from_full(fc1, group=group),
+                                    row.from_full(fc2, group=group),
+                                    drop(dropout_p, seed, sequence_parallel=True, group=group))

@@ -1,0 +1,170 @@
+"""The sequence-parallel check: ``SequenceParallelMLPBlock`` on real ranks against one process.
+
+    report = check_sequence_parallel(world_size=2, seq_len=8, dropout_p=0.1)
+    report.passed, report.rows, report.steps, report.records
+    report.to_dict()["activation_memory"]    # bytes saved for backward, TP only vs TP + SP
+
+Like the TP checks (``check.py``): the caller draws the LayerNorm, both linears, X and dY
+``[s, b, h]`` from ``seed`` and computes the reference on the full tensors (in the run's dtype and
+in float64) with the same position-keyed dropout mask; every rank takes its sequence rows
+``[s/t, b, h]``, runs the real block forward and backward (``trace.trace_on_rank``), and reports
+every step. Rows compare per rank: output, dropout output, input grad, LayerNorm weight/bias
+grads, fc1/fc2 weight/bias grads. The same rank run measures the activation memory of the block
+with TP only and with TP + SP (``sp_memory``). ``bug=`` swaps in a broken part (``sp_bugs``).
+"""
+from __future__ import annotations
+
+import copy
+from functools import partial
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from mtb_helpers.checking.bugs import validate_bug
+from mtb_helpers.comm.sp_regions import GATHER_SP, REDUCE_SCATTER_SP
+from mtb_helpers.runtime.ranks import resolve_world_size, run
+from mtb_helpers.checking.report import Report
+from mtb_helpers.sp.layers import position_keyed_dropout
+from mtb_helpers.sp.bugs import SP_BUGS, build_block
+from mtb_helpers.sp.memory import make_block_inputs, measure_on_rank, memory_figures
+from mtb_helpers.comm.sharding import check_divisible, shard_range
+from mtb_helpers.checking.trace import StepSpec as S, build_rows, build_steps, trace_on_rank
+
+__all__ = ["check_sequence_parallel", "SP_SPECS", "SP_QUANTITIES"]
+
+RS, AG = REDUCE_SCATTER_SP, GATHER_SP
+
+# In the order the block runs them (backward: the order autograd issues them).
+SP_SPECS = [
+    S("input", "shard X by sequence", "forward", "X", "X_r = X[seq rows r]", "rows", ("input",)),
+    S("ln", "LayerNorm on the shard", "forward", "L", "L_r = LN(X_r)", "rows", ("hook", "ln", "out")),
+    S("gathered", "all-gather along the sequence", "forward", "L", "L = [L_0; ...; L_t-1]",
+      "replicated", ("record", AG, "forward", "out"), (AG, "forward")),
+    S("fc1", "fc1 local matmul", "forward", "H", "H_r = L @ W1_r + b1_r", "cols", ("hook", "fc1", "out")),
+    S("act", "GeLU", "forward", "A", "A_r = gelu(H_r)", "cols", ("hook", "act", "out")),
+    S("partial", "fc2 local matmul", "forward", "Z", "P_r = A_r @ W2_r (no bias)", "partial",
+      ("record", RS, "forward", "in")),
+    S("scattered", "reduce-scatter along the sequence", "forward", "Z", "S_r = (sum_q P_q)[seq rows r]",
+      "rows", ("record", RS, "forward", "out"), (RS, "forward")),
+    S("fc2", "add b2 on the shard", "forward", "Z", "Z_r = S_r + b2", "rows", ("hook", "fc2", "out")),
+    S("dropout", "dropout on the shard", "forward", "D", "D_r = mask[seq rows r] * Z_r / (1-p)", "rows",
+      ("hook", "dropout", "out")),
+    S("output", "residual on the shard", "forward", "Y", "Y_r = X_r + D_r", "rows", ("output",)),
+    S("dz_shard", "dropout backward", "backward", "dZ", "dZ_r = mask[seq rows r] * dY_r / (1-p)", "rows",
+      ("hook", "fc2", "grad_out")),
+    S("fc2.bias_grad_partial", "fc2 bias grad of the shard", "backward", "db2", "db2_r = dZ_r summed",
+      "partial", ("record", "fc2.bias", "backward", "in")),
+    S("fc2.bias_grad", "all-reduce db2", "backward", "db2", "db2 = sum_r db2_r", "replicated",
+      ("grad", "fc2.bias"), ("fc2.bias", "backward")),
+    S("dz_gathered", "all-gather dZ (reduce-scatter backward)", "backward", "dZ", "dZ = [dZ_0; ...]",
+      "replicated", ("record", RS, "backward", "out"), (RS, "backward")),
+    S("d_act", "activation grad", "backward", "dA", "dA_r = dZ @ W2_r.T", "cols",
+      ("hook", "act", "grad_out")),
+    S("fc2.weight_grad", "fc2 weight grad", "backward", "dW2", "dW2_r = A_r.T @ dZ", "rows",
+      ("grad", "fc2.weight")),
+    S("dl_partial", "local LayerNorm-output grad", "backward", "dL", "dL^r = dH_r @ W1_r.T", "partial",
+      ("record", AG, "backward", "in")),
+    S("dl_shard", "reduce-scatter dL (all-gather backward)", "backward", "dL",
+      "dL_r = (sum_q dL^q)[seq rows r]", "rows", ("record", AG, "backward", "out"), (AG, "backward")),
+    S("fc1.weight_grad", "fc1 weight grad", "backward", "dW1", "dW1_r = L.T @ dH_r", "cols",
+      ("grad", "fc1.weight")),
+    S("fc1.bias_grad", "fc1 bias grad", "backward", "db1", "db1_r = dH_r summed", "cols",
+      ("grad", "fc1.bias")),
+    S("input_grad", "input grad", "backward", "dX", "dX_r = dY_r + LN'(dL_r)", "rows", ("input_grad",)),
+    S("ln.bias_grad_partial", "LayerNorm bias grad of the shard", "backward", "dβ", "dβ_r = dL_r summed",
+      "partial", ("record", "ln.bias", "backward", "in")),
+    S("ln.bias_grad", "all-reduce dβ", "backward", "dβ", "dβ = sum_r dβ_r", "replicated",
+      ("grad", "ln.bias"), ("ln.bias", "backward")),
+    S("ln.weight_grad_partial", "LayerNorm weight grad of the shard", "backward", "dγ",
+      "dγ_r = (dL_r * Xhat_r) summed", "partial", ("record", "ln.weight", "backward", "in")),
+    S("ln.weight_grad", "all-reduce dγ", "backward", "dγ", "dγ = sum_r dγ_r", "replicated",
+      ("grad", "ln.weight"), ("ln.weight", "backward")),
+]
+SP_QUANTITIES = [(k, k) for k in ("output", "dropout", "input_grad", "ln.weight_grad", "ln.bias_grad",
+                                  "fc1.weight_grad", "fc1.bias_grad", "fc2.weight_grad", "fc2.bias_grad")]
+
+
+def _reference(ln, fc1, fc2, x, dy, t: int, dropout_p: float, seed: int) -> dict:
+    """Every step's tensor on one process (full ``[s, b, h]``, the global dropout mask); for a
+    ``"partial"`` step the list of what each rank's share of the sum should be."""
+    ln, fc1, fc2 = (copy.deepcopy(m) for m in (ln, fc1, fc2))
+    x = x.clone().requires_grad_(True)
+    l = ln(x)
+    h = fc1(l)
+    a = F.gelu(h)
+    z = fc2(a)
+    d = position_keyed_dropout(z, dropout_p, seed)
+    y = x + d
+    for v in (l, h, a, z):
+        v.retain_grad()
+    y.backward(dy)
+    rows = [slice(*shard_range(x.shape[0], t, r)) for r in range(t)]
+    cols = [slice(*shard_range(h.shape[-1], t, r)) for r in range(t)]
+    w1, w2 = fc1.weight.detach().T, fc2.weight.detach().T          # [h, ffn], [ffn, h]
+    xhat = F.layer_norm(x.detach(), ln.normalized_shape, eps=ln.eps)
+    l_, a_ = l.detach(), a.detach()
+    return {"input": x.detach(), "ln": l_, "gathered": l_, "fc1": h.detach(), "act": a_,
+            "partial": [a_[..., c] @ w2[c] for c in cols], "scattered": a_ @ w2, "fc2": z.detach(),
+            "dropout": d.detach(), "output": y.detach(), "dz_shard": z.grad,
+            "fc2.bias_grad_partial": [z.grad[r].sum((0, 1)) for r in rows],
+            "fc2.bias_grad": fc2.bias.grad, "dz_gathered": z.grad, "d_act": a.grad,
+            "fc2.weight_grad": fc2.weight.grad.T, "dl_partial": [h.grad[..., c] @ w1[:, c].T for c in cols],
+            "dl_shard": l.grad, "fc1.weight_grad": fc1.weight.grad.T, "fc1.bias_grad": fc1.bias.grad,
+            "input_grad": x.grad,
+            "ln.weight_grad_partial": [(l.grad * xhat)[r].sum((0, 1)) for r in rows],
+            "ln.weight_grad": ln.weight.grad,
+            "ln.bias_grad_partial": [l.grad[r].sum((0, 1)) for r in rows], "ln.bias_grad": ln.bias.grad}
+
+
+def _on_rank(build, layers: tuple, x: torch.Tensor, dy: torch.Tensor, specs: list, dropout_p: float,
+             seed: int) -> dict:
+    """Run on every rank: the traced block on this rank's sequence rows, then the memory figures."""
+    t = dist.get_world_size() if dist.is_initialized() else 1
+    r = dist.get_rank() if dist.is_initialized() else 0
+    lo, hi = shard_range(x.shape[0], t, r)
+    # trace_on_rank slices only by columns; the rows are sliced here and handed over as they are
+    result = trace_on_rank(build, layers, x[lo:hi], dy[lo:hi], "replicated", "replicated", specs)
+    result["memory"] = measure_on_rank(*layers, x, dy, dropout_p, seed)
+    return result
+
+
+def check_sequence_parallel(world_size: int = 2, seq_len: int = 8, batch: int = 2, hidden: int = 8,
+                            ffn_hidden: int = 32, dropout_p: float = 0.1, dtype=torch.float32,
+                            seed: int = 0, bug: str | None = None, timeout: float = 30.0) -> Report:
+    """``SequenceParallelMLPBlock`` on ``world_size`` ranks: ``y = x + dropout(fc2(gelu(fc1(LN(x)))))``.
+
+    X ``[seq_len, batch, hidden]`` is split along the sequence, ``[s/t, b, h]`` per rank; fc1
+    ``[hidden, ffn]`` is split on its columns, fc2 on its rows. Refuses (ValueError, before any
+    rank starts) a ``seq_len`` or ``ffn_hidden`` the world size does not divide.
+    """
+    from mtb_helpers.tp.check import _config, _dtype   # here: check.py re-exports this function
+
+    dtype, t = _dtype(dtype), resolve_world_size(world_size)
+    validate_bug(bug, SP_BUGS)
+    dims = {"seq_len": seq_len, "batch": batch, "hidden": hidden, "ffn_hidden": ffn_hidden}
+    for name, size in dims.items():
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ValueError(f"{name} must be a positive integer, got {size!r}")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0 <= dropout_p < 1:
+        raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
+    if seq_len % t:
+        raise ValueError(f"seq_len={seq_len} is not divisible by the world size {t}: sequence "
+                         f"parallelism splits the sequence into {t} equal shards")
+    check_divisible("ffn_hidden", ffn_hidden, t)
+    if bug == "sp-same-dropout-mask" and dropout_p == 0:
+        raise ValueError("bug 'sp-same-dropout-mask' needs dropout_p > 0 (no mask otherwise)")
+    ln, fc1, fc2, x, dy = make_block_inputs(seq_len, batch, hidden, ffn_hidden, dtype, seed)
+    build = partial(build_block, dropout_p=dropout_p, seed=seed, bug=bug)
+    results = run(_on_rank, build, (ln, fc1, fc2), x, dy, SP_SPECS, dropout_p, seed,
+                  world_size=t, timeout=timeout)
+    refs = _reference(ln, fc1, fc2, x, dy, t, dropout_p, seed)
+    refs64 = _reference(*(copy.deepcopy(m).double() for m in (ln, fc1, fc2)), x.double(), dy.double(),
+                        t, dropout_p, seed)
+    config = _config(t, dtype, seed, bug, **dims, dropout_p=dropout_p)
+    memory = memory_figures([res.pop("memory") for res in results], seq_len, batch, hidden,
+                            ffn_hidden, dtype, dropout_p)
+    return Report("sequence_parallel", config,
+                  build_rows(SP_QUANTITIES, SP_SPECS, results, refs, refs64, dtype),
+                  build_steps(SP_SPECS, results, refs, dtype), [res["record"] for res in results],
+                  extra={"activation_memory": memory})

@@ -1,0 +1,253 @@
+"""Sequence parallelism (Korthikanti et al. 2022): LayerNorm, dropout and the residual on sequence shards.
+
+Tensor parallelism (``tp.py``) leaves LayerNorm, dropout and the residual replicated: every rank
+holds the whole ``[s, b, h]`` activation there. Sequence parallelism shards them along the sequence
+(rank r holds ``[s/t, b, h]``, rows ``r*s/t .. (r+1)*s/t``) and swaps each all-reduce for an
+all-gather plus a reduce-scatter, which together move the same bytes:
+
+    x_r [s/t,b,h] -> LayerNorm -> all-gather (seq) -> fc1 column-split [s,b,ffn/t] -> GeLU
+      -> fc2 row-split, partial [s,b,h] -> reduce-scatter (seq) [s/t,b,h] -> + b2 -> dropout -> + x_r
+
+Two things need care:
+
+* Replicated parameters that only see this rank's tokens (LayerNorm weight/bias, fc2's bias) get a
+  partial grad; it is all-reduced over the group on its way back (``allreduce_sequence_parallel_grad``),
+  so ``backward()`` returns with the full-sequence grad on every rank.
+* Dropout: the mask of element ``(i, j, k)`` of the global ``[s, b, h]`` tensor is a hash of its
+  global position and the seed (``keep_mask``), so every shard gets its own part of one global
+  mask, whatever the world size, and a one-process reference can use the very same mask.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from mtb_helpers.comm.regions import group_rank, group_size, issue
+from mtb_helpers.comm.sp_regions import (GATHER_SP, allreduce_sequence_parallel_grad,
+                                 gather_from_sequence_parallel_region,
+                                 reduce_scatter_to_sequence_parallel_region)
+from mtb_helpers.tp.layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear, shard_range
+
+__all__ = ["keep_mask", "position_keyed_dropout", "PositionKeyedDropout", "SequenceParallelLayerNorm",
+           "SequenceParallelColumnLinear", "SequenceParallelRowLinear", "SequenceParallelMLPBlock",
+           "TensorParallelMLPBlock", "layernorm_dropout_on_shard", "layernorm_dropout_reference"]
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash on int64 tensors holding values in [0, 2^32). Both multipliers are
+    below 2^31, so no product leaves int64."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x2C1B3C6D) & _M32
+    return x ^ (x >> 16)
+
+
+def keep_mask(shape: tuple[int, ...], p: float, seed: int, row_offset: int = 0) -> torch.Tensor:
+    """Bool keep-mask ``[n, ..]`` for rows ``row_offset .. row_offset+n`` of a global tensor whose
+    rows have shape ``shape[1:]``; element keeps iff hash(seed, global flat index) >= p * 2^32.
+
+    It depends on the global position only, so rank r's shard of the mask is the same at every
+    world size and equals rows ``r*s/t ..`` of ``keep_mask([s, ..], p, seed)``.
+    """
+    inner = math.prod(shape[1:])
+    idx = torch.arange(row_offset * inner, (row_offset + shape[0]) * inner, dtype=torch.int64)
+    key = _mix32(torch.tensor((seed & _M32) ^ 0x9E3779B9, dtype=torch.int64))
+    h = _mix32(_mix32((idx & _M32) ^ key) ^ (idx >> 32))
+    return (h.double() / 2.0 ** 32 >= p).reshape(shape)
+
+
+def position_keyed_dropout(x: torch.Tensor, p: float, seed: int, row_offset: int = 0) -> torch.Tensor:
+    """``x * mask / (1 - p)`` with ``mask = keep_mask(x.shape, p, seed, row_offset)``; ``x`` is
+    rows ``row_offset ..`` of the global tensor (dim 0 = sequence)."""
+    if p == 0:
+        return x
+    # where() keeps only the bool mask for backward: 1 byte per element, as in Korthikanti's model
+    return torch.where(keep_mask(tuple(x.shape), p, seed, row_offset), x * (1.0 / (1.0 - p)), 0.0)
+
+
+class PositionKeyedDropout(nn.Module):
+    """Dropout whose mask is keyed by global position and seed. ``x``: ``[s/t, b, h]`` (this
+    rank's sequence shard, ``sequence_parallel=True``) or the whole ``[s, b, h]``."""
+
+    def __init__(self, p: float = 0.1, seed: int = 0, sequence_parallel: bool = True, group=None):
+        super().__init__()
+        if not 0 <= p < 1:
+            raise ValueError(f"dropout p must be in [0, 1), got {p!r}")
+        self.p, self.seed, self.sequence_parallel, self.group = p, seed, sequence_parallel, group
+
+    def row_offset(self, x: torch.Tensor) -> int:
+        """Global index of this rank's first sequence row."""
+        return group_rank(self.group) * x.shape[0] if self.sequence_parallel else 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return x
+        return position_keyed_dropout(x, self.p, self.seed, self.row_offset(x))
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, seed={self.seed}, sequence_parallel={self.sequence_parallel}"
+
+
+class SequenceParallelLayerNorm(nn.Module):
+    """LayerNorm over ``h`` on this rank's ``[s/t, b, h]``; weight and bias ``[h]`` are replicated
+    and their grads all-reduced over the group in backward."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
+                 name: str = "ln", group=None):
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone())
+        self.bias = nn.Parameter(bias.detach().clone())
+        self.eps, self.name, self.group = eps, name, group
+
+    @classmethod
+    def from_full(cls, ln: nn.LayerNorm, name: str = "ln", group=None) -> "SequenceParallelLayerNorm":
+        """A copy of ``ln`` (same weight, bias, eps) for sequence shards."""
+        if ln.weight is None or ln.bias is None or len(ln.normalized_shape) != 1:
+            raise ValueError("SequenceParallelLayerNorm needs an nn.LayerNorm over the last dim "
+                             "with elementwise_affine=True and a bias")
+        return cls(ln.weight, ln.bias, ln.eps, name, group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = allreduce_sequence_parallel_grad(self.weight, f"{self.name}.weight", self.group)
+        b = allreduce_sequence_parallel_grad(self.bias, f"{self.name}.bias", self.group)
+        return F.layer_norm(x, self.weight.shape, w, b, self.eps)
+
+
+class _GatherThenLinear(torch.autograd.Function):
+    """forward: all-gather x along dim 0, then ``X @ W.T + b``, saving only the shard ``[s/t, b, in]``;
+    backward: all-gather x again (for dW), reduce-scatter dX along dim 0 (Megatron's choice)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group):
+        full = issue("all_gather", x, region=GATHER_SP, direction="forward", dim=0, group=group)
+        ctx.save_for_backward(x, weight)
+        ctx.group, ctx.has_bias = group, bias is not None
+        return F.linear(full, weight, bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        full = issue("all_gather", x, region=GATHER_SP, operator="re-gather", direction="backward",
+                     dim=0, group=ctx.group)
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        dw = dy2.T @ full.reshape(-1, full.shape[-1])
+        db = dy2.sum(0) if ctx.has_bias else None
+        dx = issue("reduce_scatter", dy @ weight, region=GATHER_SP, direction="backward", dim=0,
+                   group=ctx.group)
+        return dx, dw, db, None
+
+
+class SequenceParallelColumnLinear(ColumnParallelLinear):
+    """fc1 under SP: ``x [s/t, b, in]`` -> all-gather along the sequence -> ``[s, b, out/t]``.
+
+    The all-gather's backward reduce-scatters dX, which replaces f's all-reduce. With
+    ``save_input_shard`` the layer keeps only ``x`` for backward and gathers it again there.
+    """
+    save_input_shard: bool = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.save_input_shard:
+            return _GatherThenLinear.apply(x, self.weight, self.bias, self.group)
+        return F.linear(gather_from_sequence_parallel_region(x, self.group), self.weight, self.bias)
+
+
+class SequenceParallelRowLinear(RowParallelLinear):
+    """fc2 under SP: ``x [s, b, in/t]`` -> partial ``[s, b, out]`` -> reduce-scatter along the
+    sequence -> ``[s/t, b, out]`` + bias (replicated, grad all-reduced like LayerNorm's)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = reduce_scatter_to_sequence_parallel_region(F.linear(x, self.weight), self.group)
+        if self.bias is None:
+            return y
+        return y + allreduce_sequence_parallel_grad(self.bias, "fc2.bias", self.group)
+
+
+def _check_block(ln: nn.LayerNorm, fc1: nn.Linear, fc2: nn.Linear) -> None:
+    h = ln.normalized_shape[-1]
+    if fc1.in_features != h or fc2.out_features != h or fc1.out_features != fc2.in_features:
+        raise ValueError(f"block shapes disagree: LayerNorm over {h}, fc1 {fc1.in_features}->"
+                         f"{fc1.out_features}, fc2 {fc2.in_features}->{fc2.out_features}")
+
+
+class SequenceParallelMLPBlock(nn.Module):
+    """``y = x + dropout(fc2(gelu(fc1(layernorm(x)))))`` with ``x, y: [s/t, b, h]`` (this rank's
+    sequence shard). Built from its parts so a check can swap in a broken one (``sp_bugs``)."""
+
+    def __init__(self, ln: SequenceParallelLayerNorm, fc1: SequenceParallelColumnLinear,
+                 fc2: SequenceParallelRowLinear, dropout: PositionKeyedDropout):
+        super().__init__()
+        self.ln, self.fc1, self.act, self.fc2, self.dropout = ln, fc1, nn.GELU(), fc2, dropout
+
+    @classmethod
+    def from_full(cls, ln: nn.LayerNorm, fc1: nn.Linear, fc2: nn.Linear, dropout_p: float = 0.1,
+                  seed: int = 0, group: dist.ProcessGroup | None = None,
+                  save_input_shard: bool = False) -> "SequenceParallelMLPBlock":
+        """Inside a rank: fc1 ``[ffn, h]`` split on its outputs, fc2 ``[h, ffn]`` on its inputs,
+        LayerNorm and fc2's bias replicated. ``save_input_shard``: fc1 keeps only ``[s/t, b, h]``
+        for backward and all-gathers it again there (less memory, one more all-gather)."""
+        _check_block(ln, fc1, fc2)
+        col = SequenceParallelColumnLinear.from_full(fc1, group=group)
+        col.save_input_shard = save_input_shard
+        return cls(SequenceParallelLayerNorm.from_full(ln, "ln", group), col,
+                   SequenceParallelRowLinear.from_full(fc2, group=group),
+                   PositionKeyedDropout(dropout_p, seed, sequence_parallel=True, group=group))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.dropout(self.fc2(self.act(self.fc1(self.ln(x)))))
+
+
+class TensorParallelMLPBlock(nn.Module):
+    """The same block with tensor parallelism only: ``x, y: [s, b, h]`` replicated on every rank;
+    LayerNorm, dropout (same global mask on every rank) and the residual are replicated, the MLP
+    is ``ParallelMLP`` (one all-reduce forward, one backward)."""
+
+    def __init__(self, ln: nn.LayerNorm, mlp: ParallelMLP, dropout: PositionKeyedDropout):
+        super().__init__()
+        self.ln, self.mlp, self.dropout = ln, mlp, dropout
+
+    @classmethod
+    def from_full(cls, ln: nn.LayerNorm, fc1: nn.Linear, fc2: nn.Linear, dropout_p: float = 0.1,
+                  seed: int = 0, group: dist.ProcessGroup | None = None) -> "TensorParallelMLPBlock":
+        _check_block(ln, fc1, fc2)
+        copy = nn.LayerNorm(ln.normalized_shape, eps=ln.eps, dtype=ln.weight.dtype)
+        copy.load_state_dict(ln.state_dict())
+        return cls(copy, ParallelMLP.from_full(fc1, fc2, group),
+                   PositionKeyedDropout(dropout_p, seed, sequence_parallel=False, group=group))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.dropout(self.mlp(self.ln(x)))
+
+
+def layernorm_dropout_on_shard(ln: nn.LayerNorm, x: torch.Tensor, dy: torch.Tensor,
+                               dropout_p: float = 0.1, seed: int = 0) -> dict:
+    """The minimal demo, run on every rank. ``x``, ``dy``: the full ``[s, b, h]``; this rank takes
+    its rows ``[s/t, b, h]``, applies LayerNorm (grads all-reduced) and position-keyed dropout,
+    all-gathers the output ``[s, b, h]`` and back-propagates the full ``dy`` (the same on every
+    rank, so the gather's backward only splits it). Returns this rank's view of the result."""
+    t, r = group_size(), group_rank()
+    lo, hi = shard_range(x.shape[0], t, r)
+    x_r = x[lo:hi].clone().requires_grad_(True)
+    norm = SequenceParallelLayerNorm.from_full(ln)
+    y_r = PositionKeyedDropout(dropout_p, seed)(norm(x_r))
+    y = gather_from_sequence_parallel_region(y_r, tensor_parallel_output_grad=False)
+    y.backward(dy)
+    return {"rows": (lo, hi), "shard": y_r.detach(), "output": y.detach(), "input_grad": x_r.grad,
+            "ln.weight_grad": norm.weight.grad, "ln.bias_grad": norm.bias.grad}
+
+
+def layernorm_dropout_reference(ln: nn.LayerNorm, x: torch.Tensor, dy: torch.Tensor,
+                                dropout_p: float = 0.1, seed: int = 0) -> dict:
+    """The same on one process over the whole ``[s, b, h]`` (the global dropout mask)."""
+    x = x.clone().requires_grad_(True)
+    ln.zero_grad()
+    y = position_keyed_dropout(ln(x), dropout_p, seed)
+    y.backward(dy)
+    return {"output": y.detach(), "input_grad": x.grad, "ln.weight_grad": ln.weight.grad.clone(),
+            "ln.bias_grad": ln.bias.grad.clone()}

@@ -1,0 +1,73 @@
+"""Sequence-parallel explorer: world size, sequence length, dropout and a deliberate bug; see who
+holds which sequence rows, the errors, and the memory each rank saves.
+
+Core ipywidgets only (interactive, IntSlider, FloatSlider, Dropdown), so it runs on 7.7 and 8.
+Every change re-runs ``check_sequence_parallel`` on warm ranks (a fraction of a second).
+"""
+from __future__ import annotations
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+
+from mtb_helpers.sp.check import check_sequence_parallel
+from mtb_helpers.sp.plots import plot_errors, plot_sequence_layout
+from mtb_helpers.checking.report import Report
+from mtb_helpers.sp.bugs import SP_BUGS
+
+__all__ = ["sp_summary", "explore_sequence_parallel"]
+
+VIEWS = ("forward: sequence rows", "backward: sequence rows", "errors per quantity", "errors per step")
+
+
+def sp_summary(report: Report) -> str:
+    """A few lines: verdict, failing quantities by rank, activation bytes TP vs SP, bytes sent."""
+    lines = [report.title()]
+    failed: dict[str, list[int]] = {}
+    for row in report.failed():
+        failed.setdefault(row.quantity, []).append(row.rank)
+    for quantity, ranks in failed.items():
+        lines.append(f"  fails: {quantity} on rank{'s' if len(ranks) > 1 else ''} "
+                     f"{', '.join(map(str, ranks))}")
+    mem = report.extra["activation_memory"]["variants"]
+    tp, sp = mem["tp"], mem["sp"]
+    lines.append(f"saved for backward per rank: TP only {tp['measured_total']} B, TP + SP "
+                 f"{sp['measured_total']} B (model {tp['model_total']} B / {sp['model_total']} B)")
+    lines.append(f"sent per rank: TP {tp['communication']['activation_sent']} B, SP "
+                 f"{sp['communication']['activation_sent']} B "
+                 f"+ {sp['communication']['param_grad_sent']} B of LayerNorm/bias grad all-reduces")
+    lines.append(f"collectives on rank 0: {report.records[0].summary()}")
+    return "\n".join(lines)
+
+
+def explore_sequence_parallel(world_size: int = 2, seq_len: int = 8, dropout_p: float = 0.1,
+                              bug: str | None = None) -> widgets.interactive:
+    """The explorer widget; display it (it is the last expression of a notebook cell)."""
+
+    def draw(world_size: int, seq_len: int, dropout_p: float, bug: str, view: str) -> None:
+        try:
+            report = check_sequence_parallel(world_size=world_size, seq_len=seq_len,
+                                             ffn_hidden=24, hidden=8, dropout_p=dropout_p,
+                                             bug=None if bug == "none" else bug)
+        except ValueError as exc:   # a length the world size does not divide: say why
+            print(f"cannot run: {exc}")
+            return
+        if view.startswith("errors"):
+            fig = plot_errors(report, by="quantity" if "quantity" in view else "step")
+        else:
+            fig = plot_sequence_layout(report, "forward" if view.startswith("forward") else "backward")
+        plt.show()
+        plt.close(fig)
+        print(sp_summary(report))
+
+    slider = dict(style={"description_width": "initial"}, continuous_update=False)
+    return widgets.interactive(
+        draw,
+        world_size=widgets.IntSlider(value=world_size, min=1, max=4, description="world size t",
+                                     **slider),
+        seq_len=widgets.IntSlider(value=seq_len, min=1, max=16, description="sequence length s",
+                                  **slider),
+        dropout_p=widgets.FloatSlider(value=dropout_p, min=0.0, max=0.5, step=0.05,
+                                      description="dropout p", **slider),
+        bug=widgets.Dropdown(options=["none", *SP_BUGS], value=bug or "none", description="bug"),
+        view=widgets.Dropdown(options=list(VIEWS), value=VIEWS[0], description="show"),
+    )

@@ -1,0 +1,127 @@
+"""Deliberately wrong tensor-parallel layers, for the checks' ``bug=`` argument.
+
+Each bug is a subclass of a correct layer from ``tp.py`` whose ``forward`` differs by the one
+mistake (marked ``# BUG``), so the correct layers carry no test-only code path and a notebook can
+show the wrong code with ``inspect.getsource``. The checks build the layer with
+``column_class(bug)`` / ``row_class(bug)`` / ``build_mlp``; ``from_full`` is a classmethod, so the
+subclass shards the full layer exactly like the correct one.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from mtb_helpers.comm.regions import (copy_to_tensor_model_parallel_region,
+                              gather_from_tensor_model_parallel_region, group_size, issue,
+                              reduce_from_tensor_model_parallel_region,
+                              scatter_to_tensor_model_parallel_region)
+from mtb_helpers.tp.layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear
+
+COLUMN_BUGS = ("f-backward-identity", "allgather-wrong-order")
+ROW_BUGS = ("bias-before-allreduce", "row-missing-allreduce", "g-backward-allreduce")
+MLP_BUGS = ("f-backward-identity", "bias-before-allreduce", "row-missing-allreduce",
+            "g-backward-allreduce")
+
+
+class ColumnWithoutF(ColumnParallelLinear):
+    """f-backward-identity."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight, self.bias)   # BUG: x skips f, so backward never all-reduces dX
+        if self.gather_output:
+            y = gather_from_tensor_model_parallel_region(y, self.group)
+        return y
+
+
+class _GatherReversed(torch.autograd.Function):
+    """forward: all-gather along the last dim, concatenated in reverse rank order (wrong);
+    backward: split along the last dim in rank order (right)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        y = issue("all_gather", x, region="gather_from_tensor_model_parallel_region",
+                  direction="forward", group=group)
+        return torch.cat(y.chunk(group_size(group), dim=-1)[::-1], dim=-1)   # BUG: reversed
+
+    @staticmethod
+    def backward(ctx, grad):
+        return issue("split", grad, region="gather_from_tensor_model_parallel_region",
+                     direction="backward", group=ctx.group), None
+
+
+class ColumnGatherWrongOrder(ColumnParallelLinear):
+    """allgather-wrong-order."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = copy_to_tensor_model_parallel_region(x, self.group)
+        y = F.linear(x, self.weight, self.bias)
+        if self.gather_output:
+            y = _GatherReversed.apply(y, self.group)   # BUG: shards land in the wrong columns
+        return y
+
+
+class RowBiasBeforeAllReduce(RowParallelLinear):
+    """bias-before-allreduce."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.input_is_parallel:
+            x = scatter_to_tensor_model_parallel_region(x, self.group)
+        partial = F.linear(x, self.weight, self.bias)   # BUG: every rank adds b, the sum has t x b
+        return reduce_from_tensor_model_parallel_region(partial, self.group)
+
+
+class RowWithoutAllReduce(RowParallelLinear):
+    """row-missing-allreduce."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.input_is_parallel:
+            x = scatter_to_tensor_model_parallel_region(x, self.group)
+        y = F.linear(x, self.weight)   # BUG: the partial products are never summed (no g)
+        return y + self.bias if self.bias is not None else y
+
+
+class _ReduceBothWays(torch.autograd.Function):
+    """forward: all-reduce (right); backward: all-reduce (wrong: g's backward is the identity)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return issue("all_reduce", x, region="reduce_from_tensor_model_parallel_region",
+                     operator="g", direction="forward", group=group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return issue("all_reduce", grad, region="reduce_from_tensor_model_parallel_region",
+                     operator="g", direction="backward", group=ctx.group), None   # BUG
+
+
+class RowGBackwardAllReduce(RowParallelLinear):
+    """g-backward-allreduce."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.input_is_parallel:
+            x = scatter_to_tensor_model_parallel_region(x, self.group)
+        y = _ReduceBothWays.apply(F.linear(x, self.weight), self.group)
+        return y + self.bias if self.bias is not None else y
+
+
+_COLUMN = {"f-backward-identity": ColumnWithoutF, "allgather-wrong-order": ColumnGatherWrongOrder}
+_ROW = {"bias-before-allreduce": RowBiasBeforeAllReduce, "row-missing-allreduce": RowWithoutAllReduce,
+        "g-backward-allreduce": RowGBackwardAllReduce}
+
+
+def column_class(bug: str | None) -> type[ColumnParallelLinear]:
+    """The column layer with ``bug`` in it (the correct one for ``None`` or a row bug)."""
+    return _COLUMN.get(bug, ColumnParallelLinear)
+
+
+def row_class(bug: str | None) -> type[RowParallelLinear]:
+    """The row layer with ``bug`` in it (the correct one for ``None`` or a column bug)."""
+    return _ROW.get(bug, RowParallelLinear)
+
+
+def build_mlp(fc1, fc2, bug: str | None = None, group=None) -> ParallelMLP:
+    """``ParallelMLP.from_full(fc1, fc2)`` with ``bug`` injected into the sub-layer it concerns."""
+    return ParallelMLP(column_class(bug).from_full(fc1, gather_output=False, group=group),
+                       row_class(bug).from_full(fc2, input_is_parallel=True, group=group))

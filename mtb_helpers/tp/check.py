@@ -1,0 +1,236 @@
+"""Tensor-parallel checks: the real layers on real ranks against a one-process reference.
+
+    report = check_column_parallel(world_size=2, in_features=8, out_features=12)
+    report.passed, report.rows, report.steps, report.records, report.to_dict(); print(report)
+
+Every check draws X, the layer's weights and the upstream grad dY from ``seed`` in the caller,
+computes the reference here (``nn.Linear``/GeLU on the full tensors, in the run's dtype and in
+float64), ships the full tensors to every rank, where each rank takes its own shard and runs the
+real layer from ``tp.py`` forward and backward, and compares per rank: forward output, input grad,
+weight grad, bias grad (``report.rows``), plus every intermediate step (``report.steps``).
+``bug=`` swaps in the layer with that mistake (``tp_bugs.py``); the check must then fail.
+Shapes, world size, dtype and bug are validated before any rank starts.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from mtb_helpers.checking.bugs import validate_bug
+from mtb_helpers.runtime.ranks import resolve_world_size, run
+from mtb_helpers.checking.report import Report
+from mtb_helpers.tp.layers import check_divisible
+from mtb_helpers.tp.bugs import (COLUMN_BUGS, MLP_BUGS, ROW_BUGS, build_mlp, column_class,
+                                 row_class)
+from mtb_helpers.tp.reference import (cast_linear, column_reference, mlp_reference, draw_inputs,
+                                      row_reference)
+from mtb_helpers.checking.trace import StepSpec as S, build_rows, build_steps, trace_on_rank
+
+__all__ = ["check_column_parallel", "check_row_parallel", "check_tp_mlp"]
+
+F_BWD, G_FWD = ("f", "backward"), ("g", "forward")
+GATHER = "gather_from_tensor_model_parallel_region"
+SCATTER = "scatter_to_tensor_model_parallel_region"
+
+
+def _dtype(dtype) -> torch.dtype:
+    named = {"float32": torch.float32, "float64": torch.float64}
+    dtype = named.get(dtype, dtype)
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
+    return dtype
+
+
+def _sizes(batch_shape, **dims: int) -> tuple[int, ...]:
+    batch_shape = tuple(batch_shape)
+    dims.update({f"batch_shape[{i}]": n for i, n in enumerate(batch_shape)})
+    for name, size in dims.items():
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ValueError(f"{name} must be a positive integer, got {size!r}")
+    return batch_shape
+
+
+def _finish(name: str, config: dict, build, layers, x, dy, x_layout, dy_layout, specs, quantities,
+            reference, timeout: float) -> Report:
+    t, dtype = config["world_size"], x.dtype
+    results = run(trace_on_rank, build, layers, x, dy, x_layout, dy_layout, specs,
+                  world_size=t, timeout=timeout)
+    refs = reference(tuple(cast_linear(lin, dtype) for lin in layers), x, dy, t)
+    refs64 = reference(tuple(cast_linear(lin, torch.float64) for lin in layers), x.double(),
+                       dy.double(), t)
+    return Report(name, config, build_rows(quantities, specs, results, refs, refs64, dtype),
+                  build_steps(specs, results, refs, dtype), [res["record"] for res in results])
+
+
+def _config(t, dtype, seed, bug, **extra) -> dict:
+    return {"world_size": t, **extra, "dtype": str(dtype).replace("torch.", ""), "seed": seed,
+            "bug": bug}
+
+
+def _build_column(lin, *, bug, gather_output):
+    return column_class(bug).from_full(lin, gather_output=gather_output)
+
+
+def _build_row(lin, *, bug, input_is_parallel):
+    return row_class(bug).from_full(lin, input_is_parallel=input_is_parallel)
+
+
+def _build_mlp(fc1, fc2, *, bug):
+    return build_mlp(fc1, fc2, bug)
+
+
+def check_column_parallel(world_size: int = 2, in_features: int = 8, out_features: int = 12,
+                          batch_shape: tuple[int, ...] = (2, 3), dtype=torch.float32, seed: int = 0,
+                          bug: str | None = None, gather_output: bool = False,
+                          timeout: float = 30.0) -> Report:
+    """``ColumnParallelLinear`` on ``world_size`` ranks: W ``[in, out]`` split on ``out``.
+
+    X ``[*batch_shape, in]`` is replicated; rank r computes ``Y_r = X @ W_r + b_r`` ``[.., out/t]``
+    (all-gathered to ``[.., out]`` with ``gather_output``); f all-reduces dX in backward.
+    """
+    dtype, t = _dtype(dtype), resolve_world_size(world_size)
+    validate_bug(bug, COLUMN_BUGS)
+    if bug == "allgather-wrong-order" and not gather_output:
+        raise ValueError("bug 'allgather-wrong-order' needs gather_output=True "
+                         "(without it there is no all-gather to get wrong)")
+    batch = _sizes(batch_shape, in_features=in_features, out_features=out_features)
+    check_divisible("out_features", out_features, t)
+    (lin,), x, dy = draw_inputs(seed, batch, dtype, (in_features, out_features))
+    gathered = [S("output", "all-gather Y", "forward", "Y", "Y = [Y_0, ..., Y_t-1]", "replicated",
+                  ("output",), (GATHER, "forward"))] if gather_output else []
+    specs = [
+        S("weight", "shard W by columns", "forward", "W", "W_r = W[:, cols r]", "cols",
+          ("param", "weight")),
+        S("bias", "shard b", "forward", "b", "b_r = b[cols r]", "cols", ("param", "bias")),
+        S("input", "replicate X", "forward", "X", "every rank holds X (f: identity)", "replicated",
+          ("input",)),
+        S("local", "local matmul", "forward", "Y", "Y_r = X @ W_r + b_r", "cols",
+          ("record", GATHER, "forward", "in") if gather_output else ("output",)),
+        *gathered,
+        S("dx_partial", "local input grad", "backward", "dX", "dX_r = dY_r @ W_r.T", "partial",
+          ("record", "f", "backward", "in")),
+        S("input_grad", "all-reduce dX (f backward)", "backward", "dX", "dX = sum_r dX_r",
+          "replicated", ("input_grad",), F_BWD),
+        S("weight_grad", "weight grad", "backward", "dW", "dW_r = X.T @ dY_r", "cols",
+          ("grad", "weight")),
+        S("bias_grad", "bias grad", "backward", "db", "db_r = dY_r summed over rows", "cols",
+          ("grad", "bias")),
+    ]
+    quantities = [("output", "output" if gather_output else "local"), ("input_grad", "input_grad"),
+                  ("weight_grad", "weight_grad"), ("bias_grad", "bias_grad")]
+    config = _config(t, dtype, seed, bug, in_features=in_features, out_features=out_features,
+                     batch_shape=list(batch), gather_output=gather_output)
+    build = partial(_build_column, bug=bug, gather_output=gather_output)
+    return _finish("column_parallel", config, build, (lin,), x, dy, "replicated",
+                   "replicated" if gather_output else "cols", specs, quantities, column_reference,
+                   timeout)
+
+
+def check_row_parallel(world_size: int = 2, in_features: int = 12, out_features: int = 8,
+                       batch_shape: tuple[int, ...] = (2, 3), dtype=torch.float32, seed: int = 0,
+                       bug: str | None = None, input_is_parallel: bool = True,
+                       timeout: float = 30.0) -> Report:
+    """``RowParallelLinear`` on ``world_size`` ranks: W ``[in, out]`` split on ``in``.
+
+    Rank r holds X_r ``[*batch_shape, in/t]`` (or the full X, split by the layer, when
+    ``input_is_parallel=False``), computes the partial ``X_r @ W_r`` ``[.., out]``; g all-reduces
+    the partials and the full bias is added once, after the sum.
+    """
+    dtype, t = _dtype(dtype), resolve_world_size(world_size)
+    validate_bug(bug, ROW_BUGS)
+    batch = _sizes(batch_shape, in_features=in_features, out_features=out_features)
+    check_divisible("in_features", in_features, t)
+    (lin,), x, dy = draw_inputs(seed, batch, dtype, (in_features, out_features))
+    if input_is_parallel:
+        given = [S("input", "shard X by columns", "forward", "X", "X_r = X[:, cols r]", "cols",
+                   ("input",))]
+        dx = [S("input_grad", "local input grad", "backward", "dX", "dX_r = dY @ W_r.T", "cols",
+                ("input_grad",))]
+    else:
+        given = [S("input", "replicate X", "forward", "X", "every rank holds X", "replicated",
+                   ("input",)),
+                 S("x_shard", "split X (scatter)", "forward", "X",
+                   "X_r = X[:, cols r], no communication", "cols",
+                   ("record", SCATTER, "forward", "out"), (SCATTER, "forward"))]
+        dx = [S("dx_shard", "local input grad", "backward", "dX", "dX_r = dY @ W_r.T", "cols",
+                ("record", SCATTER, "backward", "in")),
+              S("input_grad", "all-gather dX (scatter backward)", "backward", "dX",
+                "dX = [dX_0, ..., dX_t-1]", "replicated", ("input_grad",), (SCATTER, "backward"))]
+    specs = [
+        S("weight", "shard W by rows", "forward", "W", "W_r = W[rows r, :]", "rows",
+          ("param", "weight")),
+        S("bias", "replicate b", "forward", "b", "every rank holds all of b", "replicated",
+          ("param", "bias")),
+        *given,
+        S("partial", "local matmul", "forward", "Y", "P_r = X_r @ W_r (no bias), handed to g",
+          "partial", ("record", "g", "forward", "in")),
+        S("reduced", "all-reduce (g forward)", "forward", "Y", "S = sum_r P_r", "replicated",
+          ("record", "g", "forward", "out"), G_FWD),
+        S("output", "add b once", "forward", "Y", "Y = S + b", "replicated", ("output",)),
+        *dx,
+        S("weight_grad", "weight grad", "backward", "dW", "dW_r = X_r.T @ dY", "rows",
+          ("grad", "weight")),
+        S("bias_grad", "bias grad", "backward", "db", "db = dY summed over rows", "replicated",
+          ("grad", "bias")),
+    ]
+    quantities = [(k, k) for k in ("output", "input_grad", "weight_grad", "bias_grad")]
+    config = _config(t, dtype, seed, bug, in_features=in_features, out_features=out_features,
+                     batch_shape=list(batch), input_is_parallel=input_is_parallel)
+    return _finish("row_parallel", config,
+                   partial(_build_row, bug=bug, input_is_parallel=input_is_parallel), (lin,), x, dy,
+                   "cols" if input_is_parallel else "replicated", "replicated", specs, quantities,
+                   row_reference, timeout)
+
+
+def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
+                 batch_shape: tuple[int, ...] = (2, 3), dtype=torch.float32, seed: int = 0,
+                 bug: str | None = None, timeout: float = 30.0) -> Report:
+    """``ParallelMLP`` on ``world_size`` ranks: ``Y = gelu(X @ W1 + b1) @ W2 + b2``.
+
+    X ``[*batch_shape, hidden]`` is replicated; W1 ``[hidden, ffn]`` is split on its columns and
+    W2 ``[ffn, hidden]`` on its rows, so the activation ``[.., ffn/t]`` stays on its rank: one
+    all-reduce forward (g), one backward (f).
+    """
+    dtype, t = _dtype(dtype), resolve_world_size(world_size)
+    validate_bug(bug, MLP_BUGS)
+    batch = _sizes(batch_shape, hidden=hidden, ffn_hidden=ffn_hidden)
+    check_divisible("ffn_hidden", ffn_hidden, t)
+    (fc1, fc2), x, dy = draw_inputs(seed, batch, dtype, (hidden, ffn_hidden), (ffn_hidden, hidden))
+    specs = [
+        S("fc1.weight", "shard W1 by columns", "forward", "W1", "W1_r = W1[:, cols r]", "cols",
+          ("param", "fc1.weight")),
+        S("fc2.weight", "shard W2 by rows", "forward", "W2", "W2_r = W2[rows r, :]", "rows",
+          ("param", "fc2.weight")),
+        S("input", "replicate X", "forward", "X", "every rank holds X (f: identity)", "replicated",
+          ("input",)),
+        S("fc1", "fc1 local matmul", "forward", "H", "H_r = X @ W1_r + b1_r", "cols",
+          ("hook", "fc1", "out")),
+        S("act", "GeLU on the shard", "forward", "Z", "Z_r = gelu(H_r)", "cols",
+          ("hook", "act", "out")),
+        S("partial", "fc2 local matmul", "forward", "Y", "P_r = Z_r @ W2_r (no bias), handed to g",
+          "partial", ("record", "g", "forward", "in")),
+        S("reduced", "all-reduce (g forward)", "forward", "Y", "S = sum_r P_r", "replicated",
+          ("record", "g", "forward", "out"), G_FWD),
+        S("output", "add b2 once", "forward", "Y", "Y = S + b2", "replicated", ("output",)),
+        S("d_act", "activation grad", "backward", "dZ", "dZ_r = dY @ W2_r.T (g backward: identity)",
+          "cols", ("hook", "act", "grad_out")),
+        S("fc2.weight_grad", "fc2 weight grad", "backward", "dW2", "dW2_r = Z_r.T @ dY", "rows",
+          ("grad", "fc2.weight")),
+        S("fc2.bias_grad", "fc2 bias grad", "backward", "db2", "db2 = dY summed over rows",
+          "replicated", ("grad", "fc2.bias")),
+        S("dx_partial", "local input grad", "backward", "dX", "dX_r = dH_r @ W1_r.T", "partial",
+          ("record", "f", "backward", "in")),
+        S("input_grad", "all-reduce dX (f backward)", "backward", "dX", "dX = sum_r dX_r",
+          "replicated", ("input_grad",), F_BWD),
+        S("fc1.weight_grad", "fc1 weight grad", "backward", "dW1", "dW1_r = X.T @ dH_r", "cols",
+          ("grad", "fc1.weight")),
+        S("fc1.bias_grad", "fc1 bias grad", "backward", "db1", "db1_r = dH_r summed over rows",
+          "cols", ("grad", "fc1.bias")),
+    ]
+    quantities = [(k, k) for k in ("output", "input_grad", "fc1.weight_grad", "fc1.bias_grad",
+                                   "fc2.weight_grad", "fc2.bias_grad")]
+    config = _config(t, dtype, seed, bug, hidden=hidden, ffn_hidden=ffn_hidden,
+                     batch_shape=list(batch))
+    return _finish("tp_mlp", config, partial(_build_mlp, bug=bug), (fc1, fc2), x, dy, "replicated",
+                   "replicated", specs, quantities, mlp_reference, timeout)

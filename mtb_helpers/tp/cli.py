@@ -1,0 +1,88 @@
+"""``minitrainbench tp check`` (column + row) and ``minitrainbench tp mlp``: the TP checks, headless.
+
+Each prints the report table of every check it ran (or, with ``--json``, ``{"passed": ...,
+"checks": [report.to_dict(), ...]}``) and exits 0 when all pass, 1 when one fails; bad arguments
+raise ValueError before any rank starts, which the top-level command turns into exit 2. Under
+torchrun every rank runs the checks inside the launched group and only rank 0 prints.
+"""
+from __future__ import annotations
+
+import argparse
+
+from mtb_helpers.cli.common import add_check_options, is_primary, print_json
+from mtb_helpers.checking.report import Report
+
+
+def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
+    """Add ``check`` and ``mlp`` to ``minitrainbench tp``."""
+    check = groups["tp"].add_parser(
+        "check", help="column- and row-parallel linear layers against one process",
+        description="Run ColumnParallelLinear and RowParallelLinear on real gloo ranks and compare "
+                    "forward output, input grad, weight grad and bias grad on every rank with a "
+                    "single-process reference. --bug injects a mistake into the layer it concerns.")
+    add_check_options(check)
+    check.add_argument("--in-features", type=int, default=12, help="input features of both layers")
+    check.add_argument("--out-features", type=int, default=12, help="output features of both layers")
+    check.add_argument("--batch-shape", type=int, nargs="+", default=[2, 3], metavar="N",
+                       help="leading dims of X (default: 2 3)")
+    check.add_argument("--gather-output", action="store_true",
+                       help="column layer all-gathers its output (on for --bug allgather-wrong-order)")
+    check.add_argument("--full-input", action="store_true",
+                       help="row layer gets the full X and splits it (input_is_parallel=False)")
+    check.set_defaults(func=run_check)
+
+    mlp = groups["tp"].add_parser(
+        "mlp", help="the tensor-parallel MLP (column -> GeLU -> row) against one process",
+        description="Run ParallelMLP on real gloo ranks and compare its output and every grad on "
+                    "every rank with a single-process reference.")
+    add_check_options(mlp)
+    mlp.add_argument("--hidden", type=int, default=6, help="model width h (default 6)")
+    mlp.add_argument("--ffn-hidden", type=int, default=24, help="MLP width, split over ranks (24)")
+    mlp.add_argument("--batch-shape", type=int, nargs="+", default=[2, 3], metavar="N")
+    mlp.set_defaults(func=run_mlp)
+
+
+def _common(args: argparse.Namespace) -> dict:
+    return {"world_size": args.world_size, "dtype": args.dtype, "seed": args.seed,
+            "batch_shape": tuple(args.batch_shape)}
+
+
+def _emit(reports: list[Report], as_json: bool) -> int:
+    passed = all(r.passed for r in reports)
+    if is_primary():
+        if as_json:
+            print_json(reports)
+        else:
+            print("\n\n".join(str(r) for r in reports))
+    return 0 if passed else 1
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """Handler of ``minitrainbench tp check``: column then row; a bug goes to the layer it breaks."""
+    from mtb_helpers.checking.bugs import validate_bug
+    from mtb_helpers.tp.check import check_column_parallel, check_row_parallel
+    from mtb_helpers.runtime.ranks import resolve_world_size
+    from mtb_helpers.comm.sharding import check_divisible
+    from mtb_helpers.tp.bugs import COLUMN_BUGS, ROW_BUGS
+
+    validate_bug(args.bug, COLUMN_BUGS + ROW_BUGS)
+    # both layers' shapes are checked before the column check starts any rank
+    t = resolve_world_size(args.world_size)
+    check_divisible("out_features", args.out_features, t)
+    check_divisible("in_features", args.in_features, t)
+    sizes = {"in_features": args.in_features, "out_features": args.out_features}
+    column = check_column_parallel(**_common(args), **sizes,
+                                   bug=args.bug if args.bug in COLUMN_BUGS else None,
+                                   gather_output=args.gather_output
+                                   or args.bug == "allgather-wrong-order")
+    row = check_row_parallel(**_common(args), **sizes, bug=args.bug if args.bug in ROW_BUGS else None,
+                             input_is_parallel=not args.full_input)
+    return _emit([column, row], args.json)
+
+
+def run_mlp(args: argparse.Namespace) -> int:
+    """Handler of ``minitrainbench tp mlp``."""
+    from mtb_helpers.tp.check import check_tp_mlp
+
+    report = check_tp_mlp(**_common(args), hidden=args.hidden, ffn_hidden=args.ffn_hidden, bug=args.bug)
+    return _emit([report], args.json)

@@ -1,0 +1,140 @@
+"""Megatron-style tensor-parallel layers (Shoeybi et al. 2019), built inside a rank from full layers.
+
+Notation: ``Y = X @ W.T + b`` with nn.Linear's layout ``W: [out, in]``; ``t`` ranks in the group,
+rank ``i`` holds shard ``i`` (contiguous, in rank order).
+
+* ``ColumnParallelLinear`` splits W on the output dim: rank i holds ``W_i = W[i*out/t:(i+1)*out/t]``
+  (``[out/t, in]``) and ``b_i`` (``[out/t]``), computes ``Y_i = X @ W_i.T + b_i`` (``[.., out/t]``)
+  and, with ``gather_output=True``, all-gathers the full ``Y``. X enters through ``f`` (copy), whose
+  backward all-reduces dX: every rank's dX_i = dY_i @ W_i is only a partial sum.
+* ``RowParallelLinear`` splits W on the input dim: rank i holds ``W_i = W[:, i*in/t:(i+1)*in/t]``
+  (``[out, in/t]``) and the full bias; ``Y = g(X_i @ W_i.T) + b``: the partial products are
+  all-reduced by ``g`` and the bias is added once, after the reduce.
+* ``ParallelMLP``: column fc1 -> exact (erf) GeLU -> row fc2. The ``[.., ffn/t]`` activation never
+  leaves its rank: one all-reduce forward (g) and one backward (f).
+
+Deliberate mistakes for the checks are subclasses that override ``forward``
+(``mtb_helpers.tp.bugs``); these layers contain no code path that exists for a test.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from mtb_helpers.comm.sharding import check_divisible, shard_range
+from mtb_helpers.comm.regions import (copy_to_tensor_model_parallel_region,
+                              gather_from_tensor_model_parallel_region, group_rank, group_size,
+                              reduce_from_tensor_model_parallel_region,
+                              scatter_to_tensor_model_parallel_region)
+
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "check_divisible",
+           "shard_range"]
+
+
+def _param(t: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(t.detach().clone().contiguous())
+
+
+class ColumnParallelLinear(nn.Module):
+    """``Y_i = f(X) @ W_i.T + b_i``; ``.weight`` is ``[out/t, in]``, ``.bias`` is ``[out/t]``.
+
+    forward: ``x [.., in]`` (replicated on every rank) -> ``[.., out/t]`` (this rank's columns
+    of Y), or ``[.., out]`` with ``gather_output=True``.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, in_features: int,
+                 out_features: int, gather_output: bool = False, group=None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.gather_output, self.group = gather_output, group
+        self.weight = _param(weight)
+        self.bias = _param(bias) if bias is not None else None
+
+    @classmethod
+    def from_full(cls, linear: nn.Linear, gather_output: bool = False,
+                  group: dist.ProcessGroup | None = None) -> "ColumnParallelLinear":
+        """This rank's output rows of a full ``nn.Linear`` (every rank passes the same one)."""
+        t, r = group_size(group), group_rank(group)
+        check_divisible(f"{cls.__name__}: out_features", linear.out_features, t)
+        lo, hi = shard_range(linear.out_features, t, r)
+        bias = linear.bias[lo:hi] if linear.bias is not None else None
+        return cls(linear.weight[lo:hi], bias, linear.in_features, linear.out_features,
+                   gather_output, group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = copy_to_tensor_model_parallel_region(x, self.group)   # f: backward all-reduces dX
+        y = F.linear(x, self.weight, self.bias)                     # [.., out/t]
+        if self.gather_output:
+            y = gather_from_tensor_model_parallel_region(y, self.group)
+        return y
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features} "
+                f"(shard {tuple(self.weight.shape)}), gather_output={self.gather_output}")
+
+
+class RowParallelLinear(nn.Module):
+    """``Y = g(X_i @ W_i.T) + b``; ``.weight`` is ``[out, in/t]``, ``.bias`` is the full ``[out]``.
+
+    forward: ``x [.., in/t]`` (this rank's columns of X; with ``input_is_parallel=False`` the
+    full ``[.., in]``, split here) -> ``[.., out]``, the same full Y on every rank.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, in_features: int,
+                 out_features: int, input_is_parallel: bool = True, group=None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.input_is_parallel, self.group = input_is_parallel, group
+        self.weight = _param(weight)
+        self.bias = _param(bias) if bias is not None else None
+
+    @classmethod
+    def from_full(cls, linear: nn.Linear, input_is_parallel: bool = True,
+                  group: dist.ProcessGroup | None = None) -> "RowParallelLinear":
+        """This rank's input columns of a full ``nn.Linear``; the bias stays whole."""
+        t, r = group_size(group), group_rank(group)
+        check_divisible(f"{cls.__name__}: in_features", linear.in_features, t)
+        lo, hi = shard_range(linear.in_features, t, r)
+        return cls(linear.weight[:, lo:hi], linear.bias, linear.in_features, linear.out_features,
+                   input_is_parallel, group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.input_is_parallel:
+            x = scatter_to_tensor_model_parallel_region(x, self.group)   # [.., in] -> [.., in/t]
+        partial = F.linear(x, self.weight)                 # [.., out], this rank's share of the sum
+        y = reduce_from_tensor_model_parallel_region(partial, self.group)   # g
+        # Added once, after the sum: added before it, every rank's copy would be summed (t x b).
+        return y + self.bias if self.bias is not None else y
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features} "
+                f"(shard {tuple(self.weight.shape)}), input_is_parallel={self.input_is_parallel}")
+
+
+class ParallelMLP(nn.Module):
+    """``Y = fc2(gelu(fc1(X)))`` with fc1 column- and fc2 row-parallel; ``x, y: [.., h]``.
+
+    The activation between them is ``[.., ffn/t]`` on each rank and is never communicated.
+    """
+
+    def __init__(self, fc1: ColumnParallelLinear, fc2: RowParallelLinear):
+        super().__init__()
+        if fc1.gather_output or not fc2.input_is_parallel:
+            raise ValueError("ParallelMLP keeps the activation sharded: fc1 needs "
+                             "gather_output=False and fc2 input_is_parallel=True")
+        self.fc1, self.act, self.fc2 = fc1, nn.GELU(approximate="none"), fc2
+
+    @classmethod
+    def from_full(cls, fc1: nn.Linear, fc2: nn.Linear,
+                  group: dist.ProcessGroup | None = None) -> "ParallelMLP":
+        """fc1 ``[ffn, h]`` split on its output dim, fc2 ``[h, ffn]`` on its input dim."""
+        if fc1.out_features != fc2.in_features:
+            raise ValueError(f"fc1.out_features={fc1.out_features} must equal "
+                             f"fc2.in_features={fc2.in_features}")
+        return cls(ColumnParallelLinear.from_full(fc1, gather_output=False, group=group),
+                   RowParallelLinear.from_full(fc2, input_is_parallel=True, group=group))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))

@@ -1,0 +1,234 @@
+"""Tensor-parallel figures: who holds which part of each tensor, step by step, and how wrong it is.
+
+They draw a check's step trace (``report.steps``, see ``mtb_helpers.checking.trace``); they never start
+ranks. Each tensor is drawn as its 2-D view (rows = the flattened batch dims, a weight as
+``W [in, out]``), one small panel per rank: the cells that rank holds are filled in its colour,
+hatched when it holds only a partial sum, and the rest is grey. A step that runs a collective says
+so in its title; a rank that fails the step gets a red frame.
+"""
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import NullLocator
+
+from mtb_helpers.plots.palette import EMPTY_COLOR, FAIL_COLOR, PASS_COLOR, rank_color, rank_legend_handles
+
+__all__ = ["plot_step", "plot_steps", "plot_errors", "step_title"]
+
+LAYOUT_TEXT = {"rows": "split by rows", "cols": "split by columns",
+               "replicated": "replicated: every rank holds all of it",
+               "partial": "partial sums: every rank holds a full-size share of the sum"}
+MAX_CELL_LINES = 24   # above this many rows/cols, only shard boundaries get grid lines
+
+
+def _find_step(steps, step):
+    if not isinstance(step, (int, str)):
+        return step
+    for s in steps:
+        if (isinstance(step, int) and s.index == step) or s.name == step:
+            return s
+    raise ValueError(f"no step {step!r}; steps: {', '.join(f'{s.index} {s.name}' for s in steps)}")
+
+
+def step_title(step) -> str:
+    """``'4. forward: local matmul   Y_r = X @ W_r + b_r'`` plus the collective it runs, if any."""
+    text = f"{step.index}. {step.phase}: {step.name}    {step.formula}"
+    c = step.collective
+    if c and c.get("missing"):
+        text += f"\ncollective: {c['region']} ({c['direction']}) NOT ISSUED"
+    elif c:
+        op = f"{c['op']} ({c['operator']})" if c.get("operator") else c["op"]
+        text += (f"\ncollective: {op}, {c['direction']}, {c['bytes']} B in / "
+                 f"{c['sent_bytes']} B sent per rank")
+    return text
+
+
+def _draw_holding(ax: Axes, step, holding, rank: int, extent: tuple[int, int]) -> None:
+    """Draw rank ``rank``'s part of ``step`` on ``ax`` within axes limits ``extent`` (rows, cols)."""
+    rows, cols = step.global_shape
+    ax.add_patch(Rectangle((0, 0), cols, rows, facecolor=EMPTY_COLOR, edgecolor="none"))
+    if holding.shape is not None:
+        (r0, r1), (c0, c1) = holding.rows, holding.cols
+        ax.add_patch(Rectangle((c0, r0), c1 - c0, r1 - r0, facecolor=rank_color(rank),
+                               edgecolor="white" if holding.partial else "none",
+                               hatch="//" if holding.partial else None, linewidth=0))
+    step_r = 1 if rows <= MAX_CELL_LINES else None
+    step_c = 1 if cols <= MAX_CELL_LINES else None
+    for y in (range(rows + 1) if step_r else (0, rows)):
+        ax.plot([0, cols], [y, y], color="white", linewidth=0.6)
+    for x in (range(cols + 1) if step_c else (0, cols)):
+        ax.plot([x, x], [0, rows], color="white", linewidth=0.6)
+    ax.add_patch(Rectangle((0, 0), cols, rows, fill=False, edgecolor="black", linewidth=0.8))
+    ax.set_xlim(-0.5, extent[1] + 0.5)
+    ax.set_ylim(extent[0] + 0.5, -0.5)          # row 0 on top, like a printed matrix
+    ax.set_aspect("equal")
+    ax.set_xticks([0, cols])
+    ax.set_yticks([0, rows])
+    ax.tick_params(labelsize=8, length=2)
+    if holding.shape is None:
+        what, err = "not produced", "missing"
+    else:
+        what = "partial sum" if holding.partial else (
+            "all" if (holding.rows, holding.cols) == ((0, rows), (0, cols))
+            else f"rows {holding.rows[0]}:{holding.rows[1]}" if holding.cols == (0, cols)
+            else f"cols {holding.cols[0]}:{holding.cols[1]}")
+        err = "0" if holding.max_abs_err == 0 else f"{holding.max_abs_err:.1e}"
+    ax.set_title(f"rank {rank}:\n{what}\nerr {err}" if len(what) > 10 else
+                 f"rank {rank}: {what}\nerr {err}", fontsize=9,
+                 color="black" if holding.passed else FAIL_COLOR)
+    if not holding.passed:
+        for side in ax.spines.values():
+            side.set_edgecolor(FAIL_COLOR)
+            side.set_linewidth(2.5)
+    else:
+        for side in ax.spines.values():
+            side.set_visible(False)
+
+
+def _axis_names(step) -> tuple[str, str]:
+    """Axis labels of a step's 2-D view: a weight is ``[in, out]``, an activation ``[tokens, features]``."""
+    name = step.tensor
+    if name.lstrip("d").startswith("W"):
+        return f"{name} rows (in features)", f"{name} columns (out features)"
+    if name.lstrip("d").startswith("b"):
+        return "", f"{name} (out features)"
+    return f"{name} rows (tokens)", f"{name} columns (features)"
+
+
+def _legend_handles(world_size: int) -> list:
+    return [*rank_legend_handles(world_size),
+            Patch(facecolor="white", edgecolor="black", hatch="//", label="partial sum"),
+            Patch(facecolor=EMPTY_COLOR, edgecolor="black", label="not held"),
+            Patch(facecolor="white", edgecolor=FAIL_COLOR, linewidth=2, label="wrong / missing")]
+
+
+def plot_step(report, step, figsize: tuple[float, float] | None = None) -> Figure:
+    """One step of ``report.steps`` (its index, name or the Step itself): one panel per rank
+    showing which part of the global tensor that rank holds, and its error."""
+    s = _find_step(report.steps, step)
+    t = len(s.holdings)
+    rows, cols = s.global_shape
+    width = min(10.0, 1.2 + 2.3 * t)
+    panel_h = max(1.2, min(3.0, (width - 1.2) / t * rows / max(cols, 1)))
+    fig, axes = plt.subplots(1, t, figsize=figsize or (width, panel_h + 2.0), squeeze=False)
+    for r, h in enumerate(s.holdings):
+        _draw_holding(axes[0][r], s, h, r, s.global_shape)
+        if t > 4:   # eight panels in 10 inches: shorter titles, or they run into each other
+            axes[0][r].title.set_fontsize(7)
+    axes[0][0].set_xlabel(_axis_names(s)[1], fontsize=8)
+    axes[0][0].set_ylabel(_axis_names(s)[0], fontsize=8)
+    title = step_title(s) + f"\n{s.tensor} is {rows} x {cols}, {LAYOUT_TEXT[s.layout]}"
+    fig.suptitle(title, fontsize=10, x=0.02, ha="left")
+    fig.legend(handles=_legend_handles(t), loc="lower center", ncol=min(t + 3, 8), fontsize=8,
+               frameon=False)
+    # Keep the panels below the title: ~0.19 in per 10 pt line, whatever the figure's height.
+    top = 1 - (0.19 * (title.count("\n") + 1) + 0.1) / fig.get_figheight()
+    fig.tight_layout(rect=(0, 0.1, 1, top))
+    return fig
+
+
+def plot_steps(report, phase: str | None = None, steps: list | None = None) -> Figure:
+    """Every step (or those of one ``phase``, or the listed ones) as a grid: one row per step,
+    one column per rank. The overview of a check on one figure."""
+    chosen = [_find_step(report.steps, s) for s in steps] if steps else [
+        s for s in report.steps if phase in (None, s.phase)]
+    t = len(report.steps[0].holdings)
+    n = len(chosen)
+    fig, axes = plt.subplots(n, t, figsize=(min(10.0, 3.6 + 1.7 * t), 0.8 + 1.35 * n),
+                             squeeze=False)
+    for i, s in enumerate(chosen):
+        for r, h in enumerate(s.holdings):
+            _draw_holding(axes[i][r], s, h, r, s.global_shape)
+            axes[i][r].title.set_fontsize(7.5)
+            axes[i][r].tick_params(labelsize=6)
+        label = f"{s.index}. {s.name}\n{s.tensor} {s.global_shape[0]}x{s.global_shape[1]}"
+        if s.collective:
+            label += "\n" + ("NOT ISSUED" if s.collective.get("missing") else s.collective["op"])
+        axes[i][0].set_ylabel(label, rotation=0, ha="right", va="center", fontsize=8,
+                              color="black" if s.passed else FAIL_COLOR)
+    title = f"{report.check}: who holds what, step by step ({t} ranks)"
+    fig.suptitle(title + ("" if report.passed else " - FAILED"), fontsize=11)
+    fig.legend(handles=_legend_handles(t), loc="lower center", ncol=min(t + 3, 7), fontsize=8,
+               frameon=False)
+    height = 0.8 + 1.35 * n
+    fig.tight_layout(rect=(0, 0.5 / height, 1, 1 - 0.35 / height))
+    return fig
+
+
+def error_legend_handles(world_size: int) -> list:
+    """The legend of every error-per-quantity figure: ranks, tolerance, fails, missing."""
+    return [*rank_legend_handles(world_size),
+            Line2D([], [], color="black", linewidth=1.5, label="tolerance"),
+            Line2D([], [], marker="o", linestyle="", markerfacecolor="white",
+                   markeredgecolor=FAIL_COLOR, markeredgewidth=2, label="fails"),
+            Line2D([], [], marker="X", linestyle="", color=FAIL_COLOR, label="missing")]
+
+
+def plot_errors(report, by: str = "step", ax: Axes | None = None) -> Figure:
+    """Max abs error per rank on a log scale against the tolerance, red where it fails.
+
+    ``by="step"``: one position per step of the trace; ``by="quantity"``: one per report row
+    quantity (forward output, input grad, ...). An exact 0 is drawn on the "0" line at the
+    bottom; a tensor a rank never produced is drawn as a red cross at the top.
+    """
+    if by == "step":
+        labels = [f"{s.index}. {s.name}" for s in report.steps]
+        errs = [[h.max_abs_err for h in s.holdings] for s in report.steps]
+        oks = [[h.passed for h in s.holdings] for s in report.steps]
+        tols = [s.tolerance for s in report.steps]
+    elif by == "quantity":
+        labels = report.quantities()
+        errs = [[None if math.isinf(r.max_abs_err) else r.max_abs_err
+                 for r in report.rows if r.quantity == q] for q in labels]
+        oks = [[r.passed for r in report.rows if r.quantity == q] for q in labels]
+        tols = [max(r.tolerance for r in report.rows if r.quantity == q) for q in labels]
+    else:
+        raise ValueError(f"by must be 'step' or 'quantity', got {by!r}")
+    t = len(errs[0])
+    finite = [e for row in errs for e in row if e] + tols
+    floor = 10 ** math.floor(math.log10(min(finite)) - 2)
+    top = 10 ** math.ceil(math.log10(max(finite)) + 1)
+    fig = ax.figure if ax is not None else plt.figure(figsize=(10, 4.2))
+    ax = ax or fig.add_subplot()
+    for i, tol in enumerate(tols):
+        ax.plot([i - 0.4, i + 0.4], [tol, tol], color="black", linewidth=1.5)
+    for r in range(t):
+        x = [i + (r - (t - 1) / 2) * 0.6 / max(t, 2) for i in range(len(errs))]
+        for xi, row, ok in zip(x, errs, oks):
+            e, good = row[r], ok[r]
+            y = top / 3 if e is None else max(e, floor)
+            ax.scatter([xi], [y], s=60, color=rank_color(r), edgecolor=PASS_COLOR if good else FAIL_COLOR,
+                       linewidth=0.5 if good else 2.0, marker="X" if e is None else "o", zorder=3)
+    for i, ok in enumerate(oks):
+        if not all(ok):   # the whole column of a failing step or quantity turns red
+            ax.axvspan(i - 0.5, i + 0.5, color=FAIL_COLOR, alpha=0.12, linewidth=0)
+    ax.set_yscale("log")
+    ax.set_ylim(floor / 3, top)
+    ax.axhline(floor, color="grey", linestyle=":", linewidth=1)
+    lo, hi = round(math.log10(floor)), round(math.log10(top))
+    stride = max(1, math.ceil((hi - lo) / 7))
+    exps = list(range(hi, lo, -stride))[::-1]
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.set_yticks([floor] + [10.0 ** k for k in exps], ["0 (exact)"] + [f"1e{k}" for k in exps])
+    slant = by == "step" or len(labels) > 6   # long names like fc1.weight_grad run together
+    ax.set_xticks(range(len(labels)), labels, rotation=35 if slant else 0,
+                  ha="right" if slant else "center", fontsize=8)
+    for tick, ok in zip(ax.get_xticklabels(), oks):
+        tick.set_color("black" if all(ok) else FAIL_COLOR)
+    ax.set_xlim(-0.6, len(errs) - 0.4)
+    ax.set_ylabel("max abs error vs one process")
+    ax.set_xlabel("step of the trace" if by == "step" else "quantity")
+    verdict = "passed" if report.passed else "FAILED"
+    ax.set_title(f"{report.check} ({report.config.get('dtype')}, {t} rank{'s' * (t > 1)}): error per "
+                 f"{by}, {verdict}", fontsize=11)
+    # outside the axes: failing points sit high up, exactly where an inside legend would go
+    ax.legend(handles=error_legend_handles(t), fontsize=8, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,71 @@
+"""The tensor-parallel explorer: change the world size, the shapes, the dtype or inject a bug, and
+the check re-runs on real ranks; the summary, the check table, the shard layouts and the error
+figure redraw. One explorer serves notebooks 01 (column), 02 (row) and 03 (MLP).
+
+Core ipywidgets only (IntSlider, Dropdown, Output, observe), so it runs on 7.7 and 8.
+"""
+from __future__ import annotations
+
+import ipywidgets as widgets
+import torch
+from IPython.display import HTML
+
+from mtb_helpers.tp.check import check_column_parallel, check_row_parallel, check_tp_mlp
+from mtb_helpers.tp.plots import plot_errors, plot_steps
+from mtb_helpers.checking.report import Report
+from mtb_helpers.tp.bugs import COLUMN_BUGS, MLP_BUGS, ROW_BUGS
+from mtb_helpers.widgets.frame import live_view
+
+MAX_EXPLORER_RANKS = 4   # Binder has 1 CPU and 2 GB; the layouts are drawn for a few ranks
+
+# kind -> (check, its bugs, the sharded dimension's name, the other dimension's name)
+KINDS = {
+    "column": (check_column_parallel, COLUMN_BUGS, "out_features", "in_features"),
+    "row": (check_row_parallel, ROW_BUGS, "in_features", "out_features"),
+    "mlp": (check_tp_mlp, MLP_BUGS, "ffn_hidden", "hidden"),
+}
+
+
+def run_explorer_check(kind: str, world_size: int, per_rank: int, other: int, dtype: str,
+                       bug: str | None) -> Report:
+    """Run the ``kind`` check with the sharded dimension = ``per_rank`` x ``world_size`` (so it
+    always divides) and the other dimension = ``other``, on a [2, 3] batch."""
+    check, _, sharded, unsharded = KINDS[kind]
+    kwargs = {sharded: per_rank * world_size, unsharded: other}
+    if kind == "column" and bug == "allgather-wrong-order":
+        kwargs["gather_output"] = True  # the bug lives in the all-gather
+    return check(world_size=world_size, dtype=getattr(torch, dtype), bug=bug, **kwargs)
+
+
+def summary(report: Report) -> str:
+    """One line: verdict, which quantities fail, and what the ranks communicated."""
+    failed = sorted({row.quantity for row in report.failed()})
+    record = report.records[0]
+    sent = record.total_bytes(sent=True)
+    verdict = "PASS" if report.passed else f"FAIL ({', '.join(failed)})"
+    return (f"{verdict}: {report.check} on {len(report.records)} rank(s), "
+            f"bug={report.config.get('bug')}; rank 0 issued {record.count('all_reduce')} "
+            f"all-reduce(s) and {record.count('all_gather')} all-gather(s), sending {sent} B")
+
+
+def tp_explorer(kind: str = "mlp", world_size: int = 2) -> widgets.VBox:
+    """The explorer widget for ``kind`` in {"column", "row", "mlp"}; display it."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    _, bugs, sharded, unsharded = KINDS[kind]
+    slider = dict(continuous_update=False, style={"description_width": "initial"})
+    size = widgets.IntSlider(value=world_size, min=1, max=MAX_EXPLORER_RANKS,
+                             description="world size t", **slider)
+    per_rank = widgets.IntSlider(value=2, min=1, max=6, description=f"{sharded} / t", **slider)
+    other = widgets.IntSlider(value=4, min=1, max=8, description=unsharded, **slider)
+    dtype = widgets.Dropdown(options=["float32", "float64"], value="float32", description="dtype")
+    # Strings only: a None option reads as "nothing selected" on ipywidgets 7 and 8 alike.
+    bug = widgets.Dropdown(options=["none", *bugs], value="none", description="bug")
+
+    def render() -> list:
+        report = run_explorer_check(kind, size.value, per_rank.value, other.value, dtype.value,
+                                    None if bug.value == "none" else bug.value)
+        return [summary(report), HTML(report._repr_html_()), plot_steps(report, phase="forward"),
+                plot_errors(report)]
+
+    return live_view([[size, per_rank, other], [dtype, bug]], render)
