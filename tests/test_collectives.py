@@ -13,8 +13,8 @@ matplotlib.use("Agg")
 import mtb_helpers.collectives.ops as coll  # noqa: E402
 from mtb_helpers import BUGS, RankTimeoutError  # noqa: E402
 import mtb_helpers.collectives.check as cc  # noqa: E402
-from mtb_helpers.collectives.ops import (COLLECTIVE_BUGS, COLLECTIVES, formula_bytes,  # noqa: E402
-                                     reference)
+from mtb_helpers.collectives.bugs import COLLECTIVE_BUGS  # noqa: E402
+from mtb_helpers.collectives.ops import COLLECTIVES, formula_bytes, reference  # noqa: E402
 from mtb_helpers.collectives.check import check_collectives  # noqa: E402
 
 

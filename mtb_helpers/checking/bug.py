@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Bug", "swap"]
+__all__ = ["Bug", "swap", "names_for"]
 
 
 @dataclass(frozen=True)
@@ -37,3 +37,8 @@ def swap(bug: Bug | None, correct: Any) -> Any:
     if bug is None:
         return correct
     return bug.replaces.get(correct, correct)
+
+
+def names_for(registry: dict[str, Bug], check: str) -> tuple[str, ...]:
+    """The names in ``registry`` whose bug check ``check`` can inject."""
+    return tuple(name for name, bug in registry.items() if check in bug.checks)

@@ -26,13 +26,7 @@ from typing import Any
 
 import torch
 
-# Loose enough for any summation order at these sizes (a few ulps), tight enough that every
-# deliberate bug (errors of order 1) fails by orders of magnitude.
-TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
-    torch.float32: (1e-5, 1e-6),
-    torch.float64: (1e-12, 1e-14),
-}
-
+from mtb_helpers.checking.tolerances import TOLERANCES, tolerance, ulp  # noqa: F401  (re-exported)
 
 @dataclass
 class Row:
@@ -48,18 +42,6 @@ class Row:
     fp64_err: float
     ref_fp64_err: float
     note: str = ""
-
-
-def ulp(value: float, dtype: torch.dtype) -> float:
-    """The spacing of ``dtype`` at ``|value|`` (its unit in the last place)."""
-    v = torch.tensor(abs(value), dtype=dtype)
-    return float(torch.nextafter(v, torch.tensor(math.inf, dtype=dtype)) - v)
-
-
-def tolerance(ref: torch.Tensor, dtype: torch.dtype) -> float:
-    rtol, atol = TOLERANCES[dtype]
-    scale = float(ref.abs().max()) if ref.numel() else 0.0
-    return atol + rtol * scale
 
 
 def compare(quantity: str, rank: int, got: torch.Tensor | None, ref: torch.Tensor,

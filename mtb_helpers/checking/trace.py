@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mtb_helpers.comm.regions import group_size
 from mtb_helpers.comm.regions import CollectiveRecord, record
 from mtb_helpers.checking.report import Row, compare, tolerance
 from mtb_helpers.comm.sharding import shard_range
@@ -144,7 +145,7 @@ def trace_on_rank(build, layers: tuple, x: torch.Tensor, dy: torch.Tensor, x_lay
     and ``dy`` (see ``local``). Returns ``{"obs": {key: tensor}, "record": CollectiveRecord}``
     with an entry for every spec whose source exists.
     """
-    t = dist.get_world_size() if dist.is_initialized() else 1
+    t = group_size()
     r = dist.get_rank() if dist.is_initialized() else 0
     module = build(*layers)
     x = local(x, x_layout, t, r).clone().requires_grad_(True)

@@ -14,7 +14,10 @@ import torch
 import torch.distributed as dist
 
 from mtb_helpers.checking.bugs import validate_bug
-from mtb_helpers.collectives.ops import (COLLECTIVES, COLLECTIVE_BUGS, FORMULAS, GLOO_HEADER_BYTES, MEASURED_NOTES, RANK_FUNCTIONS, _BUGGY, all_gather, all_reduce, decode_sources, formula_bytes, rank_input, reduce_scatter, reference, ring_reduce_scatter)
+from mtb_helpers.checking.tolerances import as_dtype
+from mtb_helpers.checking.bug import swap
+from mtb_helpers.collectives.bugs import BUGS as WRONG, COLLECTIVE_BUGS
+from mtb_helpers.collectives.ops import (COLLECTIVES, FORMULAS, GLOO_HEADER_BYTES, MEASURED_NOTES, RANK_FUNCTIONS, all_gather, all_reduce, decode_sources, formula_bytes, rank_input, reduce_scatter, reference, ring_reduce_scatter)
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
 # ---------------------------------------------------------------- measuring on the rank
@@ -57,9 +60,9 @@ def _on_rank(collectives: tuple[str, ...], numel: int, dtype: torch.dtype, seed:
     rank, t = dist.get_rank(), dist.get_world_size()
     results = {}
     for name in collectives:
-        fn = implementations.get(name) or RANK_FUNCTIONS[name]
-        if bug is not None and COLLECTIVE_BUGS[bug] == name:
-            fn = _BUGGY[bug]
+        fn = swap(WRONG.get(bug), RANK_FUNCTIONS[name])
+        if fn is RANK_FUNCTIONS[name]:
+            fn = implementations.get(name) or fn
         x = rank_input(name, rank, t, numel, dtype, seed).to(_device())
         out, sent = measure(fn, x)
         res = {"bytes": sent}
@@ -148,15 +151,6 @@ def _bytes(n: float | None) -> str:
     return "n/a" if n is None else f"{n:,.0f} B"
 
 
-def _dtype(dtype: torch.dtype | str) -> torch.dtype:
-    allowed = {"float32": torch.float32, "float64": torch.float64}
-    if isinstance(dtype, str) and dtype in allowed:
-        return allowed[dtype]
-    if dtype in allowed.values():
-        return dtype
-    raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
-
-
 def _validate(world_size: int, numel: int, collectives: tuple[str, ...], bug: str | None,
               seed: int) -> None:
     for name in collectives:
@@ -169,7 +163,7 @@ def _validate(world_size: int, numel: int, collectives: tuple[str, ...], bug: st
                          f"{world_size}: each rank's chunk is numel/t elements")
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-    validate_bug(bug, tuple(COLLECTIVE_BUGS))
+    validate_bug(bug, "collectives")
     if bug is not None:
         if COLLECTIVE_BUGS[bug] not in collectives:
             raise ValueError(f"bug {bug!r} breaks {COLLECTIVE_BUGS[bug]}, which is not checked")
@@ -191,7 +185,7 @@ def check_collectives(world_size: int = 2, numel: int = 8, dtype: torch.dtype | 
     which ranks each value came from. Bad input -> ValueError before any rank starts."""
     world_size = resolve_world_size(world_size)
     collectives = tuple(collectives)
-    dtype = _dtype(dtype)
+    dtype = as_dtype(dtype)
     _validate(world_size, numel, collectives, bug, seed)
     results = run(_on_rank, collectives, numel, dtype, seed, bug, dict(implementations or {}),
                   world_size=world_size, timeout=timeout)
@@ -224,7 +218,7 @@ def measure_bytes(world_sizes: tuple[int, ...] = (1, 2, 3, 4), numel: int = 12 *
     """Bytes each rank sends per collective at each world size, measured next to the formula.
     Rows: collective, world_size, rank, V_bytes, measured (None off Linux), formula. ``numel`` must
     divide by every world size; 12288 float32 (48 KiB) does for 1..4 and makes headers negligible."""
-    dtype = _dtype(dtype)
+    dtype = as_dtype(dtype)
     for t in world_sizes:
         _validate(resolve_world_size(t), numel, tuple(collectives), None, 0)
     rows = []
@@ -260,7 +254,7 @@ def all_reduce_as_reduce_scatter_all_gather(world_size: int = 2, numel: int = 8,
     """On real ranks: all-reduce(x) [n] vs all-gather(reduce-scatter(x)) [n/t] -> [n], and the
     bytes of each step. Returns {"passed", "V_bytes", "ranks": [per-rank dict], "formula"}."""
     world_size = resolve_world_size(world_size)
-    dtype = _dtype(dtype)
+    dtype = as_dtype(dtype)
     _validate(world_size, numel, COLLECTIVES, None, seed)
     ranks = run(_decompose_on_rank, numel, dtype, seed, world_size=world_size, timeout=timeout)
     nbytes = numel * torch.empty((), dtype=dtype).element_size()

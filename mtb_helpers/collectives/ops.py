@@ -26,14 +26,6 @@ import torch.distributed as dist
 
 COLLECTIVES: tuple[str, ...] = ("broadcast", "all-reduce", "all-gather", "reduce-scatter",
                                 "all-to-all")
-# The bugs this module can inject, and the collective each one breaks (descriptions in bugs.py).
-COLLECTIVE_BUGS: dict[str, str] = {
-    "broadcast-wrong-root": "broadcast",
-    "allreduce-lost-inplace": "all-reduce",
-    "allgather-rank-order": "all-gather",
-    "reduce-scatter-wrong-chunk": "reduce-scatter",
-    "alltoall-wrong-split": "all-to-all",
-}
 FORMULAS: dict[str, str] = {
     "broadcast": "binomial tree: rank r sends V per child, the root ceil(log2 t)·V "
                  "(a pipelined ring: V per rank, 0 for the last)",
@@ -139,40 +131,6 @@ def ring_reduce_scatter(x: torch.Tensor) -> torch.Tensor:
         chunks[recv_idx] += incoming
     return chunks[rank]
 
-
-# The deliberate mistakes: each one a realistic slip in calling the collective.
-def _broadcast_wrong_root(x):
-    return broadcast(x, src=dist.get_world_size() - 1)
-
-
-def _allreduce_lost_inplace(x):
-    dist.all_reduce(x.clone())  # reduces a temporary; the caller's tensor is never updated
-    return x.clone()
-
-
-def _allgather_rank_order(x):
-    t, rank = dist.get_world_size(), dist.get_rank()
-    shards = list(all_gather(x).chunk(t))
-    return torch.cat(shards[rank:] + shards[:rank])  # arrival order, own shard first
-
-
-def _reduce_scatter_wrong_chunk(x):
-    chunks = list(x.chunk(dist.get_world_size()))
-    return reduce_scatter(torch.cat(chunks[1:] + chunks[:1]))  # rank r gets chunk r+1
-
-
-def _alltoall_wrong_split(x):
-    t = dist.get_world_size()
-    return all_to_all(x.view(-1, t).t().reshape(-1))  # element i goes to rank i % t
-
-
-_BUGGY: dict[str, Callable] = {
-    "broadcast-wrong-root": _broadcast_wrong_root,
-    "allreduce-lost-inplace": _allreduce_lost_inplace,
-    "allgather-rank-order": _allgather_rank_order,
-    "reduce-scatter-wrong-chunk": _reduce_scatter_wrong_chunk,
-    "alltoall-wrong-split": _alltoall_wrong_split,
-}
 
 # ---------------------------------------------------------------- the single-process side
 

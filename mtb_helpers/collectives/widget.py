@@ -5,7 +5,8 @@ from __future__ import annotations
 import ipywidgets as widgets
 from matplotlib.figure import Figure
 
-from mtb_helpers.collectives.ops import COLLECTIVE_BUGS, COLLECTIVES, FORMULAS
+from mtb_helpers.collectives.bugs import COLLECTIVE_BUGS
+from mtb_helpers.collectives.ops import COLLECTIVES, FORMULAS
 from mtb_helpers.collectives.check import check_collectives
 from mtb_helpers.collectives.plots import plot_collective
 from mtb_helpers.widgets.frame import live_view

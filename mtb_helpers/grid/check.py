@@ -17,12 +17,15 @@ import copy
 import torch
 import torch.nn.functional as F
 
+from mtb_helpers.checking.bug import swap
 from mtb_helpers.checking.bugs import validate_bug
-from mtb_helpers.comm.regions import CollectiveRecord, issue
-from mtb_helpers.grid.layers import (CONVENTION, DP_REGION, PARAMS, GridGroups, average_gradients,
+from mtb_helpers.grid.bugs import GRID_BUGS, sync_in_tp_group, sync_nothing, sync_sum  # noqa: F401
+from mtb_helpers.comm.regions import CollectiveRecord
+from mtb_helpers.grid.layers import (CONVENTION, DP_REGION, PARAMS, average_gradients,
                               dp_group_ranks, expected_bytes, grid_step_on_rank, param_piece,
                               tp_group_ranks, validate_grid)
 from mtb_helpers.runtime.ranks import resolve_world_size, run
+from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
 from mtb_helpers.checking.report import Report, compare
 from mtb_helpers.comm.sharding import shard_range
 from mtb_helpers.tp.reference import draw_inputs
@@ -30,33 +33,6 @@ from mtb_helpers.tp.reference import draw_inputs
 __all__ = ["check_grid", "GRID_BUGS", "GRID_QUANTITIES", "grid_reference", "group_traffic"]
 
 
-# --- deliberate mistakes: each a gradient synchronisation that differs from average_gradients
-def sync_in_tp_group(params: dict, groups: GridGroups) -> list[int]:
-    """grid-dp-allreduce-in-tp-group."""
-    for p in params.values():
-        total = issue("all_reduce", p.grad, region=DP_REGION, direction="backward",
-                      group=groups.tp_group)   # BUG: sums the other shards, not the other replicas
-        p.grad.copy_(total / len(groups.tp_ranks))
-    return groups.tp_ranks
-
-
-def sync_nothing(params: dict, groups: GridGroups) -> list[int]:
-    """grid-no-dp-allreduce."""
-    return groups.dp_ranks   # BUG: each replica keeps the gradient of its own rows
-
-
-def sync_sum(params: dict, groups: GridGroups) -> list[int]:
-    """grid-dp-sum-not-average."""
-    for p in params.values():
-        total = issue("all_reduce", p.grad, region=DP_REGION, direction="backward",
-                      group=groups.dp_group)
-        p.grad.copy_(total)   # BUG: the sum of dp means, dp times the gradient of the batch
-    return groups.dp_ranks
-
-
-_SYNC = {"grid-dp-allreduce-in-tp-group": sync_in_tp_group, "grid-no-dp-allreduce": sync_nothing,
-         "grid-dp-sum-not-average": sync_sum}
-GRID_BUGS = tuple(_SYNC)
 GRID_QUANTITIES = ("output", *(f"{n}_grad" for n in PARAMS), *(f"{n}_updated" for n in PARAMS))
 
 
@@ -119,14 +95,11 @@ def check_grid(world_size: int = 4, tp: int = 2, dp: int = 2, hidden: int = 8,
     replica). Refuses before any rank starts: ``tp * dp != world_size``, ``ffn_hidden`` not
     divisible by ``tp``, ``batch`` not divisible by ``dp``, an unknown bug.
     """
-    from mtb_helpers.tp.check import _config, _dtype
 
-    dtype, t = _dtype(dtype), resolve_world_size(world_size)
+    dtype, t = as_dtype(dtype), resolve_world_size(world_size)
     validate_grid(t, tp, dp)
-    validate_bug(bug, GRID_BUGS)
-    for name, size in (("hidden", hidden), ("ffn_hidden", ffn_hidden), ("batch", batch)):
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise ValueError(f"{name} must be a positive integer, got {size!r}")
+    wrong = validate_bug(bug, "grid")
+    positive_sizes(hidden=hidden, ffn_hidden=ffn_hidden, batch=batch)
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr <= 0:
         raise ValueError(f"lr must be a positive number, got {lr!r}")
     if ffn_hidden % tp:
@@ -138,7 +111,7 @@ def check_grid(world_size: int = 4, tp: int = 2, dp: int = 2, hidden: int = 8,
     (fc1, fc2), x, target = draw_inputs(seed, (batch,), dtype, (hidden, ffn_hidden),
                                         (ffn_hidden, hidden))
     results = run(grid_step_on_rank, fc1, fc2, x, target, tp, dp, lr,
-                  _SYNC.get(bug, average_gradients), world_size=t, timeout=timeout)
+                  swap(wrong, average_gradients), world_size=t, timeout=timeout)
     ref, ref64 = (grid_reference(fc1, fc2, x, target, lr, d) for d in (dtype, torch.float64))
     rows = [compare(q, rank, _got(q, res), _piece(q, ref, res, tp, dp),
                     _piece(q, ref64, res, tp, dp), dtype)
@@ -156,6 +129,6 @@ def check_grid(world_size: int = 4, tp: int = 2, dp: int = 2, hidden: int = 8,
         "expected_bytes": expected_bytes(tp, dp, batch, hidden, ffn_hidden, itemsize),
         "loss": {"reference": ref["loss"], "per_rank": [res["loss"] for res in results]},
     }
-    config = _config(t, dtype, seed, bug, tp=tp, dp=dp, hidden=hidden, ffn_hidden=ffn_hidden,
+    config = check_config(t, dtype, seed, bug, tp=tp, dp=dp, hidden=hidden, ffn_hidden=ffn_hidden,
                      batch=batch, lr=lr)
     return Report("tp_x_dp", config, rows, [], records, extra)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mtb_helpers.checking.bug import Bug, names_for, swap
 from mtb_helpers.moe.layers import Expert, ExpertParallelMoE
 
-MOE_BUGS = ("moe-no-inverse-permutation", "moe-gate-not-applied", "moe-no-router-grad-allreduce")
 
 
 class MoEWithoutInversePermutation(ExpertParallelMoE):
@@ -35,14 +35,26 @@ class MoEWithoutRouterGradAllReduce(ExpertParallelMoE):
         return self.gate.weight   # BUG: each rank keeps the router grad of its own tokens
 
 
-_CLASSES = {"moe-no-inverse-permutation": MoEWithoutInversePermutation,
-            "moe-gate-not-applied": MoEGateNotApplied,
-            "moe-no-router-grad-allreduce": MoEWithoutRouterGradAllReduce}
+BUGS: dict[str, Bug] = {
+    "moe-no-inverse-permutation": Bug(
+        'MoE combine: the rows coming back from the experts stay sorted by '
+        'expert instead of going back to their tokens',
+        checks=('moe',), replaces={ExpertParallelMoE: MoEWithoutInversePermutation}),
+    "moe-gate-not-applied": Bug(
+        'MoE combine: expert outputs are summed without the router '
+        'probabilities, so the router gets no gradient',
+        checks=('moe',), replaces={ExpertParallelMoE: MoEGateNotApplied}),
+    "moe-no-router-grad-allreduce": Bug(
+        'MoE router: its grad is not all-reduced, so each rank keeps the router '
+        'grad of its own tokens',
+        checks=('moe',), replaces={ExpertParallelMoE: MoEWithoutRouterGradAllReduce}),
+}
+MOE_BUGS = names_for(BUGS, "moe")
 
 
 def build_moe(gate: nn.Linear, experts: list[Expert], top_k: int = 1,
               capacity_factor: float | None = None, bug: str | None = None,
               group=None) -> ExpertParallelMoE:
     """``ExpertParallelMoE.from_full(...)``, or the class with ``bug`` in it."""
-    return _CLASSES.get(bug, ExpertParallelMoE).from_full(gate, experts, top_k, capacity_factor,
+    return swap(BUGS.get(bug), ExpertParallelMoE).from_full(gate, experts, top_k, capacity_factor,
                                                           group)

@@ -21,11 +21,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mtb_helpers.comm.regions import group_size
 from mtb_helpers.checking.bugs import validate_bug
 from mtb_helpers.comm.regions import record
 from mtb_helpers.moe.layers import COMBINE, COUNTS, DISPATCH, ROUTER_GRAD, Expert, moe_reference
-from mtb_helpers.moe.bugs import MOE_BUGS, build_moe
+from mtb_helpers.moe.bugs import build_moe
 from mtb_helpers.runtime.ranks import resolve_world_size, run
+from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
 from mtb_helpers.checking.report import Report, compare
 
 __all__ = ["check_moe", "make_moe_inputs", "all_gather_alternative_bytes", "EXPERT_PARAMS"]
@@ -64,7 +66,7 @@ def _grads(module: nn.Module) -> dict[str, torch.Tensor | None]:
 
 def _on_rank(gate, experts, x, dy, top_k, capacity_factor, bug) -> dict:
     """Run on every rank: the layer on this rank's tokens, forward and backward, recorded."""
-    t = dist.get_world_size() if dist.is_initialized() else 1
+    t = group_size()
     r = dist.get_rank() if dist.is_initialized() else 0
     n = x.shape[0] // t
     layer = build_moe(gate, experts, top_k, capacity_factor, bug)
@@ -132,11 +134,8 @@ def _moe_data(results: list[dict], refs: dict, num_experts: int, hidden: int, it
 
 
 def _validate(t: int, num_experts, top_k, tokens, hidden, ffn_hidden, capacity_factor) -> None:
-    sizes = {"num_experts": num_experts, "top_k": top_k, "tokens": tokens, "hidden": hidden,
-             "ffn_hidden": ffn_hidden}
-    for name, size in sizes.items():
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise ValueError(f"{name} must be a positive integer, got {size!r}")
+    positive_sizes(num_experts=num_experts, top_k=top_k, tokens=tokens, hidden=hidden,
+                   ffn_hidden=ffn_hidden)
     if num_experts % t:
         raise ValueError(f"num_experts={num_experts} is not divisible by the world size {t}: "
                          f"every rank owns the same number of experts")
@@ -161,10 +160,9 @@ def check_moe(world_size: int = 2, num_experts: int = 4, top_k: int = 1, tokens:
     ``r*E/t .. (r+1)*E/t - 1``. Refuses (ValueError, before any rank starts) an expert count or
     token count the world size does not divide, ``top_k > num_experts``, ``capacity_factor <= 0``.
     """
-    from mtb_helpers.tp.check import _config, _dtype
 
-    dtype, t = _dtype(dtype), resolve_world_size(world_size)
-    validate_bug(bug, MOE_BUGS)
+    dtype, t = as_dtype(dtype), resolve_world_size(world_size)
+    validate_bug(bug, "moe")
     _validate(t, num_experts, top_k, tokens, hidden, ffn_hidden, capacity_factor)
     gate, experts, x, dy = make_moe_inputs(tokens, hidden, ffn_hidden, num_experts, dtype, seed)
     results = run(_on_rank, gate, experts, x, dy, top_k, capacity_factor, bug,
@@ -185,7 +183,7 @@ def check_moe(world_size: int = 2, num_experts: int = 4, top_k: int = 1, tokens:
             key = f"experts.{e}.{p}_grad"
             rows.append(compare(key, r, results[r]["experts"][e][f"{p}_grad"], refs[key],
                                 refs64[key], dtype))
-    config = _config(t, dtype, seed, bug, num_experts=num_experts, top_k=top_k, tokens=tokens,
+    config = check_config(t, dtype, seed, bug, num_experts=num_experts, top_k=top_k, tokens=tokens,
                      hidden=hidden, ffn_hidden=ffn_hidden, capacity_factor=capacity_factor)
     moe = _moe_data(results, refs, num_experts, hidden, x.element_size(), tokens)
     return Report("moe", config, rows, [], [res["record"] for res in results], extra={"moe": moe})

@@ -10,14 +10,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mtb_helpers.checking.bug import Bug, names_for, swap
 from mtb_helpers.comm.regions import group_rank, group_size, reduce_from_tensor_model_parallel_region
 from mtb_helpers.comm.sp_regions import allreduce_sequence_parallel_grad
 from mtb_helpers.sp.layers import (PositionKeyedDropout, SequenceParallelColumnLinear,
                             SequenceParallelLayerNorm, SequenceParallelMLPBlock,
                             SequenceParallelRowLinear)
 
-SP_BUGS = ("sp-no-layernorm-grad-allreduce", "sp-same-dropout-mask",
-           "sp-allreduce-instead-of-reduce-scatter")
 
 
 class LayerNormWithoutGradAllReduce(SequenceParallelLayerNorm):
@@ -49,9 +48,21 @@ class RowAllReduceThenSlice(SequenceParallelRowLinear):
         return y + allreduce_sequence_parallel_grad(self.bias, "fc2.bias", self.group)
 
 
-_LAYERNORM = {"sp-no-layernorm-grad-allreduce": LayerNormWithoutGradAllReduce}
-_DROPOUT = {"sp-same-dropout-mask": SameMaskDropout}
-_ROW = {"sp-allreduce-instead-of-reduce-scatter": RowAllReduceThenSlice}
+BUGS: dict[str, Bug] = {
+    "sp-no-layernorm-grad-allreduce": Bug(
+        'sequence-parallel LayerNorm: weight and bias grads are not '
+        'all-reduced, so each rank keeps the grad of its own tokens',
+        checks=('sequence',), replaces={SequenceParallelLayerNorm: LayerNormWithoutGradAllReduce}),
+    "sp-same-dropout-mask": Bug(
+        'sequence-parallel dropout: the mask is keyed by local positions, so '
+        'every sequence shard drops the same elements',
+        checks=('sequence',), replaces={PositionKeyedDropout: SameMaskDropout}),
+    "sp-allreduce-instead-of-reduce-scatter": Bug(
+        'sequence-parallel fc2: all-reduce (g) of the whole sequence, then each '
+        'rank slices its rows; forward is right, backward never all-gathers dZ',
+        checks=('sequence',), replaces={SequenceParallelRowLinear: RowAllReduceThenSlice}),
+}
+SP_BUGS = names_for(BUGS, "sequence")
 
 
 def build_block(ln: nn.LayerNorm, fc1: nn.Linear, fc2: nn.Linear, dropout_p: float = 0.1,
@@ -59,9 +70,10 @@ def build_block(ln: nn.LayerNorm, fc1: nn.Linear, fc2: nn.Linear, dropout_p: flo
     """``SequenceParallelMLPBlock.from_full(...)`` with ``bug`` injected into the part it concerns."""
     if bug is None:
         return SequenceParallelMLPBlock.from_full(ln, fc1, fc2, dropout_p, seed, group)
-    norm = _LAYERNORM.get(bug, SequenceParallelLayerNorm)
-    drop = _DROPOUT.get(bug, PositionKeyedDropout)
-    row = _ROW.get(bug, SequenceParallelRowLinear)
+    wrong = BUGS[bug]
+    norm = swap(wrong, SequenceParallelLayerNorm)
+    drop = swap(wrong, PositionKeyedDropout)
+    row = swap(wrong, SequenceParallelRowLinear)
     return SequenceParallelMLPBlock(norm.from_full(ln, "ln", group),
                                     SequenceParallelColumnLinear.from_full(fc1, group=group),
                                     row.from_full(fc2, group=group),

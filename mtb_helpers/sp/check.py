@@ -21,12 +21,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from mtb_helpers.comm.regions import group_size
 from mtb_helpers.checking.bugs import validate_bug
 from mtb_helpers.comm.sp_regions import GATHER_SP, REDUCE_SCATTER_SP
 from mtb_helpers.runtime.ranks import resolve_world_size, run
+from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
 from mtb_helpers.checking.report import Report
 from mtb_helpers.sp.layers import position_keyed_dropout
-from mtb_helpers.sp.bugs import SP_BUGS, build_block
+from mtb_helpers.sp.bugs import build_block
 from mtb_helpers.sp.memory import make_block_inputs, measure_on_rank, memory_figures
 from mtb_helpers.comm.sharding import check_divisible, shard_range
 from mtb_helpers.checking.trace import StepSpec as S, build_rows, build_steps, trace_on_rank
@@ -120,7 +122,7 @@ def _reference(ln, fc1, fc2, x, dy, t: int, dropout_p: float, seed: int) -> dict
 def _on_rank(build, layers: tuple, x: torch.Tensor, dy: torch.Tensor, specs: list, dropout_p: float,
              seed: int) -> dict:
     """Run on every rank: the traced block on this rank's sequence rows, then the memory figures."""
-    t = dist.get_world_size() if dist.is_initialized() else 1
+    t = group_size()
     r = dist.get_rank() if dist.is_initialized() else 0
     lo, hi = shard_range(x.shape[0], t, r)
     # trace_on_rank slices only by columns; the rows are sliced here and handed over as they are
@@ -138,14 +140,10 @@ def check_sequence_parallel(world_size: int = 2, seq_len: int = 8, batch: int = 
     ``[hidden, ffn]`` is split on its columns, fc2 on its rows. Refuses (ValueError, before any
     rank starts) a ``seq_len`` or ``ffn_hidden`` the world size does not divide.
     """
-    from mtb_helpers.tp.check import _config, _dtype   # here: check.py re-exports this function
 
-    dtype, t = _dtype(dtype), resolve_world_size(world_size)
-    validate_bug(bug, SP_BUGS)
-    dims = {"seq_len": seq_len, "batch": batch, "hidden": hidden, "ffn_hidden": ffn_hidden}
-    for name, size in dims.items():
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise ValueError(f"{name} must be a positive integer, got {size!r}")
+    dtype, t = as_dtype(dtype), resolve_world_size(world_size)
+    validate_bug(bug, "sequence")
+    positive_sizes(seq_len=seq_len, batch=batch, hidden=hidden, ffn_hidden=ffn_hidden)
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0 <= dropout_p < 1:
         raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
     if seq_len % t:
@@ -161,7 +159,8 @@ def check_sequence_parallel(world_size: int = 2, seq_len: int = 8, batch: int = 
     refs = _reference(ln, fc1, fc2, x, dy, t, dropout_p, seed)
     refs64 = _reference(*(copy.deepcopy(m).double() for m in (ln, fc1, fc2)), x.double(), dy.double(),
                         t, dropout_p, seed)
-    config = _config(t, dtype, seed, bug, **dims, dropout_p=dropout_p)
+    config = check_config(t, dtype, seed, bug, seq_len=seq_len, batch=batch, hidden=hidden,
+                          ffn_hidden=ffn_hidden, dropout_p=dropout_p)
     memory = memory_figures([res.pop("memory") for res in results], seq_len, batch, hidden,
                             ffn_hidden, dtype, dropout_p)
     return Report("sequence_parallel", config,

@@ -11,16 +11,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from mtb_helpers.checking.bug import Bug, names_for, swap
 from mtb_helpers.comm.regions import (copy_to_tensor_model_parallel_region,
                               gather_from_tensor_model_parallel_region, group_size, issue,
                               reduce_from_tensor_model_parallel_region,
                               scatter_to_tensor_model_parallel_region)
 from mtb_helpers.tp.layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear
 
-COLUMN_BUGS = ("f-backward-identity", "allgather-wrong-order")
-ROW_BUGS = ("bias-before-allreduce", "row-missing-allreduce", "g-backward-allreduce")
-MLP_BUGS = ("f-backward-identity", "bias-before-allreduce", "row-missing-allreduce",
-            "g-backward-allreduce")
 
 
 class ColumnWithoutF(ColumnParallelLinear):
@@ -106,19 +103,41 @@ class RowGBackwardAllReduce(RowParallelLinear):
         return y + self.bias if self.bias is not None else y
 
 
-_COLUMN = {"f-backward-identity": ColumnWithoutF, "allgather-wrong-order": ColumnGatherWrongOrder}
-_ROW = {"bias-before-allreduce": RowBiasBeforeAllReduce, "row-missing-allreduce": RowWithoutAllReduce,
-        "g-backward-allreduce": RowGBackwardAllReduce}
+BUGS: dict[str, Bug] = {
+    "f-backward-identity": Bug(
+        'column layer: identity instead of f, so dX is never all-reduced in '
+        'backward (each rank keeps only its partial input grad)',
+        checks=('column', 'mlp'), replaces={ColumnParallelLinear: ColumnWithoutF}),
+    "allgather-wrong-order": Bug(
+        'column layer with gather_output: the gathered shards are concatenated '
+        'in reverse rank order',
+        checks=('column',), replaces={ColumnParallelLinear: ColumnGatherWrongOrder}),
+    "bias-before-allreduce": Bug(
+        'row layer: every rank adds the full bias before the all-reduce, so the '
+        'output carries t x bias',
+        checks=('row', 'mlp'), replaces={RowParallelLinear: RowBiasBeforeAllReduce}),
+    "row-missing-allreduce": Bug(
+        'row layer: no all-reduce (g) after the partial products, so each rank '
+        'returns only its partial sum',
+        checks=('row', 'mlp'), replaces={RowParallelLinear: RowWithoutAllReduce}),
+    "g-backward-allreduce": Bug(
+        'row layer: g also all-reduces in backward, so every grad computed '
+        'before it is t times too large',
+        checks=('row', 'mlp'), replaces={RowParallelLinear: RowGBackwardAllReduce}),
+}
+COLUMN_BUGS = names_for(BUGS, "column")
+ROW_BUGS = names_for(BUGS, "row")
+MLP_BUGS = names_for(BUGS, "mlp")
 
 
 def column_class(bug: str | None) -> type[ColumnParallelLinear]:
     """The column layer with ``bug`` in it (the correct one for ``None`` or a row bug)."""
-    return _COLUMN.get(bug, ColumnParallelLinear)
+    return swap(BUGS.get(bug), ColumnParallelLinear)
 
 
 def row_class(bug: str | None) -> type[RowParallelLinear]:
     """The row layer with ``bug`` in it (the correct one for ``None`` or a column bug)."""
-    return _ROW.get(bug, RowParallelLinear)
+    return swap(BUGS.get(bug), RowParallelLinear)
 
 
 def build_mlp(fc1, fc2, bug: str | None = None, group=None) -> ParallelMLP:

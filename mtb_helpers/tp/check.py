@@ -20,9 +20,9 @@ import torch
 from mtb_helpers.checking.bugs import validate_bug
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.checking.report import Report
+from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
 from mtb_helpers.tp.layers import check_divisible
-from mtb_helpers.tp.bugs import (COLUMN_BUGS, MLP_BUGS, ROW_BUGS, build_mlp, column_class,
-                                 row_class)
+from mtb_helpers.tp.bugs import build_mlp, column_class, row_class
 from mtb_helpers.tp.reference import (cast_linear, column_reference, mlp_reference, draw_inputs,
                                       row_reference)
 from mtb_helpers.checking.trace import StepSpec as S, build_rows, build_steps, trace_on_rank
@@ -34,20 +34,9 @@ GATHER = "gather_from_tensor_model_parallel_region"
 SCATTER = "scatter_to_tensor_model_parallel_region"
 
 
-def _dtype(dtype) -> torch.dtype:
-    named = {"float32": torch.float32, "float64": torch.float64}
-    dtype = named.get(dtype, dtype)
-    if dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
-    return dtype
-
-
 def _sizes(batch_shape, **dims: int) -> tuple[int, ...]:
     batch_shape = tuple(batch_shape)
-    dims.update({f"batch_shape[{i}]": n for i, n in enumerate(batch_shape)})
-    for name, size in dims.items():
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise ValueError(f"{name} must be a positive integer, got {size!r}")
+    positive_sizes(**dims, **{f"batch_shape[{i}]": n for i, n in enumerate(batch_shape)})
     return batch_shape
 
 
@@ -61,11 +50,6 @@ def _finish(name: str, config: dict, build, layers, x, dy, x_layout, dy_layout, 
                        dy.double(), t)
     return Report(name, config, build_rows(quantities, specs, results, refs, refs64, dtype),
                   build_steps(specs, results, refs, dtype), [res["record"] for res in results])
-
-
-def _config(t, dtype, seed, bug, **extra) -> dict:
-    return {"world_size": t, **extra, "dtype": str(dtype).replace("torch.", ""), "seed": seed,
-            "bug": bug}
 
 
 def _build_column(lin, *, bug, gather_output):
@@ -89,8 +73,8 @@ def check_column_parallel(world_size: int = 2, in_features: int = 8, out_feature
     X ``[*batch_shape, in]`` is replicated; rank r computes ``Y_r = X @ W_r + b_r`` ``[.., out/t]``
     (all-gathered to ``[.., out]`` with ``gather_output``); f all-reduces dX in backward.
     """
-    dtype, t = _dtype(dtype), resolve_world_size(world_size)
-    validate_bug(bug, COLUMN_BUGS)
+    dtype, t = as_dtype(dtype), resolve_world_size(world_size)
+    validate_bug(bug, "column")
     if bug == "allgather-wrong-order" and not gather_output:
         raise ValueError("bug 'allgather-wrong-order' needs gather_output=True "
                          "(without it there is no all-gather to get wrong)")
@@ -119,7 +103,7 @@ def check_column_parallel(world_size: int = 2, in_features: int = 8, out_feature
     ]
     quantities = [("output", "output" if gather_output else "local"), ("input_grad", "input_grad"),
                   ("weight_grad", "weight_grad"), ("bias_grad", "bias_grad")]
-    config = _config(t, dtype, seed, bug, in_features=in_features, out_features=out_features,
+    config = check_config(t, dtype, seed, bug, in_features=in_features, out_features=out_features,
                      batch_shape=list(batch), gather_output=gather_output)
     build = partial(_build_column, bug=bug, gather_output=gather_output)
     return _finish("column_parallel", config, build, (lin,), x, dy, "replicated",
@@ -137,8 +121,8 @@ def check_row_parallel(world_size: int = 2, in_features: int = 12, out_features:
     ``input_is_parallel=False``), computes the partial ``X_r @ W_r`` ``[.., out]``; g all-reduces
     the partials and the full bias is added once, after the sum.
     """
-    dtype, t = _dtype(dtype), resolve_world_size(world_size)
-    validate_bug(bug, ROW_BUGS)
+    dtype, t = as_dtype(dtype), resolve_world_size(world_size)
+    validate_bug(bug, "row")
     batch = _sizes(batch_shape, in_features=in_features, out_features=out_features)
     check_divisible("in_features", in_features, t)
     (lin,), x, dy = draw_inputs(seed, batch, dtype, (in_features, out_features))
@@ -175,7 +159,7 @@ def check_row_parallel(world_size: int = 2, in_features: int = 12, out_features:
           ("grad", "bias")),
     ]
     quantities = [(k, k) for k in ("output", "input_grad", "weight_grad", "bias_grad")]
-    config = _config(t, dtype, seed, bug, in_features=in_features, out_features=out_features,
+    config = check_config(t, dtype, seed, bug, in_features=in_features, out_features=out_features,
                      batch_shape=list(batch), input_is_parallel=input_is_parallel)
     return _finish("row_parallel", config,
                    partial(_build_row, bug=bug, input_is_parallel=input_is_parallel), (lin,), x, dy,
@@ -192,8 +176,8 @@ def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
     W2 ``[ffn, hidden]`` on its rows, so the activation ``[.., ffn/t]`` stays on its rank: one
     all-reduce forward (g), one backward (f).
     """
-    dtype, t = _dtype(dtype), resolve_world_size(world_size)
-    validate_bug(bug, MLP_BUGS)
+    dtype, t = as_dtype(dtype), resolve_world_size(world_size)
+    validate_bug(bug, "mlp")
     batch = _sizes(batch_shape, hidden=hidden, ffn_hidden=ffn_hidden)
     check_divisible("ffn_hidden", ffn_hidden, t)
     (fc1, fc2), x, dy = draw_inputs(seed, batch, dtype, (hidden, ffn_hidden), (ffn_hidden, hidden))
@@ -230,7 +214,7 @@ def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
     ]
     quantities = [(k, k) for k in ("output", "input_grad", "fc1.weight_grad", "fc1.bias_grad",
                                    "fc2.weight_grad", "fc2.bias_grad")]
-    config = _config(t, dtype, seed, bug, hidden=hidden, ffn_hidden=ffn_hidden,
+    config = check_config(t, dtype, seed, bug, hidden=hidden, ffn_hidden=ffn_hidden,
                      batch_shape=list(batch))
     return _finish("tp_mlp", config, partial(_build_mlp, bug=bug), (fc1, fc2), x, dy, "replicated",
                    "replicated", specs, quantities, mlp_reference, timeout)

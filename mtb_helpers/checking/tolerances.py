@@ -1,0 +1,54 @@
+"""Dtypes and tolerances, stated once for every check.
+
+A check runs in float32 or float64 (``as_dtype`` accepts the names the CLI passes too). A row
+passes when ``max|got - ref| <= atol + rtol * max|ref|`` with (rtol, atol) from ``TOLERANCES``;
+``ulp`` gives the spacing of the dtype at a value, so reports can say "3 ulps" instead of "3e-7".
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["TOLERANCES", "ulp", "tolerance", "as_dtype", "check_config", "positive_sizes"]
+
+# Loose enough for any summation order at these sizes (a few ulps), tight enough that every
+# deliberate bug (errors of order 1) fails by orders of magnitude.
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float32: (1e-5, 1e-6),
+    torch.float64: (1e-12, 1e-14),
+}
+
+
+def ulp(value: float, dtype: torch.dtype) -> float:
+    """The spacing of ``dtype`` at ``|value|`` (its unit in the last place)."""
+    v = torch.tensor(abs(value), dtype=dtype)
+    return float(torch.nextafter(v, torch.tensor(math.inf, dtype=dtype)) - v)
+
+
+def tolerance(ref: torch.Tensor, dtype: torch.dtype) -> float:
+    rtol, atol = TOLERANCES[dtype]
+    scale = float(ref.abs().max()) if ref.numel() else 0.0
+    return atol + rtol * scale
+
+
+def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """``torch.float32`` / ``torch.float64`` from the dtype or its name; anything else is refused."""
+    named = {"float32": torch.float32, "float64": torch.float64}
+    dtype = named.get(dtype, dtype) if isinstance(dtype, str) else dtype
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
+    return dtype
+
+
+def check_config(t: int, dtype: torch.dtype, seed: int, bug: str | None, **extra) -> dict:
+    """The ``config`` dict every Report carries: world size, the check's sizes, dtype, seed, bug."""
+    return {"world_size": t, **extra, "dtype": str(dtype).replace("torch.", ""), "seed": seed,
+            "bug": bug}
+
+
+def positive_sizes(**dims: int) -> None:
+    """Refuse (ValueError naming it) any size that is not a positive integer."""
+    for name, size in dims.items():
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ValueError(f"{name} must be a positive integer, got {size!r}")

@@ -1,0 +1,46 @@
+"""Deliberately wrong gradient synchronisations on the tp x dp grid, for ``check_grid(bug=...)``.
+
+Each stands in for ``average_gradients`` (grid/layers.py), the one step where the grid's two kinds
+of group matter: the mistake is marked ``# BUG``.
+"""
+from __future__ import annotations
+
+from mtb_helpers.checking.bug import Bug, names_for
+from mtb_helpers.comm.regions import issue
+from mtb_helpers.grid.layers import DP_REGION, GridGroups, average_gradients
+
+__all__ = ["BUGS", "GRID_BUGS", "sync_in_tp_group", "sync_nothing", "sync_sum"]
+
+
+def sync_in_tp_group(params: dict, groups: GridGroups) -> list[int]:
+    """grid-dp-allreduce-in-tp-group."""
+    for p in params.values():
+        total = issue("all_reduce", p.grad, region=DP_REGION, direction="backward",
+                      group=groups.tp_group)   # BUG: sums the other shards, not the other replicas
+        p.grad.copy_(total / len(groups.tp_ranks))
+    return groups.tp_ranks
+
+
+def sync_nothing(params: dict, groups: GridGroups) -> list[int]:
+    """grid-no-dp-allreduce."""
+    return groups.dp_ranks   # BUG: each replica keeps the gradient of its own rows
+
+
+def sync_sum(params: dict, groups: GridGroups) -> list[int]:
+    """grid-dp-sum-not-average."""
+    for p in params.values():
+        total = issue("all_reduce", p.grad, region=DP_REGION, direction="backward",
+                      group=groups.dp_group)
+        p.grad.copy_(total)   # BUG: the sum of dp means, dp times the gradient of the batch
+    return groups.dp_ranks
+
+
+BUGS: dict[str, Bug] = {
+    "grid-dp-allreduce-in-tp-group": Bug("grid: the gradient all-reduce runs in the tensor-parallel group, summing different shards instead of the replicas' grads of the same shard",
+        checks=("grid",), replaces={average_gradients: sync_in_tp_group}),
+    "grid-no-dp-allreduce": Bug('grid: no gradient all-reduce across the data-parallel group, so each replica steps with the gradient of its own slice of the batch',
+        checks=("grid",), replaces={average_gradients: sync_nothing}),
+    "grid-dp-sum-not-average": Bug("grid: the data-parallel all-reduce sums the replicas' gradients without dividing by dp, so the step is dp times too large",
+        checks=("grid",), replaces={average_gradients: sync_sum}),
+}
+GRID_BUGS = names_for(BUGS, "grid")
