@@ -10,6 +10,9 @@ from mtb_helpers.grid.check import check_grid
 from mtb_helpers.moe.check import check_moe
 from mtb_helpers.sp.check import check_sequence_parallel
 from mtb_helpers.tp.check import check_column_parallel, check_row_parallel, check_tp_mlp
+from mtb_helpers.tp.attention_check import check_tp_attention
+from mtb_helpers.tp.vocab_check import check_vocab_parallel
 
 __all__ = ["check_collectives", "check_column_parallel", "check_row_parallel", "check_tp_mlp",
-           "check_sequence_parallel", "check_data_parallel", "check_moe", "check_grid"]
+           "check_sequence_parallel", "check_data_parallel", "check_moe", "check_grid",
+           "check_tp_attention", "check_vocab_parallel"]

@@ -1,0 +1,186 @@
+"""``check_tp_attention``: ParallelSelfAttention on real ranks against one process.
+
+    report = check_tp_attention(world_size=2, seq=4, batch=2, n_heads=4, head_dim=4)
+    report.passed, report.rows, report.steps, report.records; print(report)
+
+The check draws ``wq, wk, wv, wo`` (``nn.Linear(h, h)``), ``x`` and the upstream grad ``dy``
+(``[s, b, h]``) from ``seed``, computes the reference here with the full projections and
+``scaled_dot_product_attention`` over all ``n`` heads (in the run's dtype and in float64), ships
+the full tensors to every rank, where each rank builds its heads with ``from_full`` and runs
+forward and backward, and compares per rank: output, input grad and every weight and bias grad,
+plus each step in between (``report.steps``). The fused Q/K/V weight is compared in its rank-
+grouped order ``[Q_0, K_0, V_0, Q_1, ...]`` (``grouped_qkv``), so rank r's block of columns of
+``W_qkv = weight.T [h, 3h]`` is its heads. ``bug=`` swaps in a wrong piece (``attention_bugs``).
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+from mtb_helpers.checking.bug import swap
+from mtb_helpers.checking.bugs import validate_bug
+from mtb_helpers.checking.report import Report
+from mtb_helpers.checking.trace import StepSpec as S, build_rows, build_steps, trace_on_rank
+from mtb_helpers.comm.sharding import shard_range
+from mtb_helpers.runtime.ranks import resolve_world_size, run
+from mtb_helpers.tp.attention import LocalAttention, ParallelSelfAttention, check_heads, grouped_qkv
+from mtb_helpers.tp.layers import ColumnParallelLinear, RowParallelLinear
+from mtb_helpers.tp.reference import cast_linear, draw_inputs
+
+__all__ = ["check_tp_attention", "draw_attention_inputs", "attention_reference", "as_dtype",
+           "positive", "config_of"]
+
+F_BWD, G_FWD = ("f", "backward"), ("g", "forward")
+
+
+def as_dtype(dtype) -> torch.dtype:
+    named = {"float32": torch.float32, "float64": torch.float64}
+    dtype = named.get(dtype, dtype) if isinstance(dtype, str) else dtype
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
+    return dtype
+
+
+def positive(**dims) -> None:
+    for name, size in dims.items():
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ValueError(f"{name} must be a positive integer, got {size!r}")
+
+
+def config_of(t: int, dtype: torch.dtype, seed: int, bug: str | None, **extra) -> dict:
+    return {"world_size": t, **extra, "dtype": str(dtype).replace("torch.", ""), "seed": seed,
+            "bug": bug}
+
+
+def draw_attention_inputs(seed: int, seq: int, batch: int, hidden: int, dtype=torch.float32):
+    """``([wq, wk, wv, wo], x [s, b, h], dy [s, b, h])``: what the check draws for ``seed``."""
+    return draw_inputs(seed, (seq, batch), as_dtype(dtype), *[(hidden, hidden)] * 4)
+
+
+def _group(parts, t: int, dim: int) -> torch.Tensor:
+    """``[Q, K, V]`` -> ``[Q_0, K_0, V_0, Q_1, ...]`` along ``dim`` (rank r's heads together)."""
+    chunks = [p.chunk(t, dim=dim) for p in parts]
+    return torch.cat([c[r] for r in range(t) for c in chunks], dim=dim)
+
+
+def attention_reference(layers, x, dy, t, *, n_heads: int, causal: bool) -> dict:
+    """Every traced quantity on one process: full projections, all ``n`` heads at once."""
+    wq, wk, wv, wo = layers
+    s, b, h = x.shape
+    x = x.clone().requires_grad_(True)
+    q, k, v = wq(x), wk(x), wv(x)                                    # 3 x [s, b, h]
+
+    def heads(z):                                                    # [s, b, h] -> [b, n, s, d]
+        return z.reshape(s, b, n_heads, -1).permute(1, 2, 0, 3)
+
+    ctx = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=causal)
+    ctx = ctx.permute(2, 0, 1, 3).reshape(s, b, h)                   # [s, b, h]
+    for z in (q, k, v, ctx):
+        z.retain_grad()
+    y = wo(ctx)
+    y.backward(dy)
+    w_o = wo.weight.detach().T                                       # [h, h], rows read heads
+    w_qkv = _group([lin.weight.detach().T for lin in (wq, wk, wv)], t, 1)   # [h, 3h] grouped
+    d_qkv = _group([q.grad, k.grad, v.grad], t, -1)                  # [s, b, 3h] grouped
+    cuts = [slice(*shard_range(h, t, r)) for r in range(t)]
+    cuts3 = [slice(*shard_range(3 * h, t, r)) for r in range(t)]
+    d_attn, ctx = ctx.grad, ctx.detach()
+    return {"qkv.weight": w_qkv, "out.weight": w_o, "input": x.detach(),
+            "qkv": _group([q.detach(), k.detach(), v.detach()], t, -1), "attn": ctx,
+            "partial": [ctx[..., c] @ w_o[c] for c in cuts], "reduced": ctx @ w_o,
+            "output": y.detach(), "d_attn": d_attn, "d_qkv": d_qkv,
+            "dx_partial": [d_qkv[..., c3] @ w_qkv[:, c3].T for c3 in cuts3],
+            "input_grad": x.grad,
+            "qkv.weight_grad": _group([lin.weight.grad.T for lin in (wq, wk, wv)], t, 1),
+            "qkv.bias_grad": _group([lin.bias.grad for lin in (wq, wk, wv)], t, 0),
+            "out.weight_grad": wo.weight.grad.T, "out.bias_grad": wo.bias.grad}
+
+
+def build_attention(wq, wk, wv, wo, *, n_heads: int, causal: bool, bug: str | None):
+    """``ParallelSelfAttention.from_full`` with ``bug``'s wrong piece swapped in (inside a rank)."""
+    if bug is None:
+        return ParallelSelfAttention.from_full(wq, wk, wv, wo, n_heads, causal)
+    from mtb_helpers.tp.attention_bugs import BUGS
+    wrong = BUGS[bug]
+    t = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    d = ParallelSelfAttention.validate(wq, wk, wv, wo, n_heads, t)
+    qkv = swap(wrong, ColumnParallelLinear).from_full(grouped_qkv(wq, wk, wv, t))
+    out = swap(wrong, RowParallelLinear).from_full(wo, input_is_parallel=True)
+    return swap(wrong, ParallelSelfAttention)(qkv, swap(wrong, LocalAttention)(n_heads, d, causal, t),
+                                              out)
+
+
+def _specs() -> list[S]:
+    return [
+        S("qkv.weight", "shard Wq, Wk, Wv by heads", "forward", "Wqkv",
+          "Wqkv_r = [Wq_r, Wk_r, Wv_r]: the columns of rank r's heads", "cols",
+          ("param", "qkv.weight")),
+        S("out.weight", "shard Wo by rows", "forward", "Wo",
+          "Wo_r = Wo[rows of rank r's heads, :]", "rows", ("param", "out.weight")),
+        S("input", "replicate X", "forward", "X", "every rank holds X (f: identity)",
+          "replicated", ("input",)),
+        S("qkv", "Q, K, V of own heads", "forward", "QKV", "[Q_r, K_r, V_r] = X @ Wqkv_r + b_r",
+          "cols", ("hook", "qkv", "out")),
+        S("attn", "attention on own heads", "forward", "C",
+          "C_r = softmax(Q_r K_r^T / sqrt(d)) V_r, head by head", "cols", ("hook", "core", "out")),
+        S("partial", "Wo local matmul", "forward", "Y", "P_r = C_r @ Wo_r (no bias), handed to g",
+          "partial", ("record", "g", "forward", "in")),
+        S("reduced", "all-reduce (g forward)", "forward", "Y", "S = sum_r P_r", "replicated",
+          ("record", "g", "forward", "out"), G_FWD),
+        S("output", "add bo once", "forward", "Y", "Y = S + bo", "replicated", ("output",)),
+        S("d_attn", "context grad", "backward", "dC", "dC_r = dY @ Wo_r.T (g backward: identity)",
+          "cols", ("hook", "core", "grad_out")),
+        S("out.weight_grad", "Wo weight grad", "backward", "dWo", "dWo_r = C_r.T @ dY", "rows",
+          ("grad", "out.weight")),
+        S("out.bias_grad", "Wo bias grad", "backward", "dbo", "dbo = dY summed over rows",
+          "replicated", ("grad", "out.bias")),
+        S("d_qkv", "Q, K, V grads of own heads", "backward", "dQKV",
+          "through softmax attention, head by head", "cols", ("hook", "qkv", "grad_out")),
+        S("dx_partial", "local input grad", "backward", "dX", "dX_r = dQKV_r @ Wqkv_r.T",
+          "partial", ("record", "f", "backward", "in")),
+        S("input_grad", "all-reduce dX (f backward)", "backward", "dX", "dX = sum_r dX_r",
+          "replicated", ("input_grad",), F_BWD),
+        S("qkv.weight_grad", "Wqkv weight grad", "backward", "dWqkv", "dWqkv_r = X.T @ dQKV_r",
+          "cols", ("grad", "qkv.weight")),
+        S("qkv.bias_grad", "Wqkv bias grad", "backward", "dbqkv", "dbqkv_r = dQKV_r summed over rows",
+          "cols", ("grad", "qkv.bias")),
+    ]
+
+
+QUANTITIES = ("output", "input_grad", "qkv.weight_grad", "qkv.bias_grad", "out.weight_grad",
+              "out.bias_grad")
+
+
+def check_tp_attention(world_size: int = 2, seq: int = 4, batch: int = 2, n_heads: int = 4,
+                       head_dim: int = 4, causal: bool = True, dtype=torch.float32, seed: int = 0,
+                       bug: str | None = None, timeout: float = 30.0) -> Report:
+    """``ParallelSelfAttention`` on ``world_size`` ranks, ``h = n_heads * head_dim``.
+
+    x ``[seq, batch, h]`` is replicated; rank r owns heads ``r*n/t .. (r+1)*n/t - 1``: Q/K/V
+    column-parallel (one f), attention local, Wo row-parallel (one g). Refuses ``n_heads`` not
+    divisible by the world size before any rank starts.
+    """
+    dtype, t = as_dtype(dtype), resolve_world_size(world_size)
+    positive(seq=seq, batch=batch, n_heads=n_heads, head_dim=head_dim)
+    validate_bug(bug, "tp_attention")
+    h = n_heads * head_dim
+    check_heads(h, n_heads, t)
+    if bug == "attn-heads-not-divided" and head_dim % t:
+        raise ValueError(f"bug 'attn-heads-not-divided' cuts each head into t={t} pieces: it "
+                         f"needs head_dim={head_dim} divisible by {t}")
+    layers, x, dy = draw_attention_inputs(seed, seq, batch, h, dtype)
+    specs = _specs()
+    build = partial(build_attention, n_heads=n_heads, causal=causal, bug=bug)
+    results = run(trace_on_rank, build, tuple(layers), x, dy, "replicated", "replicated", specs,
+                  world_size=t, timeout=timeout)
+    ref = partial(attention_reference, n_heads=n_heads, causal=causal)
+    refs = ref(tuple(cast_linear(lin, dtype) for lin in layers), x, dy, t)
+    refs64 = ref(tuple(cast_linear(lin, torch.float64) for lin in layers), x.double(),
+                 dy.double(), t)
+    config = config_of(t, dtype, seed, bug, seq=seq, batch=batch, n_heads=n_heads,
+                       head_dim=head_dim, causal=causal)
+    quantities = [(q, q) for q in QUANTITIES]
+    return Report("tp_attention", config, build_rows(quantities, specs, results, refs, refs64, dtype),
+                  build_steps(specs, results, refs, dtype), [res["record"] for res in results])

@@ -1,0 +1,167 @@
+"""The vocabulary split at both ends of a Megatron model (Shoeybi et al. 2019, section 3).
+
+Notation: ``V`` tokens in the vocabulary, ``t`` ranks; rank ``r`` owns tokens
+``[r*V/t, (r+1)*V/t)`` (``shard_range``).
+
+* ``VocabParallelEmbedding``: rank r holds rows ``r*V/t:(r+1)*V/t`` of the table ``E [V, h]``.
+  A token outside its range looks up row 0 and is then zeroed, so exactly one rank contributes
+  each token's row; ``g`` (one all-reduce) sums the ``t`` partial outputs. Backward: ``g`` is the
+  identity and each rank's grad lands only in its own rows.
+* ``vocab_parallel_cross_entropy``: each rank holds logits ``[.., V/t]``. The loss
+  ``log sum_j exp(x_j - m) - (x_target - m)`` needs three numbers per token, each combined over
+  ranks with ONE all-reduce of a ``[..]`` tensor: the max ``m`` (all-reduce max), the sum of
+  exponentials (all-reduce sum) and the target logit (all-reduce sum; only the owning rank
+  contributes it). No rank ever holds ``[.., V]``. The backward is written by hand and needs no
+  communication: ``dx = (softmax(x) - onehot(target)) * dloss`` on this rank's columns.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from mtb_helpers.comm.records import note
+from mtb_helpers.comm.regions import (group_rank, group_size, issue,
+                                      reduce_from_tensor_model_parallel_region)
+from mtb_helpers.comm.sharding import check_divisible, shard_range
+
+__all__ = ["VocabParallelEmbedding", "VocabParallelCrossEntropy", "vocab_parallel_cross_entropy",
+           "REDUCTIONS"]
+
+REGION = "vocab_parallel_cross_entropy"
+REDUCTIONS = ("mean", "sum", "none")
+
+
+class VocabParallelEmbedding(nn.Module):
+    """``E[ids]`` with the rows of ``E`` split by vocabulary range; ``.weight`` is ``[V/t, h]``.
+
+    forward: token ids ``[..]`` (replicated, any shape) -> ``[.., h]`` (replicated, after g).
+    """
+    input_layout = "replicated"
+    output_layout = "replicated"
+    weight_layout = "sharded(0)"
+
+    def __init__(self, weight: torch.Tensor, num_embeddings: int, group=None):
+        super().__init__()
+        self.num_embeddings, self.group = num_embeddings, group
+        t, r = group_size(group), group_rank(group)
+        self.vocab_start, self.vocab_end = shard_range(num_embeddings, t, r)
+        self.weight = nn.Parameter(weight.detach().clone().contiguous())
+
+    @classmethod
+    def from_full(cls, embedding: nn.Embedding, group: dist.ProcessGroup | None = None
+                  ) -> "VocabParallelEmbedding":
+        """This rank's vocabulary rows of a full ``nn.Embedding`` (every rank passes the same)."""
+        if embedding.padding_idx is not None or embedding.max_norm is not None:
+            raise ValueError("VocabParallelEmbedding supports plain tables only "
+                             "(padding_idx=None, max_norm=None)")
+        t, r = group_size(group), group_rank(group)
+        check_divisible(f"{cls.__name__}: num_embeddings", embedding.num_embeddings, t)
+        lo, hi = shard_range(embedding.num_embeddings, t, r)
+        return cls(embedding.weight[lo:hi], embedding.num_embeddings, group)
+
+    def local_ids(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(ids - start, outside)``: local row of each token (0 where another rank owns it)."""
+        outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
+        return (ids - self.vocab_start).masked_fill(outside, 0), outside
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local, outside = self.local_ids(ids)
+        rows = F.embedding(local, self.weight)                   # [..] -> [.., h], row 0 if not ours
+        partial = rows.masked_fill(outside.unsqueeze(-1), 0.0)   # [.., h], only tokens we own
+        return reduce_from_tensor_model_parallel_region(partial, self.group)   # g: -> [.., h]
+
+    def extra_repr(self) -> str:
+        return (f"tokens [{self.vocab_start}, {self.vocab_end}) of {self.num_embeddings}, "
+                f"shard {tuple(self.weight.shape)}")
+
+
+class _CrossEntropy(torch.autograd.Function):
+    """forward: the three all-reduces (``combiner``'s methods); backward: local, by hand."""
+
+    @staticmethod
+    def forward(ctx, logits, target, combiner, reduction):
+        lo = group_rank(combiner.group) * logits.shape[-1]
+        local_max = logits.max(dim=-1).values                     # [.., V/t] -> [..]
+        m = combiner.combine_max(local_max.detach())              # all-reduce (max): [..]
+        shifted = logits - m.unsqueeze(-1)                        # [.., V/t]
+        exp = shifted.exp()
+        sum_exp = combiner.combine_sum_exp(exp.sum(dim=-1))       # all-reduce (sum): [..]
+        outside = (target < lo) | (target >= lo + logits.shape[-1])
+        local_t = (target - lo).masked_fill(outside, 0)           # [..], 0 where not ours
+        picked = shifted.gather(-1, local_t.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
+        target_logit = combiner.combine_target_logit(picked)      # all-reduce (sum): [..]
+        loss = sum_exp.log() - target_logit                       # [..], per token
+        ctx.save_for_backward(exp / sum_exp.unsqueeze(-1), local_t, outside)
+        ctx.reduction = reduction
+        if reduction == "mean":
+            return loss.mean()
+        return loss.sum() if reduction == "sum" else loss
+
+    @staticmethod
+    def backward(ctx, grad):
+        softmax, local_t, outside = ctx.saved_tensors
+        dlogits = softmax.clone()                                 # [.., V/t]
+        # d loss / d x_j = softmax_j - [j == target]; the -1 only on the rank owning the target
+        dlogits.scatter_add_(-1, local_t.unsqueeze(-1),
+                             (outside.to(softmax.dtype) - 1.0).unsqueeze(-1))
+        if ctx.reduction == "mean":
+            dlogits *= grad / local_t.numel()
+        elif ctx.reduction == "sum":
+            dlogits *= grad
+        else:
+            dlogits *= grad.unsqueeze(-1)                         # [..] -> [.., 1]
+        return dlogits, None, None, None
+
+
+class VocabParallelCrossEntropy(nn.Module):
+    """``F.cross_entropy`` on logits split by vocabulary range; see the module docstring.
+
+    forward: ``logits [.., V/t]`` (sharded on the last dim), ``target [..]`` (global token ids,
+    replicated) -> the loss (replicated): a scalar, or ``[..]`` with ``reduction="none"``.
+    """
+    input_layout = "sharded(-1)"
+    output_layout = "replicated"
+
+    def __init__(self, reduction: str = "mean", group=None):
+        super().__init__()
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        self.reduction, self.group = reduction, group
+
+    def combine_max(self, local_max: torch.Tensor) -> torch.Tensor:
+        """``[..]`` -> all-reduce (max) -> ``[..]``, the max over the whole vocabulary."""
+        t = group_size(self.group)
+        out = local_max.contiguous().clone()
+        if t > 1:   # issue() sums; the max is the one all-reduce with another op, noted the same way
+            dist.all_reduce(out, op=dist.ReduceOp.MAX, group=self.group)
+        note("all_reduce", local_max, out, REGION, "max", "forward", t)
+        return out
+
+    def combine_sum_exp(self, local_sum: torch.Tensor) -> torch.Tensor:
+        """``[..]`` -> all-reduce (sum) -> ``[..]``, sum of exp(x - m) over the whole vocabulary."""
+        return issue("all_reduce", local_sum, region=REGION, operator="sum_exp",
+                     direction="forward", group=self.group)
+
+    def combine_target_logit(self, picked: torch.Tensor) -> torch.Tensor:
+        """``[..]`` -> all-reduce (sum) -> ``[..]``: only the owning rank's term is non-zero."""
+        return issue("all_reduce", picked, region=REGION, operator="target_logit",
+                     direction="forward", group=self.group)
+
+    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if tuple(target.shape) != tuple(logits.shape[:-1]):
+            raise ValueError(f"target {list(target.shape)} must have the leading shape of the "
+                             f"logits {list(logits.shape)}")
+        vocab = logits.shape[-1] * group_size(self.group)
+        if target.numel() and (int(target.min()) < 0 or int(target.max()) >= vocab):
+            raise ValueError(f"target ids must lie in [0, {vocab}), got "
+                             f"[{int(target.min())}, {int(target.max())}]")
+        return _CrossEntropy.apply(logits, target, self, self.reduction)
+
+
+def vocab_parallel_cross_entropy(logits_shard: torch.Tensor, target: torch.Tensor,
+                                 reduction: str = "mean", group=None) -> torch.Tensor:
+    """``F.cross_entropy(full_logits, target, reduction=...)`` from this rank's ``[.., V/t]``
+    columns (class dim last); ``target [..]`` holds global token ids, the same on every rank."""
+    return VocabParallelCrossEntropy(reduction, group)(logits_shard, target)

@@ -1,0 +1,167 @@
+"""``check_vocab_parallel``: the vocabulary split at both ends, on real ranks, against one process.
+
+    report = check_vocab_parallel(world_size=2, vocab=12, hidden=4, tokens=(4, 2))
+
+The check draws, from ``seed``: an embedding table ``E [V, h]``, token ids ``[*tokens]`` and an
+upstream grad ``dE [*tokens, h]`` for ``VocabParallelEmbedding``; logits ``[*tokens, V]``, targets
+``[*tokens]`` and the loss's upstream grad for ``vocab_parallel_cross_entropy``. Every rank gets
+the full tensors and keeps its vocabulary range (rows of E, columns of the logits). The reference
+is ``nn.Embedding`` and ``F.cross_entropy`` on the full tensors, plus the three per-token numbers
+the parallel loss combines (max, sum of exp(x - max), target logit - max). Rows compare per rank;
+``report.steps`` traces every step, the three all-reduces included.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from mtb_helpers.checking.bug import swap
+from mtb_helpers.checking.bugs import validate_bug
+from mtb_helpers.checking.report import Report
+from mtb_helpers.checking.trace import StepSpec as S, build_rows, build_steps
+from mtb_helpers.comm.records import record
+from mtb_helpers.comm.sharding import check_divisible, shard_range
+from mtb_helpers.runtime.ranks import resolve_world_size, run
+from mtb_helpers.tp.attention_check import as_dtype, config_of, positive
+from mtb_helpers.tp.vocab import REDUCTIONS, VocabParallelCrossEntropy, VocabParallelEmbedding
+
+__all__ = ["check_vocab_parallel", "draw_vocab_inputs", "vocab_reference", "QUANTITIES"]
+
+QUANTITIES = ("embedding.output", "embedding.weight_grad", "ce.max", "ce.sum_exp",
+              "ce.target_logit", "loss", "logits_grad")
+CE_OPS = {"ce.max": "max", "ce.sum_exp": "sum_exp", "ce.target_logit": "target_logit"}
+
+
+def draw_vocab_inputs(seed: int, vocab: int, hidden: int, tokens: tuple[int, ...],
+                      reduction: str = "mean", dtype=torch.float32) -> dict:
+    """The tensors the check draws for ``seed``: ``embedding`` (``nn.Embedding(V, h)``), ``ids``,
+    ``d_emb``, ``logits`` ``[*tokens, V]`` (spread ~N(0, 2^2) so the max matters), ``target``
+    and ``d_loss`` (a scalar, or ``[*tokens]`` for ``reduction="none"``)."""
+    dtype, gen = as_dtype(dtype), torch.Generator().manual_seed(seed)
+    emb = nn.Embedding(vocab, hidden, dtype=dtype)
+    with torch.no_grad():
+        emb.weight.copy_(torch.randn(vocab, hidden, generator=gen, dtype=dtype))
+    ids = torch.randint(0, vocab, tokens, generator=gen)
+    d_emb = torch.randn(*tokens, hidden, generator=gen, dtype=dtype)
+    logits = 2 * torch.randn(*tokens, vocab, generator=gen, dtype=dtype)
+    target = torch.randint(0, vocab, tokens, generator=gen)
+    d_loss = torch.randn(tokens if reduction == "none" else (), generator=gen, dtype=dtype)
+    return {"embedding": emb, "ids": ids, "d_emb": d_emb, "logits": logits, "target": target,
+            "d_loss": d_loss}
+
+
+def vocab_reference(inputs: dict, t: int, reduction: str, dtype: torch.dtype) -> dict:
+    """Every traced quantity on one process, in ``dtype``; per-rank lists for the local steps."""
+    emb = nn.Embedding.from_pretrained(inputs["embedding"].weight.detach().to(dtype), freeze=False)
+    out = emb(inputs["ids"])
+    out.backward(inputs["d_emb"].to(dtype))
+    logits = inputs["logits"].to(dtype).clone().requires_grad_(True)
+    target, vocab = inputs["target"], logits.shape[-1]
+    loss = F.cross_entropy(logits.reshape(-1, vocab), target.reshape(-1), reduction=reduction)
+    loss = loss.reshape(target.shape) if reduction == "none" else loss
+    loss.backward(inputs["d_loss"].to(dtype))
+    x = logits.detach()
+    m = x.max(dim=-1).values                                           # [..]
+    shifted = x - m.unsqueeze(-1)
+    cuts = [slice(*shard_range(vocab, t, r)) for r in range(t)]
+    picked = shifted.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    owner = [(target >= c.start) & (target < c.stop) for c in cuts]
+    rows = emb.weight.detach()[inputs["ids"]]
+    ids = inputs["ids"].unsqueeze(-1)
+    return {"embedding.weight": emb.weight.detach(),
+            "embedding.partial": [rows * ((ids >= c.start) & (ids < c.stop)) for c in cuts],
+            "embedding.output": out.detach(), "embedding.weight_grad": emb.weight.grad,
+            "logits": x, "ce.local_max": [x[..., c].max(dim=-1).values for c in cuts],
+            "ce.max": m, "ce.local_sum_exp": [shifted[..., c].exp().sum(dim=-1) for c in cuts],
+            "ce.sum_exp": shifted.exp().sum(dim=-1),
+            "ce.local_target_logit": [picked * own for own in owner],
+            "ce.target_logit": picked, "loss": loss.detach().reshape(-1),
+            "logits_grad": logits.grad}
+
+
+def _vocab_on_rank(inputs: dict, reduction: str, bug: str | None) -> dict:
+    """On every rank: the embedding forward/backward, then the loss forward/backward."""
+    from mtb_helpers.tp.attention_bugs import BUGS
+    wrong = BUGS.get(bug) if bug else None
+    t = dist.get_world_size() if dist.is_initialized() else 1
+    r = dist.get_rank() if dist.is_initialized() else 0
+    emb = swap(wrong, VocabParallelEmbedding).from_full(inputs["embedding"])
+    ce = swap(wrong, VocabParallelCrossEntropy)(reduction)
+    logits = inputs["logits"].chunk(t, dim=-1)[r].clone().requires_grad_(True)   # [.., V/t]
+    with record(keep_tensors=True) as rec:
+        out = emb(inputs["ids"])
+        out.backward(inputs["d_emb"])
+        loss = ce(logits, inputs["target"])
+        loss.backward(inputs["d_loss"])
+    obs = {"embedding.weight": emb.weight, "embedding.output": out,
+           "embedding.weight_grad": emb.weight.grad, "logits": logits, "loss": loss.reshape(-1),
+           "logits_grad": logits.grad}
+    for e, (x_in, x_out) in zip(rec.events, rec.tensors):
+        key = {"g": "embedding", **{op: k for k, op in CE_OPS.items()}}.get(e.operator)
+        if key == "embedding":
+            obs["embedding.partial"] = x_in
+        elif key is not None:
+            obs[key], obs[key.replace("ce.", "ce.local_")] = x_out, x_in
+    return {"obs": {k: v.detach().clone() for k, v in obs.items() if v is not None},
+            "record": rec.without_tensors(), "rank": r}
+
+
+def _specs() -> list[S]:
+    return [
+        S("embedding.weight", "shard E by vocabulary rows", "forward", "E",
+          "E_r = E[tokens of rank r, :]", "rows", ("param",)),
+        S("embedding.partial", "look up own tokens", "forward", "X",
+          "X_r = E_r[id - start] if rank r owns id, else 0", "partial", ("record",)),
+        S("embedding.output", "all-reduce (g forward)", "forward", "X", "X = sum_r X_r",
+          "replicated", ("output",), ("g", "forward")),
+        S("embedding.weight_grad", "embedding grad of own rows", "backward", "dE",
+          "dE_r[id - start] += dX (own tokens only)", "rows", ("grad",)),
+        S("logits", "shard logits by vocabulary", "forward", "Z", "Z_r = Z[:, tokens of rank r]",
+          "cols", ("input",)),
+        S("ce.local_max", "local max", "forward", "m", "m_r = max_j Z_r[:, j]", "partial",
+          ("record",)),
+        S("ce.max", "all-reduce (max)", "forward", "m", "m = max_r m_r", "replicated",
+          ("record",), ("max", "forward")),
+        S("ce.local_sum_exp", "local sum of exp", "forward", "S", "S_r = sum_j exp(Z_r - m)",
+          "partial", ("record",)),
+        S("ce.sum_exp", "all-reduce (sum of exp)", "forward", "S", "S = sum_r S_r", "replicated",
+          ("record",), ("sum_exp", "forward")),
+        S("ce.local_target_logit", "pick own target logits", "forward", "T",
+          "T_r = Z_r[target] - m if rank r owns target, else 0", "partial", ("record",)),
+        S("ce.target_logit", "all-reduce (target logit)", "forward", "T", "T = sum_r T_r",
+          "replicated", ("record",), ("target_logit", "forward")),
+        S("loss", "loss", "forward", "L", "L = log S - T (then the reduction)", "replicated",
+          ("output",)),
+        S("logits_grad", "logits grad (local)", "backward", "dZ",
+          "dZ_r = (exp(Z_r - m) / S - onehot_r(target)) * dL", "cols", ("input_grad",)),
+    ]
+
+
+def check_vocab_parallel(world_size: int = 2, vocab: int = 12, hidden: int = 4,
+                         tokens: tuple[int, ...] = (4, 2), reduction: str = "mean",
+                         dtype=torch.float32, seed: int = 0, bug: str | None = None,
+                         timeout: float = 30.0) -> Report:
+    """``VocabParallelEmbedding`` and ``vocab_parallel_cross_entropy`` on ``world_size`` ranks.
+
+    Rank r owns tokens ``[r*V/t, (r+1)*V/t)``: those rows of E, those columns of the logits.
+    Refuses a vocabulary not divisible by the world size before any rank starts.
+    """
+    dtype, t = as_dtype(dtype), resolve_world_size(world_size)
+    tokens = tuple(tokens)
+    positive(vocab=vocab, hidden=hidden, **{f"tokens[{i}]": n for i, n in enumerate(tokens)})
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    validate_bug(bug, "vocab_parallel")
+    check_divisible("vocab", vocab, t)
+    inputs = draw_vocab_inputs(seed, vocab, hidden, tokens, reduction, dtype)
+    results = run(_vocab_on_rank, inputs, reduction, bug, world_size=t, timeout=timeout)
+    refs = vocab_reference(inputs, t, reduction, dtype)
+    refs64 = vocab_reference(inputs, t, reduction, torch.float64)
+    specs = _specs()
+    config = config_of(t, dtype, seed, bug, vocab=vocab, hidden=hidden, tokens=list(tokens),
+                       reduction=reduction)
+    rows = build_rows([(q, q) for q in QUANTITIES], specs, results, refs, refs64, dtype)
+    return Report("vocab_parallel", config, rows, build_steps(specs, results, refs, dtype),
+                  [res["record"] for res in results])
