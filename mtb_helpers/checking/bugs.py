@@ -12,6 +12,7 @@ from mtb_helpers.grid import bugs as grid_bugs
 from mtb_helpers.moe import bugs as moe_bugs
 from mtb_helpers.sp import bugs as sp_bugs
 from mtb_helpers.tp import bugs as tp_bugs
+from mtb_helpers.tp import attention_bugs as tp_attention_bugs
 
 BUGS: dict[str, str] = {
 }
@@ -22,6 +23,7 @@ BUGS: dict[str, str] = {
 TOPIC_REGISTRIES: tuple[dict[str, Bug], ...] = (
     collectives_bugs.BUGS,
     tp_bugs.BUGS,
+    tp_attention_bugs.BUGS,
     sp_bugs.BUGS,
     moe_bugs.BUGS,
     grid_bugs.BUGS,
