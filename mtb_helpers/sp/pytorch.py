@@ -1,0 +1,136 @@
+"""Notebook 04 in PyTorch's own API: ``SequenceParallel`` against ``SequenceParallelMLPBlock``.
+
+    res = pytorch_sequence_parallel(world_size=2)
+    print(res); print(res.summary())
+
+On every rank the same full LayerNorm, fc1 and fc2 build ``y = x + fc2(gelu(fc1(LN(x))))`` twice,
+on this rank's sequence rows ``x_r [s/t, b, h]`` (Megatron's sequence-first layout, so PyTorch
+gets ``sequence_dim=0``): once as the course's block, once as a plain module parallelised with
+
+    {"ln": SequenceParallel(sequence_dim=0),                 # LayerNorm on Shard(0) rows
+     "fc1": ColwiseParallel(input_layouts=Shard(0)),         # Shard(0) -> Replicate: all-gather
+     "fc2": RowwiseParallel(output_layouts=Shard(0))}        # Partial -> Shard(0): reduce-scatter
+
+Dropout is off (p = 0): PyTorch's dropout draws from each rank's own generator and the course keys
+its mask by global position; the course's check covers dropout. One difference is real and shown:
+the course all-reduces the LayerNorm grads inside backward (``allreduce_sequence_parallel_grad``);
+PyTorch leaves them ``Partial`` (each rank holds the sum over its own rows) and reduces them only
+when someone asks for the value: ``.full_tensor()`` here, or an optimizer step on the DTensor.
+Those all-reduces are counted in a third row, ``grads .full_tensor()``.
+"""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mtb_helpers.comm.records import record
+from mtb_helpers.comm.sharding import check_divisible, shard_range
+from mtb_helpers.runtime.ranks import resolve_world_size, run
+from mtb_helpers.sp.layers import SequenceParallelMLPBlock
+from mtb_helpers.sp.memory import make_block_inputs
+from mtb_helpers.tp.pytorch import (Agreement, agreement, course_counts, local, one_dim_mesh,
+                                    torch_counts)
+
+__all__ = ["pytorch_sequence_parallel", "sp_on_rank", "SP_MISTAKES", "PlainBlock"]
+
+SP_MISTAKES = {
+    "ln-grad-partial": "read the LayerNorm grads with .to_local(): each rank's Partial piece, "
+                       "the sum over its own rows only",
+}
+_PARAMS = ("ln.weight", "ln.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
+_MAP = [("SequenceParallelLayerNorm on [s/t, b, h]", "SequenceParallel(sequence_dim=0)"),
+        ("gather_from_sequence_parallel_region", "fc1 input_layouts=Shard(0) -> Replicate"),
+        ("reduce_scatter_to_sequence_parallel_region", "fc2 output_layouts=Shard(0)"),
+        ("LayerNorm grads all-reduced in backward", "LayerNorm grads left Partial()")]
+
+
+class PlainBlock(nn.Module):
+    """``y = x + fc2(gelu(fc1(ln(x))))``, ``x, y: [s, b, h]``: the module PyTorch parallelises."""
+
+    def __init__(self, ln: nn.LayerNorm, fc1: nn.Linear, fc2: nn.Linear):
+        super().__init__()
+        self.ln, self.fc1, self.fc2 = ln, fc1, fc2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
+
+
+def _full(grad, partial_as_local: bool) -> torch.Tensor | None:
+    """A parameter grad as the full sum: a Partial DTensor is reduced by ``.full_tensor()``
+    (an all-reduce), unless the mistake reads the local piece."""
+    from torch.distributed.tensor import DTensor, Partial
+    if isinstance(grad, DTensor) and any(isinstance(p, Partial) for p in grad.placements):
+        return local(grad) if partial_as_local else grad.full_tensor().detach().clone()
+    return local(grad)
+
+
+def sp_on_rank(ln: nn.LayerNorm, fc1: nn.Linear, fc2: nn.Linear, x: torch.Tensor,
+               dy: torch.Tensor, mistake: str | None = None) -> dict:
+    """Run on every rank: this rank's rows ``[s/t, b, h]`` of the full ``x`` and ``dy`` through the
+    course's block and through ``parallelize_module``; the pieces each holds and the counts."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+    t, r = dist.get_world_size(), dist.get_rank()
+    lo, hi = shard_range(x.shape[0], t, r)
+    x_r, dy_r = x[lo:hi], dy[lo:hi]
+
+    ours = SequenceParallelMLPBlock.from_full(ln, fc1, fc2, dropout_p=0.0)
+    xc = x_r.clone().requires_grad_(True)
+    with record() as rec:
+        y = ours(xc)
+        y.backward(dy_r)
+    course = {"output": y.detach(), "input_grad": xc.grad,
+              **{f"{n}_grad": local(p.grad) for n, p in ours.named_parameters()
+                 if n in _PARAMS}}
+
+    theirs = PlainBlock(*(copy.deepcopy(m) for m in (ln, fc1, fc2)))
+    plan = {"ln": SequenceParallel(sequence_dim=0),
+            "fc1": ColwiseParallel(input_layouts=Shard(0)),
+            "fc2": RowwiseParallel(output_layouts=Shard(0))}
+    xt = x_r.clone().requires_grad_(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        parallelize_module(theirs, one_dim_mesh(), plan)
+        with CommDebugMode() as fwd:
+            yt = theirs(xt)                       # [s/t, b, h]: x_r + the Shard(0) local output
+        with CommDebugMode() as bwd:
+            yt.backward(dy_r)
+        grads = dict(theirs.named_parameters())
+        placements = {n: str(grads[n].grad.placements) for n in ("ln.weight", "fc2.bias")}
+        with CommDebugMode() as sync:
+            got = {f"{n}_grad": _full(grads[n].grad, mistake == "ln-grad-partial" and
+                                      n.startswith("ln.")) for n in _PARAMS}
+    pytorch = {"output": local(yt), "input_grad": xt.grad, **got}
+    counts = {"forward": (torch_counts(fwd), course_counts(rec, "forward")),
+              "backward": (torch_counts(bwd), course_counts(rec, "backward")),
+              "grads .full_tensor()": (torch_counts(sync), {})}
+    return {"torch": pytorch, "course": {q: course[q] for q in pytorch}, "counts": counts,
+            "placements": placements}
+
+
+def pytorch_sequence_parallel(world_size: int = 2, seq_len: int = 12, batch: int = 2,
+                              hidden: int = 8, ffn_hidden: int = 12, seed: int = 0,
+                              mistake: str | None = None, timeout: float = 60.0) -> Agreement:
+    """``SequenceParallel`` + Colwise/Rowwise with ``Shard(0)`` vs ``SequenceParallelMLPBlock``:
+    output and input grad ``[s/t, b, h]``, every parameter grad (LayerNorm's as the full sum)."""
+    t = resolve_world_size(world_size)
+    if mistake is not None and mistake not in SP_MISTAKES:
+        raise ValueError(f"unknown mistake {mistake!r}; expected one of {sorted(SP_MISTAKES)}")
+    if seq_len % t:
+        raise ValueError(f"seq_len={seq_len} is not divisible by the world size {t}: sequence "
+                         f"parallelism splits the sequence into {t} equal shards")
+    check_divisible("sequence parallel: ffn_hidden", ffn_hidden, t)
+    ln, fc1, fc2, x, dy = make_block_inputs(seq_len, batch, hidden, ffn_hidden, torch.float64,
+                                            seed)
+    results = run(sp_on_rank, ln, fc1, fc2, x, dy, mistake, world_size=t, timeout=timeout)
+    place = results[0]["placements"]
+    notes = (f"after backward PyTorch's ln.weight.grad is {place['ln.weight']}, "
+             f"fc2.bias.grad is {place['fc2.bias']}",)
+    return agreement("sequence parallel", results, _MAP, mistake, notes)
