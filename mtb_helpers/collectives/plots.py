@@ -42,7 +42,8 @@ def draw_buffers(ax, buffers: Sequence[Sequence[float]], sources: Sequence[Seque
 
     ``sources[r][i]``: the ranks whose data is in cell i of rank r (one -> its colour, several ->
     stripes, none -> grey). ``chunks``: thick separators every len/chunks cells. ``expected``: a
-    cell whose value differs gets a red border and the wanted value underneath."""
+    cell whose value differs gets a thick dark-orange (vermillion) border and the wanted value
+    underneath."""
     width = max((len(b) for b in buffers), default=1)
     size = 10 if width <= 8 else 9 if width <= 12 else 8
     show_wanted = width <= 12   # no room to write the expected value in narrower cells
@@ -89,7 +90,7 @@ def _legend(fig: Figure, world_size: int, striped: bool, wrong: bool) -> None:
                              label="sum of several ranks (stripes)"))
     if wrong:
         handles.append(Patch(facecolor="white", edgecolor=FAIL_COLOR, linewidth=2.5,
-                             label="wrong value (red border)"))
+                             label="wrong value (thick dark-orange border)"))
     fig.legend(handles=handles, loc="lower center", ncol=len(handles) if len(handles) <= 5 else 3,
                fontsize=9,
                frameon=False, bbox_to_anchor=(0.5, 0.0))
