@@ -24,7 +24,7 @@ from torch import nn
 from mtb_helpers.comm.regions import group_size
 from mtb_helpers.comm.regions import CollectiveRecord, record
 from mtb_helpers.checking.report import Row, compare, tolerance
-from mtb_helpers.comm.sharding import shard_range
+from mtb_helpers.comm.sharding import local_piece, shard_range
 
 LAYOUTS = ("rows", "cols", "replicated", "partial")
 
@@ -129,27 +129,18 @@ def _find(module: nn.Module, path: str):
     return obj
 
 
-def local(x: torch.Tensor, layout: str, world_size: int, rank: int) -> torch.Tensor:
-    """Rank ``rank``'s piece of a full activation ``[.., n]``: all of it (``"replicated"``) or
-    its ``[.., n/t]`` columns (``"cols"``)."""
-    if layout == "replicated":
-        return x
-    lo, hi = shard_range(x.shape[-1], world_size, rank)
-    return x[..., lo:hi]
-
-
-def trace_on_rank(build, layers: tuple, x: torch.Tensor, dy: torch.Tensor, x_layout: str,
-                  dy_layout: str, specs: list[StepSpec]) -> dict:
+def trace_on_rank(build, layers: tuple, x: torch.Tensor, dy: torch.Tensor,
+                  specs: list[StepSpec]) -> dict:
     """Run on every rank: ``module = build(*layers)``, ``y = module(x_r)``, ``y.backward(dy_r)``
     inside a collective record, where ``x_r``/``dy_r`` are this rank's pieces of the full ``x``
-    and ``dy`` (see ``local``). Returns ``{"obs": {key: tensor}, "record": CollectiveRecord}``
+    and ``dy``, cut as the module's ``input_layout`` / ``output_layout`` say. Returns ``{"obs": {key: tensor}, "record": CollectiveRecord}``
     with an entry for every spec whose source exists.
     """
     t = group_size()
     r = dist.get_rank() if dist.is_initialized() else 0
     module = build(*layers)
-    x = local(x, x_layout, t, r).clone().requires_grad_(True)
-    dy = local(dy, dy_layout, t, r)
+    x = local_piece(x, module.input_layout, t, r).clone().requires_grad_(True)
+    dy = local_piece(dy, module.output_layout, t, r)
     hooked: dict[tuple, torch.Tensor] = {}
     handles = []
     for s in specs:

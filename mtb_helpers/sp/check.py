@@ -125,8 +125,7 @@ def _on_rank(build, layers: tuple, x: torch.Tensor, dy: torch.Tensor, specs: lis
     t = group_size()
     r = dist.get_rank() if dist.is_initialized() else 0
     lo, hi = shard_range(x.shape[0], t, r)
-    # trace_on_rank slices only by columns; the rows are sliced here and handed over as they are
-    result = trace_on_rank(build, layers, x[lo:hi], dy[lo:hi], "replicated", "replicated", specs)
+    result = trace_on_rank(build, layers, x, dy, specs)   # the block's layouts cut the rows
     result["memory"] = measure_on_rank(*layers, x, dy, dropout_p, seed)
     return result
 

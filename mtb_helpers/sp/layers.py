@@ -30,7 +30,8 @@ from mtb_helpers.comm.regions import group_rank, group_size, issue
 from mtb_helpers.comm.sp_regions import (GATHER_SP, allreduce_sequence_parallel_grad,
                                  gather_from_sequence_parallel_region,
                                  reduce_scatter_to_sequence_parallel_region)
-from mtb_helpers.tp.layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear, shard_range
+from mtb_helpers.comm.sharding import COLS, REPLICATED, ROWS, shard_range
+from mtb_helpers.tp.layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear
 
 __all__ = ["keep_mask", "position_keyed_dropout", "PositionKeyedDropout", "SequenceParallelLayerNorm",
            "SequenceParallelColumnLinear", "SequenceParallelRowLinear", "SequenceParallelMLPBlock",
@@ -75,6 +76,7 @@ def position_keyed_dropout(x: torch.Tensor, p: float, seed: int, row_offset: int
 class PositionKeyedDropout(nn.Module):
     """Dropout whose mask is keyed by global position and seed. ``x``: ``[s/t, b, h]`` (this
     rank's sequence shard, ``sequence_parallel=True``) or the whole ``[s, b, h]``."""
+    input_layout = output_layout = ROWS
 
     def __init__(self, p: float = 0.1, seed: int = 0, sequence_parallel: bool = True, group=None):
         super().__init__()
@@ -98,6 +100,7 @@ class PositionKeyedDropout(nn.Module):
 class SequenceParallelLayerNorm(nn.Module):
     """LayerNorm over ``h`` on this rank's ``[s/t, b, h]``; weight and bias ``[h]`` are replicated
     and their grads all-reduced over the group in backward."""
+    input_layout = output_layout = ROWS
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
                  name: str = "ln", group=None):
@@ -126,19 +129,22 @@ class _GatherThenLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, group):
+        # [s/t, b, in] -> all-gather -> [s, b, in]
         full = issue("all_gather", x, region=GATHER_SP, direction="forward", dim=0, group=group)
         ctx.save_for_backward(x, weight)
         ctx.group, ctx.has_bias = group, bias is not None
-        return F.linear(full, weight, bias)
+        return F.linear(full, weight, bias)   # [s, b, in] @ [in, out/t] -> [s, b, out/t]
 
     @staticmethod
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
+        # [s/t, b, in] -> all-gather again -> [s, b, in]
         full = issue("all_gather", x, region=GATHER_SP, operator="re-gather", direction="backward",
                      dim=0, group=ctx.group)
         dy2 = dy.reshape(-1, dy.shape[-1])
-        dw = dy2.T @ full.reshape(-1, full.shape[-1])
+        dw = dy2.T @ full.reshape(-1, full.shape[-1])   # [out/t, s*b] @ [s*b, in] -> [out/t, in]
         db = dy2.sum(0) if ctx.has_bias else None
+        # [s, b, out/t] @ [out/t, in] -> [s, b, in] (partial) -> reduce-scatter -> [s/t, b, in]
         dx = issue("reduce_scatter", dy @ weight, region=GATHER_SP, direction="backward", dim=0,
                    group=ctx.group)
         return dx, dw, db, None
@@ -151,19 +157,24 @@ class SequenceParallelColumnLinear(ColumnParallelLinear):
     ``save_input_shard`` the layer keeps only ``x`` for backward and gathers it again there.
     """
     save_input_shard: bool = False
+    input_layout, output_layout = ROWS, COLS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.save_input_shard:
             return _GatherThenLinear.apply(x, self.weight, self.bias, self.group)
-        return F.linear(gather_from_sequence_parallel_region(x, self.group), self.weight, self.bias)
+        full = gather_from_sequence_parallel_region(x, self.group)   # [s/t, b, in] -> [s, b, in]
+        return F.linear(full, self.weight, self.bias)   # [s, b, in] @ [in, out/t] -> [s, b, out/t]
 
 
 class SequenceParallelRowLinear(RowParallelLinear):
     """fc2 under SP: ``x [s, b, in/t]`` -> partial ``[s, b, out]`` -> reduce-scatter along the
     sequence -> ``[s/t, b, out]`` + bias (replicated, grad all-reduced like LayerNorm's)."""
+    input_layout, output_layout = COLS, ROWS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = reduce_scatter_to_sequence_parallel_region(F.linear(x, self.weight), self.group)
+        partial = F.linear(x, self.weight)   # [s, b, in/t] @ [in/t, out] -> [s, b, out] (partial)
+        # [s, b, out] -> reduce-scatter along the sequence -> [s/t, b, out]
+        y = reduce_scatter_to_sequence_parallel_region(partial, self.group)
         if self.bias is None:
             return y
         return y + allreduce_sequence_parallel_grad(self.bias, "fc2.bias", self.group)
@@ -178,7 +189,8 @@ def _check_block(ln: nn.LayerNorm, fc1: nn.Linear, fc2: nn.Linear) -> None:
 
 class SequenceParallelMLPBlock(nn.Module):
     """``y = x + dropout(fc2(gelu(fc1(layernorm(x)))))`` with ``x, y: [s/t, b, h]`` (this rank's
-    sequence shard). Built from its parts so a check can swap in a broken one (``sp_bugs``)."""
+    sequence shard). Built from its parts so a check can swap in a broken one (``sp/bugs.py``)."""
+    input_layout = output_layout = ROWS
 
     def __init__(self, ln: SequenceParallelLayerNorm, fc1: SequenceParallelColumnLinear,
                  fc2: SequenceParallelRowLinear, dropout: PositionKeyedDropout):
@@ -200,6 +212,8 @@ class SequenceParallelMLPBlock(nn.Module):
                    PositionKeyedDropout(dropout_p, seed, sequence_parallel=True, group=group))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # [s/t, b, h] -> LN -> fc1 (all-gather) -> [s, b, ffn/t] -> GeLU -> fc2 (reduce-scatter)
+        # -> [s/t, b, h] -> dropout -> + x
         return x + self.dropout(self.fc2(self.act(self.fc1(self.ln(x)))))
 
 
@@ -221,7 +235,10 @@ class TensorParallelMLPBlock(nn.Module):
         return cls(copy, ParallelMLP.from_full(fc1, fc2, group),
                    PositionKeyedDropout(dropout_p, seed, sequence_parallel=False, group=group))
 
+    input_layout = output_layout = REPLICATED
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # [s, b, h] -> LN -> ParallelMLP (f ... g: one all-reduce) -> [s, b, h] -> dropout -> + x
         return x + self.dropout(self.mlp(self.ln(x)))
 
 

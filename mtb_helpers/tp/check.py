@@ -40,10 +40,10 @@ def _sizes(batch_shape, **dims: int) -> tuple[int, ...]:
     return batch_shape
 
 
-def _finish(name: str, config: dict, build, layers, x, dy, x_layout, dy_layout, specs, quantities,
+def _finish(name: str, config: dict, build, layers, x, dy, specs, quantities,
             reference, timeout: float) -> Report:
     t, dtype = config["world_size"], x.dtype
-    results = run(trace_on_rank, build, layers, x, dy, x_layout, dy_layout, specs,
+    results = run(trace_on_rank, build, layers, x, dy, specs,
                   world_size=t, timeout=timeout)
     refs = reference(tuple(cast_linear(lin, dtype) for lin in layers), x, dy, t)
     refs64 = reference(tuple(cast_linear(lin, torch.float64) for lin in layers), x.double(),
@@ -106,8 +106,7 @@ def check_column_parallel(world_size: int = 2, in_features: int = 8, out_feature
     config = check_config(t, dtype, seed, bug, in_features=in_features, out_features=out_features,
                      batch_shape=list(batch), gather_output=gather_output)
     build = partial(_build_column, bug=bug, gather_output=gather_output)
-    return _finish("column_parallel", config, build, (lin,), x, dy, "replicated",
-                   "replicated" if gather_output else "cols", specs, quantities, column_reference,
+    return _finish("column_parallel", config, build, (lin,), x, dy, specs, quantities, column_reference,
                    timeout)
 
 
@@ -163,7 +162,7 @@ def check_row_parallel(world_size: int = 2, in_features: int = 12, out_features:
                      batch_shape=list(batch), input_is_parallel=input_is_parallel)
     return _finish("row_parallel", config,
                    partial(_build_row, bug=bug, input_is_parallel=input_is_parallel), (lin,), x, dy,
-                   "cols" if input_is_parallel else "replicated", "replicated", specs, quantities,
+                   specs, quantities,
                    row_reference, timeout)
 
 
@@ -216,5 +215,5 @@ def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
                                    "fc2.weight_grad", "fc2.bias_grad")]
     config = check_config(t, dtype, seed, bug, hidden=hidden, ffn_hidden=ffn_hidden,
                      batch_shape=list(batch))
-    return _finish("tp_mlp", config, partial(_build_mlp, bug=bug), (fc1, fc2), x, dy, "replicated",
-                   "replicated", specs, quantities, mlp_reference, timeout)
+    return _finish("tp_mlp", config, partial(_build_mlp, bug=bug), (fc1, fc2), x, dy, specs,
+                   quantities, mlp_reference, timeout)

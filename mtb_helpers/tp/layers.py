@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from mtb_helpers.comm.sharding import check_divisible, shard_range
+from mtb_helpers.comm.sharding import COLS, REPLICATED, check_divisible, shard_range
 from mtb_helpers.comm.regions import (copy_to_tensor_model_parallel_region,
                               gather_from_tensor_model_parallel_region, group_rank, group_size,
                               reduce_from_tensor_model_parallel_region,
@@ -43,6 +43,11 @@ class ColumnParallelLinear(nn.Module):
     forward: ``x [.., in]`` (replicated on every rank) -> ``[.., out/t]`` (this rank's columns
     of Y), or ``[.., out]`` with ``gather_output=True``.
     """
+    input_layout = REPLICATED
+
+    @property
+    def output_layout(self) -> str:
+        return REPLICATED if self.gather_output else COLS
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, in_features: int,
                  out_features: int, gather_output: bool = False, group=None):
@@ -64,9 +69,10 @@ class ColumnParallelLinear(nn.Module):
                    gather_output, group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = copy_to_tensor_model_parallel_region(x, self.group)   # f: backward all-reduces dX
-        y = F.linear(x, self.weight, self.bias)                     # [.., out/t]
+        x = copy_to_tensor_model_parallel_region(x, self.group)   # [.., in] -> f -> [.., in]
+        y = F.linear(x, self.weight, self.bias)   # [.., in] @ [in, out/t] -> [.., out/t]
         if self.gather_output:
+            # [.., out/t] -> all-gather -> [.., out]
             y = gather_from_tensor_model_parallel_region(y, self.group)
         return y
 
@@ -81,6 +87,11 @@ class RowParallelLinear(nn.Module):
     forward: ``x [.., in/t]`` (this rank's columns of X; with ``input_is_parallel=False`` the
     full ``[.., in]``, split here) -> ``[.., out]``, the same full Y on every rank.
     """
+    output_layout = REPLICATED
+
+    @property
+    def input_layout(self) -> str:
+        return COLS if self.input_is_parallel else REPLICATED
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, in_features: int,
                  out_features: int, input_is_parallel: bool = True, group=None):
@@ -103,8 +114,8 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel:
             x = scatter_to_tensor_model_parallel_region(x, self.group)   # [.., in] -> [.., in/t]
-        partial = F.linear(x, self.weight)                 # [.., out], this rank's share of the sum
-        y = reduce_from_tensor_model_parallel_region(partial, self.group)   # g
+        partial = F.linear(x, self.weight)   # [.., in/t] @ [in/t, out] -> [.., out] (partial)
+        y = reduce_from_tensor_model_parallel_region(partial, self.group)   # g: all-reduce [.., out]
         # Added once, after the sum: added before it, every rank's copy would be summed (t x b).
         return y + self.bias if self.bias is not None else y
 
@@ -118,6 +129,7 @@ class ParallelMLP(nn.Module):
 
     The activation between them is ``[.., ffn/t]`` on each rank and is never communicated.
     """
+    input_layout = output_layout = REPLICATED
 
     def __init__(self, fc1: ColumnParallelLinear, fc2: RowParallelLinear):
         super().__init__()
@@ -137,4 +149,5 @@ class ParallelMLP(nn.Module):
                    RowParallelLinear.from_full(fc2, input_is_parallel=True, group=group))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # [.., h] -> fc1 -> [.., ffn/t] -> GeLU -> fc2 (g) -> [.., h]
         return self.fc2(self.act(self.fc1(x)))
