@@ -8,6 +8,7 @@ from mtb_helpers.collectives.check import check_collectives
 from mtb_helpers.dp.check import check_data_parallel
 from mtb_helpers.grid.check import check_grid
 from mtb_helpers.moe.check import check_moe
+from mtb_helpers.pp.check import check_pipeline
 from mtb_helpers.sp.check import check_sequence_parallel
 from mtb_helpers.tp.check import check_column_parallel, check_row_parallel, check_tp_mlp
 from mtb_helpers.tp.attention_check import check_tp_attention
@@ -15,4 +16,4 @@ from mtb_helpers.tp.vocab_check import check_vocab_parallel
 
 __all__ = ["check_collectives", "check_column_parallel", "check_row_parallel", "check_tp_mlp",
            "check_sequence_parallel", "check_data_parallel", "check_moe", "check_grid",
-           "check_tp_attention", "check_vocab_parallel"]
+           "check_tp_attention", "check_vocab_parallel", "check_pipeline"]

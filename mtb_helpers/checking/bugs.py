@@ -10,6 +10,7 @@ from mtb_helpers.collectives import bugs as collectives_bugs
 from mtb_helpers.dp import bugs as dp_bugs
 from mtb_helpers.grid import bugs as grid_bugs
 from mtb_helpers.moe import bugs as moe_bugs
+from mtb_helpers.pp import bugs as pp_bugs
 from mtb_helpers.sp import bugs as sp_bugs
 from mtb_helpers.tp import bugs as tp_bugs
 from mtb_helpers.tp import attention_bugs as tp_attention_bugs
@@ -26,6 +27,7 @@ TOPIC_REGISTRIES: tuple[dict[str, Bug], ...] = (
     tp_attention_bugs.BUGS,
     sp_bugs.BUGS,
     moe_bugs.BUGS,
+    pp_bugs.BUGS,
     grid_bugs.BUGS,
     dp_bugs.BUGS,
 )

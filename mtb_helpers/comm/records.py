@@ -15,7 +15,7 @@ from typing import Iterator
 
 import torch
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "split", "all_to_all")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "split", "all_to_all", "send", "recv")
 
 
 @dataclass(frozen=True)

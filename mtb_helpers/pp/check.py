@@ -1,0 +1,111 @@
+"""The pipeline check: one step of ``pipeline_step`` on real ranks against one process.
+
+    report = check_pipeline("1f1b", stages=4, microbatches=8, dtype=torch.float64)
+    report.passed, report.rows, report.records, report.extra["pipeline"]
+
+The model is ``stages * chunks`` blocks of Linear(h, h) + GELU (``make_pipeline_model``); X and
+the target are ``[rows_per_microbatch * m, h]`` drawn from ``seed``. The reference runs the whole
+model on the whole batch in one process (MSE, mean over the batch) in the run's dtype and in
+float64. Rows: the loss (on the last rank) and every parameter's grad on the rank that holds it.
+``extra["pipeline"]`` holds the measured timeline, peak stashes next to the simulator's, bytes
+held and the measured and simulated bubble.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mtb_helpers.checking.bugs import validate_bug
+from mtb_helpers.checking.report import Report, compare
+from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
+from mtb_helpers.pp.bugs import BUGS, PP_BUGS
+from mtb_helpers.pp.runtime import op_durations, pipeline_step, split_model
+from mtb_helpers.pp.schedules import schedule as make_schedule
+from mtb_helpers.pp.simulator import simulate
+from mtb_helpers.runtime.ranks import resolve_world_size
+
+__all__ = ["check_pipeline", "make_pipeline_model", "reference_step", "simulated_for"]
+
+
+def make_pipeline_model(blocks: int, width: int = 8, dtype: torch.dtype = torch.float32,
+                        seed: int = 0) -> nn.Sequential:
+    """``blocks`` x (Linear(width, width), GELU) as one ``nn.Sequential`` (2 * blocks layers)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        layers: list[nn.Module] = []
+        for _ in range(blocks):
+            layers += [nn.Linear(width, width, dtype=dtype), nn.GELU()]
+        return nn.Sequential(*layers)
+
+
+def reference_step(model: nn.Sequential, x: torch.Tensor, target: torch.Tensor,
+                   loss_fn=F.mse_loss) -> tuple[float, dict[str, torch.Tensor]]:
+    """Loss and grads of one process on the whole batch (the model is copied, not touched)."""
+    model = copy.deepcopy(model)
+    loss = loss_fn(model(x), target)
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def simulated_for(schedule: str, stages: int, microbatches: int, chunks: int, op_time=None):
+    """``simulate()`` of the same schedule with the same op times (F=1, B=2 when none)."""
+    ops = make_schedule(schedule, stages, microbatches, chunks)
+    d = op_durations(op_time, 1, False) or {"F": 1.0, "I": 1.0, "W": 1.0}
+    return simulate(ops, d["F"], d["I"] + d["W"], input=d["I"], weight=d["W"])
+
+
+def check_pipeline(schedule: str = "1f1b", stages: int = 4, microbatches: int = 8,
+                   chunks: int | None = None, dtype=torch.float32, seed: int = 0, bug: str | None = None,
+                   recompute: bool = False, op_time=None, width: int = 8,
+                   rows_per_microbatch: int = 2, timeout: float = 60.0) -> Report:
+    """``pipeline_step`` on ``stages`` ranks against one process on the whole batch.
+
+    ``chunks`` defaults to 2 for interleaved and 1 for the others.
+    Refuses (ValueError, before any rank starts) a bad size, an unknown schedule or bug, chunks
+    that do not fit the schedule (interleaved needs >= 2, the others 1) and, for interleaved,
+    micro-batches not divisible by the stage count.
+    """
+    dtype, p = as_dtype(dtype), resolve_world_size(stages)
+    positive_sizes(microbatches=microbatches, width=width,
+                   rows_per_microbatch=rows_per_microbatch)
+    validate_bug(bug, PP_BUGS)
+    chunks = (2 if schedule == "interleaved" else 1) if chunks is None else chunks
+    make_schedule(schedule, p, microbatches, chunks)
+    op_durations(op_time, chunks, recompute)
+    model = make_pipeline_model(p * chunks, width, dtype, seed)
+    split_model(model, p * chunks)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + 1)
+        x = torch.randn(rows_per_microbatch * microbatches, width, dtype=dtype)
+        target = torch.randn(rows_per_microbatch * microbatches, width, dtype=dtype)
+    res = pipeline_step(model, x, target, F.mse_loss, schedule, p, microbatches, chunks,
+                        op_time=op_time, recompute=recompute,
+                        bug=None if bug is None else BUGS[bug], timeout=timeout)
+    ref_loss, ref_grads = reference_step(model, x, target)
+    ref64_loss, ref64_grads = reference_step(copy.deepcopy(model).double(), x.double(),
+                                             target.double())
+    rows = [compare("loss", p - 1, torch.tensor(res.loss, dtype=dtype), ref_loss, ref64_loss,
+                    dtype)]
+    pieces = split_model(model, p * chunks)
+    for s, piece in enumerate(pieces):
+        for name, _ in piece.named_parameters():
+            rows.append(compare(f"{name}.grad", s % p, res.grads.get(name), ref_grads[name],
+                                ref64_grads[name], dtype))
+    config = check_config(p, dtype, seed, bug, schedule=schedule, stages=p,
+                          microbatches=microbatches, chunks=chunks, recompute=recompute,
+                          op_time=None if op_time is None else list(op_time))
+    sim = simulated_for(schedule, p, microbatches, chunks, op_time)
+    measured = res.measured()
+    extra = {"pipeline": {
+        "ops_match_schedule": all(res.ops(r) == list(res.schedule[r]) for r in range(p)),
+        "peak_stashed": res.peak_stashed, "simulated_peak_activations": sim.peak_activations,
+        "stash_bytes": res.stash_bytes, "recompute_bytes": res.recompute_bytes,
+        "measured_bubble_fraction": measured.bubble_fraction,
+        "simulated_bubble_fraction": sim.bubble_fraction, "makespan_s": measured.makespan,
+        "timeline": [vars(e) for e in res.timeline]}}
+    report = Report("pipeline", config, rows, [], res.records, extra=extra)
+    report.result = res   # the full PipelineResult, for figures (not part of to_dict)
+    return report

@@ -1,0 +1,114 @@
+"""Point-to-point messages between pipeline stages: activations forward, input grads backward.
+
+Why no schedule can deadlock here: a stage never waits for its own sends. ``send`` posts an
+``isend`` and returns at once (gloo completes it when the peer posts the matching ``irecv``);
+``recv`` posts the ``irecv`` right before the op that needs the tensor and waits for it. So a
+rank only ever waits for data that an earlier op of another rank produces, exactly the
+dependencies the simulator follows: if ``simulate()`` finishes a schedule, so do the ranks.
+
+Every message carries its own tag, so two messages between the same pair of ranks (with
+interleaving, rank r sends rank r+1 activations of one chunk while it receives grads of another
+from it) can never be matched to the wrong receive, whatever order they are posted in::
+
+    tag = (kind * virtual_stages + sender's virtual stage) * microbatches + microbatch
+
+Each send and receive is noted in the rank's collective record (op "send" / "recv", bytes,
+``region`` naming what and which peer), and each wait for a receive is a "recv" event of the
+timeline. Before blocking, a rank writes what it waits for into ``status_file`` (when given), so
+that the owner can say which p2p op and peer each rank was stuck in if the step times out.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from mtb_helpers.comm.records import note
+
+__all__ = ["P2P", "Message", "ACTIVATION", "GRAD"]
+
+ACTIVATION, GRAD = 0, 1   # message kinds: forward activation s -> s+1, input grad s -> s-1
+_WHAT = {ACTIVATION: "activation", GRAD: "input grad"}
+
+
+@dataclass(frozen=True)
+class Message:
+    """One tensor between virtual stages: ``kind`` (ACTIVATION or GRAD) sent by virtual stage
+    ``sender`` for ``microbatch``, from rank ``src`` to rank ``dst``."""
+    kind: int
+    sender: int
+    microbatch: int
+    src: int
+    dst: int
+
+    def tag(self, virtual_stages: int, microbatches: int) -> int:
+        return (self.kind * virtual_stages + self.sender) * microbatches + self.microbatch
+
+    def describe(self) -> str:
+        """E.g. ``'activation of micro-batch 3 (virtual stage 1 -> 2), rank 1 -> rank 2'``."""
+        to = self.sender + (1 if self.kind == ACTIVATION else -1)
+        return (f"{_WHAT[self.kind]} of micro-batch {self.microbatch} (virtual stage "
+                f"{self.sender} -> {to}), rank {self.src} -> rank {self.dst}")
+
+
+class P2P:
+    """This rank's sends and receives for one pipeline step.
+
+    ``events`` collects ("send" | "recv", message, start, end) with ``clock()`` times; call
+    ``finish()`` at the end of the step to wait for the sends still in flight.
+    """
+
+    def __init__(self, virtual_stages: int, microbatches: int, clock, status_file: str | None):
+        self.virtual_stages = virtual_stages
+        self.microbatches = microbatches
+        self.clock = clock
+        self.status_file = status_file
+        self.pending: list[tuple[dist.Work, torch.Tensor]] = []
+        self.events: list[tuple[str, Message, float, float]] = []
+
+    def tag(self, msg: Message) -> int:
+        return msg.tag(self.virtual_stages, self.microbatches)
+
+    def waiting_for(self, text: str) -> None:
+        """Say what this rank is about to block on (read by the owner only after a timeout)."""
+        if self.status_file is not None:
+            with open(self.status_file, "w") as f:
+                f.write(text)
+
+    def send(self, tensor: torch.Tensor, msg: Message) -> None:
+        """Post the send and return: the peer receives it whenever its schedule gets there."""
+        start = self.clock()
+        tensor = tensor.detach().contiguous()
+        # [b/m, ...] activation or grad -> isend -> rank msg.dst (kept alive until finish())
+        work = dist.isend(tensor, dst=msg.dst, tag=self.tag(msg))
+        self.pending.append((work, tensor))
+        self._note("send", tensor, msg, start)
+
+    def recv(self, shape: torch.Size, dtype: torch.dtype, msg: Message) -> torch.Tensor:
+        """Post the receive and wait for it: the time spent waiting is this rank's bubble."""
+        start = self.clock()
+        out = torch.empty(shape, dtype=dtype)
+        # rank msg.src -> irecv -> [b/m, ...] activation or grad
+        work = dist.irecv(out, src=msg.src, tag=self.tag(msg))
+        self.waiting_for(f"recv of the {msg.describe()}")
+        work.wait()
+        self._note("recv", out, msg, start)
+        return out
+
+    def finish(self) -> None:
+        """Wait for every send still in flight (their receivers have all been posted by now)."""
+        for work, _ in self.pending:
+            self.waiting_for("waiting for its sends to be received at the end of the step")
+            work.wait()
+        self.pending.clear()
+
+    def _note(self, op: str, tensor: torch.Tensor, msg: Message, start: float) -> None:
+        self.events.append((op, msg, start, self.clock()))
+        peer = msg.dst if op == "send" else msg.src
+        arrow = "->" if op == "send" else "<-"
+        nbytes = tensor.numel() * tensor.element_size()
+        note(op, tensor, tensor, f"{_WHAT[msg.kind]} {arrow} rank {peer}", "",
+             "forward" if msg.kind == ACTIVATION else "backward", 2,
+             sent=nbytes if op == "send" else 0)

@@ -1,0 +1,251 @@
+"""The pipeline on real ranks: one training step of an ``nn.Sequential`` cut into stages.
+
+    from mtb_helpers.pp import pipeline_step
+    res = pipeline_step(model, x, target, loss_fn=F.mse_loss, schedule="1f1b", stages=4,
+                        microbatches=8)
+    res.loss, res.grads, res.timeline, res.peak_stashed, res.records
+
+The model's layers are cut into ``stages * chunks`` consecutive pieces; rank r holds pieces
+r, r+p, ... (Megatron-LM's interleaved layout). ``x`` and ``target`` are cut into ``microbatches``
+along dim 0. Every rank runs exactly ``schedule(name, stages, microbatches, chunks)[rank]``, the
+same op list the simulator times (see :mod:`mtb_helpers.pp.stage` for what each op does and
+:mod:`mtb_helpers.pp.p2p` for why the sends and receives cannot deadlock).
+
+``op_time=(F, B)`` or ``(F, I, W)`` (seconds per micro-batch on a whole stage; a chunk takes 1/v
+of it, as in ``simulate``) holds every op until its fixed time has passed, the way a GPU kernel
+takes fixed time, so the measured timeline shows the schedule rather than this machine's core
+count. With ``recompute=True`` a backward (or I) also pays one forward: F + B.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import tempfile
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from mtb_helpers.comm.records import CollectiveRecord, record
+from mtb_helpers.pp.p2p import P2P
+from mtb_helpers.pp.schedules import SCHEDULES, Op, schedule as make_schedule
+from mtb_helpers.pp.simulator import Event, Timeline
+from mtb_helpers.pp.stage import RankStage, pad
+from mtb_helpers.runtime.errors import RankTimeoutError
+from mtb_helpers.runtime.ranks import in_launched_job, run
+
+__all__ = ["pipeline_step", "PipelineResult", "TimelineEvent", "split_model", "op_durations"]
+
+
+@dataclass(frozen=True)
+class TimelineEvent:
+    """What ``rank`` did from ``start`` to ``end`` (seconds, 0 = step start): an op ("F", "B",
+    "I", "W") or a message ("send", "recv": posting a send / waiting for a receive)."""
+    rank: int
+    kind: str
+    microbatch: int
+    chunk: int
+    start: float
+    end: float
+    peer: int | None = None
+
+
+@dataclass
+class PipelineResult:
+    """One pipeline step: loss, grads by parameter name, the measured timeline, peaks, records."""
+    loss: float
+    grads: dict[str, torch.Tensor]
+    timeline: list[TimelineEvent]
+    peak_stashed: list[int]
+    records: list[CollectiveRecord]
+    schedule: list = field(default_factory=list)
+    stash_bytes: list[int] = field(default_factory=list)       # peak bytes held per rank
+    recompute_bytes: list[int] = field(default_factory=list)   # peak bytes one re-run forward saves
+    config: dict = field(default_factory=dict)
+
+    def ops(self, rank: int) -> list[Op]:
+        """The compute ops ``rank`` ran, in the order it ran them."""
+        return [Op(e.kind, e.microbatch, e.chunk) for e in self.timeline
+                if e.rank == rank and e.kind in "FBIW"]
+
+    def measured(self) -> Timeline:
+        """The compute ops as a simulator ``Timeline``: same bubble definition, same Gantt."""
+        p = len(self.peak_stashed)
+        events = [[Event(Op(e.kind, e.microbatch, e.chunk), r, e.start, e.end)
+                   for e in self.timeline if e.rank == r and e.kind in "FBIW"] for r in range(p)]
+        makespan = max(e.end for evs in events for e in evs)
+        busy = [sum(e.end - e.start for e in evs) for evs in events]
+        return Timeline(events, makespan, self.config.get("chunks", 1), list(self.peak_stashed),
+                        busy)
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle / (ranks x makespan) from the measured timeline (waits for data count as idle)."""
+        return self.measured().bubble_fraction
+
+
+def split_model(model: nn.Sequential, pieces: int) -> list[nn.Sequential]:
+    """``pieces`` consecutive slices of ``model``'s layers, keeping each parameter's full name."""
+    if not isinstance(model, nn.Sequential):
+        raise ValueError(f"model must be an nn.Sequential (its layers are cut into stages), got "
+                         f"{type(model).__name__}")
+    n = len(model)
+    if n % pieces:
+        raise ValueError(f"the model has {n} layers, which do not divide into stages x chunks = "
+                         f"{pieces} pieces of equal length")
+    size = n // pieces
+    names = list(model._modules)
+    return [nn.Sequential(OrderedDict((name, model._modules[name])
+                                      for name in names[i * size:(i + 1) * size]))
+            for i in range(pieces)]
+
+
+def op_durations(op_time, chunks: int, recompute: bool) -> dict[str, float] | None:
+    """Seconds per op kind for one chunk: (F, B) or (F, I, W), divided by ``chunks``; a backward
+    (or I) also pays the re-run forward when recomputing."""
+    if op_time is None:
+        return None
+    try:
+        values = [float(t) for t in op_time]
+    except TypeError:
+        values = []
+    if len(values) not in (2, 3) or any(not t >= 0 for t in values):
+        raise ValueError(f"op_time must be (F, B) or (F, I, W) seconds >= 0, got {op_time!r}")
+    f, i, w = (values[0], values[1] / 2, values[1] / 2) if len(values) == 2 else values
+    extra = f if recompute else 0.0
+    return {"F": f / chunks, "B": (i + w + extra) / chunks, "I": (i + extra) / chunks,
+            "W": w / chunks}
+
+
+def _validate(model, x, target, schedule, stages, microbatches, chunks) -> list:
+    for name, value in (("stages", stages), ("microbatches", microbatches), ("chunks", chunks)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    if schedule == "interleaved" and chunks < 2:
+        raise ValueError("the interleaved schedule needs chunks >= 2 (with one chunk per rank it "
+                         "is 1f1b)")
+    ops = make_schedule(schedule, stages, microbatches, chunks)
+    pieces = split_model(model, stages * chunks)
+    if x.shape[0] % microbatches:
+        raise ValueError(f"the batch of {x.shape[0]} rows does not divide into microbatches="
+                         f"{microbatches} equal micro-batches")
+    if target.shape[0] != x.shape[0]:
+        raise ValueError(f"target has {target.shape[0]} rows but x has {x.shape[0]}")
+    return ops, pieces
+
+
+def _boundary_inputs(pieces: list[nn.Module], x_k: torch.Tensor) -> list[tuple[torch.Size, torch.dtype]]:
+    """Shape and dtype of the tensor entering each virtual stage (what its receive expects)."""
+    inputs = []
+    with torch.no_grad():
+        for piece in pieces:
+            inputs.append((x_k.shape, x_k.dtype))
+            x_k = piece(x_k)
+    return inputs
+
+
+def _on_rank(pieces, x, target, loss_fn, ops, op_time, recompute, bug, status_dir) -> dict:
+    """Run on every rank: this rank's op list of one pipeline step, timed on one clock."""
+    r, p = dist.get_rank(), dist.get_world_size()
+    m, v = ops.microbatches, ops.chunks
+    mine = {c: pieces[c * p + r] for c in range(v)}
+    for piece in mine.values():
+        piece.zero_grad(set_to_none=True)
+    swap = (lambda cls: cls) if bug is None else (lambda cls: bug.replaces.get(cls, cls))
+    status = None if status_dir is None else os.path.join(status_dir, f"rank{r}.p2p")
+    p2p = swap(P2P)(p * v, m, time.perf_counter, status)
+    stage = swap(RankStage)(r, p, m, mine, list(x.chunk(m)), list(target.chunk(m)), loss_fn, p2p,
+                            _boundary_inputs(pieces, x.chunk(m)[0]), recompute)
+    run_op = {"F": stage.forward, "B": stage.backward, "I": stage.input_grad, "W": stage.weight_grad}
+    durations = op_durations(op_time, v, recompute)
+    events = []
+    dist.barrier()
+    with record() as rec:
+        zero = time.perf_counter()
+        for op in ops[r]:
+            before = len(p2p.events)
+            start = time.perf_counter()
+            run_op[op.kind](op.microbatch, op.chunk)
+            # a receive inside the op is waiting, not computing: the op starts when it arrives
+            recvs = [e for e in p2p.events[before:] if e[0] == "recv"]
+            begin = max([start] + [e[3] for e in recvs])
+            if durations is not None:
+                pad(begin, durations[op.kind])
+            events.append((op.kind, op.microbatch, op.chunk, begin, time.perf_counter(), None))
+        p2p.finish()
+    for kind, msg, start, end in p2p.events:
+        peer = msg.dst if kind == "send" else msg.src
+        events.append((kind, msg.microbatch, msg.sender // p, start, end, peer))
+    grads = {name: prm.grad for piece in mine.values() for name, prm in piece.named_parameters()}
+    return {"zero": zero, "events": events, "grads": grads, "losses": stage.losses,
+            "peak_stashed": stage.peak_stashed, "peak_bytes": stage.peak_bytes,
+            "recomputed_bytes": stage.recomputed_bytes, "record": rec.without_tensors()}
+
+
+def pipeline_step(model: nn.Sequential, x: torch.Tensor, target: torch.Tensor,
+                  loss_fn: Callable = torch.nn.functional.mse_loss, schedule: str = "1f1b",
+                  stages: int = 4, microbatches: int = 8, chunks: int = 1, op_time=None,
+                  recompute: bool = False, bug=None, timeout: float = 60.0) -> PipelineResult:
+    """One forward and backward of ``model`` on ``x`` [b, ...] run as a pipeline on ``stages``
+    gloo ranks; ``loss_fn(out_k, target_k)`` must average over its micro-batch (the last stage
+    divides it by ``microbatches``, so the losses add up to the whole batch's mean).
+
+    ``bug`` is a deliberate mistake from ``mtb_helpers.pp.bugs.BUGS`` (a ``Bug``; its wrong
+    classes stand in for RankStage / P2P). Raises ValueError (before any rank starts) when the
+    layer count does not divide into stages x chunks, the batch into micro-batches, or a size is
+    bad; ``RankTimeoutError`` naming each rank's blocked p2p op and peer if the step hangs.
+    """
+    stages = int(os.environ["WORLD_SIZE"]) if in_launched_job() else stages
+    ops, pieces = _validate(model, x, target, schedule, stages, microbatches, chunks)
+    op_durations(op_time, chunks, recompute)
+    pieces = [copy.deepcopy(piece) for piece in pieces]   # the caller's model stays untouched
+    status_dir = None if in_launched_job() else tempfile.mkdtemp(prefix="mtb-pp-")
+    try:
+        results = run(_on_rank, pieces, x.detach(), target.detach(), loss_fn, ops, op_time,
+                      recompute, bug, status_dir, world_size=stages, timeout=timeout)
+    except RankTimeoutError as exc:
+        raise RankTimeoutError(str(exc) + _blocked_on(status_dir, exc), exc.finished,
+                               exc.waiting) from None
+    finally:
+        if status_dir is not None:
+            shutil.rmtree(status_dir, ignore_errors=True)
+    zero = min(res["zero"] for res in results)
+    timeline = sorted((TimelineEvent(r, kind, k, c, start - zero, end - zero, peer)
+                       for r, res in enumerate(results)
+                       for kind, k, c, start, end, peer in res["events"]),
+                      key=lambda e: (e.start, e.rank))
+    grads = {}
+    for res in results:
+        grads.update(res["grads"])
+    order = [name for name, _ in model.named_parameters()]
+    config = {"schedule": schedule, "stages": stages, "microbatches": microbatches,
+              "chunks": ops.chunks, "op_time": None if op_time is None else list(op_time),
+              "recompute": recompute}
+    return PipelineResult(
+        loss=sum(sum(res["losses"].values()) for res in results),
+        grads={name: grads[name] for name in order},
+        timeline=timeline, peak_stashed=[res["peak_stashed"] for res in results],
+        records=[res["record"] for res in results], schedule=ops,
+        stash_bytes=[res["peak_bytes"] for res in results],
+        recompute_bytes=[res["recomputed_bytes"] for res in results], config=config)
+
+
+def _blocked_on(status_dir: str | None, exc: RankTimeoutError) -> str:
+    """What each rank still waiting had said it was about to block on."""
+    if status_dir is None:
+        return ""
+    lines = []
+    for r in sorted(exc.waiting):
+        try:
+            with open(os.path.join(status_dir, f"rank{r}.p2p")) as f:
+                lines.append(f"  rank {r} was blocked in the {f.read()}")
+        except OSError:
+            pass
+    return ("\nPoint-to-point ops the ranks were blocked in:\n" + "\n".join(lines)) if lines else ""

@@ -1,0 +1,187 @@
+"""One rank of the pipeline: its model chunks, its activation stash and the ops F, B, I, W.
+
+Rank r of p holds the pieces of virtual stages ``s = c*p + r`` for chunks c = 0..v-1 (Megatron's
+interleaved layout; v = 1 is one piece per rank). Notation: micro-batch ``x_k`` is ``[b/m, h]``,
+piece s maps ``[b/m, h] -> [b/m, h]``; the last virtual stage ends with the loss.
+
+    F(k, c)  receive x_k from stage s-1 (or take the batch's slice on s = 0), run the piece,
+             stash what backward needs, send y_k to stage s+1 (or compute loss_k / m on the last)
+    B(k, c)  receive dy_k from stage s+1, backward through the stash, send dx_k to stage s-1
+    I(k, c)  ZB-H1: the input grad only, dx_k = torch.autograd.grad(y_k, x_k, dy_k); sent at once
+    W(k, c)  ZB-H1: the weight grads, deferred, torch.autograd.grad(y_k, params, dy_k); frees the
+             stash
+
+With ``recompute=True`` F runs under ``no_grad`` and stashes only x_k; B (or I) re-runs the piece
+forward with grad enabled first (activation checkpointing). The bytes autograd saves are measured
+with ``torch.autograd.graph.saved_tensors_hooks`` (each storage counted once per micro-batch).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from mtb_helpers.pp.p2p import ACTIVATION, GRAD, P2P, Message
+
+__all__ = ["RankStage", "Stash"]
+
+
+@dataclass
+class Stash:
+    """What one micro-batch leaves on a stage between its F and its B (or W)."""
+    inp: torch.Tensor                 # x_k [b/m, h], requires grad unless s == 0
+    out: torch.Tensor | None          # y_k (or loss_k / m on the last stage); None when recomputed
+    nbytes: int                       # bytes held for this micro-batch (saved tensors or x_k)
+    grad: torch.Tensor | None = None  # dy_k, kept from I to W (zb-h1)
+
+
+@dataclass
+class RankStage:
+    """Rank ``rank``'s chunks and the state of one pipeline step (see the module docstring)."""
+    rank: int
+    stages: int
+    microbatches: int
+    pieces: dict[int, nn.Module]          # chunk c -> piece of virtual stage c*p + rank
+    x: list[torch.Tensor]                 # the m input micro-batches (used on virtual stage 0)
+    target: list[torch.Tensor]            # the m targets (used on the last virtual stage)
+    loss_fn: object
+    p2p: P2P
+    inputs: list[tuple[torch.Size, torch.dtype]]   # shape and dtype entering each virtual stage
+    recompute: bool = False
+    stash: dict[tuple[int, int], Stash] = field(default_factory=dict)
+    losses: dict[int, float] = field(default_factory=dict)
+    held: int = 0
+    peak_stashed: int = 0
+    peak_bytes: int = 0
+    recomputed_bytes: int = 0
+
+    @property
+    def last(self) -> int:
+        return self.stages * len(self.pieces) - 1
+
+    def virtual(self, chunk: int) -> int:
+        return chunk * self.stages + self.rank
+
+    def owner(self, virtual_stage: int) -> int:
+        return virtual_stage % self.stages
+
+    # ---- the four ops ----------------------------------------------------------------------
+
+    def forward(self, k: int, c: int) -> None:
+        s = self.virtual(c)
+        inp = self.x[k] if s == 0 else self.receive_activation(k, s)
+        if self.recompute:
+            with torch.no_grad():
+                out = self.apply(c, k, inp)   # nothing saved for backward: it re-runs this
+            nbytes = _nbytes(inp)
+        else:
+            out, nbytes = self.run_piece(c, k, inp)
+        if s == self.last:
+            self.losses[k] = float(out.detach())     # loss_k / m, summed over k by the owner
+        else:
+            self.p2p.send(out, Message(ACTIVATION, s, k, self.rank, self.owner(s + 1)))
+        self.push(k, c, Stash(inp, None if self.recompute else out, nbytes))
+
+    def backward(self, k: int, c: int) -> None:
+        st = self.stash.pop(self.stashed(k, c))
+        self.release(st)
+        out, grad = self.output_and_grad(st, k, c)
+        # loss_k / m (or y_k with dy_k) -> backward -> x.grad [b/m, h] and dW accumulated in .grad
+        torch.autograd.backward(out, grad)
+        if self.virtual(c) > 0:
+            self.send_input_grad(st.inp.grad, k, c)
+
+    def input_grad(self, k: int, c: int) -> None:
+        st = self.stash[self.stashed(k, c)]
+        out, st.grad = self.output_and_grad(st, k, c)
+        st.out = out
+        if self.virtual(c) > 0:
+            # y_k, dy_k -> autograd.grad wrt x_k only -> dx_k [b/m, h]; the graph stays for W
+            (dx,) = torch.autograd.grad(out, st.inp, st.grad, retain_graph=True)
+            self.send_input_grad(dx, k, c)
+
+    def weight_grad(self, k: int, c: int) -> None:
+        st = self.stash.pop(self.stashed(k, c))
+        self.release(st)
+        params = [p for p in self.pieces[c].parameters() if p.requires_grad]
+        # y_k, dy_k -> autograd.grad wrt this piece's parameters -> dW, accumulated like .backward
+        grads = torch.autograd.grad(st.out, params, st.grad)
+        for p, g in zip(params, grads):
+            p.grad = g if p.grad is None else p.grad + g
+
+    # ---- the pieces a deliberate mistake overrides ---------------------------------------------
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """loss_k / m: the sum over the m micro-batches is then the whole batch's mean."""
+        return loss / self.microbatches
+
+    def stashed(self, k: int, c: int) -> tuple[int, int]:
+        """The stash entry micro-batch k's backward on chunk c uses: its own."""
+        return (k, c)
+
+    def send_input_grad(self, dx: torch.Tensor, k: int, c: int) -> None:
+        """dx_k [b/m, h] -> send -> the rank of virtual stage s-1."""
+        s = self.virtual(c)
+        self.p2p.send(dx, Message(GRAD, s, k, self.rank, self.owner(s - 1)))
+
+    def receive_activation(self, k: int, s: int) -> torch.Tensor:
+        """x_k from virtual stage s-1, as a leaf that collects its input grad."""
+        x = self.p2p.recv(*self.inputs[s], Message(ACTIVATION, s - 1, k, self.owner(s - 1), self.rank))
+        return x.requires_grad_()
+
+    # ---- helpers ------------------------------------------------------------------------------
+
+    def run_piece(self, c: int, k: int, inp: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Piece c on x_k with autograd on (plus the scaled loss on the last virtual stage);
+        returns the output and the bytes autograd saved for backward (each storage once)."""
+        seen: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = self.apply(c, k, inp)
+        return out, sum(seen.values())
+
+    def apply(self, c: int, k: int, inp: torch.Tensor) -> torch.Tensor:
+        out = self.pieces[c](inp)   # [b/m, h] -> piece s -> [b/m, h]
+        if self.virtual(c) == self.last:
+            out = self.scale_loss(self.loss_fn(out, self.target[k]))   # -> scalar loss_k / m
+        return out
+
+    def output_and_grad(self, st: Stash, k: int, c: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """y_k (re-run now when recomputing) and dy_k (received; None for the loss)."""
+        s = self.virtual(c)
+        out = st.out
+        if out is None:   # recompute: the forward again, this time keeping what backward needs
+            out, nbytes = self.run_piece(c, k, st.inp)
+            self.recomputed_bytes = max(self.recomputed_bytes, nbytes)
+        if s == self.last:
+            return out, None
+        grad = self.p2p.recv(out.shape, out.dtype,
+                             Message(GRAD, s + 1, k, self.owner(s + 1), self.rank))
+        return out, grad
+
+    def push(self, k: int, c: int, st: Stash) -> None:
+        self.stash[(k, c)] = st
+        self.peak_stashed = max(self.peak_stashed, len(self.stash))
+        self.held += st.nbytes
+        self.peak_bytes = max(self.peak_bytes, self.held)
+
+    def release(self, st: Stash) -> None:
+        self.held -= st.nbytes
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def pad(start: float, seconds: float | None) -> None:
+    """Hold the op until ``seconds`` after ``start`` (a fixed op time, as a GPU kernel has)."""
+    if seconds:
+        remaining = start + seconds - time.perf_counter()
+        if remaining > 0:
+            time.sleep(remaining)
