@@ -10,6 +10,8 @@ import torch
 
 import mtb_helpers.dp.check as check_dp_module
 from mtb_helpers import BUGS
+from mtb_helpers.checking.bugs import REGISTRY
+from mtb_helpers.dp.bugs import BUGS as DP_REGISTRY
 from mtb_helpers.dp.check import QUANTITIES, check_all_strategies, check_data_parallel
 from mtb_helpers.dp.strategies import STRATEGIES
 from mtb_helpers.dp.zero3 import BUGS_BY_STRATEGY, DP_BUGS
@@ -17,6 +19,9 @@ from mtb_helpers.dp.zero3 import BUGS_BY_STRATEGY, DP_BUGS
 
 def test_every_dp_bug_is_listed():
     assert set(DP_BUGS) <= set(BUGS) and all(BUGS[b] for b in DP_BUGS)
+    assert "dp-grads-not-cleared" in DP_BUGS and BUGS_BY_STRATEGY["ddp"][-1] == "dp-grads-not-cleared"
+    assert all(REGISTRY[b].checks == ("data_parallel",) for b in DP_BUGS)
+    assert set(DP_REGISTRY) == set(DP_BUGS)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -54,29 +59,55 @@ def test_memory_shrinks_stage_by_stage_as_the_zero_paper_says():
     assert sent["zero2"]["by_op"]["step all_gather"] == 3 * 4 * psi // 4
 
 
-def _expected(bug: str, t: int) -> set[tuple[str, int]]:
+def _expected(bug: str, t: int, steps: int = 3) -> set[tuple[str, int, str]]:
+    every = {(q, r) for q in QUANTITIES for r in range(t)}
     if bug in ("dp-double-average", "dp-sum-not-average"):
         # the gradient is t times off; Adam's m and v follow it, and since the step starts from
-        # a warm state (not Adam's scale-blind first step) so do the parameters
-        return {(q, r) for q in QUANTITIES for r in range(t)}
-    if bug == "zero-stale-params":
-        # grads and Adam's state are right; every rank's copy misses the other ranks' shards
-        return {("params", r) for r in range(t)}
-    raise AssertionError(bug)
+        # a warm state (not Adam's scale-blind first step) so do the parameters, at every step
+        failing = {k: every for k in range(1, steps + 1)}
+    elif bug == "zero-stale-params":
+        # step 1: grads and Adam's state are right, every rank's copy misses the other ranks'
+        # shards; from step 2 on the stale copy computes wrong gradients, so everything fails
+        failing = {1: {("params", r) for r in range(t)}, **{k: every for k in range(2, steps + 1)}}
+    elif bug == "dp-grads-not-cleared":
+        # step 1 is right (nothing to add to yet); step k uses g1 + ... + gk
+        failing = {k: every for k in range(2, steps + 1)}
+    else:
+        raise AssertionError(bug)
+    return {(q, r, f"step {k}") for k, pairs in failing.items() for q, r in pairs}
 
 
 @pytest.mark.parametrize("t", [2, 3])
 @pytest.mark.parametrize("strategy, bug", [(s, b) for s in STRATEGIES for b in BUGS_BY_STRATEGY[s]])
 def test_bug_fails_exactly_the_quantities_it_breaks(strategy, bug, t):
     report = check_data_parallel(world_size=t, strategy=strategy, batch=6, bug=bug)
-    assert {(r.quantity, r.rank) for r in report.failed()} == _expected(bug, t), str(report)
+    failed = {(r.quantity, r.rank, r.note) for r in report.failed()}
+    assert failed == _expected(bug, t), str(report)
     assert report.config["bug"] == bug
 
 
-def test_with_one_rank_no_bug_has_anything_to_break():
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero3"])
+def test_one_step_cannot_see_uncleared_gradients_three_can(strategy):
+    one = check_data_parallel(world_size=2, strategy=strategy, bug="dp-grads-not-cleared", steps=1)
+    assert one.passed
+    three = check_data_parallel(world_size=2, strategy=strategy, bug="dp-grads-not-cleared")
+    assert three.config["steps"] == 3 and not three.passed
+    assert {r.note for r in three.failed()} == {"step 2", "step 3"}
+
+
+def test_every_step_is_compared_and_zero2_frees_its_grads_so_never_accumulates():
+    report = check_data_parallel(world_size=2, strategy="zero2", dtype="float64", steps=4)
+    assert report.passed and len(report.rows) == 4 * len(QUANTITIES) * 2
+    assert [r.note for r in report.rows[::len(QUANTITIES) * 2]] == [f"step {k}" for k in range(1, 5)]
+    assert "dp-grads-not-cleared" not in BUGS_BY_STRATEGY["zero2"]
+
+
+def test_with_one_rank_no_communication_bug_has_anything_to_break():
     for strategy in STRATEGIES:
         for bug in BUGS_BY_STRATEGY[strategy]:
-            assert check_data_parallel(world_size=1, strategy=strategy, bug=bug).passed
+            report = check_data_parallel(world_size=1, strategy=strategy, bug=bug)
+            # uncleared gradients are wrong with or without other ranks
+            assert report.passed == (bug != "dp-grads-not-cleared"), (strategy, bug)
 
 
 def test_stale_params_skips_the_all_gather_in_the_record():
@@ -107,6 +138,7 @@ def test_all_strategies_inject_a_bug_only_where_it_applies():
     (lambda: check_data_parallel(world_size=3, batch=8), r"batch=8 is not divisible by the world size 3"),
     (lambda: check_data_parallel(strategy="fsdp"), r"unknown strategy 'fsdp'"),
     (lambda: check_data_parallel(hidden=0), r"hidden must be a positive integer"),
+    (lambda: check_data_parallel(steps=0), r"steps must be a positive integer"),
     (lambda: check_data_parallel(lr=-1), r"lr must be a non-negative number"),
     (lambda: check_data_parallel(world_size=0), r"world.size"),
     (lambda: check_data_parallel(dtype=torch.float16), r"dtype"),

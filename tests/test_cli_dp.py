@@ -42,6 +42,7 @@ def test_bug_exits_1(capsys, bug, failing):
     (["dp", "check", "--strategy", "ddp", "--bug", "zero-stale-params"], "does not apply"),
     (["dp", "check", "--bug", "bias-before-allreduce"], "does not apply"),
     (["dp", "check", "--lr", "-0.1"], "lr must be"),
+    (["dp", "check", "--steps", "0"], "steps must be a positive integer"),
 ])
 def test_bad_arguments_exit_2(capsys, argv, message):
     assert main(argv) == 2

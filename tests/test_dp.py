@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from mtb_helpers import run
-from mtb_helpers.dp.check import make_problem, reference_step
+from mtb_helpers.dp.bugs import BUGS as DP_REGISTRY
+from mtb_helpers.dp.check import make_problem, reference_step, reference_steps
 from mtb_helpers.comm.regions import CollectiveEvent
 from mtb_helpers.comm.regions import CollectiveRecord
 from mtb_helpers.dp.strategies import Layout, held_bytes, padded_numel
@@ -80,3 +81,46 @@ def test_zero3_frees_the_gathered_parameters_and_zero2_the_full_gradient():
     assert held2[1] == {"params": 4 * psi, "grads": 4 * psi // 2, "optimizer_state": 8 * psi // 2}
     held1 = run(_held_on_rank, "zero1", world_size=2)
     assert held1[1]["grads"] == 4 * psi
+
+
+def _three_steps_on_one_rank(strategy, bug=None):
+    model, warm, batches = make_problem(4, 3, 5, torch.float64, seed=4, steps=3)
+    adam = Adam()
+    start = reference_step(model, warm, adam)
+    offset = 0
+    for p in model.parameters():
+        p.data = start["params"][offset:offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
+    dp = build_strategy(strategy, model, start, adam, bug)
+    got = []
+    for x, y in batches:
+        dp.train_step(x, y)
+        got.append(dp.pieces())
+    return got, reference_steps(model, batches, adam, start)
+
+
+def test_train_step_clears_gradients_so_every_step_is_the_single_process_step():
+    # before zero_grad() existed, step 2 of DDP, ZeRO-1 and ZeRO-3 used g1 + g2
+    for strategy in STRATEGY_CLASSES:
+        got, ref = _three_steps_on_one_rank(strategy)
+        for k in range(3):
+            for q in ("params", "grads", "exp_avg", "exp_avg_sq"):
+                assert torch.allclose(got[k][q][:len(ref[k][q])], ref[k][q], rtol=0, atol=1e-14), \
+                    (strategy, k, q)
+
+
+def test_without_zero_grad_the_second_step_uses_the_sum_of_two_gradients():
+    for strategy in ("ddp", "zero1", "zero3"):
+        got, ref = _three_steps_on_one_rank(strategy, "dp-grads-not-cleared")
+        n = len(ref[0]["grads"])
+        assert torch.allclose(got[0]["grads"][:n], ref[0]["grads"], rtol=0, atol=1e-14)
+        assert not torch.allclose(got[1]["grads"][:n], ref[1]["grads"], rtol=0, atol=1e-6)
+
+
+def test_each_wrong_strategy_is_a_subclass_of_the_one_it_replaces():
+    for name, bug in DP_REGISTRY.items():
+        assert bug.checks == ("data_parallel",)
+        for correct, wrong in bug.replaces.items():
+            assert issubclass(wrong, correct) and wrong is not correct, name
+    assert BUGS_BY_STRATEGY["zero2"] == ("dp-double-average", "dp-sum-not-average",
+                                         "zero-stale-params")

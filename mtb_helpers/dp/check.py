@@ -1,5 +1,5 @@
-"""The data-parallel check: one Adam step of DDP / ZeRO-1 / ZeRO-2 / ZeRO-3 on real ranks against
-the single-process step on the whole batch.
+"""The data-parallel check: ``steps`` Adam steps of DDP / ZeRO-1 / ZeRO-2 / ZeRO-3 on real ranks
+against the single-process steps on the whole batch, compared after every step.
 
     report = check_data_parallel(world_size=2, strategy="zero2")
     report.passed, report.rows, report.records
@@ -9,12 +9,15 @@ The caller draws the MLP (``dp.make_mlp``), a warm-up batch and the checked batc
 ``X, target [B, h]`` from ``seed``, and takes one Adam step on the warm-up batch on one process:
 Adam's first step is ``lr·sign(g)`` whatever the scale of ``g``, so a gradient that is ``t`` times
 too large or too small would not show in the parameters; from the second step on it does. Then
-every rank starts from that state, runs the strategy on its ``B/t`` rows and takes one step; the
-reference takes the same step on one process (``torch.optim.Adam`` on the ``nn.Module``), in the
-run's dtype and in float64. Rows, per rank: ``params`` after the step, ``grads`` (the averaged
-gradient the optimizer used), ``exp_avg`` and ``exp_avg_sq`` (Adam's m and v), each the piece the
-rank holds (see ``dp.SHARDED``). ``extra``: bytes held per rank vs the ZeRO paper's accounting
-(``memory``) and bytes sent per rank from the record vs the formulas (``communication``).
+every rank starts from that state and runs ``steps`` (default 3) training steps, each on its
+``B/t`` rows of a new batch; the reference takes the same steps on one process
+(``torch.optim.Adam`` on the ``nn.Module``), in the run's dtype and in float64. Several steps,
+because state carries over: one step cannot show gradients that are never cleared (step 2 would
+use ``g1 + g2``). Rows, per rank and step (``row.note`` says ``"step k"``): ``params`` after the
+step, ``grads`` (the averaged gradient the optimizer used), ``exp_avg`` and ``exp_avg_sq`` (Adam's
+m and v), each the piece the rank holds (see ``dp.SHARDED``). ``extra``: bytes held per rank after
+the last step vs the ZeRO paper's accounting (``memory``) and bytes sent per rank in one step from
+the record vs the formulas (``communication``; ``records`` are those of the last step).
 """
 from __future__ import annotations
 
@@ -23,32 +26,35 @@ import copy
 import torch
 import torch.nn.functional as F
 
+from mtb_helpers.checking.bug import swap
 from mtb_helpers.checking.bugs import validate_bug
-from mtb_helpers.comm.regions import record
-from mtb_helpers.dp.strategies import SHARDED, STRATEGIES, Adam, Layout, flat, make_mlp
-from mtb_helpers.dp.zero3 import BUGS_BY_STRATEGY, DP_BUGS, build_strategy
+from mtb_helpers.comm.regions import group_rank, group_size, record
+from mtb_helpers.dp.bugs import BUGS_BY_STRATEGY, DP_BUGS
+from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
+from mtb_helpers.dp.strategies import MEMORY_SHARDED, MEMORY_TERMS, SHARDED, STRATEGIES, Adam, Layout, flat, make_mlp
 from mtb_helpers.runtime.ranks import resolve_world_size, run
+from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
 from mtb_helpers.checking.report import Report, compare
 
 __all__ = ["check_data_parallel", "check_all_strategies", "make_problem", "reference_step",
+           "reference_steps",
            "memory_model", "communication_model", "QUANTITIES", "MEMORY_TERMS",
            "MEMORY_SHARDED"]
 
 QUANTITIES = ("params", "grads", "exp_avg", "exp_avg_sq")
 PAPER_K = 12   # ZeRO paper, mixed-precision Adam: fp32 master params, momentum and variance
-MEMORY_TERMS = ("params", "grads", "optimizer_state")
-# what each strategy keeps only 1/t of (ZeRO-1 keeps the full local gradient buffer)
-MEMORY_SHARDED = {"ddp": (), "zero1": ("optimizer_state",), "zero2": ("grads", "optimizer_state"),
-                  "zero3": MEMORY_TERMS}
 
 
-def make_problem(batch: int, hidden: int, ffn_hidden: int, dtype: torch.dtype, seed: int):
-    """``(model, (x0, y0), (x, y))``: the MLP, the warm-up batch and the checked batch, ``[B, h]``."""
+def make_problem(batch: int, hidden: int, ffn_hidden: int, dtype: torch.dtype, seed: int,
+                 steps: int = 1):
+    """``(model, (x0, y0), (x, y))``: the MLP, the warm-up batch and the checked batch, ``[B, h]``;
+    with ``steps > 1`` the last item is the list of the ``steps`` checked batches (the first of
+    them is the one ``steps=1`` returns)."""
     gen = torch.Generator().manual_seed(seed)
     model = make_mlp(hidden, ffn_hidden, gen, dtype)
     batches = [tuple(torch.randn(batch, hidden, generator=gen, dtype=dtype) for _ in range(2))
-               for _ in range(2)]
-    return model, batches[0], batches[1]
+               for _ in range(1 + steps)]
+    return model, batches[0], (batches[1] if steps == 1 else batches[1:])
 
 
 def reference_step(model, batch, adam: Adam, state: dict | None = None):
@@ -74,21 +80,33 @@ def reference_step(model, batch, adam: Adam, state: dict | None = None):
             "step": int(opt.state[params[0]]["step"])}
 
 
-def _on_rank(strategy: str, model, start: dict, batch, adam: Adam, bug: str | None) -> dict:
-    """Run on every rank: build the strategy, one training step on this rank's rows, and report
-    the pieces, the bytes held and the record."""
-    import torch.distributed as dist
-    t = dist.get_world_size() if dist.is_initialized() else 1
-    r = dist.get_rank() if dist.is_initialized() else 0
-    x, y = batch
-    n = x.shape[0] // t
-    with record() as rec:
-        dp = build_strategy(strategy, model, start, adam, bug)
-        dp.train_step(x[r * n:(r + 1) * n], y[r * n:(r + 1) * n])
+def reference_steps(model, batches, adam: Adam, state: dict) -> list[dict]:
+    """``reference_step`` chained over ``batches``: the flat results after each step."""
+    model, out = copy.deepcopy(model), []
+    for batch in batches:
+        out.append(reference_step(model, batch, adam, state))
+        state = out[-1]
+        for p, v in zip(model.parameters(), _split(state["params"], model)):
+            p.data = v
+    return out
+
+
+def _on_rank(strategy: str, model, start: dict, batches, adam: Adam, bug) -> dict:
+    """Run on every rank: build the strategy (``bug``'s wrong one if given), one training step per
+    batch on this rank's rows; report the pieces after each step, the bytes held after the last
+    and the record of the last step."""
+    t, r = group_size(), group_rank()
+    dp = swap(bug, STRATEGY_CLASSES[strategy])(model, start, adam)
+    pieces = []
+    for x, y in batches:
+        n = x.shape[0] // t
+        with record() as rec:
+            dp.train_step(x[r * n:(r + 1) * n], y[r * n:(r + 1) * n])
+        pieces.append(dp.pieces())
     held = dp.held()
     if strategy == "zero3":
         held["gathered_transient"] = dp.gathered_bytes
-    return {"pieces": dp.pieces(), "held": held, "record": rec.without_tensors()}
+    return {"pieces": pieces, "held": held, "record": rec.without_tensors()}
 
 
 def _layout(strategy: str, model, t: int) -> Layout:
@@ -128,12 +146,10 @@ def communication_model(strategy: str, layout: Layout, dtype_bytes: int) -> int:
     return sum(per_unit * (t - 1) * nbytes // t for nbytes in units)
 
 
-def _validate(strategy, batch, hidden, ffn_hidden, lr, weight_decay, t, bug) -> None:
+def _validate(strategy, batch, hidden, ffn_hidden, lr, weight_decay, t, bug, steps=3) -> None:
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
-    for name, size in {"batch": batch, "hidden": hidden, "ffn_hidden": ffn_hidden}.items():
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise ValueError(f"{name} must be a positive integer, got {size!r}")
+    positive_sizes(batch=batch, hidden=hidden, ffn_hidden=ffn_hidden, steps=steps)
     if batch % t:
         raise ValueError(f"batch={batch} is not divisible by the world size {t}: data parallelism "
                          f"gives each rank {batch}/{t} samples, and equal slices are what make "
@@ -141,7 +157,7 @@ def _validate(strategy, batch, hidden, ffn_hidden, lr, weight_decay, t, bug) -> 
     for name, value in {"lr": lr, "weight_decay": weight_decay}.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise ValueError(f"{name} must be a non-negative number, got {value!r}")
-    validate_bug(bug, DP_BUGS)
+    validate_bug(bug, "data_parallel")
     if bug is not None and bug not in BUGS_BY_STRATEGY[strategy]:
         raise ValueError(f"bug {bug!r} does not apply to strategy {strategy!r}; it can inject: "
                          f"{', '.join(BUGS_BY_STRATEGY[strategy])}")
@@ -150,35 +166,39 @@ def _validate(strategy, batch, hidden, ffn_hidden, lr, weight_decay, t, bug) -> 
 def check_data_parallel(world_size: int = 2, strategy: str = "ddp", batch: int = 8, hidden: int = 8,
                         ffn_hidden: int = 32, lr: float = 1e-2, weight_decay: float = 0.0,
                         dtype=torch.float32, seed: int = 0, bug: str | None = None,
-                        timeout: float = 30.0) -> Report:
-    """One Adam step of ``strategy`` on ``world_size`` ranks against one process on the whole batch.
+                        timeout: float = 30.0, steps: int = 3) -> Report:
+    """``steps`` Adam steps of ``strategy`` on ``world_size`` ranks against one process on the
+    whole batches, compared after every step.
 
     ``X, target [batch, hidden]``, each rank gets ``[batch/t, hidden]``. Refuses (ValueError,
     before any rank starts) an unknown strategy, a batch the world size does not divide, and a
     bug that does not apply to the strategy. Any parameter count works: flat buffers are padded.
     """
-    from mtb_helpers.tp.check import _config, _dtype
 
-    dtype, t = _dtype(dtype), resolve_world_size(world_size)
-    _validate(strategy, batch, hidden, ffn_hidden, lr, weight_decay, t, bug)
+    dtype, t = as_dtype(dtype), resolve_world_size(world_size)
+    _validate(strategy, batch, hidden, ffn_hidden, lr, weight_decay, t, bug, steps)
     adam = Adam(lr=float(lr), weight_decay=float(weight_decay))
-    model, warm, batch_xy = make_problem(batch, hidden, ffn_hidden, dtype, seed)
+    model, warm, batches = make_problem(batch, hidden, ffn_hidden, dtype, seed, steps)
+    batches = [batches] if steps == 1 else batches
     start = reference_step(model, warm, adam)              # the state after one earlier step
     for p, v in zip(model.parameters(), _split(start["params"], model)):
         p.data = v
-    results = run(_on_rank, strategy, model, start, batch_xy, adam, bug, world_size=t,
-                  timeout=timeout)
-    ref = reference_step(model, batch_xy, adam, start)
-    model64 = copy.deepcopy(model).double()
-    ref64 = reference_step(model64, tuple(v.double() for v in batch_xy), adam,
-                           {k: (v.double() if torch.is_tensor(v) else v) for k, v in start.items()})
+    results = run(_on_rank, strategy, model, start, batches, adam, validate_bug(bug, DP_BUGS),
+                  world_size=t, timeout=timeout)
+    refs = reference_steps(model, batches, adam, start)
+    refs64 = reference_steps(copy.deepcopy(model).double(),
+                             [tuple(v.double() for v in b) for b in batches], adam,
+                             {k: (v.double() if torch.is_tensor(v) else v) for k, v in start.items()})
     layout = _layout(strategy, model, t)
     rows = []
-    for q in QUANTITIES:
-        sharded = q in SHARDED[strategy]
-        for r, res in enumerate(results):
-            rows.append(compare(q, r, res["pieces"][q], layout.piece(ref[q], r, sharded),
-                                layout.piece(ref64[q], r, sharded), dtype))
+    for k, (ref, ref64) in enumerate(zip(refs, refs64)):
+        for q in QUANTITIES:
+            sharded = q in SHARDED[strategy]
+            for r, res in enumerate(results):
+                row = compare(q, r, res["pieces"][k][q], layout.piece(ref[q], r, sharded),
+                              layout.piece(ref64[q], r, sharded), dtype)
+                row.note = f"step {k + 1}" + (f"; {row.note}" if row.note else "")
+                rows.append(row)
     d = torch.empty((), dtype=dtype).element_size()
     records = [res["record"] for res in results]
     extra = {"memory": {"unit": "bytes held per rank after the step", "numel": layout.numel,
@@ -189,8 +209,8 @@ def check_data_parallel(world_size: int = 2, strategy: str = "ddp", batch: int =
                                "per_rank": [_sent_by_op(rec) for rec in records],
                                "formula": communication_model(strategy, layout, d),
                                "formula_text": _FORMULA_TEXT[strategy]}}
-    config = _config(t, dtype, seed, bug, strategy=strategy, batch=batch, hidden=hidden,
-                     ffn_hidden=ffn_hidden, lr=lr, weight_decay=weight_decay)
+    config = check_config(t, dtype, seed, bug, strategy=strategy, batch=batch, hidden=hidden,
+                          ffn_hidden=ffn_hidden, lr=lr, weight_decay=weight_decay, steps=steps)
     return Report("data_parallel", config, rows, [], records, extra=extra)
 
 
@@ -216,7 +236,7 @@ def check_all_strategies(world_size: int = 2, strategies=STRATEGIES, **kwargs) -
     strategies it applies to (the others run correct). Everything is validated first."""
     bug = kwargs.pop("bug", None)
     strategies = tuple(strategies)
-    validate_bug(bug, DP_BUGS)
+    validate_bug(bug, "data_parallel")
     if bug is not None and not any(bug in BUGS_BY_STRATEGY.get(s, ()) for s in strategies):
         where = [s for s, bugs in BUGS_BY_STRATEGY.items() if bug in bugs]
         raise ValueError(f"bug {bug!r} does not apply to any of {', '.join(strategies)}; "
@@ -225,6 +245,7 @@ def check_all_strategies(world_size: int = 2, strategies=STRATEGIES, **kwargs) -
     t = resolve_world_size(world_size)
     for s, b in chosen.items():   # refuse bad input before any rank starts
         _validate(s, kwargs.get("batch", 8), kwargs.get("hidden", 8), kwargs.get("ffn_hidden", 32),
-                  kwargs.get("lr", 1e-2), kwargs.get("weight_decay", 0.0), t, b)
+                  kwargs.get("lr", 1e-2), kwargs.get("weight_decay", 0.0), t, b,
+                  kwargs.get("steps", 3))
     return [check_data_parallel(world_size=world_size, strategy=s, bug=b, **kwargs)
             for s, b in chosen.items()]

@@ -33,6 +33,9 @@ def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubPar
     parser.add_argument("--ffn-hidden", type=int, default=32, help="MLP width f (32)")
     parser.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate (0.01)")
     parser.add_argument("--weight-decay", type=float, default=0.0, help="Adam L2 weight decay (0)")
+    parser.add_argument("--steps", type=int, default=3,
+                        help="training steps, each compared with one process (3: one step cannot "
+                             "show gradients that are never cleared)")
     parser.set_defaults(func=run_check)
 
 
@@ -56,7 +59,7 @@ def run_check(args: argparse.Namespace) -> int:
     strategies = STRATEGIES if args.strategy == "all" else (args.strategy,)
     reports = check_all_strategies(world_size=args.world_size, strategies=strategies,
                                    batch=args.batch, hidden=args.hidden, ffn_hidden=args.ffn_hidden,
-                                   lr=args.lr, weight_decay=args.weight_decay, dtype=args.dtype,
+                                   lr=args.lr, weight_decay=args.weight_decay, steps=args.steps, dtype=args.dtype,
                                    seed=args.seed, bug=args.bug)
     passed = all(r.passed for r in reports)
     if is_primary():

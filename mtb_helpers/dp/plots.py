@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
-from mtb_helpers.dp.check import MEMORY_SHARDED, MEMORY_TERMS
+from mtb_helpers.dp.strategies import MEMORY_SHARDED, MEMORY_TERMS
 from mtb_helpers.dp.strategies import STRATEGIES
 from mtb_helpers.plots.palette import EMPTY_COLOR, rank_color, rank_legend_handles
 from mtb_helpers.tp.plots import plot_errors  # noqa: F401  (re-exported for notebook 06)

@@ -1,4 +1,4 @@
-"""Data parallelism on flat buffers: DDP, ZeRO-1 and ZeRO-2 (ZeRO-3 / FSDP is in ``dp_zero.py``).
+"""Data parallelism on flat buffers: DDP, ZeRO-1 and ZeRO-2 (ZeRO-3 / FSDP is in ``fsdp.py``).
 
 Every rank holds a replica of a small MLP (``fc1 [h -> f]``, GeLU, ``fc2 [f -> h]``) and runs
 forward and backward on its slice of the batch, ``X_r = X[r*B/t:(r+1)*B/t]`` ``[B/t, h]``. The
@@ -16,6 +16,9 @@ gradient buckets), padded with zeros to a multiple of ``t`` when it is sharded, 
 count works; the padding stays zero through Adam (zero grad, zero state). Each rank's shard is the
 contiguous ``[r*Ψ_pad/t, (r+1)*Ψ_pad/t)``. Every collective goes through ``comm.issue`` and is
 recorded (direction ``"backward"`` for grads, ``"step"`` for the all-gather after the optimizer).
+
+Each training step starts with ``zero_grad()``: autograd *adds* into ``.grad``, so without it the
+second step would use ``g1 + g2`` (the reduced ``g1`` still sits in the bucket).
 """
 from __future__ import annotations
 
@@ -35,6 +38,11 @@ STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 SHARDED = {"ddp": (), "zero1": ("grads", "exp_avg", "exp_avg_sq"),
            "zero2": ("grads", "exp_avg", "exp_avg_sq"),
            "zero3": ("params", "grads", "exp_avg", "exp_avg_sq")}
+# The ZeRO paper's memory terms, and which of them each strategy keeps only 1/t of (ZeRO-1 keeps
+# the full local gradient buffer).
+MEMORY_TERMS = ("params", "grads", "optimizer_state")
+MEMORY_SHARDED = {"ddp": (), "zero1": ("optimizer_state",), "zero2": ("grads", "optimizer_state"),
+                  "zero3": MEMORY_TERMS}
 
 
 @dataclass(frozen=True)
@@ -131,7 +139,13 @@ class Strategy:
         """One Adam step on what this rank owns."""
         self.optimizer.step()
 
+    def zero_grad(self) -> None:
+        """Drop every gradient this rank holds (the subclass knows where they live)."""
+        raise NotImplementedError
+
     def train_step(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """One step: clear the gradients, forward and backward, reduce, Adam. Returns the loss."""
+        self.zero_grad()
         loss = self.forward_backward(x, target)
         self.reduce_gradients()
         self.step()
@@ -186,6 +200,13 @@ class DDP(Strategy):
             p.grad = buffer[offset:offset + p.numel()].view_as(p)
             offset += p.numel()
         return buffer
+
+    def zero_grad(self) -> None:
+        """The module's ``.grad`` (views of last step's bucket) and the optimizer's grad: gone, so
+        the next backward writes fresh gradients instead of adding to the reduced ones."""
+        for p in self.model.parameters():
+            p.grad = None
+        self.master.grad = None
 
     def reduce_gradients(self) -> None:
         """All-reduce (sum) the bucket, then average; the optimizer's grad is all of it."""

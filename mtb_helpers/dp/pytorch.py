@@ -1,0 +1,171 @@
+"""Notebook 06 in PyTorch's own API: ``DistributedDataParallel`` and FSDP2 ``fully_shard``
+against the course's ``DDP`` and ``ZeRO3`` strategies.
+
+    res = pytorch_data_parallel(world_size=2, strategy="ddp")    # or strategy="fsdp"
+    print(res); print(res.summary())
+
+Every rank starts from the same MLP (``dp.make_mlp``: fc1, GeLU, fc2) and takes ``steps`` Adam
+steps on its rows ``[B/t, h]`` of each batch (mean-squared error), once with the course's strategy
+(``dp.build_strategy``: ``"ddp"`` or ``"zero3"``) and once with PyTorch's:
+
+    course DDP    -> torch.nn.parallel.DistributedDataParallel(model) + torch.optim.Adam
+    course ZeRO3  -> fully_shard(fc1), fully_shard(fc2), fully_shard(model) + torch.optim.Adam
+                     (FSDP2: each parameter a DTensor ``Shard(0)`` on a 1-D DeviceMesh)
+
+More than one step, because an optimizer's state carries over (and a gradient never cleared would
+show only from the second step). Compared on every rank after the last step: the full parameters
+and the averaged gradient of that step (FSDP2's sharded ones through ``.full_tensor()``, the
+course's ZeRO-3 shards all-gathered outside the record), and the loss of the rank's rows. The
+collectives of the last step are counted per direction: DDP's bucket all-reduce runs inside
+backward (autograd hooks); the course's runs right after it. (DDP's second step also broadcasts
+twice in forward: it rebuilds its buckets in the order the first step's grads arrived; from the
+third step on, forward sends nothing.) ``mistake=`` (``DP_MISTAKES``) sets
+PyTorch up wrongly; the result must then disagree.
+"""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mtb_helpers.comm.records import record
+from mtb_helpers.dp.strategies import Adam, flat, make_mlp
+from mtb_helpers.dp.zero3 import build_strategy
+from mtb_helpers.runtime.ranks import resolve_world_size, run
+from mtb_helpers.tp.pytorch import (Agreement, agreement, course_counts, one_dim_mesh,
+                                    torch_counts)
+
+__all__ = ["pytorch_data_parallel", "dp_on_rank", "DP_MISTAKES", "DP_PAIRS"]
+
+DP_PAIRS = {"ddp": "ddp", "fsdp": "zero3"}     # PyTorch's strategy -> the course's
+DP_MISTAKES = {
+    "no-ddp-wrapper": "ddp: the bare module, no DistributedDataParallel: each rank steps on "
+                      "the gradient of its own rows",
+    "fsdp-sum-not-average": "fsdp: set_gradient_divide_factor(1.0): the reduce-scatter sums, "
+                            "t times the batch gradient",
+}
+_DIRECTIONS = ("forward", "backward", "step")
+_MAP = {"ddp": [("DDP: all-reduce of the flat grad bucket", "DistributedDataParallel(model)"),
+                ("Strategy.average: / t", "DDP divides the bucket by t")],
+        "fsdp": [("ZeRO3: one unit per nn.Linear", "fully_shard(layer) per nn.Linear"),
+                 ("flat unit padded to t, shard r", "each parameter a DTensor Shard(0)"),
+                 ("all-gather before use, fwd and bwd", "unshard / reshard_after_forward"),
+                 ("reduce-scatter of [dW, db], / t", "reduce-scatter, gradient divide factor t")]}
+
+
+def _torch_model(strategy: str, model: nn.Sequential, mistake: str | None) -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+    model = copy.deepcopy(model)
+    if strategy == "ddp":
+        return model if mistake == "no-ddp-wrapper" else DistributedDataParallel(model)
+    mesh = one_dim_mesh()
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    if mistake == "fsdp-sum-not-average":
+        for m in model.modules():
+            if hasattr(m, "set_gradient_divide_factor"):
+                m.set_gradient_divide_factor(1.0)
+    return model
+
+
+def _full(x: torch.Tensor) -> torch.Tensor:
+    return (x.full_tensor() if hasattr(x, "full_tensor") else x).detach()
+
+
+def _course_full(course, grads: bool) -> torch.Tensor:
+    """The course strategy's full flat ``[Ψ]`` parameters (or averaged grads), ZeRO-3's shards
+    all-gathered unit by unit (outside any record: this is only for the comparison)."""
+    import torch.distributed as dist
+    if course.name != "zero3":
+        return course.pieces()["grads" if grads else "params"][:course.layout.numel].clone()
+    units = []
+    for u, shard in enumerate(course.shards):
+        piece = (shard.grad if grads else shard).detach().contiguous()
+        parts = [torch.empty_like(piece) for _ in range(course.t)]
+        dist.all_gather(parts, piece)
+        units.append(torch.cat(parts)[:course.layout.units[u]])
+    return torch.cat(units)
+
+
+def _clear_grads(course) -> None:
+    params = list(course.shards) if course.name == "zero3" else [*course.model.parameters(),
+                                                                   course.master]
+    for p in params:
+        p.grad = None
+
+
+def dp_on_rank(strategy: str, model: nn.Sequential, batches: list, adam: Adam,
+               mistake: str | None = None) -> dict:
+    """Run on every rank: ``len(batches)`` Adam steps on this rank's rows, the course's strategy
+    and PyTorch's; returns the full params and last grads each holds, and the last step's counts."""
+    import torch.distributed as dist
+    from torch.distributed.tensor.debug import CommDebugMode
+    t, r = dist.get_world_size(), dist.get_rank()
+    rows = [(x[r * (len(x) // t):(r + 1) * (len(x) // t)], y[r * (len(y) // t):(r + 1) * (len(y) // t)])
+            for x, y in batches]
+    params = list(model.parameters())
+    start = {"params": flat(params), "exp_avg": torch.zeros(sum(p.numel() for p in params),
+                                                             dtype=params[0].dtype),
+             "step": 0}
+    start["exp_avg_sq"] = start["exp_avg"].clone()
+    course = build_strategy(DP_PAIRS[strategy], model, start, adam)
+    for x, y in rows:
+        _clear_grads(course)
+        with record() as rec:
+            course_loss = course.train_step(x, y)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = _torch_model(strategy, model, mistake)
+        opt = adam.make(theirs.parameters())
+        for x, y in rows:
+            opt.zero_grad(set_to_none=True)
+            with CommDebugMode() as fwd:
+                loss = F.mse_loss(theirs(x), y)
+            with CommDebugMode() as bwd:
+                loss.backward()
+            with CommDebugMode() as step:
+                opt.step()
+        got = {"params": torch.cat([_full(p).reshape(-1) for p in theirs.parameters()]),
+               "grads": torch.cat([_full(p.grad).reshape(-1) for p in theirs.parameters()]),
+               "loss": loss.detach().reshape(1)}
+    ours = {"params": _course_full(course, grads=False), "grads": _course_full(course, grads=True),
+            "loss": course_loss.reshape(1)}
+    mode = {"forward": fwd, "backward": bwd, "step": step}
+    counts = {d: (torch_counts(mode[d]), course_counts(rec, d)) for d in _DIRECTIONS}
+    return {"torch": got, "course": ours, "counts": counts}
+
+
+def pytorch_data_parallel(world_size: int = 2, strategy: str = "ddp", steps: int = 3,
+                          batch: int = 6, hidden: int = 4, ffn_hidden: int = 6, seed: int = 0,
+                          lr: float = 1e-2, mistake: str | None = None,
+                          timeout: float = 60.0) -> Agreement:
+    """``strategy="ddp"``: DistributedDataParallel vs the course's DDP; ``"fsdp"``: FSDP2
+    ``fully_shard`` vs the course's ZeRO3. ``steps`` Adam steps on ``batch`` rows each."""
+    t = resolve_world_size(world_size)
+    if strategy not in DP_PAIRS:
+        raise ValueError(f"unknown strategy {strategy!r}; expected one of {sorted(DP_PAIRS)}")
+    if mistake is not None and mistake not in DP_MISTAKES:
+        raise ValueError(f"unknown mistake {mistake!r}; expected one of {sorted(DP_MISTAKES)}")
+    for name, n in (("steps", steps), ("batch", batch), ("hidden", hidden),
+                    ("ffn_hidden", ffn_hidden)):
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"{name} must be a positive integer, got {n!r}")
+    if batch % t:
+        raise ValueError(f"batch={batch} is not divisible by the world size {t}: data "
+                         f"parallelism gives every rank batch/t rows")
+    gen = torch.Generator().manual_seed(seed)
+    model = make_mlp(hidden, ffn_hidden, gen, torch.float64)
+    batches = [tuple(torch.randn(batch, hidden, generator=gen, dtype=torch.float64)
+                     for _ in range(2)) for _ in range(steps)]
+    results = run(dp_on_rank, strategy, model, batches, Adam(lr=lr), mistake, world_size=t,
+                  timeout=timeout)
+    name = {"ddp": "DistributedDataParallel", "fsdp": "FSDP2 fully_shard"}[strategy]
+    return agreement(f"{name}, {steps} Adam steps", results, _MAP[strategy], mistake,
+                     ("counts are those of the last step",))
