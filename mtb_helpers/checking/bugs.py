@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from mtb_helpers.checking.bug import Bug, names_for
 from mtb_helpers.collectives import bugs as collectives_bugs
+from mtb_helpers.cp import bugs as cp_bugs
 from mtb_helpers.dp import bugs as dp_bugs
 from mtb_helpers.grid import bugs as grid_bugs
 from mtb_helpers.moe import bugs as moe_bugs
@@ -30,6 +31,7 @@ TOPIC_REGISTRIES: tuple[dict[str, Bug], ...] = (
     pp_bugs.BUGS,
     grid_bugs.BUGS,
     dp_bugs.BUGS,
+    cp_bugs.BUGS,
 )
 REGISTRY: dict[str, Bug] = {name: bug for registry in TOPIC_REGISTRIES
                             for name, bug in registry.items()}

@@ -1,0 +1,81 @@
+"""All-gather attention (the Llama 3 variant): gather all of K and V, attend, reduce-scatter dK, dV.
+
+Llama 3's context parallelism (Dubey et al. 2024, section 3.3.2) all-gathers K and V and
+computes each local query chunk against the keys it may see: with a causal mask chunk c needs
+only the prefix of keys before its end, so the work per rank is the same as the ring's. The
+all-gather cost does not hide behind compute the way ring hops do, but with grouped-query
+attention K/V are much smaller than Q, so Llama 3 chose it for simplicity.
+
+    kv [2, b, h, s/t, d] -> all-gather -> [2, b, h, s, d] in rank order -> reassemble -> position order
+    backward: dKV [2, b, h, s, d] -> cut into rank order -> reduce-scatter -> [2, b, h, s/t, d]
+
+Bytes one rank sends (N = bytes of its K shard): forward ``2 (t-1) N``, backward ``2 (t-1) N``.
+"""
+from __future__ import annotations
+
+
+import torch
+
+from mtb_helpers.comm.regions import issue
+from mtb_helpers.cp.base import ContextParallelAttention
+from mtb_helpers.cp.sharding import shard_sequence, unshard_sequence
+
+__all__ = ["AllGatherAttention", "allgather_attention", "GATHER_KV"]
+
+GATHER_KV = "cp.gather-kv"
+
+
+class _GatherKV(torch.autograd.Function):
+    """forward: all-gather K/V along the sequence; backward: reduce-scatter dK/dV."""
+
+    @staticmethod
+    def forward(ctx, kv, layer):
+        ctx.layer = layer
+        gathered = issue("all_gather", kv, region=GATHER_KV, direction="forward", dim=3,
+                         group=layer.group)        # [2,b,h,s/t,d] -> all-gather -> [2,b,h,s,d]
+        return layer.reassemble(gathered)
+
+    @staticmethod
+    def backward(ctx, dfull):
+        return ctx.layer.scatter_grads(dfull.contiguous()), None
+
+
+class AllGatherAttention(ContextParallelAttention):
+    """Attention of this rank's query shard over the all-gathered K/V."""
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self._validate(q, k, v)
+        n = q.shape[2]
+        full = _GatherKV.apply(torch.stack([k, v]), self)   # [2,b,h,s/t,d] -> [2,b,h,s,d]
+        self.hold(full)
+        q_pos = self.positions(self.rank, n)
+        key_pos = torch.arange(full.shape[3])               # gathered keys are in position order
+        outs = []
+        size = n // self.chunks
+        for i in range(self.chunks):
+            qs = slice(i * size, (i + 1) * size)
+            end = int(q_pos[qs].max()) + 1 if self.causal else full.shape[3]
+            mask = key_pos[None, :end] <= q_pos[qs][:, None] if self.causal else None
+            s = self.scores(q[:, :, qs], full[0][:, :, :end], mask, "forward")   # [b,h,nq,end]
+            outs.append(torch.softmax(s, dim=-1) @ full[1][:, :, :end])  # [b,h,nq,end] @ [b,h,end,d]
+        # autograd's backward builds dS, dP of the very shapes the forward built: the same work
+        self.work["backward"], self.pairs["backward"] = self.work["forward"], self.pairs["forward"]
+        return torch.cat(outs, dim=2)                        # -> [b,h,s/t,d]
+
+    def reassemble(self, gathered: torch.Tensor) -> torch.Tensor:
+        """Rank-order shards -> position order (zigzag shards hold two chunks each)."""
+        return unshard_sequence(list(gathered.chunk(self.t, dim=3)), self.layout, dim=3)
+
+    def scatter_grads(self, dfull: torch.Tensor) -> torch.Tensor:
+        """dK/dV of every position summed over ranks; this rank keeps its own positions."""
+        ranked = torch.cat([shard_sequence(dfull, self.t, r, self.layout, dim=3)
+                            for r in range(self.t)], dim=3)   # position order -> rank order
+        return issue("reduce_scatter", ranked, region=GATHER_KV, direction="backward", dim=3,
+                     group=self.group)                        # [2,b,h,s,d] -> reduce-scatter -> [2,b,h,s/t,d]
+
+
+def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                        layout: str = "contiguous", group=None) -> torch.Tensor:
+    """Same contract as ``ring_attention``: this rank's ``[b, heads, s/t, d]`` shards in, its
+    output shard out; K/V all-gathered, dK/dV reduce-scattered."""
+    return AllGatherAttention(causal, layout, group)(q, k, v)

@@ -1,0 +1,78 @@
+"""What both context-parallel attentions share: shapes, global positions, the chunk pairs a causal
+mask leaves to compute, and the measurements (work and K/V memory) the check reads back.
+
+Inputs and output are this rank's sequence shard ``[b, heads, s/t, d]`` as
+``shard_sequence(x, t, r, layout, dim=2)`` cut it. A shard holds 1 chunk (contiguous) or 2
+(zigzag); work is done chunk pair by chunk pair, and under a causal mask a pair whose keys all
+come after its queries is skipped: that skipping is where the causal imbalance comes from.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from mtb_helpers.comm.regions import group_rank, group_size
+from mtb_helpers.cp.sharding import check_layout, check_sequence, shard_positions
+
+__all__ = ["ContextParallelAttention"]
+
+
+class ContextParallelAttention:
+    """Base of ``RingAttention`` and ``AllGatherAttention``; call it on ``q, k, v`` shards.
+
+    After a call, ``work[direction]`` is the number of attention scores (query-key products)
+    this rank computed per (batch, head), ``pairs[direction]`` the chunk pairs, and
+    ``kv_peak_bytes`` the most K/V bytes it held at once."""
+    input_layout = "sharded(2)"     # [b, heads, s/t, d]: this rank's positions of the sequence
+    output_layout = "sharded(2)"    # the attention output of those same query positions
+
+    def __init__(self, causal: bool = False, layout: str = "contiguous",
+                 group: dist.ProcessGroup | None = None):
+        check_layout(layout)
+        self.causal, self.layout, self.group = bool(causal), layout, group
+        self.t, self.rank = group_size(group), group_rank(group)
+        self.chunks = 2 if layout == "zigzag" else 1
+        self.work = {"forward": 0, "backward": 0}
+        self.pairs = {"forward": 0, "backward": 0}
+        self.kv_peak_bytes = 0
+        self.steps: list[dict] = []
+
+    def _validate(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        if not (q.dim() == 4 and q.shape == k.shape == v.shape):
+            raise ValueError(f"q, k, v must be [b, heads, s/t, d] shards of one shape; got "
+                             f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
+        check_sequence(q.shape[2] * self.t, self.t, self.layout)
+        self.scale = 1.0 / math.sqrt(q.shape[-1])
+
+    def positions(self, source: int, n: int) -> torch.Tensor:
+        """Global positions of the ``n`` rows rank ``source`` holds (the causal mask compares these)."""
+        return shard_positions(n * self.t, self.t, source, self.layout)
+
+    def chunk_pairs(self, q_pos: torch.Tensor, k_pos: torch.Tensor):
+        """``(q rows, k rows, mask)`` for every chunk pair to compute: ``mask[i, j]`` is True
+        where key j may be seen by query i (None: all of them); fully masked pairs are skipped."""
+        n = q_pos.numel() // self.chunks
+        for i in range(self.chunks):
+            for j in range(self.chunks):
+                qs, ks = slice(i * n, (i + 1) * n), slice(j * n, (j + 1) * n)
+                if not self.causal:
+                    yield qs, ks, None
+                    continue
+                mask = k_pos[ks][None, :] <= q_pos[qs][:, None]     # [n, n] from global positions
+                if mask.any():
+                    yield qs, ks, mask
+
+    def scores(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None,
+               direction: str) -> torch.Tensor:
+        """``q k^T / sqrt(d)``, ``-inf`` where masked; counted as work."""
+        s = q @ k.transpose(-2, -1) * self.scale     # [b,h,nq,d] @ [b,h,d,nk] -> [b,h,nq,nk]
+        self.work[direction] += s.shape[-2] * s.shape[-1]
+        self.pairs[direction] += 1
+        return s if mask is None else s.masked_fill(~mask, -math.inf)
+
+    def hold(self, *tensors: torch.Tensor) -> None:
+        """Note K/V tensors alive at once (for the memory comparison)."""
+        self.kv_peak_bytes = max(self.kv_peak_bytes,
+                                 sum(x.numel() * x.element_size() for x in tensors))

@@ -1,0 +1,118 @@
+"""The context-parallel check: ring or all-gather attention on real ranks against one process.
+
+    report = check_context_parallel(world_size=4, seq=16, heads=2, head_dim=4, causal=True,
+                                    variant="ring", layout="zigzag", dtype=torch.float64)
+    report.passed, report.rows, report.records, report.extra["cp"]
+
+The caller draws ``q, k, v, dO`` ``[b, heads, s, d]`` from ``seed`` and runs PyTorch's
+``scaled_dot_product_attention`` on the full sequence (in the run's dtype and in float64). Every
+rank takes its shards (``shard_sequence(.., layout, dim=2)``), runs the layer forward and
+backward inside a collective record and returns its output and dQ, dK, dV shards, which are
+compared with the same shards of the reference. ``report.extra["cp"]`` holds, per rank, the work
+it did (scores computed) next to ``expected_work``, the bytes it sent next to the formulas, the
+most K/V it held, and (ring) which block it held at each step with its running max.
+``bug=`` swaps in a broken layer (``cp/bugs.py``).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from mtb_helpers.checking.bug import swap
+from mtb_helpers.checking.bugs import validate_bug
+from mtb_helpers.checking.report import Report, compare
+from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
+from mtb_helpers.comm.records import record
+from mtb_helpers.cp.allgather import AllGatherAttention
+from mtb_helpers.cp.reference import (expected_bytes, expected_kv_bytes, expected_work,
+                                      make_cp_inputs, reference_attention)
+from mtb_helpers.cp.ring import RingAttention
+from mtb_helpers.cp.sharding import check_layout, check_sequence, shard_positions, shard_sequence
+from mtb_helpers.runtime.ranks import resolve_world_size, run
+
+__all__ = ["check_context_parallel", "VARIANTS", "QUANTITIES"]
+
+VARIANTS = {"ring": RingAttention, "allgather": AllGatherAttention}
+QUANTITIES = ("output", "q_grad", "k_grad", "v_grad")
+
+
+def _on_rank(layer_cls, q, k, v, dout, causal: bool, layout: str) -> dict:
+    """On every rank: this rank's shards through the layer, forward and backward, recorded."""
+    t = dist.get_world_size() if dist.is_initialized() else 1
+    r = dist.get_rank() if dist.is_initialized() else 0
+    layer = layer_cls(causal, layout)
+    shards = [shard_sequence(x, t, r, layout, dim=2).requires_grad_(True) for x in (q, k, v)]
+    with record() as rec:
+        out = layer(*shards)                                   # [b,h,s/t,d]
+        out.backward(shard_sequence(dout, t, r, layout, dim=2))
+    return {"output": out.detach(), "q_grad": shards[0].grad, "k_grad": shards[1].grad,
+            "v_grad": shards[2].grad, "record": rec.without_tensors(), "work": layer.work,
+            "pairs": layer.pairs, "kv_peak_bytes": layer.kv_peak_bytes, "steps": layer.steps}
+
+
+def validate(t: int, seq: int, heads: int, head_dim: int, batch: int, causal: bool,
+             variant: str, layout: str) -> None:
+    """Refuse bad input (ValueError naming it) before any rank starts."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; expected one of {tuple(VARIANTS)}")
+    check_layout(layout)
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    positive_sizes(seq=seq, heads=heads, head_dim=head_dim, batch=batch)
+    check_sequence(seq, t, layout)
+
+
+def _cp_data(results: list[dict], seq: int, layout: str, causal: bool, variant: str,
+             shard_bytes: int) -> dict:
+    """Work, bytes, memory and the ring steps per rank, JSON-ready."""
+    t = len(results)
+    work = [res["work"]["forward"] for res in results]
+    expected = [expected_work(seq, t, r, layout, causal) for r in range(t)]
+    sent = {d: [res["record"].total_bytes(direction=d, sent=True) for res in results]
+            for d in ("forward", "backward")}
+    formula = expected_bytes(variant, shard_bytes, t)
+    mean = sum(work) / t
+    return {
+        "positions": [shard_positions(seq, t, r, layout).tolist() for r in range(t)],
+        "work": {"forward": work, "backward": [res["work"]["backward"] for res in results],
+                 "expected": expected, "full_attention": seq * seq,
+                 "pairs": [res["pairs"]["forward"] for res in results],
+                 "imbalance": max(work) / mean if mean else 1.0,
+                 "matches_formula": work == expected},
+        "bytes": {**sent, "formula": formula, "shard_bytes": shard_bytes,
+                  "matches_formula": all(sent[d] == [formula[d]] * t for d in sent)},
+        "kv_peak_bytes": [res["kv_peak_bytes"] for res in results],
+        "kv_peak_formula": expected_kv_bytes(variant, shard_bytes, t),
+        "steps": [res["steps"] for res in results],
+    }
+
+
+def check_context_parallel(world_size: int = 2, seq: int = 16, heads: int = 2,
+                           head_dim: int = 4, causal: bool = True, variant: str = "ring",
+                           layout: str = "contiguous", dtype=torch.float32, seed: int = 0,
+                           bug: str | None = None, batch: int = 1,
+                           timeout: float = 30.0) -> Report:
+    """Context-parallel attention on ``world_size`` ranks against SDPA on one process.
+
+    Shards ``[batch, heads, seq/t, head_dim]``; ``variant`` "ring" or "allgather"; ``layout``
+    "contiguous" or "zigzag". Refuses (ValueError, before any rank starts) an unknown variant,
+    layout or bug, a world size out of range, and a ``seq`` not divisible by t (2t for zigzag).
+    """
+    dtype, t = as_dtype(dtype), resolve_world_size(world_size)
+    validate(t, seq, heads, head_dim, batch, causal, variant, layout)
+    bug_obj = validate_bug(bug, f"cp-{variant}")
+    layer_cls = swap(bug_obj, VARIANTS[variant])
+    q, k, v, dout = make_cp_inputs(batch, heads, seq, head_dim, dtype, seed)
+    results = run(_on_rank, layer_cls, q, k, v, dout, causal, layout, world_size=t,
+                  timeout=timeout)
+    ref = reference_attention(q, k, v, dout, causal)
+    ref64 = reference_attention(*(x.double() for x in (q, k, v, dout)), causal)
+    rows = [compare(name, r, res[name], shard_sequence(ref[name], t, r, layout),
+                    shard_sequence(ref64[name], t, r, layout), dtype)
+            for name in QUANTITIES for r, res in enumerate(results)]
+    config = check_config(t, dtype, seed, bug, seq=seq, heads=heads, head_dim=head_dim,
+                          batch=batch, causal=causal, variant=variant, layout=layout)
+    shard_bytes = batch * heads * (seq // t) * head_dim * q.element_size()
+    cp = _cp_data(results, seq, layout, causal, variant, shard_bytes)
+    return Report("context_parallel", config, rows, [], [res["record"] for res in results],
+                  extra={"cp": cp})

@@ -1,0 +1,127 @@
+"""Ring attention: K/V blocks travel around the ring; each rank's queries never leave it.
+
+Forward, on rank r with t ranks (Liu et al. 2023, "Ring Attention with Blockwise Transformers"):
+
+    step i = 0 .. t-1:  hold the K/V block of rank (r - i) mod t
+                        fold every chunk pair the mask allows into the online softmax (m, l, acc)
+                        pass the block on: send to r+1, receive from r-1       (t-1 hops)
+    O = acc / l,  lse = m + log l
+
+Backward, a second ring pass written by hand (not autograd through the ring): each block travels
+again **with its dK, dV accumulator**; every rank adds what its queries contribute
+(``dV += P^T dO``, ``dK += dS^T Q / sqrt(d)``, with ``P = exp(S - lse)`` rebuilt from the saved
+lse and ``dS = P * (dO V^T - rowsum(dO * O))``) and keeps ``dQ`` for itself. After t steps rank r
+holds the finished dK, dV of rank r+1's block, so one last hop sends them home.
+
+Bytes one rank sends, with N the bytes of its K (or V) shard ``[b, heads, s/t, d]``:
+forward ``2 (t-1) N``; backward ``4 (t-1) N`` (K, V, dK, dV together) ``+ 2 N`` (the last hop).
+"""
+from __future__ import annotations
+
+import torch
+
+from mtb_helpers.cp.base import ContextParallelAttention
+from mtb_helpers.cp.exchange import ring_pass
+from mtb_helpers.cp.online import finish, online_update
+
+__all__ = ["RingAttention", "ring_attention", "KV", "KV_GRADS", "GRADS_HOME"]
+
+KV, KV_GRADS, GRADS_HOME = "cp.kv", "cp.kv+grads", "cp.grads-home"
+
+
+class _Ring(torch.autograd.Function):
+    """forward: the ring of K/V blocks with the online softmax; backward: the ring again,
+    dK/dV travelling with K/V, then home."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, layer):
+        out, lse = layer.forward_ring(q, k, v)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.layer = layer
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = ctx.layer.backward_ring(q, k, v, out, lse, dout.contiguous())
+        return dq, dk, dv, None
+
+
+class RingAttention(ContextParallelAttention):
+    """Attention of this rank's query shard over the whole sequence, K/V passed around the ring.
+
+    ``steps`` (after a forward) says, per step, which rank's block this rank held, how many chunk
+    pairs it computed and the running max of its queries (batch 0, head 0)."""
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self._validate(q, k, v)
+        return _Ring.apply(q, k, v, self)
+
+    def update(self, m, l, acc, scores, v):
+        """One online-softmax step (``online.online_update``)."""
+        return online_update(m, l, acc, scores, v)
+
+    def forward_ring(self, q, k, v):
+        b, h, n, d = q.shape
+        q_pos = self.positions(self.rank, n)
+        m = torch.full((b, h, n, 1), -torch.inf, dtype=q.dtype)
+        l = torch.zeros((b, h, n, 1), dtype=q.dtype)
+        acc = torch.zeros_like(q)
+        kv = torch.stack([k, v])                                  # 2 x [b,h,n,d] -> [2,b,h,n,d]
+        for step in range(self.t):
+            source = (self.rank - step) % self.t
+            k_pos = self.positions(source, n)
+            before = self.pairs["forward"]
+            for qs, ks, mask in self.chunk_pairs(q_pos, k_pos):
+                s = self.scores(q[:, :, qs], kv[0][:, :, ks], mask, "forward")  # [b,h,nq,nk]
+                m[:, :, qs], l[:, :, qs], acc[:, :, qs] = self.update(
+                    m[:, :, qs], l[:, :, qs], acc[:, :, qs], s, kv[1][:, :, ks])
+            self.steps.append({"step": step, "source": source,
+                               "pairs": self.pairs["forward"] - before,
+                               "running_max": m[0, 0, :, 0].tolist()})
+            if step < self.t - 1:
+                incoming = ring_pass(kv, region=KV, direction="forward", group=self.group)
+                self.hold(kv, incoming)                           # [2,b,h,n,d] -> r+1; r-1 -> here
+                kv = incoming
+            else:
+                self.hold(kv)
+        return finish(m, l, acc)
+
+    def backward_ring(self, q, k, v, out, lse, dout):
+        n = q.shape[2]
+        q_pos = self.positions(self.rank, n)
+        delta = (dout * out).sum(-1, keepdim=True)                # [b,h,n,d] -> [b,h,n,1]
+        dq = torch.zeros_like(q)
+        kv = torch.stack([k, v])                                  # [2,b,h,n,d]
+        dkv = torch.zeros_like(kv)                                # dK, dV of the block held
+        for step in range(self.t):
+            k_pos = self.positions((self.rank - step) % self.t, n)
+            for qs, ks, mask in self.chunk_pairs(q_pos, k_pos):
+                kb, vb, do = kv[0][:, :, ks], kv[1][:, :, ks], dout[:, :, qs]
+                p = torch.exp(self.scores(q[:, :, qs], kb, mask, "backward")
+                              - lse[:, :, qs])                    # [b,h,nq,nk]
+                dkv[1][:, :, ks] += p.transpose(-2, -1) @ do      # [b,h,nk,nq] @ [b,h,nq,d] -> [b,h,nk,d]
+                dp = do @ vb.transpose(-2, -1)                    # [b,h,nq,d] @ [b,h,d,nk] -> [b,h,nq,nk]
+                ds = p * (dp - delta[:, :, qs])                   # [b,h,nq,nk]
+                dq[:, :, qs] += ds @ kb * self.scale              # [b,h,nq,nk] @ [b,h,nk,d] -> [b,h,nq,d]
+                dkv[0][:, :, ks] += ds.transpose(-2, -1) @ q[:, :, qs] * self.scale  # -> [b,h,nk,d]
+            if step < self.t - 1:
+                both = ring_pass(torch.cat([kv, dkv]), region=KV_GRADS, direction="backward",
+                                 group=self.group)                # [4,b,h,n,d] -> r+1; r-1 -> here
+                kv, dkv = both[:2], both[2:]
+        dkv = self.send_grads_home(dkv)
+        return dq, dkv[0], dkv[1]
+
+    def send_grads_home(self, dkv: torch.Tensor) -> torch.Tensor:
+        """Rank r holds the finished dK, dV of rank r+1's block: one more hop delivers them."""
+        return ring_pass(dkv, region=GRADS_HOME, direction="backward",
+                         group=self.group)                        # [2,b,h,n,d] -> r+1; r-1 -> here
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                   layout: str = "contiguous", group=None) -> torch.Tensor:
+    """``softmax(q k^T / sqrt(d), causal mask by global position) v`` for this rank's queries.
+
+    ``q, k, v``: this rank's ``[b, heads, s/t, d]`` shards (``shard_sequence(.., dim=2)``);
+    returns this rank's ``[b, heads, s/t, d]`` output shard, differentiable."""
+    return RingAttention(causal, layout, group)(q, k, v)

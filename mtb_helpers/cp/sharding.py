@@ -1,0 +1,81 @@
+"""Sequence shards for context parallelism: which global positions each rank holds.
+
+The sequence (dim 2 of ``[b, heads, s, d]``) is cut into chunks:
+
+* ``contiguous``: ``t`` chunks of ``s/t``; rank ``r`` holds chunk ``r``.
+* ``zigzag``: ``2t`` chunks of ``s/(2t)``; rank ``r`` holds chunks ``r`` and ``2t-1-r`` (in that
+  order). Under a causal mask chunk ``c`` attends to ``c+1`` chunks, so every rank gets
+  ``(r+1) + (2t-r) = 2t+1`` chunk pairs of work: the load-balanced layout (Megatron-LM context
+  parallelism, ring-flash-attention's ``zigzag_ring_flash_attn``).
+
+    >>> [shard_positions(8, 2, r, "zigzag").tolist() for r in range(2)]
+    [[0, 1, 6, 7], [2, 3, 4, 5]]
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["LAYOUTS", "check_sequence", "chunk_ids", "chunk_len", "shard_positions",
+           "shard_sequence", "unshard_sequence"]
+
+LAYOUTS = ("contiguous", "zigzag")
+
+
+def check_layout(layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
+
+
+def check_sequence(seq: int, world_size: int, layout: str) -> None:
+    """Refuse (ValueError naming the sizes) a sequence the layout cannot cut evenly."""
+    check_layout(layout)
+    pieces = world_size * (2 if layout == "zigzag" else 1)
+    if seq % pieces:
+        why = (f"2 x world size = {pieces} chunks (zigzag gives each rank two)"
+               if layout == "zigzag" else f"the world size {world_size}")
+        raise ValueError(f"seq={seq} is not divisible by {why}: every rank must hold the same "
+                         f"number of positions")
+
+
+def chunk_ids(world_size: int, rank: int, layout: str) -> list[int]:
+    """The global chunk indices rank ``rank`` holds, in the order its shard stores them."""
+    check_layout(layout)
+    if layout == "contiguous":
+        return [rank]
+    return [rank, 2 * world_size - 1 - rank]
+
+
+def chunk_len(seq: int, world_size: int, layout: str) -> int:
+    """Positions per chunk: ``s/t`` (contiguous) or ``s/(2t)`` (zigzag)."""
+    return seq // (world_size * (2 if layout == "zigzag" else 1))
+
+
+def shard_positions(seq: int, world_size: int, rank: int, layout: str = "contiguous"
+                    ) -> torch.Tensor:
+    """The global positions of rank ``rank``'s ``s/t`` rows, in shard order (int64)."""
+    n = chunk_len(seq, world_size, layout)
+    return torch.cat([torch.arange(c * n, (c + 1) * n) for c in chunk_ids(world_size, rank, layout)])
+
+
+def shard_sequence(x: torch.Tensor, world_size: int, rank: int, layout: str = "contiguous",
+                   dim: int = 2) -> torch.Tensor:
+    """Rank ``rank``'s shard of ``x`` along ``dim``: ``[.., s, ..] -> [.., s/t, ..]`` (a copy)."""
+    check_sequence(x.shape[dim], world_size, layout)
+    n = chunk_len(x.shape[dim], world_size, layout)
+    return torch.cat([x.narrow(dim, c * n, n) for c in chunk_ids(world_size, rank, layout)],
+                     dim=dim).contiguous()
+
+
+def unshard_sequence(shards: list[torch.Tensor], layout: str = "contiguous",
+                     dim: int = 2) -> torch.Tensor:
+    """The full tensor from every rank's shard (``shards[r]`` from rank r), positions in order:
+    ``t x [.., s/t, ..] -> [.., s, ..]``."""
+    t = len(shards)
+    seq = shards[0].shape[dim] * t
+    check_sequence(seq, t, layout)
+    n = chunk_len(seq, t, layout)
+    pieces: dict[int, torch.Tensor] = {}
+    for r, shard in enumerate(shards):
+        for i, c in enumerate(chunk_ids(t, r, layout)):
+            pieces[c] = shard.narrow(dim, i * n, n)
+    return torch.cat([pieces[c] for c in sorted(pieces)], dim=dim)
