@@ -1,0 +1,98 @@
+"""Each deliberate context-parallel mistake fails exactly the (quantity, rank) rows it breaks,
+derived from what it does; with nothing to break (one rank, no mask, one chunk) it passes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mtb_helpers import BUGS
+from mtb_helpers.check import check_context_parallel
+from mtb_helpers.checking.bugs import bugs_for
+from mtb_helpers.cp.bugs import BUGS as CP_BUGS
+
+ALL = ("output", "q_grad", "k_grad", "v_grad")
+
+
+def _rows(quantities, ranks) -> set[tuple[str, int]]:
+    return {(q, r) for q in quantities for r in ranks}
+
+
+def expected(bug: str, variant: str, layout: str, causal: bool, t: int) -> set:
+    everyone = range(t)
+    if bug == "cp-no-rescale":
+        # a rank whose queries fold in more than one chunk pair mixes scales: output wrong, and
+        # with it rowsum(dO * O) in every dS, so dQ there and dK of every block it attended to;
+        # dV = P^T dO needs only P, rebuilt from the (right) lse
+        if layout == "contiguous":
+            if t == 1:
+                return set()
+            several = range(1, t) if causal else everyone
+            return _rows(("output", "q_grad"), several) | _rows(("k_grad",), everyone)
+        return _rows(("output", "q_grad", "k_grad"), everyone)
+    if bug == "cp-local-causal-mask":
+        if not causal or t == 1:
+            return set()                    # no mask, or local positions are the global ones
+        if variant == "allgather" and layout == "contiguous":
+            # rank 0's local query numbers are its global ones; every rank's keys are misjudged
+            return _rows(("output", "q_grad"), range(1, t)) | _rows(("k_grad", "v_grad"), everyone)
+        return _rows(ALL, everyone)
+    if bug == "cp-zigzag-wrong-order":
+        if layout == "contiguous" or t == 1:
+            return set()                    # rank order is position order
+        # without a mask attention does not care where a key sits, but the grads go back to
+        # the wrong positions; with one, every query sees the wrong keys
+        return _rows(ALL if causal else ("k_grad", "v_grad"), everyone)
+    if bug == "cp-grads-not-sent-home":
+        return set() if t == 1 else _rows(("k_grad", "v_grad"), everyone)
+    if bug == "cp-allgather-no-reduce-scatter":
+        if t == 1:
+            return set()
+        if causal and layout == "contiguous":
+            # the last rank's keys are seen by its own queries only, so its slice is complete
+            return _rows(("k_grad", "v_grad"), range(t - 1))
+        return _rows(("k_grad", "v_grad"), everyone)
+    raise AssertionError(bug)
+
+
+CASES = [(bug, check[len("cp-"):]) for bug, b in CP_BUGS.items() for check in b.checks]
+
+
+def test_every_cp_bug_is_registered_and_described():
+    assert set(CP_BUGS) <= set(BUGS) and all(BUGS[b] for b in CP_BUGS)
+    assert set(bugs_for("cp-ring")) == {"cp-no-rescale", "cp-local-causal-mask",
+                                        "cp-grads-not-sent-home"}
+    assert set(bugs_for("cp-allgather")) == {"cp-local-causal-mask", "cp-zigzag-wrong-order",
+                                             "cp-allgather-no-reduce-scatter"}
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("bug, variant", CASES)
+def test_bug_fails_exactly_what_it_breaks(bug, variant, causal, layout):
+    for t in (1, 3):
+        report = check_context_parallel(world_size=t, seq=12, heads=2, head_dim=4, causal=causal,
+                                        variant=variant, layout=layout, dtype=torch.float64,
+                                        bug=bug)
+        failed = {(r.quantity, r.rank) for r in report.failed()}
+        assert failed == expected(bug, variant, layout, causal, t), str(report)
+        assert report.config["bug"] == bug
+
+
+def test_the_four_issue_bugs_each_fail_somewhere_at_two_ranks():
+    for bug, variant, layout in [("cp-no-rescale", "ring", "contiguous"),
+                                 ("cp-local-causal-mask", "ring", "contiguous"),
+                                 ("cp-zigzag-wrong-order", "allgather", "zigzag"),
+                                 ("cp-grads-not-sent-home", "ring", "zigzag")]:
+        report = check_context_parallel(world_size=2, seq=8, causal=True, variant=variant,
+                                        layout=layout, dtype=torch.float32, bug=bug)
+        assert not report.passed, bug
+
+
+def test_missing_last_hop_shows_in_the_bytes():
+    report = check_context_parallel(world_size=3, seq=12, variant="ring", dtype=torch.float64,
+                                    bug="cp-grads-not-sent-home")
+    cp = report.extra["cp"]
+    n = cp["bytes"]["shard_bytes"]
+    assert cp["bytes"]["backward"] == [cp["bytes"]["formula"]["backward"] - 2 * n] * 3
+    assert not cp["bytes"]["matches_formula"]
+    assert report.records[0].count("send", "backward") == 2
