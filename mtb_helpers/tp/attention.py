@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtb_helpers.comm.regions import group_rank, group_size
+from mtb_helpers.comm.sharding import COLS, REPLICATED
 from mtb_helpers.tp.layers import ColumnParallelLinear, RowParallelLinear
 
 __all__ = ["ParallelSelfAttention", "LocalAttention", "check_heads", "grouped_qkv"]
@@ -62,8 +63,7 @@ class LocalAttention(nn.Module):
 
     forward: ``qkv [s, b, 3h/t]`` (this rank's ``[Q_r, K_r, V_r]`` features) -> ``[s, b, h/t]``.
     """
-    input_layout = "sharded(-1)"
-    output_layout = "sharded(-1)"
+    input_layout = output_layout = COLS   # [s, b, 3h/t] in, [s, b, h/t] out
 
     def __init__(self, n_heads: int, head_dim: int, causal: bool = True, world_size: int = 1):
         super().__init__()
@@ -105,8 +105,7 @@ class ParallelSelfAttention(nn.Module):
     ``.qkv`` is a ``ColumnParallelLinear`` with ``.weight [3h/t, h]`` (rows ``[Q_r; K_r; V_r]``),
     ``.out`` a ``RowParallelLinear`` with ``.weight [h, h/t]`` and the full bias.
     """
-    input_layout = "replicated"
-    output_layout = "replicated"
+    input_layout = output_layout = REPLICATED   # [s, b, h] both
 
     def __init__(self, qkv: ColumnParallelLinear, core: LocalAttention, out: RowParallelLinear):
         super().__init__()

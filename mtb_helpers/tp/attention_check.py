@@ -173,8 +173,8 @@ def check_tp_attention(world_size: int = 2, seq: int = 4, batch: int = 2, n_head
     layers, x, dy = draw_attention_inputs(seed, seq, batch, h, dtype)
     specs = _specs()
     build = partial(build_attention, n_heads=n_heads, causal=causal, bug=bug)
-    results = run(trace_on_rank, build, tuple(layers), x, dy, "replicated", "replicated", specs,
-                  world_size=t, timeout=timeout)
+    results = run(trace_on_rank, build, tuple(layers), x, dy, specs, world_size=t,
+                  timeout=timeout)
     ref = partial(attention_reference, n_heads=n_heads, causal=causal)
     refs = ref(tuple(cast_linear(lin, dtype) for lin in layers), x, dy, t)
     refs64 = ref(tuple(cast_linear(lin, torch.float64) for lin in layers), x.double(),
