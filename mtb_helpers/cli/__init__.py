@@ -18,9 +18,10 @@ GROUPS = {
     "dp": "data parallelism: DDP, ZeRO-1/2, ZeRO-3/FSDP against one optimizer step",
     "moe": "expert parallelism: token dispatch and combine with all-to-all",
     "grid": "tensor x data parallelism on one grid of ranks",
+    "cp": "context parallelism: ring and all-gather attention on sequence shards",
 }
 # Each topic folder has a cli.py with register(top, groups); these are the topics it loads.
-COMMAND_MODULES = ("collectives", "tp", "sp", "pp", "grid", "dp", "moe")
+COMMAND_MODULES = ("collectives", "tp", "sp", "pp", "grid", "dp", "moe", "cp")
 
 
 def build_parser() -> argparse.ArgumentParser:
