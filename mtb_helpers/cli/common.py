@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import Callable
 
 from mtb_helpers.runtime.ranks import MAX_WORLD_SIZE
 
@@ -31,3 +32,15 @@ def print_json(reports: list) -> None:
     strict JSON (no NaN), one document however many checks ran."""
     print(json.dumps({"passed": all(r.passed for r in reports),
                       "checks": [r.to_dict() for r in reports]}, allow_nan=False))
+
+
+def emit(reports: list, as_json: bool, details: Callable[[object], str] | None = None) -> int:
+    """Print the reports (rank 0 only under torchrun): one JSON document with ``--json``, else each
+    report's table followed by ``details(report)`` when given. Returns the exit status: 0 when
+    every report passed, 1 otherwise."""
+    if is_primary():
+        if as_json:
+            print_json(reports)
+        else:
+            print("\n\n".join(str(r) + (f"\n{details(r)}" if details else "") for r in reports))
+    return 0 if all(r.passed for r in reports) else 1

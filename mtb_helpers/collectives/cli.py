@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.cli.common import add_check_options, is_primary, print_json
+from mtb_helpers.cli.common import add_check_options, emit
 from mtb_helpers.collectives.ops import COLLECTIVES
 from mtb_helpers.collectives.check import check_collectives
 
@@ -30,9 +30,4 @@ def collectives(args: argparse.Namespace) -> int:
     report = check_collectives(world_size=args.world_size, numel=args.numel, dtype=args.dtype,
                                seed=args.seed, bug=args.bug,
                                collectives=tuple(args.collective or COLLECTIVES))
-    if is_primary():
-        if args.json:
-            print_json([report])
-        else:
-            print(report)
-    return 0 if report.passed else 1
+    return emit([report], args.json)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.cli.common import add_check_options, is_primary, print_json
+from mtb_helpers.cli.common import add_check_options, emit
 
 
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
@@ -39,14 +39,13 @@ def run_check(args: argparse.Namespace) -> int:
     report = check_grid(world_size=args.world_size, tp=args.tp, dp=args.dp, hidden=args.hidden,
                         ffn_hidden=args.ffn_hidden, batch=args.batch, lr=args.lr,
                         dtype=args.dtype, seed=args.seed, bug=args.bug)
-    if is_primary():
-        if args.json:
-            print_json([report])
-        else:
-            print(report)
-            print(f"grid: {report.extra['grid']['convention']}")
-            for rank, entries in enumerate(report.extra["traffic"]):
-                text = "; ".join(f"{e['kind']} group {e['ranks']}: {e['all_reduces']} "
-                                 f"all-reduce(s), {e['sent']} B sent" for e in entries)
-                print(f"rank {rank}: {text}")
-    return 0 if report.passed else 1
+    return emit([report], args.json, _traffic)
+
+
+def _traffic(report) -> str:
+    lines = [f"grid: {report.extra['grid']['convention']}"]
+    for rank, entries in enumerate(report.extra["traffic"]):
+        lines.append(f"rank {rank}: " + "; ".join(f"{e['kind']} group {e['ranks']}: "
+                                                  f"{e['all_reduces']} all-reduce(s), "
+                                                  f"{e['sent']} B sent" for e in entries))
+    return "\n".join(lines)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.cli.common import add_check_options, is_primary, print_json
+from mtb_helpers.cli.common import add_check_options, emit
 
 
 def _capacity(text: str) -> float | None:
@@ -48,20 +48,17 @@ def run_check(args: argparse.Namespace) -> int:
                        tokens=args.tokens, hidden=args.hidden, ffn_hidden=args.ffn_hidden,
                        capacity_factor=args.capacity_factor, dtype=args.dtype, seed=args.seed,
                        bug=args.bug)
-    if not is_primary():
-        return 0 if report.passed else 1
-    if args.json:
-        print_json([report])
-        return 0 if report.passed else 1
+    return emit([report], args.json, _routing)
+
+
+def _routing(report) -> str:
     moe = report.extra["moe"]
-    print(report)
     per_expert = [sum(c[e] for c in moe["tokens_per_expert"]) for e in range(len(moe["owner"]))]
-    print(f"\ncapacity per expert per rank: {moe['capacity'] or 'unlimited'}; choices kept per "
-          f"expert: {per_expert}; dropped: {moe['dropped_per_expert']}")
-    print("bytes sent per rank (forward): "
-          + "; ".join(f"rank {r}: counts {moe['bytes']['counts'][r]}, dispatch "
-                      f"{moe['bytes']['dispatch'][r]}, combine {moe['bytes']['combine'][r]}"
-                      for r in range(len(moe["dispatch_rows"]))))
-    print(f"all-gather + reduce-scatter instead: {moe['bytes']['all_gather_alternative'][0]} B "
-          f"per rank")
-    return 0 if report.passed else 1
+    sent = "; ".join(f"rank {r}: counts {moe['bytes']['counts'][r]}, dispatch "
+                     f"{moe['bytes']['dispatch'][r]}, combine {moe['bytes']['combine'][r]}"
+                     for r in range(len(moe["dispatch_rows"])))
+    return (f"\ncapacity per expert per rank: {moe['capacity'] or 'unlimited'}; choices kept per "
+            f"expert: {per_expert}; dropped: {moe['dropped_per_expert']}\n"
+            f"bytes sent per rank (forward): {sent}\n"
+            f"all-gather + reduce-scatter instead: {moe['bytes']['all_gather_alternative'][0]} B "
+            f"per rank")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.cli.common import add_check_options, is_primary, print_json
+from mtb_helpers.cli.common import add_check_options, emit
 
 
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
@@ -35,21 +35,19 @@ def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubPar
 def run_sequence(args: argparse.Namespace) -> int:
     """Handler of ``minitrainbench tp sequence``; returns the exit code."""
     from mtb_helpers.sp.check import check_sequence_parallel
-    from mtb_helpers.sp.memory import memory_table
 
     report = check_sequence_parallel(world_size=args.world_size, seq_len=args.seq_len,
                                      batch=args.batch, hidden=args.hidden,
                                      ffn_hidden=args.ffn_hidden, dropout_p=args.dropout,
                                      dtype=args.dtype, seed=args.seed, bug=args.bug)
-    if is_primary():
-        if args.json:
-            print_json([report])
-        else:
-            worst = {q: max(r.max_abs_err for r in report.rows if r.quantity == q)
-                     for q in report.quantities()}
-            print(report)
-            print("\nmax abs error over ranks: "
-                  + ", ".join(f"{q} {e:.1e}" for q, e in worst.items()))
-            print("\nactivation memory (bytes saved for backward per rank) and bytes sent per rank:")
-            print(memory_table(report.extra["activation_memory"]))
-    return 0 if report.passed else 1
+    return emit([report], args.json, _memory)
+
+
+def _memory(report) -> str:
+    from mtb_helpers.sp.memory import memory_table
+
+    worst = {q: max(r.max_abs_err for r in report.rows if r.quantity == q)
+             for q in report.quantities()}
+    return ("\nmax abs error over ranks: " + ", ".join(f"{q} {e:.1e}" for q, e in worst.items())
+            + "\n\nactivation memory (bytes saved for backward per rank) and bytes sent per rank:\n"
+            + memory_table(report.extra["activation_memory"]))

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.cli.common import add_check_options, is_primary, print_json
-from mtb_helpers.checking.report import Report
+from mtb_helpers.cli.common import add_check_options, emit
 
 
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
@@ -47,16 +46,6 @@ def _common(args: argparse.Namespace) -> dict:
             "batch_shape": tuple(args.batch_shape)}
 
 
-def _emit(reports: list[Report], as_json: bool) -> int:
-    passed = all(r.passed for r in reports)
-    if is_primary():
-        if as_json:
-            print_json(reports)
-        else:
-            print("\n\n".join(str(r) for r in reports))
-    return 0 if passed else 1
-
-
 def run_check(args: argparse.Namespace) -> int:
     """Handler of ``minitrainbench tp check``: column then row; a bug goes to the layer it breaks."""
     from mtb_helpers.checking.bugs import validate_bug
@@ -77,7 +66,7 @@ def run_check(args: argparse.Namespace) -> int:
                                    or args.bug == "allgather-wrong-order")
     row = check_row_parallel(**_common(args), **sizes, bug=args.bug if args.bug in ROW_BUGS else None,
                              input_is_parallel=not args.full_input)
-    return _emit([column, row], args.json)
+    return emit([column, row], args.json)
 
 
 def run_mlp(args: argparse.Namespace) -> int:
@@ -85,4 +74,4 @@ def run_mlp(args: argparse.Namespace) -> int:
     from mtb_helpers.tp.check import check_tp_mlp
 
     report = check_tp_mlp(**_common(args), hidden=args.hidden, ffn_hidden=args.ffn_hidden, bug=args.bug)
-    return _emit([report], args.json)
+    return emit([report], args.json)
