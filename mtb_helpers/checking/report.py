@@ -111,6 +111,22 @@ class Report:
     def failed(self) -> list[Row]:
         return [r for r in self.rows if not r.passed]
 
+    def failing(self) -> dict[str, list[int]]:
+        """``{quantity: [ranks where it fails]}``, in row order."""
+        out: dict[str, list[int]] = {}
+        for row in self.failed():
+            out.setdefault(row.quantity, []).append(row.rank)
+        return out
+
+    def verdict(self) -> str:
+        """``"PASS"``, or ``"FAIL (q1, q2)"`` naming the failing quantities."""
+        return "PASS" if self.passed else f"FAIL ({', '.join(self.failing())})"
+
+    def failure_lines(self) -> list[str]:
+        """One line per failing quantity: ``"  fails: q on ranks 0, 1"``."""
+        return [f"  fails: {q} on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+                for q, ranks in self.failing().items()]
+
     def quantities(self) -> list[str]:
         return list(dict.fromkeys(r.quantity for r in self.rows))
 

@@ -22,12 +22,7 @@ VIEWS = ("errors per quantity", "bytes held", "bytes sent", "who holds what")
 
 def dp_summary(report: Report) -> str:
     """A few lines: verdict, failing quantities by rank, bytes held and sent by rank 0 vs formula."""
-    lines = [report.title()]
-    failed: dict[str, list[int]] = {}
-    for row in report.failed():
-        failed.setdefault(row.quantity, []).append(row.rank)
-    for quantity, ranks in failed.items():
-        lines.append(f"  fails: {quantity} on ranks {', '.join(map(str, ranks))}")
+    lines = [report.title(), *report.failure_lines()]
     mem, comm = report.extra["memory"], report.extra["communication"]
     held = mem["per_rank"][0]
     lines.append(f"rank 0 holds {held['params']} + {held['grads']} + {held['optimizer_state']} B "

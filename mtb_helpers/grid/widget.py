@@ -25,8 +25,7 @@ def grid_choices(world_size: int) -> list[tuple[str, tuple[int, int]]]:
 
 def grid_summary(report: Report) -> str:
     """One line: verdict, the failing quantities, and what rank 0 sent in each kind of group."""
-    failed = list(dict.fromkeys(r.quantity for r in report.failed()))
-    verdict = "PASS" if report.passed else f"FAIL ({', '.join(failed)})"
+    verdict = report.verdict()
     parts = [f"{e['all_reduces']} {'TP' if e['kind'] == 'tp' else 'gradient'} all-reduce(s) in "
              f"ranks {e['ranks']} ({e['sent']} B sent)" for e in report.extra["traffic"][0]]
     cfg = report.config

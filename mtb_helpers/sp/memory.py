@@ -188,7 +188,7 @@ def measure_activation_memory(world_sizes: tuple[int, ...] = (1, 2, 4), seq_len:
 
 _SHORT_TERMS = {"LayerNorm input": "LN in", "fc1 input": "fc1 in", "GeLU input": "GeLU in",
                 "fc2 input": "fc2 in", "dropout mask": "mask"}
-_SHORT_VARIANTS = {"tp": "TP", "sp": "SP", "sp_regather": "SP+"}
+VARIANT_LABELS = {"tp": "TP", "sp": "SP", "sp_regather": "SP+"}
 
 
 def memory_table(figures: list[dict] | dict) -> str:
@@ -201,7 +201,7 @@ def memory_table(figures: list[dict] | dict) -> str:
     for fig in figures:
         for key, v in fig["variants"].items():
             comm = v["communication"]
-            body.append([str(fig["world_size"]), _SHORT_VARIANTS[key],
+            body.append([str(fig["world_size"]), VARIANT_LABELS[key],
                          *(str(v["measured"][k]) for k in TERMS), str(v["measured_total"]),
                          str(v["model_total"]), str(v["measured"][STATS]),
                          str(comm["activation_sent"]), str(comm["param_grad_sent"])])

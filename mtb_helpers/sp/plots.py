@@ -22,6 +22,7 @@ from matplotlib.patches import Patch, Rectangle
 from mtb_helpers.plots.palette import EMPTY_COLOR, FAIL_COLOR, rank_color, rank_legend_handles
 from mtb_helpers.tp.plots import plot_errors  # noqa: F401  (re-exported: notebook 04 draws it from here)
 from mtb_helpers.sp.layers import keep_mask
+from mtb_helpers.sp.memory import VARIANT_LABELS
 
 __all__ = ["plot_sequence_layout", "plot_errors", "plot_dropout_masks", "plot_activation_memory",
            "plot_communication", "TERM_COLORS"]
@@ -160,7 +161,6 @@ def _bars(figures: list[dict]):
     return out
 
 
-_SHORT = {"tp": "TP", "sp": "SP", "sp_regather": "SP+"}
 
 
 def plot_activation_memory(figures: list[dict], ax: Axes | None = None) -> Figure:
@@ -178,7 +178,7 @@ def plot_activation_memory(figures: list[dict], ax: Axes | None = None) -> Figur
                    linewidth=0.5)
             bottom += height
         ax.plot([x - 0.14, x + 0.14], [v["model_total"]] * 2, color="black", linewidth=2.5)
-        ax.text(x, bottom, f"{_SHORT[key]}\n{bottom}", ha="center", va="bottom", fontsize=8)
+        ax.text(x, bottom, f"{VARIANT_LABELS[key]}\n{bottom}", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(figures)), [f"t = {f['world_size']}" for f in figures])
     ax.set_xlabel("world size (tensor- and sequence-parallel ranks)")
     ax.set_ylabel("bytes saved for backward, per rank")

@@ -21,13 +21,7 @@ VIEWS = ("forward: sequence rows", "backward: sequence rows", "errors per quanti
 
 def sp_summary(report: Report) -> str:
     """A few lines: verdict, failing quantities by rank, activation bytes TP vs SP, bytes sent."""
-    lines = [report.title()]
-    failed: dict[str, list[int]] = {}
-    for row in report.failed():
-        failed.setdefault(row.quantity, []).append(row.rank)
-    for quantity, ranks in failed.items():
-        lines.append(f"  fails: {quantity} on rank{'s' if len(ranks) > 1 else ''} "
-                     f"{', '.join(map(str, ranks))}")
+    lines = [report.title(), *report.failure_lines()]
     mem = report.extra["activation_memory"]["variants"]
     tp, sp = mem["tp"], mem["sp"]
     lines.append(f"saved for backward per rank: TP only {tp['measured_total']} B, TP + SP "

@@ -39,10 +39,9 @@ def run_explorer_check(kind: str, world_size: int, per_rank: int, other: int, dt
 
 def summary(report: Report) -> str:
     """One line: verdict, which quantities fail, and what the ranks communicated."""
-    failed = sorted({row.quantity for row in report.failed()})
     record = report.records[0]
     sent = record.total_bytes(sent=True)
-    verdict = "PASS" if report.passed else f"FAIL ({', '.join(failed)})"
+    verdict = report.verdict()
     return (f"{verdict}: {report.check} on {len(report.records)} rank(s), "
             f"bug={report.config.get('bug')}; rank 0 issued {record.count('all_reduce')} "
             f"all-reduce(s) and {record.count('all_gather')} all-gather(s), sending {sent} B")
