@@ -190,7 +190,8 @@ def plot_activation_memory(figures: list[dict], ax: Axes | None = None) -> Figur
     handles.append(Line2D([], [], color="black", linewidth=2.5, label="model total\n(no LN stats)"))
     handles += [Line2D([], [], linestyle="", label=text) for text in
                 ("TP: tensor parallel only", "SP: TP + sequence parallel",
-                 "SP+: SP, fc1 input\nre-gathered in backward")]
+                 "SP+: SP, fc1 input\nre-gathered in backward",
+                 "number on a bar: measured\ntotal with LN stats (the\ntable's total leaves\nthem out)")]
     ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_ylim(0, max(sum(v["measured"].values()) for *_, v in _bars(figures)) * 1.2)
     fig.tight_layout()
