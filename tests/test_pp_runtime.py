@@ -1,0 +1,149 @@
+"""The pipeline on real ranks: every schedule against one process (fp64, 1e-12), the exact op
+order of schedule() read back from the measured timeline, stashes against the simulator, the
+p2p record, recompute's bytes, refusals before any rank starts, and the four deliberate bugs."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mtb_helpers import RankTimeoutError
+from mtb_helpers.pp import check_pipeline, pipeline_step, schedule, simulate
+from mtb_helpers.pp import check as pp_check
+from mtb_helpers.pp import runtime as pp_runtime
+from mtb_helpers.pp.check import make_pipeline_model, reference_step
+
+F64 = torch.float64
+
+# (schedule, stages, microbatches, chunks, recompute): stages 1-4 (3 is not a power of two),
+# micro-batches from 1 to 2 x stages and beyond, every schedule, recompute on and off.
+CASES = [("gpipe", 1, 3, 1, False), ("gpipe", 2, 1, 1, True), ("gpipe", 3, 6, 1, False),
+         ("1f1b", 2, 5, 1, True), ("1f1b", 3, 2, 1, False), ("1f1b", 4, 8, 1, False),
+         ("1f1b", 4, 9, 1, True), ("interleaved", 2, 4, 2, False), ("interleaved", 3, 6, 2, True),
+         ("interleaved", 4, 8, 2, False), ("zb-h1", 2, 4, 1, False), ("zb-h1", 3, 1, 1, True),
+         ("zb-h1", 4, 8, 1, False), ("zb-h1", 4, 8, 1, True)]
+
+
+def data(blocks, m, width=8, dtype=F64, seed=0):
+    model = make_pipeline_model(blocks, width, dtype, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(2 * m, width, dtype=dtype, generator=g)
+    return model, x, torch.randn(2 * m, width, dtype=dtype, generator=g)
+
+
+@pytest.mark.parametrize("name,p,m,v,recompute", CASES)
+def test_every_schedule_matches_one_process_and_runs_exactly_its_op_order(name, p, m, v, recompute):
+    model, x, y = data(p * v, m)
+    res = pipeline_step(model, x, y, F.mse_loss, name, p, m, v, recompute=recompute)
+    ref_loss, ref_grads = reference_step(model, x, y)
+    assert abs(res.loss - float(ref_loss)) <= 1e-12
+    assert list(res.grads) == [n for n, _ in model.named_parameters()]
+    for n, g in ref_grads.items():
+        assert torch.allclose(res.grads[n], g, rtol=0, atol=1e-12), n
+    ops = schedule(name, p, m, v if name == "interleaved" else None)
+    for r in range(p):
+        assert res.ops(r) == list(ops[r])          # read back from the measured timeline
+    assert res.peak_stashed == simulate(ops).peak_activations
+
+
+def test_check_pipeline_passes_in_both_dtypes_and_reports_the_measured_run():
+    rep = check_pipeline("1f1b", stages=3, microbatches=6, dtype=F64)
+    assert rep.passed and rep.quantities()[0] == "loss"
+    assert all(r.max_abs_err <= 1e-12 for r in rep.rows)
+    pipe = rep.extra["pipeline"]
+    assert pipe["ops_match_schedule"] and pipe["peak_stashed"] == [3, 2, 1]
+    assert pipe["peak_stashed"] == pipe["simulated_peak_activations"]
+    assert check_pipeline("interleaved", stages=2, microbatches=4, dtype=torch.float32).passed
+
+
+def test_p2p_bytes_are_recorded_per_peer():
+    model, x, y = data(3, 4)
+    res = pipeline_step(model, x, y, schedule="gpipe", stages=3, microbatches=4)
+    act = 2 * 8 * 8   # one micro-batch [2, 8] in float64
+    sent = [rec.total_bytes("send", sent=True) for rec in res.records]
+    # rank 0 sends 4 activations, rank 1 4 activations and 4 grads, rank 2 4 grads
+    assert sent == [4 * act, 8 * act, 4 * act]
+    assert [rec.count("recv") for rec in res.records] == [4, 8, 4]
+    assert res.records[1].select("send", "backward")[0].region == "input grad -> rank 0"
+    recvs = [e for e in res.timeline if e.kind == "recv" and e.rank == 2]
+    assert len(recvs) == 4 and all(e.peer == 1 for e in recvs)
+
+
+def test_recompute_holds_only_stage_inputs_and_costs_a_forward_more():
+    model, x, y = data(4, 8)
+    full = pipeline_step(model, x, y, schedule="1f1b", stages=4, microbatches=8)
+    rec = pipeline_step(model, x, y, schedule="1f1b", stages=4, microbatches=8, recompute=True)
+    inp = 2 * 8 * 8
+    assert rec.stash_bytes == [k * inp for k in rec.peak_stashed] == [4 * inp, 3 * inp, 2 * inp, inp]
+    assert all(f > 2 * r for f, r in zip(full.stash_bytes, rec.stash_bytes))
+    assert rec.recompute_bytes == [b // k for b, k in zip(full.stash_bytes, full.peak_stashed)]
+    assert pp_runtime.op_durations((1.0, 2.0), 1, True)["B"] == 3.0
+
+
+def test_op_time_pads_every_op_to_its_fixed_duration():
+    model, x, y = data(2, 2)
+    res = pipeline_step(model, x, y, schedule="zb-h1", stages=2, microbatches=2,
+                        op_time=(0.02, 0.01, 0.01))
+    for e in res.timeline:
+        if e.kind in "FIW":
+            assert e.end - e.start >= (0.02 if e.kind == "F" else 0.01) * 0.99
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(blocks=3, stages=4), "has 6 layers"),
+    (dict(m=3, microbatches=4), "batch of 6 rows"),
+    (dict(schedule="interleaved", chunks=1), "chunks >= 2"),
+    (dict(schedule="pipedream"), "unknown schedule"),
+    (dict(op_time=(1.0,)), "op_time"),
+    (dict(stages=0), "stages must be"),
+])
+def test_bad_input_is_refused_before_any_rank_starts(monkeypatch, kwargs, message):
+    monkeypatch.setattr(pp_runtime, "run", lambda *a, **k: pytest.fail("ranks started"))
+    model, x, y = data(kwargs.pop("blocks", 2), kwargs.pop("m", 2))
+    args = dict(schedule="1f1b", stages=2, microbatches=2) | kwargs
+    with pytest.raises(ValueError, match=message):
+        pipeline_step(model, x, y, **args)
+
+
+def test_check_refuses_bad_input_before_any_rank_starts(monkeypatch):
+    monkeypatch.setattr(pp_runtime, "run", lambda *a, **k: pytest.fail("ranks started"))
+    with pytest.raises(ValueError, match="unknown bug"):
+        check_pipeline(bug="no-such-bug")
+    with pytest.raises(ValueError, match="does not apply"):
+        check_pipeline(bug="f-backward-identity")
+    with pytest.raises(ValueError, match="divisible by stages"):
+        check_pipeline("interleaved", stages=4, microbatches=6)
+    with pytest.raises(ValueError, match="only applies to the interleaved"):
+        check_pipeline("1f1b", chunks=2)
+
+
+def failed(rep):
+    return sorted({(r.quantity, r.rank) for r in rep.failed()})
+
+
+def grads_on(ranks, p=3):
+    return sorted((f"{2 * s}.{w}.grad", s) for s in ranks for w in ("weight", "bias"))
+
+
+@pytest.mark.parametrize("bug,broken", [
+    ("pp-loss-not-scaled", [("loss", 2)] + grads_on([0, 1, 2])),   # m x: loss and every grad
+    ("pp-input-grad-not-sent", grads_on([0, 1])),                  # all but the last stage
+    ("pp-wrong-stash", grads_on([0, 1])),                          # stages holding > 1 stash
+])
+def test_each_bug_fails_exactly_the_quantities_it_breaks(bug, broken):
+    rep = check_pipeline("1f1b", stages=3, microbatches=4, dtype=F64, bug=bug)
+    assert failed(rep) == sorted(broken)
+
+
+def test_blocking_send_deadlocks_1f1b_and_the_timeout_names_op_peer_and_line():
+    with pytest.raises(RankTimeoutError) as info:
+        check_pipeline("1f1b", stages=2, microbatches=3, dtype=F64, bug="pp-blocking-send",
+                       timeout=3.0)
+    text = str(info.value)
+    assert "rank 0 waits in send at mtb_helpers/pp/bugs.py:" in text          # the line
+    assert "rank 0 was blocked in the send of the activation of micro-batch 1" in text
+    assert "rank 0 -> rank 1" in text and "rank 1 -> rank 0" in text          # op and peer
+    # GPipe sends every activation before any grad comes back: the same bug cannot hang it
+    assert check_pipeline("gpipe", stages=2, microbatches=3, dtype=F64,
+                          bug="pp-blocking-send").passed
