@@ -8,7 +8,7 @@ import torch.distributed as dist
 from mtb_helpers import run
 from mtb_helpers.comm.regions import issue, record
 from mtb_helpers.moe.layers import (DISPATCH, ExpertParallelMoE, all_to_all_rows, expert_capacity,
-                             inverse_permutation, keep_mask, moe_reference, route)
+                             inverse_permutation, capacity_mask, moe_reference, route)
 from mtb_helpers.moe.check import make_moe_inputs
 
 
@@ -26,11 +26,11 @@ def test_capacity_keeps_first_choices_first_then_token_order():
     assert expert_capacity(8, 4, 1, None) is None
     assert expert_capacity(8, 4, 2, 1.0) == 4 and expert_capacity(8, 4, 1, 0.3) == 1
     experts = torch.tensor([[0, 1], [0, 1], [1, 0], [0, 1]])           # [n=4, k=2]
-    kept = keep_mask(experts, 2, capacity=2)
+    kept = capacity_mask(experts, 2, capacity=2)
     # first choices: expert 0 gets tokens 0, 1 (full), token 3 dropped; expert 1 gets token 2;
     # second choices: expert 1 has one place left -> token 0; expert 0 is full
     assert kept.tolist() == [[True, True], [True, False], [True, False], [False, False]]
-    assert keep_mask(experts, 2, None).all()
+    assert capacity_mask(experts, 2, None).all()
 
 
 def test_inverse_permutation_undoes_the_sort():

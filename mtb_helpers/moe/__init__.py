@@ -2,8 +2,8 @@
 from mtb_helpers.moe.layers import (COMBINE, COUNTS, DISPATCH, ROUTER_GRAD, Expert,
                                     ExpertParallelMoE, Routing, all_to_all_rows,
                                     allreduce_router_grad, expert_capacity, inverse_permutation,
-                                    keep_mask, moe_reference, route)
+                                    capacity_mask, moe_reference, route)
 
-__all__ = ["Expert", "route", "expert_capacity", "keep_mask", "inverse_permutation",
+__all__ = ["Expert", "route", "expert_capacity", "capacity_mask", "inverse_permutation",
            "all_to_all_rows", "allreduce_router_grad", "moe_reference", "ExpertParallelMoE",
            "Routing", "COUNTS", "DISPATCH", "COMBINE", "ROUTER_GRAD"]

@@ -41,9 +41,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from mtb_helpers.comm.sharding import ROWS
 from mtb_helpers.comm.regions import allreduce_grad, group_rank, group_size, issue
 
-__all__ = ["Expert", "route", "expert_capacity", "keep_mask", "inverse_permutation",
+__all__ = ["Expert", "route", "expert_capacity", "capacity_mask", "inverse_permutation",
            "all_to_all_rows", "allreduce_router_grad", "moe_reference", "ExpertParallelMoE",
            "Routing", "COUNTS", "DISPATCH", "COMBINE", "ROUTER_GRAD"]
 
@@ -62,13 +63,13 @@ class Expert(nn.Module):
         self.fc2 = nn.Linear(ffn_hidden, hidden, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))
+        return self.fc2(F.gelu(self.fc1(x)))   # [m, h] @ [h, f] -> GeLU -> @ [f, h] -> [m, h]
 
 
 def route(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int):
     """``(w [n, k], e [n, k], P [n, E])``: softmax of ``x [n, h] @ gate_weight.T`` (``gate_weight``
     is nn.Linear's ``[E, h]``), its k largest probabilities per row (descending), their experts."""
-    probs = torch.softmax(x @ gate_weight.T, dim=-1)
+    probs = torch.softmax(x @ gate_weight.T, dim=-1)   # [n, h] @ [h, E] -> [n, E]
     weights, experts = probs.topk(top_k, dim=-1)
     return weights, experts, probs
 
@@ -81,7 +82,7 @@ def expert_capacity(tokens: int, num_experts: int, top_k: int,
     return math.ceil(capacity_factor * tokens * top_k / num_experts)
 
 
-def keep_mask(experts: torch.Tensor, num_experts: int, capacity: int | None) -> torch.Tensor:
+def capacity_mask(experts: torch.Tensor, num_experts: int, capacity: int | None) -> torch.Tensor:
     """``[n, k]`` bool: which choices of one group fit under ``capacity`` per expert. Priority:
     every token's first choice (in token order), then every second choice, ..."""
     if capacity is None:
@@ -141,7 +142,7 @@ def moe_reference(gate: nn.Linear, experts: list[Expert], x: torch.Tensor, top_k
         experts_, weights = chosen, probs.gather(1, chosen)
     g = n // groups
     cap = expert_capacity(g, len(experts), top_k, capacity_factor)
-    kept = torch.cat([keep_mask(experts_[i * g:(i + 1) * g], len(experts), cap)
+    kept = torch.cat([capacity_mask(experts_[i * g:(i + 1) * g], len(experts), cap)
                       for i in range(groups)])
     y = x.new_zeros(x.shape)
     for e, expert in enumerate(experts):
@@ -170,6 +171,7 @@ class Routing:
 class ExpertParallelMoE(nn.Module):
     """The MoE layer on one rank: ``forward(x [n/t, h]) -> y [n/t, h]`` for this rank's tokens.
     ``experts`` holds only this rank's ``E/t`` experts (global ids from ``first_expert``)."""
+    input_layout = output_layout = ROWS   # each rank routes its own n/t tokens
 
     def __init__(self, gate: nn.Linear, experts: list[Expert], num_experts: int, top_k: int,
                  capacity_factor: float | None, group: dist.ProcessGroup | None = None):
@@ -215,19 +217,22 @@ class ExpertParallelMoE(nn.Module):
         t, n, k, E = group_size(self.group), x.shape[0], self.top_k, self.num_experts
         weights, experts, _ = route(x, self.router_weight(), k)
         cap = expert_capacity(n, E, k, self.capacity_factor)
-        kept = keep_mask(experts, E, cap)
+        kept = capacity_mask(experts, E, cap)
         token = torch.arange(n).repeat_interleave(k)                  # choice a = token*k + j
         sel = kept.reshape(-1).nonzero().squeeze(1)                   # the kept choices
         dest_expert = experts.reshape(-1)[sel]
         order = torch.argsort(dest_expert, stable=True)               # by expert = by rank
         counts = torch.bincount(dest_expert, minlength=E)             # [E]
+        # [E] -> all-to-all -> [t * E/t]: how many rows each source rank sends each local expert
         recv_counts = issue("all_to_all", counts, region=COUNTS, direction="forward", dim=0,
                             group=self.group).view(t, E // t)         # [source rank, local expert]
         send = counts.view(t, E // t).sum(1).tolist()
         recv = recv_counts.sum(1).tolist()
+        # [kept, h] -> all-to-all (uneven) -> [m_in, h]: the rows this rank's experts must process
         received = all_to_all_rows(x[token[sel][order]], send, recv, DISPATCH, self.group)
-        out = self.run_experts(received, recv_counts)
-        back = all_to_all_rows(out, recv, send, COMBINE, self.group)  # in `order`
+        out = self.run_experts(received, recv_counts)                 # [m_in, h] -> [m_in, h]
+        # [m_in, h] -> all-to-all back (the transposed splits) -> [kept, h], in `order`
+        back = all_to_all_rows(out, recv, send, COMBINE, self.group)
         rows = self.unpermute(back, order)                            # in (token, choice) order
         weighted = self.weigh(rows, weights.reshape(-1)[sel])
         y = x.new_zeros(x.shape).index_add(0, token[sel], weighted)  # sum the k choices per token
