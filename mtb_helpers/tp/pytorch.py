@@ -96,6 +96,7 @@ class Agreement:
     counts: dict[str, tuple[dict[str, int], dict[str, int]]]
     notes: list[str] = field(default_factory=list)
     mistake: str | None = None
+    sources: tuple[str, str] = ("PyTorch (CommDebugMode)", "course (record)")
 
     @property
     def agree(self) -> bool:
@@ -113,7 +114,7 @@ class Agreement:
     def _count_lines(self) -> list[str]:
         def text(c: dict[str, int]) -> str:
             return ", ".join(f"{n} {op}" for op, n in sorted(c.items())) or "nothing"
-        lines = [f"  {'collectives per rank':<22}{'PyTorch (CommDebugMode)':<34}course (record)"]
+        lines = [f"  {'collectives per rank':<22}{self.sources[0]:<34}{self.sources[1]}"]
         lines += [f"  {d:<22}{text(p):<34}{text(c)}" for d, (p, c) in self.counts.items()]
         return lines + [f"  note: {n}" for n in self.notes]
 
