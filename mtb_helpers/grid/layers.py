@@ -10,7 +10,7 @@ context dimension): **tensor-parallel ranks are neighbours**,
 so a tensor-parallel group is a row ``[d*tp, ..., d*tp + tp-1]`` and a data-parallel group is a
 column ``[j, j + tp, j + 2tp, ...]``. Why that order: tensor parallelism communicates inside every
 layer, data parallelism once per step, so the chatty group gets the neighbouring ranks, which a
-launcher places on the same node (NVLink) (Shoeybi et al. 2019; Narayanan et al. 2021).
+launcher places on the same node (NVLink) (Shoeybi et al. 2019; Narayanan et al., SC 2021).
 
 The step (``grid_step_on_rank``, run on every rank): the TP MLP of notebook 03 built inside this
 rank's TP group from the full layers, the forward on this replica's rows of the batch
@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtb_helpers.comm.regions import issue, record
-from mtb_helpers.tp.layers import ParallelMLP, shard_range
+from mtb_helpers.comm.sharding import shard_range
+from mtb_helpers.tp.layers import ParallelMLP
 
 __all__ = ["CONVENTION", "DP_REGION", "PARAMS", "GridGroups", "validate_grid", "coords",
            "rank_of", "tp_group_ranks", "dp_group_ranks", "make_groups", "destroy_groups",
@@ -109,6 +110,7 @@ def average_gradients(params: dict[str, nn.Parameter], groups: GridGroups) -> li
     its size, so every replica ends with the gradient of the whole batch. Returns the ranks of the
     group used (for the record). One all-reduce per parameter shard, in ``PARAMS`` order."""
     for name, p in params.items():
+        # this replica's grad shard -> all-reduce over the dp group -> the sum of dp replicas' shards
         total = issue("all_reduce", p.grad, region=DP_REGION, direction="backward",
                       group=groups.dp_group)
         p.grad.copy_(total / len(groups.dp_ranks))
@@ -142,9 +144,9 @@ def grid_step_on_rank(fc1: nn.Linear, fc2: nn.Linear, x: torch.Tensor, target: t
         params = dict(mlp.named_parameters())
         lo, hi = shard_range(x.shape[0], dp, groups.dp_index)
         # x requires grad as inside a model (the layer below needs dX), so f's backward runs
-        x_local = x[lo:hi].clone().requires_grad_(True)
+        x_local = x[lo:hi].clone().requires_grad_(True)   # [b, h] -> this replica's [b/dp, h]
         with record() as rec:
-            y = mlp(x_local)                           # g: all-reduce in the TP group
+            y = mlp(x_local)                  # [b/dp, h] -> [b/dp, h]; g: all-reduce in the TP group
             loss = F.mse_loss(y, target[lo:hi])        # mean over this replica's rows
             loss.backward()                            # f: all-reduce of dX in the TP group
             n_tp_events = len(rec)
