@@ -1,0 +1,152 @@
+"""Context-parallel figures, drawn from ``check_context_parallel``'s ``report.extra["cp"]`` (plain
+data); no ranks started here.
+
+``plot_layout``: which sequence positions each rank holds (contiguous vs zigzag);
+``plot_ring_steps``: which rank's K/V block each rank holds at each ring step (hatched where the
+causal mask left nothing to compute) and the running max of one query row per rank;
+``plot_work``: attention scores computed per rank for several layouts, with the mean;
+``plot_cost``: bytes sent and K/V held per rank, ring vs all-gather, against the world size;
+``plot_cp_errors``: max error per quantity and rank (the course's error figure).
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch, Rectangle
+
+from mtb_helpers.plots.palette import EMPTY_COLOR, rank_color, rank_legend_handles
+from mtb_helpers.tp.plots import plot_errors
+
+__all__ = ["plot_layout", "plot_ring_steps", "plot_work", "plot_cost", "plot_cp_errors"]
+
+
+def plot_layout(positions: dict[str, list[list[int]]]) -> Figure:
+    """One strip per layout: position p coloured by the rank that holds it."""
+    fig, ax = plt.subplots(figsize=(9, 0.9 + 0.7 * len(positions)))
+    t = 0
+    for y, (name, by_rank) in enumerate(positions.items()):
+        t = max(t, len(by_rank))
+        for r, held in enumerate(by_rank):
+            for p in held:
+                ax.add_patch(Rectangle((p, -y - 0.4), 1, 0.8, facecolor=rank_color(r),
+                                       edgecolor="white", linewidth=1))
+    seq = sum(len(h) for h in next(iter(positions.values())))
+    ax.set_xlim(0, seq)
+    ax.set_ylim(-len(positions) + 0.5, 0.5)
+    ax.set_yticks([-y for y in range(len(positions))], list(positions))
+    ax.set_xlabel("sequence position")
+    ax.set_ylabel("layout")
+    ax.set_title("Which positions each rank holds (the sequence dim of q, k, v)")
+    ax.legend(handles=rank_legend_handles(t), loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_ring_steps(cp: dict, title: str = "") -> Figure:
+    """Left: rank (row) x step (column), each cell in the colour of the rank whose K/V block it
+    holds; hatched grey when the causal mask hides that whole block. Right: the running max of
+    each rank's last query row after each step (it can only grow; each growth rescales acc)."""
+    steps = cp["steps"]
+    t = len(steps)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 1.8 + 0.7 * t),
+                                      gridspec_kw={"width_ratios": [1.2, 1]})
+    for r, row in enumerate(steps):
+        for s in row:
+            skipped = s["pairs"] == 0
+            left.add_patch(Rectangle((s["step"], r), 0.94, 0.9, facecolor=EMPTY_COLOR if skipped
+                                     else rank_color(s["source"]), edgecolor="black",
+                                     hatch="//" if skipped else None, linewidth=0.8))
+            left.text(s["step"] + 0.47, r + 0.45,
+                      f"K/V of rank {s['source']}\n" + ("skipped" if skipped
+                                                        else f"{s['pairs']} chunk pair(s)"),
+                      ha="center", va="center", fontsize=8)
+    left.set_xlim(-0.05, t)
+    left.set_ylim(t, -0.1)
+    left.set_xticks([i + 0.47 for i in range(t)], [str(i) for i in range(t)])
+    left.set_yticks([r + 0.45 for r in range(t)], [f"rank {r}" for r in range(t)])
+    left.set_xlabel("ring step (a block moves one rank on after each)")
+    left.set_ylabel("rank (its queries stay here)")
+    left.set_title("K/V block held at each step")
+    left.legend(handles=rank_legend_handles(t) + [Patch(facecolor=EMPTY_COLOR, hatch="//",
+                                                        edgecolor="black", label="masked")],
+                title="block from", fontsize=7, title_fontsize=8, loc="upper left",
+                bbox_to_anchor=(1.0, 1.0))
+    for r, row in enumerate(steps):
+        xs = [s["step"] for s in row]
+        ys = [s["running_max"][-1] for s in row]
+        right.plot(xs, ys, color=rank_color(r), linewidth=2, linestyle="-" if r % 2 == 0 else "--")
+        for i, (x, y) in enumerate(zip(xs, ys)):
+            grew = i == 0 or y > ys[i - 1]
+            right.plot([x], [y], marker="o", markersize=8, color=rank_color(r),
+                       markerfacecolor=rank_color(r) if grew else "white", markeredgewidth=2)
+    right.set_xticks(range(t))
+    right.set_xlabel("ring step")
+    right.set_ylabel("running max m (last query row)")
+    right.set_title("Online softmax: running max per rank")
+    right.legend(handles=[Line2D([], [], color=rank_color(r), linewidth=2, label=f"rank {r}",
+                                 linestyle="-" if r % 2 == 0 else "--") for r in range(t)]
+                 + [Line2D([], [], marker="o", linestyle="", color="black", label="max grew: rescale"),
+                    Line2D([], [], marker="o", linestyle="", color="black",
+                           markerfacecolor="white", label="unchanged")],
+                 fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(title or "Ring attention, step by step", fontsize=12)
+    fig.tight_layout()
+    return fig
+
+
+def plot_work(work_by_layout: dict[str, list[int]], title: str = "") -> Figure:
+    """Grouped bars: scores computed per rank, one group per layout, the group's mean dashed."""
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    t = max(len(w) for w in work_by_layout.values())
+    width = 0.8 / t
+    for g, (name, work) in enumerate(work_by_layout.items()):
+        for r, w in enumerate(work):
+            ax.bar(g + (r - (t - 1) / 2) * width, w, width * 0.95, color=rank_color(r),
+                   edgecolor="black", linewidth=0.5)
+        mean = sum(work) / len(work)
+        ax.plot([g - 0.45, g + 0.45], [mean, mean], color="black", linestyle="--", linewidth=1.2)
+        ax.text(g, max(work) * 1.03, f"max/mean {max(work) / mean:.2f}", ha="center", fontsize=9)
+    ax.set_xticks(range(len(work_by_layout)), list(work_by_layout))
+    ax.set_ylim(0, max(max(w) for w in work_by_layout.values()) * 1.18)
+    ax.set_xlabel("layout")
+    ax.set_ylabel("attention scores computed\nper (batch, head)")
+    ax.set_title(title or "Work per rank under a causal mask")
+    ax.legend(handles=rank_legend_handles(t) + [Line2D([], [], color="black", linestyle="--",
+                                                       label="mean")],
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_cost(cost: dict[str, dict[str, list]], shard_label: str = "per rank") -> Figure:
+    """``cost[variant] = {"t": [...], "sent": [...], "kv": [...], "measured_sent": [...],
+    "measured_kv": [...]}`` (bytes per rank, forward + backward): lines from the formulas,
+    dots measured on real ranks."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
+    styles = {"ring": ("-", "o"), "allgather": ("--", "s")}
+    for variant, c in cost.items():
+        line, marker = styles.get(variant, ("-", "o"))
+        for ax, key in ((a, "sent"), (b, "kv")):
+            ax.plot(c["t"], c[key], color="black", linestyle=line, label=f"{variant} (formula)")
+            if c.get(f"measured_{key}"):
+                ax.plot(c["t"], c[f"measured_{key}"], linestyle="", marker=marker, markersize=8,
+                        markerfacecolor="white", markeredgecolor="black",
+                        label=f"{variant} (measured)")
+    for ax, what in ((a, "bytes sent per rank (forward + backward)"),
+                     (b, "most K/V bytes held at once per rank")):
+        ax.set_xlabel("world size t")
+        ax.set_ylabel("bytes")
+        ax.set_title(what, fontsize=11)
+        ax.set_xticks(cost[next(iter(cost))]["t"])
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Ring vs all-gather attention: communication and memory, {shard_label}",
+                 fontsize=12)
+    fig.tight_layout()
+    return fig
+
+
+def plot_cp_errors(report) -> Figure:
+    """Max abs error of output, dQ, dK, dV on every rank against the tolerance."""
+    return plot_errors(report, by="quantity")

@@ -1,0 +1,88 @@
+"""The context-parallel explorers (core ipywidgets only: IntSlider, Dropdown, Checkbox, Output):
+
+* ``explore_context_parallel()``: world size, variant, layout, causal mask and a bug; the check
+  re-runs on real ranks and the summary, the ring steps (ring variant) and the error figure redraw.
+* ``explore_balance()``: a world-size slider; the causal check runs with both layouts and the
+  work per rank is drawn side by side.
+A setting the check refuses (a sequence the layout cannot cut) prints its ValueError instead.
+"""
+from __future__ import annotations
+
+import ipywidgets as widgets
+
+from mtb_helpers.checking.bugs import bugs_for
+from mtb_helpers.checking.report import Report
+from mtb_helpers.cp.check import check_context_parallel
+from mtb_helpers.cp.plots import plot_cp_errors, plot_ring_steps, plot_work
+from mtb_helpers.widgets.frame import live_view
+
+__all__ = ["explore_context_parallel", "explore_balance", "summary"]
+
+MAX_EXPLORER_RANKS = 4   # Binder has 1 CPU and 2 GB
+SEQ = 24                 # 2t divides it for every t in 1..4, so both layouts cut it evenly
+_SLIDER = dict(continuous_update=False, style={"description_width": "initial"})
+
+
+def summary(report: Report) -> str:
+    """Verdict, failing quantities, work and bytes of every rank."""
+    cp = report.extra["cp"]
+    failed = sorted({r.quantity for r in report.failed()})
+    verdict = "PASS" if report.passed else f"FAIL ({', '.join(failed)})"
+    return (f"{verdict}: {report.config['variant']}, {report.config['layout']}, "
+            f"{'causal' if report.config['causal'] else 'no mask'}, bug={report.config['bug']}\n"
+            f"scores computed per rank: {cp['work']['forward']} (max/mean "
+            f"{cp['work']['imbalance']:.2f}); bytes sent per rank forward "
+            f"{cp['bytes']['forward'][0]} B, backward {cp['bytes']['backward'][0]} B; "
+            f"K/V held {cp['kv_peak_bytes'][0]} B")
+
+
+def explore_context_parallel(world_size: int = 4) -> widgets.VBox:
+    """The context-parallel explorer widget; display it."""
+    size = widgets.IntSlider(value=world_size, min=1, max=MAX_EXPLORER_RANKS,
+                             description="world size t", **_SLIDER)
+    variant = widgets.Dropdown(options=["ring", "allgather"], value="ring", description="variant")
+    layout = widgets.Dropdown(options=["contiguous", "zigzag"], value="contiguous",
+                              description="layout")
+    causal = widgets.Checkbox(value=True, description="causal mask")
+    # plain strings: a None value shows as a blank choice on some ipywidgets versions
+    bug = widgets.Dropdown(options=["none"], value="none", description="bug")
+
+    def bugs(*_) -> None:
+        names = bugs_for(f"cp-{variant.value}")
+        keep = bug.value if bug.value in names else "none"
+        bug.options = ["none", *names]
+        bug.value = keep
+
+    variant.observe(bugs, names="value")
+    bugs()
+
+    def render() -> list:
+        report = check_context_parallel(world_size=size.value, seq=SEQ,
+                                        causal=causal.value, variant=variant.value,
+                                        layout=layout.value, dtype="float64",
+                                        bug=None if bug.value == "none" else bug.value)
+        items: list = [summary(report)]
+        if variant.value == "ring":
+            items.append(plot_ring_steps(report.extra["cp"]))
+        return items + [plot_cp_errors(report)]
+
+    return live_view([[size, variant, layout], [causal, bug]], render)
+
+
+def explore_balance(world_size: int = 4, variant: str = "ring") -> widgets.VBox:
+    """Work per rank under a causal mask, contiguous vs zigzag, for the chosen world size."""
+    size = widgets.IntSlider(value=world_size, min=1, max=MAX_EXPLORER_RANKS,
+                             description="world size t", **_SLIDER)
+
+    def render() -> list:
+        t = size.value
+        work = {}
+        for layout in ("contiguous", "zigzag"):
+            report = check_context_parallel(world_size=t, seq=SEQ, causal=True,
+                                            variant=variant, layout=layout, dtype="float64")
+            work[layout] = report.extra["cp"]["work"]["forward"]
+        return [f"s = {SEQ}, t = {t}: contiguous {work['contiguous']}, zigzag "
+                f"{work['zigzag']} scores per (batch, head)",
+                plot_work(work, title=f"Causal work per rank, {t} rank{'s' * (t > 1)}")]
+
+    return live_view([[size]], render)
