@@ -25,7 +25,8 @@ class CollectiveEvent:
     ``shape``/``bytes`` describe the tensor this rank handed to the operation; ``out_shape`` the
     tensor it got back. ``sent_bytes`` is what this rank sends with the usual ring algorithm for a
     group of ``group_size`` ranks and N = ``bytes``: all-reduce 2(t-1)/t N, all-gather (t-1) N,
-    reduce-scatter (t-1)/t N, split 0 (local slicing, no communication), all-to-all the bytes
+    reduce-scatter (t-1) N_out = (t-1)/t N (N_out the bytes of the chunk it keeps; gloo's own
+    reduce-scatter is an all-reduce inside and sends more, notebook 00 measures it), split 0 (local slicing, no communication), all-to-all the bytes
     of the rows addressed to the other ranks (what leaves this rank; its own rows stay).
     """
     op: str
@@ -135,22 +136,25 @@ def record(keep_tensors: bool = False) -> Iterator[CollectiveRecord]:
         _ACTIVE.remove(rec)
 
 
-def _sent_bytes(op: str, nbytes: int, t: int) -> int:
+def _sent_bytes(op: str, nbytes: int, out_bytes: int, t: int) -> int:
     if op == "all_reduce":
         return 2 * (t - 1) * nbytes // t
     if op == "all_gather":
         return (t - 1) * nbytes
     if op == "reduce_scatter":
-        return (t - 1) * nbytes // t
+        # t-1 ring steps, each passing one chunk the size of this rank's output: exact, where
+        # (t-1) * nbytes // t would round down whenever nbytes is not a multiple of t
+        return (t - 1) * out_bytes
     return 0
 
 
 def note(op: str, x: torch.Tensor, out: torch.Tensor, region: str, operator: str,
           direction: str, t: int, sent: int | None = None) -> None:
     nbytes = x.numel() * x.element_size()
+    out_bytes = out.numel() * out.element_size()
     event = CollectiveEvent(op, region, operator, direction, tuple(x.shape), tuple(out.shape),
                             str(x.dtype).replace("torch.", ""), nbytes,
-                            _sent_bytes(op, nbytes, t) if sent is None else sent, t)
+                            _sent_bytes(op, nbytes, out_bytes, t) if sent is None else sent, t)
     for rec in _ACTIVE:
         rec.events.append(event)
         rec.tensors.append((x.detach().clone(), out.detach().clone()) if rec.keep_tensors else None)

@@ -71,15 +71,40 @@ def issue(op: str, x: torch.Tensor, *, region: str, direction: str, operator: st
         dist.all_gather(parts, x.contiguous(), group=group)
         out = torch.cat(parts, dim=dim)
     elif op == "reduce_scatter":
-        # gloo has no reduce-scatter on CPU tensors in every torch version: all-reduce then keep
-        # this rank's slice gives the same result; the record counts it as the reduce-scatter it is.
-        total = x.contiguous().clone()
-        dist.all_reduce(total, group=group)
-        out = total.chunk(t, dim=dim)[group_rank(group)].contiguous()
+        out = _reduce_scatter(x, dim, group, t)
     else:
         out = x.chunk(t, dim=dim)[group_rank(group)].contiguous()
     note(op, x, out, region, operator, direction, t)
     return out
+
+
+def _reduce_scatter(x: torch.Tensor, dim: int, group: dist.ProcessGroup | None,
+                    t: int) -> torch.Tensor:
+    """``[.., n, ..]`` (``n`` at ``dim``) -> this rank's ``[.., n/t, ..]`` of the sum over the group.
+
+    Issues the real reduce-scatter (``dist.reduce_scatter_tensor``, ``reduce_scatter_single`` in
+    torch 2.13; what DTensor and FSDP2 call), so a profiler or
+    ``CommDebugMode`` sees the collective the record names. gloo implements it with an all-reduce
+    inside (notebook 00 measures the bytes); older gloo builds have none at all, and there the same
+    result comes from an all-reduce and this rank's chunk.
+    """
+    n = x.shape[dim]
+    if n % t:
+        raise ValueError(f"reduce_scatter: dim {dim} has size {n}, not divisible by the "
+                         f"{t} ranks of the group")
+    full = x.movedim(dim, 0).contiguous()                        # [n, ..]: chunks are contiguous
+    out = full.new_empty((n // t, *full.shape[1:]))              # [n, ..] -> reduce-scatter -> [n/t, ..]
+    # torch 2.13 renamed reduce_scatter_tensor (the old name warns); Colab's older torch only has it
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    try:
+        reduce_scatter(out, full, group=group)
+    except RuntimeError as exc:
+        if "support" not in str(exc):
+            raise
+        total = full.clone()                                     # full may be x itself
+        dist.all_reduce(total, group=group)
+        out = total.chunk(t)[group_rank(group)]
+    return out.movedim(0, dim).contiguous()
 
 
 def _all_to_all(x: torch.Tensor, region: str, operator: str, direction: str, dim: int,
