@@ -47,15 +47,18 @@ MEMORY_SHARDED = {"ddp": (), "zero1": ("optimizer_state",), "zero2": ("grads", "
 
 @dataclass(frozen=True)
 class Adam:
-    """Adam's hyper-parameters (``torch.optim.Adam``, L2 weight decay added to the grad)."""
+    """Adam's hyper-parameters (``torch.optim.Adam``, L2 weight decay added to the grad; with
+    ``decoupled=True`` ``torch.optim.AdamW``, the decay applied to the weights directly)."""
     lr: float = 1e-2
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.0
+    decoupled: bool = False
 
-    def make(self, params) -> torch.optim.Adam:
-        return torch.optim.Adam(params, lr=self.lr, betas=self.betas, eps=self.eps,
-                                weight_decay=self.weight_decay)
+    def make(self, params) -> torch.optim.Optimizer:
+        cls = torch.optim.AdamW if self.decoupled else torch.optim.Adam
+        return cls(params, lr=self.lr, betas=self.betas, eps=self.eps,
+                   weight_decay=self.weight_decay)
 
 
 def make_mlp(hidden: int, ffn_hidden: int, gen: torch.Generator, dtype: torch.dtype) -> nn.Sequential:
@@ -163,9 +166,12 @@ class DDP(Strategy):
     shard_optimizer = False   # ZeRO-1 and ZeRO-2: Adam updates only this rank's shard
     keep_full_grads = True    # ZeRO-2 frees the full gradient once it is reduce-scattered
 
-    def __init__(self, model: nn.Sequential, start: dict, adam: Adam = Adam(), group=None):
+    def __init__(self, model: nn.Module, start: dict, adam: Adam = Adam(), group=None,
+                 copy_model: bool = True):
         self.group, self.t, self.rank = group, group_size(group), group_rank(group)
-        self.model = copy.deepcopy(model)
+        # copy_model=False: the caller's module itself gets the flat buffer (its layers may hold
+        # process groups, which cannot be deep-copied)
+        self.model = copy.deepcopy(model) if copy_model else model
         params = list(self.model.parameters())
         self.layout = Layout((sum(p.numel() for p in params),), self.t, self.shard_optimizer)
         self.flat = self.layout.piece(start["params"], 0, sharded=False)   # [Ψ_pad]

@@ -1,0 +1,205 @@
+"""The tiny GPT rebuilt on a rank from the course's parallel layers, and its parameters moved
+between the full model and the shards.
+
+Inside one tensor-parallel group of t ranks (``sequence_parallel=True``, Korthikanti et al. 2022):
+
+    ids [s/c, b] -> VocabParallelEmbedding (rows of E split by vocabulary; g) -> [s/c, b, h]
+                 -> + positions of this context chunk -> split along the sequence -> [s/(c t), b, h]
+    block:  SP LayerNorm -> all-gather (seq) -> Q,K,V column-split [s/c, b, 3h/t] -> attention on
+            this rank's n/t heads (with c > 1: ring attention over the context group)
+            -> Wo row-split, reduce-scatter (seq) -> [s/(c t), b, h] + residual
+            -> SequenceParallelMLPBlock (LN, all-gather, fc1, GeLU, fc2, reduce-scatter, residual)
+    head:   SP LayerNorm -> all-gather (seq) -> LM head column-split by vocabulary [s/c, b, V/t]
+    loss:   vocab_parallel_cross_entropy (three all-reduces of [s/c, b]), mean over this rank's tokens
+
+With ``sequence_parallel=False`` the activations stay replicated ``[s/c, b, h]``, the layers are
+the plain tensor-parallel ones (one ``f`` and one ``g`` per attention and per MLP).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+from torch import nn
+
+from mtb_helpers.capstone.model import Block, TinyGPT
+from mtb_helpers.comm.regions import group_rank, group_size
+from mtb_helpers.comm.sp_regions import scatter_to_sequence_parallel_region
+from mtb_helpers.cp.ring import ring_attention
+from mtb_helpers.sp.layers import (SequenceParallelColumnLinear, SequenceParallelLayerNorm,
+                                   SequenceParallelMLPBlock, SequenceParallelRowLinear,
+                                   TensorParallelMLPBlock)
+from mtb_helpers.tp.attention import LocalAttention, ParallelSelfAttention, check_heads, grouped_qkv
+from mtb_helpers.tp.layers import ColumnParallelLinear, RowParallelLinear
+from mtb_helpers.tp.vocab import VocabParallelEmbedding
+
+__all__ = ["ContextParallelCore", "ParallelEmbedding", "ParallelBlock", "ParallelHead",
+           "build_stage", "stage_blocks", "param_kind", "shard_param", "gather_param"]
+
+
+class ContextParallelCore(LocalAttention):
+    """This rank's ``n/t`` heads on its sequence chunk; K/V blocks travel the context ring.
+
+    forward: ``qkv [s/c, b, 3h/t]`` -> ``[b, n/t, s/c, d]`` x 3 -> ring attention (causal, by
+    global position) -> ``[s/c, b, h/t]``."""
+    input_layout = output_layout = "sharded(0) over cp, sharded(-1) over tp"
+
+    def __init__(self, n_heads: int, head_dim: int, world_size: int, cp_group):
+        super().__init__(n_heads, head_dim, True, world_size)
+        self.cp_group = cp_group
+
+    def forward(self, qkv: torch.Tensor) -> torch.Tensor:
+        q, k, v = (self.split_heads(z) for z in qkv.chunk(3, dim=-1))   # 3 x [b, n/t, s/c, d]
+        # [b, n/t, s/c, d] -> ring over the cp group (K/V passed c-1 times) -> [b, n/t, s/c, d]
+        ctx = ring_attention(q, k, v, causal=True, layout="contiguous", group=self.cp_group)
+        return self.merge_heads(ctx)                                      # -> [s/c, b, h/t]
+
+
+class ParallelEmbedding(nn.Module):
+    """``ids [s/c, b]`` (this context chunk) -> ``[s/(c t), b, h]`` with sequence parallelism,
+    else ``[s/c, b, h]`` replicated over the tensor group."""
+    input_layout = "sharded(0) over cp"
+
+    def __init__(self, tok: VocabParallelEmbedding, pos: torch.Tensor, sequence_parallel: bool,
+                 tp_group, cp_group):
+        super().__init__()
+        self.tok, self.sequence_parallel, self.tp_group = tok, sequence_parallel, tp_group
+        self.register_buffer("pos", pos.clone(), persistent=False)    # [s, h], every position
+        self.cp_rank = group_rank(cp_group)
+        self.output_layout = "sharded(0)" if sequence_parallel else "replicated"
+
+    def positions(self, n: int) -> torch.Tensor:
+        """The sinusoids of this chunk's global positions ``c_i*n .. (c_i+1)*n``: ``[n, h]``."""
+        return self.pos[self.cp_rank * n:(self.cp_rank + 1) * n]
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.tok(ids) + self.positions(ids.shape[0])[:, None, :]   # g inside: [s/c, b, h]
+        if self.sequence_parallel:   # [s/c, b, h] -> split (seq) -> [s/(c t), b, h]
+            x = scatter_to_sequence_parallel_region(x, self.tp_group)
+        return x
+
+
+class ParallelBlock(nn.Module):
+    """``x = x + attn(ln1(x)); x = mlp_block(x)`` (the MLP block adds its own residual)."""
+
+    def __init__(self, ln1: nn.Module, attn: ParallelSelfAttention, mlp: nn.Module):
+        super().__init__()
+        self.ln1, self.attn, self.mlp = ln1, attn, mlp
+        self.input_layout = self.output_layout = mlp.input_layout
+
+    @classmethod
+    def from_full(cls, block: Block, sequence_parallel: bool, tp_group, cp_group) -> "ParallelBlock":
+        t, a = group_size(tp_group), block.attn
+        d = check_heads(a.wq.in_features, a.heads, t)
+        qkv_full = grouped_qkv(a.wq, a.wk, a.wv, t)
+        core = (ContextParallelCore(a.heads, d, t, cp_group) if group_size(cp_group) > 1
+                else LocalAttention(a.heads, d, True, t))
+        if sequence_parallel:
+            ln1 = SequenceParallelLayerNorm.from_full(block.ln1, "ln1", tp_group)
+            qkv = SequenceParallelColumnLinear.from_full(qkv_full, group=tp_group)
+            out = SequenceParallelRowLinear.from_full(a.wo, group=tp_group)
+            mlp = SequenceParallelMLPBlock.from_full(block.ln2, block.mlp.fc1, block.mlp.fc2,
+                                                     dropout_p=0.0, group=tp_group)
+        else:
+            ln1 = nn.LayerNorm(block.ln1.normalized_shape, dtype=block.ln1.weight.dtype)
+            ln1.load_state_dict(block.ln1.state_dict())
+            qkv = ColumnParallelLinear.from_full(qkv_full, group=tp_group)
+            out = RowParallelLinear.from_full(a.wo, input_is_parallel=True, group=tp_group)
+            mlp = TensorParallelMLPBlock.from_full(block.ln2, block.mlp.fc1, block.mlp.fc2,
+                                                   dropout_p=0.0, group=tp_group)
+        return cls(ln1, ParallelSelfAttention(qkv, core, out), mlp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))   # [s/(c t), b, h] (SP) or [s/c, b, h]
+        return self.mlp(x)
+
+
+class ParallelHead(nn.Module):
+    """``x -> ln_f -> logits [s/c, b, V/t]`` (this rank's vocabulary columns)."""
+    output_layout = "sharded(-1)"
+
+    def __init__(self, ln_f: nn.Module, lm_head: ColumnParallelLinear):
+        super().__init__()
+        self.ln_f, self.lm_head = ln_f, lm_head
+
+    @classmethod
+    def from_full(cls, head, sequence_parallel: bool, tp_group) -> "ParallelHead":
+        if sequence_parallel:   # the gather of the sequence happens inside the LM head
+            return cls(SequenceParallelLayerNorm.from_full(head.ln_f, "ln_f", tp_group),
+                       SequenceParallelColumnLinear.from_full(head.lm_head, group=tp_group))
+        ln_f = nn.LayerNorm(head.ln_f.normalized_shape, dtype=head.ln_f.weight.dtype)
+        ln_f.load_state_dict(head.ln_f.state_dict())
+        return cls(ln_f, ColumnParallelLinear.from_full(head.lm_head, group=tp_group))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # SP: [s/(c t), b, h] -> LN -> all-gather (seq) -> [s/c, b, h] @ [h, V/t] -> [s/c, b, V/t]
+        return self.lm_head(self.ln_f(x))
+
+
+def stage_blocks(layers: int, pp: int, stage: int) -> range:
+    """The blocks pipeline stage ``stage`` holds: ``L/pp`` consecutive ones."""
+    per = layers // pp
+    return range(stage * per, (stage + 1) * per)
+
+
+def build_stage(model: TinyGPT, stage: int, pp: int, sequence_parallel: bool, tp_group, cp_group,
+                embedding_cls=ParallelEmbedding) -> nn.Sequential:
+    """Pipeline stage ``stage`` of ``model`` as this rank's shards: the embedding on stage 0, its
+    ``L/pp`` blocks, the head on the last stage. Parameter names: ``embed.*``, ``block{i}.*``,
+    ``head.*``."""
+    parts: OrderedDict[str, nn.Module] = OrderedDict()
+    if stage == 0:
+        tok = VocabParallelEmbedding.from_full(model.embed.tok, group=tp_group)
+        parts["embed"] = embedding_cls(tok, model.embed.pos, sequence_parallel, tp_group, cp_group)
+    for i in stage_blocks(model.cfg.layers, pp, stage):
+        parts[f"block{i}"] = ParallelBlock.from_full(model.blocks[i], sequence_parallel,
+                                                     tp_group, cp_group)
+    if stage == pp - 1:
+        parts["head"] = ParallelHead.from_full(model.head, sequence_parallel, tp_group)
+    return nn.Sequential(parts)
+
+
+# ---- between the full model's parameters and a rank's shards ----------------------------------
+
+_BLOCK = {"ln1.weight": ("ln1.weight", "rep"), "ln1.bias": ("ln1.bias", "rep"),
+          "attn.qkv.weight": ("attn.w{}.weight", "qkv"), "attn.qkv.bias": ("attn.w{}.bias", "qkv"),
+          "attn.out.weight": ("attn.wo.weight", "col"), "attn.out.bias": ("attn.wo.bias", "rep"),
+          "mlp.ln.weight": ("ln2.weight", "rep"), "mlp.ln.bias": ("ln2.bias", "rep"),
+          "mlp.fc1.weight": ("mlp.fc1.weight", "row"), "mlp.fc1.bias": ("mlp.fc1.bias", "row"),
+          "mlp.fc2.weight": ("mlp.fc2.weight", "col"), "mlp.fc2.bias": ("mlp.fc2.bias", "rep")}
+_ENDS = {"embed.tok.weight": ("embed.tok.weight", "row"),
+         "head.ln_f.weight": ("head.ln_f.weight", "rep"), "head.ln_f.bias": ("head.ln_f.bias", "rep"),
+         "head.lm_head.weight": ("head.lm_head.weight", "row")}
+
+
+def param_kind(stage_name: str) -> tuple[str, str]:
+    """``(full name, kind)`` of a stage parameter: kind ``rep`` (whole on every rank), ``row``
+    (dim 0 split), ``col`` (dim 1 split) or ``qkv`` (the fused, head-grouped Q/K/V rows; the
+    full name has ``{}`` for q, k, v)."""
+    if stage_name in _ENDS:
+        return _ENDS[stage_name]
+    block, rest = stage_name.split(".", 1)
+    rest = rest.replace("mlp.mlp.", "mlp.")   # TensorParallelMLPBlock nests its ParallelMLP
+    full, kind = _BLOCK[rest]
+    return f"blocks.{int(block[len('block'):])}.{full}", kind
+
+
+def shard_param(full: dict[str, torch.Tensor], stage_name: str, t: int, r: int) -> torch.Tensor:
+    """Rank ``r``'s (of ``t``) piece of a stage parameter, cut from the full model's tensors."""
+    name, kind = param_kind(stage_name)
+    if kind == "qkv":
+        return torch.cat([full[name.format(w)].chunk(t, dim=0)[r] for w in "qkv"])
+    if kind == "rep":
+        return full[name]
+    return full[name].chunk(t, dim=0 if kind == "row" else 1)[r]
+
+
+def gather_param(shards: list[torch.Tensor], stage_name: str) -> dict[str, torch.Tensor]:
+    """The full tensor(s) from the ``t`` ranks' pieces, in tensor-parallel rank order."""
+    name, kind = param_kind(stage_name)
+    if kind == "qkv":
+        parts = [s.chunk(3) for s in shards]    # rank r: [Q_r; K_r; V_r]
+        return {name.format(w): torch.cat([p[i] for p in parts]) for i, w in enumerate("qkv")}
+    if kind == "rep":
+        return {name: shards[0]}
+    return {name: torch.cat(shards, dim=0 if kind == "row" else 1)}
