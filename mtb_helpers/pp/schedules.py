@@ -13,9 +13,9 @@ waits for) and the weight-gradient op ``W`` (dW, which nobody waits for)::
 
 Orders follow the systems students can read next to this file:
   gpipe        Huang et al. 2019: all forwards, then all backwards in micro-batch order.
-  1f1b         PipeDream-Flush (Narayanan et al. 2021), as Megatron-LM's non-interleaved schedule:
+  1f1b         PipeDream-Flush (Narayanan et al., ICML 2021), Megatron-LM's plain schedule:
                min(p-r-1, m) warm-up forwards on stage r, then F/B alternating, then the cool-down.
-  interleaved  Megatron-LM's interleaved 1F1B (Narayanan et al. 2021): rank r holds ``v = chunks``
+  interleaved  Megatron-LM's interleaved 1F1B (Narayanan et al., SC 2021): rank r holds v = chunks
                model chunks (virtual stages r, r+p, r+2p, ...); forwards go in groups of p
                micro-batches per chunk; warm-up 2(p-r-1) + (v-1)p chunk forwards.
   zb-h1        Qi et al. 2023 handcrafted ZB-H1: 1F1B's warm-up, B replaced by I, and stage r
@@ -32,8 +32,8 @@ __all__ = ["Op", "Schedule", "SCHEDULES", "schedule", "simulate", "Timeline", "E
 
 SCHEDULES: dict[str, str] = {
     "gpipe": "GPipe (Huang et al. 2019): all forwards, then all backwards",
-    "1f1b": "1F1B / PipeDream-Flush (Narayanan et al. 2021): warm-up, one forward one backward, cool-down",
-    "interleaved": "interleaved 1F1B (Narayanan et al. 2021, Megatron-LM): v model chunks per rank",
+    "1f1b": "1F1B / PipeDream-Flush (Narayanan et al., ICML 2021): warm-up, one F one B, cool-down",
+    "interleaved": "interleaved 1F1B (Narayanan et al., SC 2021, Megatron-LM): v chunks per rank",
     "zb-h1": "ZB-H1 (Qi et al. 2023): backward split into input grad I and weight grad W",
 }
 
@@ -149,8 +149,10 @@ def schedule(name: str, stages: int, microbatches: int, chunks: int | None = Non
 
     ``chunks`` (v) is the number of model chunks per rank for "interleaved" (default 2, at least
     2; v = 1 is plain 1f1b) and must stay 1 (or None) for the others. Interleaved needs the
-    micro-batch count to be a multiple of ``stages``, as Megatron-LM requires for its groups of p
-    micro-batches per chunk (older Megatron-LM releases also ran all forwards first when m == p;
+    micro-batch count to be a multiple of ``stages``, as the original Megatron-LM code required for
+    its groups of p micro-batches per chunk (current Megatron-LM and torch.distributed.pipelining's
+    ScheduleInterleaved1F1B relax it; this simulator keeps the classic rule) (older Megatron-LM
+    releases also ran all forwards first when m == p;
     current megatron.core applies the warm-up formula there too, as here). Raises ValueError
     naming the bad argument.
     """
@@ -181,7 +183,7 @@ def closed_form(name: str, stages: int, microbatches: int, chunks: int = 1, forw
     """The papers' bubble formulas for uniform stages, next to which the simulator is checked.
 
     Returns {"bubble_fraction": idle / (idle + busy), "bubble_ratio": idle / busy, "source",
-    "exact"}. The ratio is the definition of Narayanan et al. 2021 ((p-1)/m); the fraction is the
+    "exact"}. The ratio is the definition of Narayanan et al. SC 2021 ((p-1)/m); the fraction is the
     share of the makespan (GPipe's (p-1)/(m+p-1)). For zb-h1 (Qi et al. 2023) the idle time per
     stage is (p-1)(F + I - W); the simulator reproduces it exactly when m >= p and W <= min(F, I)
     (every deferred W then fits in a gap 1F1B would leave idle) and "exact" says so; outside that
@@ -194,10 +196,10 @@ def closed_form(name: str, stages: int, microbatches: int, chunks: int = 1, forw
     exact = True
     if name in ("gpipe", "1f1b"):
         idle, busy, source = (p - 1) * (forward + backward), m * (forward + backward), \
-            "Huang et al. 2019 (GPipe); Narayanan et al. 2021"
+            "Huang et al. 2019 (GPipe); Narayanan et al. ICML 2021"
     elif name == "interleaved":
         idle, busy, source = (p - 1) * (forward + backward) / v, m * (forward + backward), \
-            "Narayanan et al. 2021 (Megatron-LM, interleaved)"
+            "Narayanan et al. SC 2021 (Megatron-LM, interleaved)"
     elif name == "zb-h1":
         i = backward / 2 if input is None else input
         w = backward / 2 if weight is None else weight

@@ -33,7 +33,7 @@ class Timeline:
     """The simulated run: events per rank and the numbers derived from them.
 
     bubble_fraction = total idle / (ranks x makespan)   (share of the makespan lost, GPipe-style)
-    bubble_ratio    = total idle / total busy           (Narayanan et al. 2021's (p-1)/m)
+    bubble_ratio    = total idle / total busy           (Narayanan et al. SC 2021's (p-1)/m)
     peak_activations[r] = most activations rank r holds at once (F done, its B or W not yet),
     counted in chunk activations; peak_memory[r] divides by chunks (whole-stage micro-batches).
     """
