@@ -133,7 +133,8 @@ def trace_on_rank(build, layers: tuple, x: torch.Tensor, dy: torch.Tensor,
                   specs: list[StepSpec]) -> dict:
     """Run on every rank: ``module = build(*layers)``, ``y = module(x_r)``, ``y.backward(dy_r)``
     inside a collective record, where ``x_r``/``dy_r`` are this rank's pieces of the full ``x``
-    and ``dy``, cut as the module's ``input_layout`` / ``output_layout`` say. Returns ``{"obs": {key: tensor}, "record": CollectiveRecord}``
+    and ``dy``, cut as the module's ``input_layout`` / ``output_layout`` say. Returns
+    ``{"obs": {key: tensor}, "record": CollectiveRecord, "rank": r}``
     with an entry for every spec whose source exists.
     """
     t = group_size()

@@ -267,7 +267,9 @@ def all_reduce_as_reduce_scatter_all_gather(world_size: int = 2, numel: int = 8,
 
 def skip_a_collective() -> torch.Tensor:
     """Inside a rank: every rank but the last calls all_reduce; the last one returns early, so the
-    others wait for a partner that never comes (gloo's default timeout is 30 minutes)."""
+    others wait for a partner that never comes. gloo alone would wait 30 minutes (its default);
+    the course's ranks give their process group 10 minutes and ``run()`` stops them at its own
+    ``timeout``, naming where each rank waits."""
     x = torch.ones(4)
     if dist.get_rank() != dist.get_world_size() - 1:
         dist.all_reduce(x)

@@ -186,7 +186,9 @@ def ring_broadcast_bytes(world_size: int, nbytes: float) -> list[float]:
 
 
 def decode_sources(tag: float, world_size: int) -> list[int]:
-    """The ranks whose data reached a cell: bit r of the provenance tag (see ``_on_rank``)."""
+    """The ranks whose data reached a cell: bit r of the provenance tag. The check
+    (``collectives/check.py``) runs each collective a second time on inputs where rank r's every
+    element is ``2**r``, so a summed cell carries one bit per rank that contributed."""
     if tag != int(tag) or not 0 < tag < 2 ** world_size:
         return []
     return [r for r in range(world_size) if int(tag) >> r & 1]

@@ -1,7 +1,7 @@
 """Data-parallel figures: who holds which part of the flat buffers, the bytes each rank holds
 (against the ZeRO paper's accounting) and the bytes it sends (against the formulas).
 
-They draw the data of ``check_dp`` reports (``report.extra["memory"]``, ``["communication"]``);
+They draw the data of ``check_data_parallel`` reports (``report.extra["memory"]``, ``["communication"]``);
 ``plot_holdings`` needs only the strategy names. Errors per quantity reuse ``plots.tp.plot_errors``.
 They never start ranks.
 """

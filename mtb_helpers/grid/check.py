@@ -8,7 +8,7 @@ one SGD step on one process on the whole batch (in the run's dtype and in float6
 ``grid.grid_step_on_rank``: rank ``(d, j)`` holds shard ``j`` of the MLP and rows ``d`` of the
 batch. Rows compare per rank: its output rows, then per parameter shard the gradient after the
 data-parallel average and the parameter after the step. ``bug=`` swaps the gradient
-synchronisation for a wrong one (below; ``grid.py`` has none).
+synchronisation for a wrong one (below; ``grid/layers.py`` has none).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Deliberately wrong expert-parallel MoE layers, for ``check_moe(bug=...)``.
 
-Like ``tp_bugs.py`` / ``sp_bugs.py``: each bug is a subclass of ``ExpertParallelMoE`` whose one
+Like ``tp/bugs.py`` / ``sp/bugs.py``: each bug is a subclass of ``ExpertParallelMoE`` whose one
 overridden method differs by the mistake (marked ``# BUG``), so a notebook can show it with
 ``inspect.getsource`` and the correct layer carries no test-only code path.
 """

@@ -11,7 +11,7 @@ collective record, and reports its output and input grad (its rows), the router 
 every rank) and the grads of the experts it owns. ``report.extra["moe"]`` holds the routing
 (which token went to which expert on which rank, what was dropped), the split sizes and the bytes
 every rank sent in each all-to-all, next to the all-gather alternative. ``bug=`` swaps in a
-broken layer (``moe_bugs``).
+broken layer (``moe/bugs.py``).
 """
 from __future__ import annotations
 

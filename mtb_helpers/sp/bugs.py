@@ -1,6 +1,6 @@
 """Deliberately wrong sequence-parallel parts, for ``check_sequence_parallel(bug=...)``.
 
-Like ``tp_bugs.py``: each bug is a subclass of a correct part from ``sp.py`` whose ``forward``
+Like ``tp/bugs.py``: each bug is a subclass of a correct part from ``sp/layers.py`` whose ``forward``
 differs by the one mistake (marked ``# BUG``), so the notebook can show it with
 ``inspect.getsource`` and the correct block carries no test-only code path.
 """

@@ -1,6 +1,6 @@
 """Sequence parallelism (Korthikanti et al. 2022): LayerNorm, dropout and the residual on sequence shards.
 
-Tensor parallelism (``tp.py``) leaves LayerNorm, dropout and the residual replicated: every rank
+Tensor parallelism (``tp/layers.py``) leaves LayerNorm, dropout and the residual replicated: every rank
 holds the whole ``[s, b, h]`` activation there. Sequence parallelism shards them along the sequence
 (rank r holds ``[s/t, b, h]``, rows ``r*s/t .. (r+1)*s/t``) and swaps each all-reduce for an
 all-gather plus a reduce-scatter, which together move the same bytes:

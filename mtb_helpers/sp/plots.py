@@ -6,7 +6,7 @@ the rank holds that sequence position. A strip only part as wide as the others h
 feature columns of every position (fc1 and GeLU hold ``ffn/t`` columns); hatching marks a partial
 sum; grey is "not held"; a red frame marks a wrong or missing result. Errors per step reuse
 ``plots.tp.plot_errors``. ``plot_activation_memory`` and ``plot_communication`` draw the figures of
-``sp_memory.measure_activation_memory``. They never start ranks.
+``sp.memory.measure_activation_memory``. They never start ranks.
 """
 from __future__ import annotations
 

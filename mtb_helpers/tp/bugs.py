@@ -1,6 +1,6 @@
 """Deliberately wrong tensor-parallel layers, for the checks' ``bug=`` argument.
 
-Each bug is a subclass of a correct layer from ``tp.py`` whose ``forward`` differs by the one
+Each bug is a subclass of a correct layer from ``tp/layers.py`` whose ``forward`` differs by the one
 mistake (marked ``# BUG``), so the correct layers carry no test-only code path and a notebook can
 show the wrong code with ``inspect.getsource``. The checks build the layer with
 ``column_class(bug)`` / ``row_class(bug)`` / ``build_mlp``; ``from_full`` is a classmethod, so the

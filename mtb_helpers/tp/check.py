@@ -6,9 +6,10 @@
 Every check draws X, the layer's weights and the upstream grad dY from ``seed`` in the caller,
 computes the reference here (``nn.Linear``/GeLU on the full tensors, in the run's dtype and in
 float64), ships the full tensors to every rank, where each rank takes its own shard and runs the
-real layer from ``tp.py`` forward and backward, and compares per rank: forward output, input grad,
+real layer from ``tp/layers.py`` forward and backward, and compares per rank: forward output, input grad,
 weight grad, bias grad (``report.rows``), plus every intermediate step (``report.steps``).
-``bug=`` swaps in the layer with that mistake (``tp_bugs.py``); the check must then fail.
+``bug=`` swaps in the layer with that mistake (``tp/bugs.py``); the check must then fail.
+Weights are named in the course's notation ``W = weight.T`` (``[in, out]``; see tp/layers.py).
 Shapes, world size, dtype and bug are validated before any rank starts.
 """
 from __future__ import annotations
