@@ -6,7 +6,10 @@ because a notebook cell's code lives in the owner's ``linecache`` and not in the
 from __future__ import annotations
 
 import linecache
+import os
 import re
+import signal
+import time
 from dataclasses import dataclass
 
 Frame = tuple[str, int, str, "str | None"]  # filename, line number, function, source line
@@ -25,6 +28,7 @@ class RankError(RuntimeError):
         self.rank = rank
         self.exc_type = exc_type
         self.remote_traceback = remote_traceback
+        self.consequences: dict[int, "RankError"] = {}  # other ranks' errors this one caused
 
 
 class RankTimeoutError(TimeoutError):
@@ -135,6 +139,80 @@ def parse_wait_point(dump: str, index: SourceIndex | None = None) -> WaitPoint |
         source = linecache.getline(filename, lineno).strip()
         return WaitPoint(collective, filename, lineno, user["func"], source)
     return None
+
+
+def death_cause(exitcode: int | None) -> str:
+    """How a rank process ended, in words: ``exit code 7`` or ``killed by signal SIGKILL ...``."""
+    if exitcode is None:
+        return "exit status unknown"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        hint = ", e.g. by the out-of-memory killer" if name == "SIGKILL" else ""
+        return f"killed by signal {name}{hint}"
+    return f"exit code {exitcode}"
+
+
+def blame(errors: dict[int, RankError], died_in_order: list[int]) -> RankError:
+    """The error to raise when several ranks failed in one call.
+
+    A rank that died takes its peers' collectives down with it: they raise "Connection closed by
+    peer" a moment later. The rank that died first is the cause; the others are consequences,
+    listed after its message. Without a death, the lowest rank that raised is the cause.
+    """
+    cause = died_in_order[0] if died_in_order else min(errors)
+    primary = errors[cause]
+    others = [r for r in sorted(errors) if r != cause]
+    if not others:
+        return primary
+    lines = [str(primary), "",
+             "As a consequence, the other ranks failed too:" if died_in_order else "Also:"]
+    for rank in others:
+        first_line = str(errors[rank]).splitlines()[0] if str(errors[rank]) else ""
+        lines.append(f"  {first_line[:300]}")
+    error = RankError(cause, "\n".join(lines), primary.exc_type, primary.remote_traceback)
+    error.consequences = {r: errors[r] for r in others}
+    return error
+
+
+STACK_DUMP_WAIT = 2.0   # at most, for a blocked rank to write its stack after SIGUSR1 (usually ms)
+
+
+def ask_where_waiting(pids: dict[int, int], workdir: str,
+                      fn: object) -> dict[int, "WaitPoint | None"]:
+    """Ask blocked ranks (rank -> pid) for their Python stack (faulthandler on SIGUSR1, written to
+    ``rank<r>.stack`` in ``workdir``) and say where each waits."""
+    ranks = sorted(pids)
+    if not hasattr(signal, "SIGUSR1"):
+        return {r: None for r in ranks}
+    paths = {r: os.path.join(workdir, f"rank{r}.stack") for r in ranks}
+    sizes = {r: _size(p) for r, p in paths.items()}
+    for r in ranks:
+        try:
+            os.kill(pids[r], signal.SIGUSR1)
+        except OSError:
+            pass
+    deadline = time.monotonic() + STACK_DUMP_WAIT
+    dumps: dict[int, str] = {}
+    while time.monotonic() < deadline and len(dumps) < len(ranks):
+        time.sleep(0.05)
+        for r in ranks:
+            if r not in dumps and _size(paths[r]) > sizes[r]:
+                time.sleep(0.05)  # let the dump finish
+                with open(paths[r]) as f:
+                    f.seek(sizes[r])
+                    dumps[r] = f.read()
+    index = SourceIndex(fn)
+    return {r: parse_wait_point(dumps[r], index) if r in dumps else None for r in ranks}
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def timeout_message(timeout: float, finished: list[int],

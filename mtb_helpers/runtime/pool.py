@@ -7,8 +7,6 @@ group that saw a mismatched collective cannot be trusted again, and a fresh pool
 """
 from __future__ import annotations
 
-import contextlib
-import multiprocessing as mp
 import os
 import pickle
 import shutil
@@ -17,57 +15,20 @@ import sys
 import tempfile
 import threading
 import time
-from multiprocessing import spawn as mp_spawn
 from multiprocessing.connection import wait
 
 import cloudpickle
 
 from mtb_helpers.runtime import worker as rank_worker
-from mtb_helpers.runtime.errors import (RankError, RankTimeoutError, SourceIndex, WaitPoint,
-                                     format_remote_traceback, parse_wait_point, timeout_message)
+from mtb_helpers.runtime.errors import (RankError, RankTimeoutError, SourceIndex, ask_where_waiting,
+                                        blame, death_cause, format_remote_traceback,
+                                        timeout_message)
+from mtb_helpers.runtime.signals import interrupts_deferred
+from mtb_helpers.runtime.start import context, without_main_reimport
 
 START_TIMEOUT = 120.0   # cold start on a loaded 2-core machine, forkserver import included
 ERROR_GRACE = 0.5       # after one rank fails, how long the others get to report before we stop them
-STACK_DUMP_WAIT = 2.0   # at most, for a blocked rank to write its stack after SIGUSR1 (usually ms)
-_start_lock = threading.Lock()
-
-
-def start_method() -> str:
-    """forkserver (torch preloaded) where the platform has it; spawn otherwise. Never fork:
-    it is unsafe once the owner has used OpenMP threads, and on macOS."""
-    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-
-
-@contextlib.contextmanager
-def _without_main_reimport():
-    """Start processes without re-running the owner's ``__main__`` in them.
-
-    multiprocessing normally re-imports the main script in every child so that functions defined
-    there can be found by name; that re-runs a student's unguarded script top to bottom in every
-    rank. We ship functions by value (cloudpickle), so ranks never need ``__main__``: drop it
-    from the preparation data while our ranks start.
-    """
-    original = mp_spawn.get_preparation_data
-
-    def without_main(name):
-        data = original(name)
-        data.pop("init_main_from_path", None)
-        data.pop("init_main_from_name", None)
-        return data
-
-    with _start_lock:
-        mp_spawn.get_preparation_data = without_main
-        try:
-            yield
-        finally:
-            mp_spawn.get_preparation_data = original
-
-
-def _context() -> mp.context.BaseContext:
-    ctx = mp.get_context(start_method())
-    if start_method() == "forkserver":
-        ctx.set_forkserver_preload(["mtb_helpers.runtime.worker"])
-    return ctx
+MAX_WAIT_SLICE = 3600.0 # one wait() at most this long: select() overflows beyond ~2.1e6 s
 
 
 class Pool:
@@ -75,26 +36,37 @@ class Pool:
 
     def __init__(self, world_size: int):
         self.world_size = world_size
-        self.workdir = tempfile.mkdtemp(prefix=f"mtb-ranks{world_size}-")
         self.broken = False
         self.lock = threading.Lock()
+        self.call_id = 0          # every call and its replies carry an id; a reply is checked
+        self.last_used = time.monotonic()
+        self.orphaned = False     # the forkserver that started the ranks died; ranks may be alive
         self._offsets = {(r, s): 0 for r in range(world_size) for s in ("stdout", "stderr")}
-        ctx = _context()
-        self.conns, self._lifelines, self.procs = [], [], []
-        for rank in range(world_size):
-            ours, theirs = ctx.Pipe(duplex=True)
-            life_r, life_w = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=rank_worker.main, name=f"mtb-rank{rank}", daemon=True,
-                               args=(rank, world_size, self.workdir, theirs, life_r))
-            with _without_main_reimport():
-                proc.start()
-            theirs.close()
-            life_r.close()
-            self.conns.append(ours)
-            self._lifelines.append(life_w)
-            self.procs.append(proc)
         self._ready = False
         self._fn = None
+        self.conns, self._lifelines, self.procs = [], [], []
+        self.workdir = tempfile.mkdtemp(prefix=f"mtb-ranks{world_size}-")
+        try:
+            self._start(context())
+        except BaseException:  # an interrupt or error half-way: leave no rank and no dir behind
+            self.kill()
+            raise
+
+    def _start(self, ctx) -> None:
+        for rank in range(self.world_size):
+            ours, theirs = ctx.Pipe(duplex=True)
+            life_r, life_w = ctx.Pipe(duplex=False)
+            self.conns.append(ours)
+            self._lifelines.append(life_w)
+            proc = ctx.Process(target=rank_worker.main, name=f"mtb-rank{rank}", daemon=True,
+                               args=(rank, self.world_size, self.workdir, theirs, life_r))
+            try:
+                with without_main_reimport():
+                    proc.start()
+            finally:
+                theirs.close()
+                life_r.close()
+            self.procs.append(proc)
 
     def wait_ready(self) -> None:
         """Block until every rank has joined the process group (first call only)."""
@@ -102,28 +74,69 @@ class Pool:
             return
         try:
             replies = self._collect(START_TIMEOUT, what="start")
+        except BaseException:
+            if not self.broken:
+                self.kill(remove_files=False)
+            raise
         finally:
             self._after_collect()
         self.pids = [pid for _, pid in replies]
         self._ready = True
 
     def call(self, fn, args: tuple, kwargs: dict, timeout: float) -> list:
-        """Run ``fn(*args, **kwargs)`` on every rank; relay output; return results by rank."""
+        """Run ``fn(*args, **kwargs)`` on every rank; relay output; return results by rank.
+
+        Any exception while the call is in flight (an interrupt while sending, a failure while
+        waiting) kills the pool: replies left in the pipes must never answer a later call.
+        """
         payload = cloudpickle.dumps((fn, args, kwargs))
         self._fn = fn  # only to find the student's source lines if something goes wrong
+        self.call_id += 1
+        self.last_used = time.monotonic()
         try:
-            for conn in self.conns:
-                conn.send_bytes(pickle.dumps(("call", payload)))
+            message = pickle.dumps(("call", self.call_id, payload))
+            for rank, conn in enumerate(self.conns):
+                try:
+                    conn.send_bytes(message)
+                except OSError:  # the rank died just before the call reached it
+                    self.kill(remove_files=False)
+                    raise self._death_error(rank, "before this call reached it") from None
             replies = self._collect(timeout, what="call")
-        except KeyboardInterrupt:
-            # Stopped while sending (some ranks got the call, some not): kill them all, as
-            # _collect does when stopped while waiting.
+        except BaseException:
             if not self.broken:
                 self.kill(remove_files=False)
             raise
         finally:
             self._after_collect()
-        return [value for _, value in replies]
+            self.last_used = time.monotonic()
+        return [value for _, _, value in replies]
+
+    def dead_ranks(self) -> dict[int, str]:
+        """Ranks that died since the last call (e.g. the out-of-memory killer), with the cause.
+
+        Between calls a rank never writes to its pipe, so a readable pipe means end-of-file (the
+        rank is gone) or a stray reply; either way the pool cannot serve another call.
+        """
+        dead = {}
+        for rank, conn in enumerate(self.conns):
+            try:
+                readable = conn.poll()
+            except (OSError, ValueError):
+                readable = True
+            if readable:
+                dead[rank] = self._exit_cause(rank)
+        return dead
+
+    def _exit_cause(self, rank: int) -> str:
+        proc = self.procs[rank]
+        if not self.orphaned:
+            proc.join(0.5)
+        return death_cause(None if self.orphaned else proc.exitcode)
+
+    def _death_error(self, rank: int, when: str) -> RankError:
+        return RankError(rank, f"rank {rank} died ({self._exit_cause(rank)}) {when}; see its "
+                         "output above. The pool was stopped; the next run() starts a fresh one.",
+                         "ProcessDied")
 
     def _after_collect(self) -> None:
         self.relay_output()
@@ -135,22 +148,28 @@ class Pool:
         deadline = time.monotonic() + timeout
         replies: dict[int, tuple] = {}
         errors: dict[int, RankError] = {}
+        died: list[int] = []  # in the order their deaths were seen
         first_error_at = None
         try:
             while len(replies) + len(errors) < self.world_size:
                 pending = [r for r in range(self.world_size) if r not in replies and r not in errors]
                 until = deadline if first_error_at is None else min(deadline,
                                                                    first_error_at + ERROR_GRACE)
-                waitables = {self.conns[r]: r for r in pending}
-                waitables.update({self.procs[r].sentinel: r for r in pending})
-                ready = wait(list(waitables), timeout=max(0.0, until - time.monotonic()))
-                if not ready:
+                remaining = until - time.monotonic()
+                if remaining <= 0:
                     break
+                waitables = {self.conns[r]: r for r in pending}
+                if not self.orphaned:  # a dead forkserver makes every sentinel readable
+                    waitables.update({self.procs[r].sentinel: r for r in pending})
+                ready = wait(list(waitables), timeout=min(remaining, MAX_WAIT_SLICE))
                 for obj in ready:
                     rank = waitables[obj]
                     if rank in replies or rank in errors:
                         continue
-                    self._receive(rank, replies, errors)
+                    if obj is not self.conns[rank] and not self.conns[rank].poll():
+                        self.orphaned = True  # sentinel says "exited", its pipe says "alive"
+                        continue
+                    self._receive(rank, what, replies, errors, died)
                 if errors and first_error_at is None:
                     first_error_at = time.monotonic()
         except KeyboardInterrupt:
@@ -159,9 +178,11 @@ class Pool:
         pending = [r for r in range(self.world_size) if r not in replies and r not in errors]
         if errors:
             self.kill(remove_files=False)
-            raise errors[min(errors)]
+            raise blame(errors, died)
         if pending:
-            waiting = self._where_waiting(pending) if what == "call" else {r: None for r in pending}
+            pids = {r: self.procs[r].pid for r in pending}
+            waiting = (ask_where_waiting(pids, self.workdir, self._fn)
+                       if what == "call" else {r: None for r in pending})
             self.kill(remove_files=False)
             message = timeout_message(timeout, sorted(replies), waiting)
             if what == "start":
@@ -169,50 +190,38 @@ class Pool:
             raise RankTimeoutError(message, sorted(replies), waiting)
         return [replies[r] for r in range(self.world_size)]
 
-    def _receive(self, rank: int, replies: dict, errors: dict) -> None:
+    def _receive(self, rank: int, what: str, replies: dict, errors: dict, died: list) -> None:
         conn = self.conns[rank]
         try:
-            if not conn.poll():
-                raise EOFError
-            message = pickle.loads(conn.recv_bytes())
+            data = conn.recv_bytes()
         except (EOFError, OSError):
-            self.procs[rank].join(0.5)
-            code = self.procs[rank].exitcode
-            errors[rank] = RankError(rank, f"rank {rank} died (exit code {code}) without answering; "
-                                     "see its output above.", "ProcessDied")
+            died.append(rank)
+            errors[rank] = self._death_error(rank, "without answering")
             return
-        if message[0] == "error":
-            _, exc_type, exc_msg, frames, raw = message
+        try:
+            message = pickle.loads(data)
+        except Exception as exc:  # noqa: BLE001  (a class only the rank has, a broken __reduce__)
+            errors[rank] = RankError(
+                rank, f"rank {rank}'s result could not be unpickled here: {type(exc).__name__}: "
+                f"{exc}. Return plain data or tensors (a class defined only on the ranks cannot "
+                "travel back).", "UnpicklingError")
+            return
+        if what == "start":
+            replies[rank] = message
+        elif message[1] < self.call_id:  # a reply a failed call left behind: never ours
+            return
+        elif message[1] != self.call_id:
+            errors[rank] = RankError(rank, f"rank {rank} answered call {message[1]} while call "
+                                     f"{self.call_id} was waiting; the pool was stopped.",
+                                     "StaleReply")
+        elif message[0] == "error":
+            _, _, exc_type, exc_msg, frames, raw = message
             text = format_remote_traceback(rank, exc_type, exc_msg, frames,
                                            SourceIndex(self._fn))
             errors[rank] = RankError(rank, f"rank {rank} raised {exc_type}: {exc_msg}\n\n{text}",
                                      exc_type, raw)
         else:
             replies[rank] = message
-
-    def _where_waiting(self, ranks: list[int]) -> dict[int, WaitPoint | None]:
-        """Ask blocked ranks for their Python stack (faulthandler on SIGUSR1)."""
-        if not hasattr(signal, "SIGUSR1"):
-            return {r: None for r in ranks}
-        paths = {r: os.path.join(self.workdir, f"rank{r}.stack") for r in ranks}
-        sizes = {r: _size(p) for r, p in paths.items()}
-        for r in ranks:
-            try:
-                os.kill(self.procs[r].pid, signal.SIGUSR1)
-            except OSError:
-                pass
-        deadline = time.monotonic() + STACK_DUMP_WAIT
-        dumps: dict[int, str] = {}
-        while time.monotonic() < deadline and len(dumps) < len(ranks):
-            time.sleep(0.05)
-            for r in ranks:
-                if r not in dumps and _size(paths[r]) > sizes[r]:
-                    time.sleep(0.05)  # let the dump finish
-                    with open(paths[r]) as f:
-                        f.seek(sizes[r])
-                        dumps[r] = f.read()
-        index = SourceIndex(self._fn)
-        return {r: parse_wait_point(dumps[r], index) if r in dumps else None for r in ranks}
 
     def relay_output(self) -> None:
         """Print what each rank wrote since the last call, in rank order, tagged with its rank."""
@@ -245,20 +254,19 @@ class Pool:
         self.kill()
 
     def kill(self, remove_files: bool = True) -> None:
-        self.broken = True
-        for proc in self.procs:
-            if proc.is_alive():
-                proc.kill()
-        for proc in self.procs:
-            proc.join(2.0)
-        for conn in self.conns + self._lifelines:
-            conn.close()
-        if remove_files:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
+        """Kill every rank now. A second Ctrl-C cannot cut this short (it is held back)."""
+        with interrupts_deferred():
+            self.broken = True
+            for proc in self.procs:
+                if self.orphaned or proc.is_alive():
+                    try:  # by pid: a process whose forkserver died reports "exited" while alive
+                        os.kill(proc.pid, getattr(signal, "SIGKILL", signal.SIGTERM))
+                    except (OSError, TypeError):
+                        pass
+            for proc in self.procs:
+                if not self.orphaned:
+                    proc.join(2.0)
+            for conn in self.conns + self._lifelines:
+                conn.close()
+            if remove_files:
+                shutil.rmtree(self.workdir, ignore_errors=True)

@@ -14,19 +14,27 @@ Two runtimes sit behind ``run``:
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import random
+import sys
 import threading
+import time
 from typing import Any, Callable
 
+from mtb_helpers.runtime import worker as rank_worker
 from mtb_helpers.runtime.pool import Pool
 from mtb_helpers.runtime.errors import RankError, RankTimeoutError, WaitPoint
+from mtb_helpers.runtime.signals import install_sigterm_cleanup, remove_multiprocessing_temp_dir
 
 __all__ = ["run", "shutdown", "warm_up", "seed_all", "resolve_world_size", "in_launched_job",
            "RankError", "RankTimeoutError", "WaitPoint", "MAX_WORLD_SIZE"]
 
 MAX_WORLD_SIZE = 8        # the course's figures and palettes are made for up to 8 ranks
-MAX_POOLED_RANKS = 8      # warm ranks kept at once; each holds ~100 MB (Binder has 2 GB)
+MAX_POOLED_RANKS = 8      # warm ranks kept at once (Binder has 2 GB; see README "Troubleshooting")
+# A pool with no call for this long is stopped (the next call starts a fresh one in ~1 s), and
+# the forkserver with the last pool: an open notebook nobody uses should not hold memory.
+IDLE_STOP_SECONDS = float(os.environ.get("MTB_IDLE_STOP_SECONDS", "180"))
 
 _pools: dict[int, Pool] = {}   # the only global mutable state of the package
 _pools_lock = threading.Lock()
@@ -62,27 +70,42 @@ def run(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float 
     """
     if not callable(fn):
         raise TypeError(f"run() needs a function to run on the ranks, got {type(fn).__name__}")
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+            or not math.isfinite(timeout) or timeout <= 0):
+        raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
     if in_launched_job():
         from mtb_helpers.runtime.launched import run_in_launched_job
         return run_in_launched_job(fn, args, kwargs, world_size)
+    if rank_worker.IN_RANK:
+        raise RuntimeError("run() was called inside a rank: ranks cannot start ranks. This code "
+                           "already runs on every rank; call the collectives directly "
+                           "(torch.distributed.get_rank() says which rank this is).")
     _validate_world_size(world_size)
-    pool = _warm_pool(world_size)
-    with pool.lock:
-        if pool.broken:  # another thread's call broke it while we queued
-            return run(fn, *args, world_size=world_size, timeout=timeout, **kwargs)
-        pool.wait_ready()
-        return pool.call(fn, args, kwargs, timeout)
+    install_sigterm_cleanup(_kill_everything)
+    while True:
+        pool = _warm_pool(world_size)
+        with pool.lock:
+            if pool.broken:  # another thread's call broke it while we queued
+                continue
+            pool.wait_ready()
+            dead = pool.dead_ranks()
+            if dead:  # died since the last call (the out-of-memory killer): start afresh
+                pool.kill()
+                causes = "; ".join(f"rank {r} died ({cause})" for r, cause in dead.items())
+                print(f"[mtb] the {world_size}-rank pool had lost a rank since the last call "
+                      f"({causes}); starting a fresh pool.", file=sys.stderr, flush=True)
+                continue
+            return pool.call(fn, args, kwargs, timeout)
 
 
 def warm_up(*world_sizes: int, background: bool = True) -> None:
     """Start rank pools now so that the first ``run`` is fast (a notebook's import cell calls
     ``warm_up(2)``: the ranks start while the student reads). Does nothing under torchrun."""
-    if in_launched_job():
+    if in_launched_job() or rank_worker.IN_RANK:
         return
     for world_size in world_sizes or (2,):
         _validate_world_size(world_size)
+    install_sigterm_cleanup(_kill_everything)
 
     def start() -> None:
         for world_size in world_sizes or (2,):
@@ -106,6 +129,30 @@ def shutdown() -> None:
         with pool.lock:
             pool.stop()
     _stop_forkserver()
+
+
+def release(*world_sizes: int) -> None:
+    """Stop the pools of these world sizes now (all pools if none given), e.g. when a notebook
+    has finished with 4 ranks and memory is tight. The next ``run`` at a size starts it again."""
+    with _pools_lock:
+        sizes = [s for s in _pools if not world_sizes or s in world_sizes]
+        pools = [_pools.pop(s) for s in sizes]
+    for pool in pools:
+        with pool.lock:
+            pool.stop()
+    with _pools_lock:
+        if not _pools:
+            _stop_forkserver()
+
+
+def _kill_everything() -> None:
+    """SIGTERM (a Jupyter shutdown or restart): no goodbyes, kill every rank, remove every
+    work dir, stop the forkserver and remove multiprocessing's temporary dir, in well under 1 s."""
+    for pool in list(_pools.values()):
+        pool.kill()
+    _pools.clear()
+    _stop_forkserver()
+    remove_multiprocessing_temp_dir()
 
 
 def seed_all(seed: int) -> None:
@@ -138,7 +185,36 @@ def _warm_pool(world_size: int) -> Pool:
             return pool
         _evict(keep_room_for=world_size)
         pool = _pools[world_size] = Pool(world_size)
+        _start_idle_watch()
         return pool
+
+
+_idle_watch: threading.Thread | None = None
+
+
+def _start_idle_watch() -> None:
+    global _idle_watch
+    if _idle_watch is None:
+        _idle_watch = threading.Thread(target=_stop_idle_pools, name="mtb-idle-watch", daemon=True)
+        _idle_watch.start()
+
+
+def _stop_idle_pools() -> None:
+    """Every few seconds: stop pools idle for IDLE_STOP_SECONDS; the forkserver with the last."""
+    while True:
+        time.sleep(max(0.05, min(IDLE_STOP_SECONDS / 4, 10.0)))
+        now = time.monotonic()
+        with _pools_lock:
+            idle = [s for s, p in _pools.items()
+                    if now - p.last_used > IDLE_STOP_SECONDS and not p.lock.locked()]
+            pools = [_pools.pop(s) for s in idle]
+        for pool in pools:
+            with pool.lock:
+                pool.stop()
+        if pools:
+            with _pools_lock:
+                if not _pools:
+                    _stop_forkserver()
 
 
 def _evict(keep_room_for: int) -> None:

@@ -33,6 +33,7 @@ import torch.distributed as dist  # noqa: E402
 # timeout only has to stop a rank that somehow outlives its owner's watch.
 PROCESS_GROUP_TIMEOUT = timedelta(minutes=10)
 LOOPBACK_INTERFACES = ("lo", "lo0")
+IN_RANK = False  # True inside a rank process: run() refuses to start ranks from a rank
 
 
 def loopback_interface() -> str | None:
@@ -46,6 +47,8 @@ def loopback_interface() -> str | None:
 
 def main(rank: int, world_size: int, workdir: str, conn: Connection, lifeline: Connection) -> None:
     """Entry point of a rank process; returns only when the owner says stop or disappears."""
+    global IN_RANK
+    IN_RANK = True
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner handles interrupts and kills us
     _redirect_output(rank, workdir)
     _watch_owner(lifeline)
@@ -75,20 +78,20 @@ def _serve(conn: Connection) -> None:
             return
         if message[0] == "stop":
             return
-        _, payload = message
-        conn.send_bytes(_execute(payload))
+        _, call_id, payload = message
+        conn.send_bytes(_execute(call_id, payload))
 
 
-def _execute(payload: bytes) -> bytes:
-    """Run one shipped call; return the pickled reply. Never raises."""
+def _execute(call_id: int, payload: bytes) -> bytes:
+    """Run one shipped call; return the pickled reply, tagged with the call's id. Never raises."""
     try:
         fn, args, kwargs = pickle.loads(payload)
         result = fn(*args, **kwargs)
-        reply = pickle.dumps(("ok", result))
+        reply = pickle.dumps(("ok", call_id, result))
     except BaseException as exc:  # noqa: BLE001  (everything goes back to the owner)
         frames = [(f.filename, f.lineno, f.name, f.line) for f in
                   traceback.extract_tb(exc.__traceback__)[1:]]  # drop this frame
-        reply = pickle.dumps(("error", type(exc).__name__, _safe_str(exc), frames,
+        reply = pickle.dumps(("error", call_id, type(exc).__name__, _safe_str(exc), frames,
                               traceback.format_exc()))
     finally:
         _flush()

@@ -1,0 +1,84 @@
+"""The owner's signals: a kill that a second Ctrl-C cannot cut short, and clean-up on SIGTERM.
+
+* A student who presses stop twice sends a second SIGINT while the pool is killing its ranks; a
+  KeyboardInterrupt raised half-way through the kill would leave ranks running the student's
+  function. :class:`interrupts_deferred` holds SIGINT back until the kill is complete.
+* A graceful Jupyter shutdown or restart sends SIGTERM to the kernel (and its process group).
+  Python's default action ends the process without running ``atexit``, so the ranks' work dir and
+  multiprocessing's ``pymp-*`` dir stayed in $TMPDIR. :func:`install_sigterm_cleanup` runs a fast
+  clean-up first, then lets SIGTERM end the process as it would have.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Callable
+
+
+class interrupts_deferred:  # noqa: N801  (used as a context manager, like a function)
+    """Within the block, SIGINT is recorded instead of raising; on leaving, a recorded interrupt
+    is raised (unless an exception is already on its way out, e.g. the first interrupt)."""
+
+    def __enter__(self) -> "interrupts_deferred":
+        self._previous = None
+        self._got: list[int] = []
+        if threading.current_thread() is threading.main_thread():
+            try:
+                self._previous = signal.signal(signal.SIGINT, lambda s, f: self._got.append(s))
+            except ValueError:  # not the main interpreter
+                self._previous = None
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            if self._got and exc_type is None:
+                if callable(self._previous):
+                    self._previous(signal.SIGINT, None)
+                elif self._previous != signal.SIG_IGN:
+                    raise KeyboardInterrupt
+        return False
+
+
+_installed = False
+
+
+def install_sigterm_cleanup(cleanup: Callable[[], None]) -> None:
+    """Run ``cleanup`` when this process gets SIGTERM, then die of SIGTERM as before.
+
+    Only from the main thread (Python's rule for handlers) and only while SIGTERM has its default
+    action: a program that handles SIGTERM itself keeps its own handler.
+    """
+    global _installed
+    if _installed or not hasattr(signal, "SIGTERM"):
+        return
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+        return
+
+    def on_sigterm(signum, frame) -> None:
+        try:
+            cleanup()
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    try:
+        signal.signal(signal.SIGTERM, on_sigterm)
+    except ValueError:
+        return
+    _installed = True
+
+
+def remove_multiprocessing_temp_dir() -> None:
+    """multiprocessing's ``pymp-*`` dir (it holds the forkserver's socket) is removed by an exit
+    finalizer that a signal death never runs: run its finalizers now."""
+    from multiprocessing import util
+
+    try:
+        util._run_finalizers(0)
+        util._run_finalizers()
+    except Exception:  # noqa: BLE001  (clean-up on the way out must not raise)
+        pass

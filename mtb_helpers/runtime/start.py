@@ -1,0 +1,71 @@
+"""How rank processes start: a forkserver that has already imported what ranks need.
+
+Every page a rank shares with the forkserver costs Binder's memory budget once instead of once per
+rank. So the forkserver imports, before it forks any rank: torch (via the worker module), the
+course modules the owner has already imported that ranks unpickle functions from (layers, checks),
+and then freezes the garbage collector so that ranks do not copy every page of those objects just
+by scanning them (forkserver_setup.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import sys
+import threading
+from multiprocessing import spawn as mp_spawn
+
+_start_lock = threading.Lock()
+
+# Owner-side modules the ranks never need: drawing, widgets, the command line.
+_NOT_FOR_RANKS = (".plots", ".widget", ".widgets", ".cli", ".explorer")
+
+
+def start_method() -> str:
+    """forkserver (torch preloaded) where the platform has it; spawn otherwise. Never fork:
+    it is unsafe once the owner has used OpenMP threads, and on macOS."""
+    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+
+
+@contextlib.contextmanager
+def without_main_reimport():
+    """Start processes without re-running the owner's ``__main__`` in them.
+
+    multiprocessing normally re-imports the main script in every child so that functions defined
+    there can be found by name; that re-runs a student's unguarded script top to bottom in every
+    rank. We ship functions by value (cloudpickle), so ranks never need ``__main__``: drop it
+    from the preparation data while our ranks start.
+    """
+    original = mp_spawn.get_preparation_data
+
+    def without_main(name):
+        data = original(name)
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+        return data
+
+    with _start_lock:
+        mp_spawn.get_preparation_data = without_main
+        os.environ["MTB_FORKSERVER_SETUP"] = "1"  # read by a forkserver that starts now
+        try:
+            yield
+        finally:
+            mp_spawn.get_preparation_data = original
+            os.environ.pop("MTB_FORKSERVER_SETUP", None)
+
+
+def preload_modules() -> list[str]:
+    """What the forkserver imports before forking ranks (only read when it starts)."""
+    course = sorted(name for name in list(sys.modules)
+                    if name.startswith("mtb_helpers.") and not name.startswith("mtb_helpers.cli")
+                    and not any(part in name for part in _NOT_FOR_RANKS)
+                    and not name.startswith("mtb_helpers.widgets")
+                    and not name.startswith("mtb_helpers.plots"))
+    return ["mtb_helpers.runtime.worker", *course, "mtb_helpers.runtime.forkserver_setup"]
+
+
+def context() -> mp.context.BaseContext:
+    ctx = mp.get_context(start_method())
+    if start_method() == "forkserver":
+        ctx.set_forkserver_preload(preload_modules())
+    return ctx
