@@ -64,10 +64,11 @@ def torch_counts(mode) -> dict[str, int]:
 
 
 def course_counts(rec: CollectiveRecord, direction: str) -> dict[str, int]:
-    """What the course's record holds for ``direction``, local splits left out."""
+    """What the course's record holds for ``direction``, local splits and one-rank groups left
+    out (the course records those with 0 bytes sent; PyTorch issues nothing there)."""
     out: dict[str, int] = {}
     for e in rec.communicating():
-        if e.direction == direction:
+        if e.direction == direction and e.group_size > 1:
             out[e.op] = out.get(e.op, 0) + 1
     return out
 
