@@ -141,3 +141,14 @@ def test_bad_input_is_refused_before_any_rank_starts(monkeypatch, kwargs, messag
     monkeypatch.setattr(cp_check_module, "run", no_ranks)
     with pytest.raises(ValueError, match=message):
         check_context_parallel(**kwargs)
+
+
+@pytest.mark.parametrize("causal, layout", [(False, "contiguous"), (True, "contiguous"),
+                                            (True, "zigzag")])
+def test_same_as_pytorchs_own_ring_attention_on_the_same_ranks(causal, layout):
+    from mtb_helpers.cp.pytorch import compare_with_pytorch
+    diffs = compare_with_pytorch(world_size=4, seq=16, causal=causal, layout=layout)
+    assert len(diffs) == 4
+    for per_rank in diffs:
+        assert set(per_rank) == {"output", "q_grad", "k_grad", "v_grad"}
+        assert max(per_rank.values()) < 1e-12, per_rank

@@ -30,3 +30,25 @@ def test_balance_explorer_follows_the_slider(capsys):
     assert "contiguous [144, 288], zigzag [180, 180]" in capsys.readouterr().out
     explorer.children[0].children[0].value = 3
     assert "contiguous [64, 128, 192], zigzag [112, 112, 112]" in capsys.readouterr().out
+
+
+def test_every_figure_has_a_title_axis_labels_and_a_legend():
+    import torch
+
+    from mtb_helpers.check import check_context_parallel
+    from mtb_helpers.cp.plots import plot_cost, plot_cp_errors, plot_layout, plot_ring_steps, plot_work
+    from mtb_helpers.plots.palette import rank_color
+
+    report = check_context_parallel(world_size=3, seq=12, causal=True, dtype=torch.float64)
+    cp = report.extra["cp"]
+    figures = [plot_layout({"contiguous": cp["positions"]}), plot_ring_steps(cp),
+               plot_work({"contiguous": cp["work"]["forward"]}),
+               plot_cost({"ring": {"t": [1, 2], "sent": [0, 1], "kv": [1, 2]}}),
+               plot_cp_errors(report)]
+    for fig in figures:
+        for ax in fig.axes:
+            assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
+        assert any(ax.get_legend() for ax in fig.axes)
+    # rank r's block is drawn in rank r's colour: rank 2 holds its own block at step 0
+    cell = [p for p in figures[1].axes[0].patches][2 * 3]
+    assert matplotlib.colors.to_hex(cell.get_facecolor()) == rank_color(2).lower()
