@@ -216,3 +216,32 @@ def test_layer_refuses_projections_of_the_wrong_shape():
         ParallelSelfAttention.from_full(layers[0], nn.Linear(12, 6), layers[2], layers[3], 6)
     assert ParallelSelfAttention.input_layout == "replicated"
     assert ParallelSelfAttention.output_layout == "replicated"
+
+
+def test_figures_have_titles_labels_legends_and_rank_colours():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mtb_helpers.plots.palette import rank_color
+    from mtb_helpers.tp.attention_plots import (plot_attention_flow, plot_ce_allreduces,
+                                                plot_head_split, plot_vocab_split)
+
+    heads = plot_head_split(n_heads=4, head_dim=2, world_size=2)
+    wq = heads.axes[0]
+    owners = [p.get_facecolor() for p in wq.patches]
+    assert len(owners) == 4 and all(matplotlib.colors.same_color(c, rank_color(i // 2))
+                                    for i, c in enumerate(owners))
+    assert heads._suptitle.get_text() and heads.legends and wq.get_xlabel() and wq.get_ylabel()
+    flow = plot_attention_flow(world_size=3, n_heads=6)
+    ax = flow.axes[0]
+    assert "one f, one g" in ax.get_title() and ax.get_legend() and ax.get_xlabel()
+    vocab = plot_vocab_split(torch.tensor([[0, 11], [5, 6]]), vocab=12, world_size=3)
+    cells = vocab.axes[1].patches
+    assert [matplotlib.colors.same_color(p.get_facecolor(), rank_color(r))
+            for p, r in zip(cells, (0, 2, 1, 1))] == [True] * 4
+    local = {k: torch.rand(3, 5) for k in ("max", "sum_exp", "target_logit")}
+    ce = plot_ce_allreduces(local, {k: v.sum(0) for k, v in local.items()})
+    assert len(ce.axes) == 3 and all(a.get_title() and a.get_ylabel() for a in ce.axes)
+    assert ce.legends
+    plt.close("all")
