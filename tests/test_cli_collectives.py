@@ -29,8 +29,9 @@ def test_json_report(main, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["passed"] and len(out["checks"]) == 1  # the same shape as every check command
     data = out["checks"][0]
-    assert data["passed"] and data["world_size"] == 3 and data["dtype"] == "float64"
-    assert len(data["rows"]) == 5 * 3
+    assert data["passed"] and data["config"]["world_size"] == 3
+    assert data["config"]["dtype"] == "float64"
+    assert len(data["rows"]) == len(data["values"]) == 5 * 3
 
 
 def test_injected_bug_exits_1(main, capsys):

@@ -24,7 +24,10 @@ def test_every_collective_matches_the_reference(world_size):
     report = check_collectives(world_size, numel=numel, seed=3)
     assert report.passed
     assert len(report.rows) == len(COLLECTIVES) * world_size
-    for row in report.rows:
+    assert [(r.quantity, r.rank) for r in report.rows] == [
+        (v["collective"], v["rank"]) for v in report.extra["values"]]
+    assert all(r.tolerance == 0.0 and r.max_abs_err == 0.0 for r in report.rows)
+    for row in report.extra["values"]:
         inputs = [coll.rank_input(row["collective"], r, world_size, numel, seed=3)
                   for r in range(world_size)]
         assert row["before"] == inputs[row["rank"]].tolist()
@@ -45,16 +48,16 @@ def test_each_bug_is_caught_on_its_collective_only(bug):
     assert bug in BUGS
     report = check_collectives(3, numel=6, bug=bug)
     assert not report.passed
-    failing = {row["collective"] for row in report.rows if not row["passed"]}
-    assert failing == {COLLECTIVE_BUGS[bug]}
+    assert set(report.failing()) == {COLLECTIVE_BUGS[bug]}
+    assert {v["collective"] for v in report.extra["values"] if not v["passed"]} == {COLLECTIVE_BUGS[bug]}
     assert "FAILED" in str(report)
 
 
 def test_bug_provenance_shows_where_values_came_from():
     report = check_collectives(3, numel=6, bug="broadcast-wrong-root", collectives=("broadcast",))
-    assert all(row["sources"] == [[2]] * 6 for row in report.rows)
+    assert all(row["sources"] == [[2]] * 6 for row in report.rows_for("broadcast"))
     report = check_collectives(2, numel=4, bug="allreduce-lost-inplace", collectives=("all-reduce",))
-    assert [row["sources"] for row in report.rows] == [[[0]] * 4, [[1]] * 4]
+    assert [row["sources"] for row in report.rows_for("all-reduce")] == [[[0]] * 4, [[1]] * 4]
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -121,14 +124,14 @@ def test_point_to_point_ring_all_gather_passes_and_sends_the_ring_bytes(world_si
     report = check_collectives(world_size, numel=2 * world_size, collectives=("all-gather",),
                                implementations={"all-gather": coll.ring_all_gather})
     assert report.passed
-    assert all(r["bytes_measured"] == r["bytes_formula"] for r in report.rows)
+    assert all(r["bytes_measured"] == r["bytes_formula"] for r in report.rows_for("all-gather"))
 
 
 def test_a_wrong_user_implementation_fails():
     report = check_collectives(2, numel=4, collectives=("all-gather",),
                                implementations={"all-gather": lambda x: torch.cat([x, x])})
     assert not report.passed
-    assert [r["passed"] for r in report.rows] == [False, False]
+    assert [r.passed for r in report.rows] == [False, False]
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])

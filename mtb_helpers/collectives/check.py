@@ -7,14 +7,16 @@ gloo's 48-byte header per message.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
 from mtb_helpers.checking.bugs import validate_bug
-from mtb_helpers.checking.tolerances import as_dtype
+from mtb_helpers.checking.report import Report, Row
+from mtb_helpers.checking.tolerances import as_dtype, check_config, ulp
 from mtb_helpers.checking.bug import swap
 from mtb_helpers.collectives.bugs import BUGS as WRONG, COLLECTIVE_BUGS
 from mtb_helpers.collectives.ops import (COLLECTIVES, FORMULAS, GLOO_HEADER_BYTES, MEASURED_NOTES, RANK_FUNCTIONS, all_gather, all_reduce, decode_sources, formula_bytes, rank_input, reduce_scatter, reference, ring_reduce_scatter)
@@ -77,69 +79,51 @@ def _on_rank(collectives: tuple[str, ...], numel: int, dtype: torch.dtype, seed:
 # ---------------------------------------------------------------- the check and its report
 
 
-@dataclass
-class CollectivesReport:
-    """Per (collective, rank): the buffer before and after, the expected one, the max abs error
-    (tolerance 0: inputs are integers) and the bytes sent, measured and by the formula."""
-
-    world_size: int
-    numel: int
-    dtype: str
-    seed: int
-    bug: str | None
-    rows: list[dict] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return bool(self.rows) and all(row["passed"] for row in self.rows)
+class CollectivesReport(Report):
+    """The course's ``Report`` for the collectives: a ``Row`` per (collective, rank) with the max abs
+    error against the reference (tolerance 0: the inputs are small integers, so every sum is exact),
+    and in ``extra["values"]`` (aligned with ``rows``) that rank's buffer before and after, the
+    expected one, where each value came from and the bytes it sent, measured and by the formula.
+    Its table shows those values next to the verdict."""
 
     def rows_for(self, collective: str) -> list[dict]:
-        return [row for row in self.rows if row["collective"] == collective]
+        """The ``extra["values"]`` entries of ``collective``, one per rank (plain dicts)."""
+        return [v for v in self.extra["values"] if v["collective"] == collective]
 
     @property
     def notes(self) -> list[str]:
         """One line per collective whose measured bytes differ from the formula, saying why."""
-        off = {r["collective"] for r in self.rows if r["bytes_measured"] is not None
-               and abs(r["bytes_measured"] - r["bytes_formula"]) > 0.01 * r["V_bytes"]}
+        values = self.extra["values"]
+        off = {v["collective"] for v in values if v["bytes_measured"] is not None
+               and abs(v["bytes_measured"] - v["bytes_formula"]) > 0.01 * v["V_bytes"]}
         return [f"{name}: {MEASURED_NOTES.get(name, 'measured bytes differ from the formula')}"
                 for name in COLLECTIVES if name in off]
 
-    def to_dict(self) -> dict:
-        return {"check": "collectives", "world_size": self.world_size, "numel": self.numel,
-                "dtype": self.dtype, "seed": self.seed, "bug": self.bug, "passed": self.passed,
-                "formulas": dict(FORMULAS), "notes": self.notes,
-                "rows": [dict(row) for row in self.rows]}
-
-    def _table(self) -> tuple[list[str], list[list[str]]]:
+    def _cells(self) -> tuple[list[str], list[list[str]]]:
         head = ["collective", "rank", "before", "after", "max abs err", "sent (measured)",
                 "sent (formula)", "result"]
-        body = [[r["collective"], str(r["rank"]), _short_list(r["before"]),
-                 _short_list(r["after"]), f"{r['max_abs_error']:.3g}", _bytes(r["bytes_measured"]),
-                 _bytes(r["bytes_formula"]), "PASS" if r["passed"] else "FAIL"] for r in self.rows]
+        body = [[v["collective"], str(v["rank"]), _short_list(v["before"]),
+                 _short_list(v["after"]), f"{v['max_abs_error']:.3g}", _bytes(v["bytes_measured"]),
+                 _bytes(v["bytes_formula"]), "PASS" if v["passed"] else "FAIL"]
+                for v in self.extra["values"]]
         return head, body
 
-    def _title(self) -> str:
-        verdict = "PASSED" if self.passed else "FAILED"
-        return (f"collectives check, {self.world_size} ranks, numel={self.numel}, {self.dtype}, "
-                f"seed={self.seed}, bug={self.bug}: {verdict}")
-
-    def __str__(self) -> str:
-        head, body = self._table()
+    def table(self) -> str:
+        head, body = self._cells()
         widths = [max(len(x) for x in col) for col in zip(head, *body)]
         fmt = "  ".join(f"{{:{'<' if i < 4 else '>'}{w}}}" for i, w in enumerate(widths))
-        notes = [f"note: {n}" for n in self.notes]
-        return "\n".join([self._title(), fmt.format(*head)] + [fmt.format(*b) for b in body]
-                         + notes)
+        return "\n".join([fmt.format(*head)] + [fmt.format(*b) for b in body]
+                         + [f"note: {n}" for n in self.notes])
 
     def _repr_html_(self) -> str:
-        head, body = self._table()
+        head, body = self._cells()
         cells = "".join(f"<th>{h}</th>" for h in head)
         rows = "".join(
             "<tr>" + "".join(f"<td>{c}</td>" for c in b[:-1])
             + f"<td style='color:{'#009E73' if b[-1] == 'PASS' else '#D55E00'}'><b>{b[-1]}</b></td></tr>"
             for b in body)
         notes = "".join(f"<p><i>note: {n}</i></p>" for n in self.notes)
-        return f"<p><b>{self._title()}</b></p><table><tr>{cells}</tr>{rows}</table>{notes}"
+        return f"<p><b>{self.title()}</b></p><table><tr>{cells}</tr>{rows}</table>{notes}"
 
 
 def _short_list(values: list[float], keep: int = 6) -> str:
@@ -189,7 +173,9 @@ def check_collectives(world_size: int = 2, numel: int = 8, dtype: torch.dtype | 
     _validate(world_size, numel, collectives, bug, seed)
     results = run(_on_rank, collectives, numel, dtype, seed, bug, dict(implementations or {}),
                   world_size=world_size, timeout=timeout)
-    report = CollectivesReport(world_size, numel, str(dtype).replace("torch.", ""), seed, bug)
+    config = check_config(world_size, dtype, seed, bug, numel=numel)
+    report = CollectivesReport("collectives", config, [], extra={"formulas": dict(FORMULAS),
+                                                                 "values": []})
     for name in collectives:
         inputs = [rank_input(name, r, world_size, numel, dtype, seed) for r in range(world_size)]
         nbytes = numel * inputs[0].element_size()
@@ -199,13 +185,18 @@ def check_collectives(world_size: int = 2, numel: int = 8, dtype: torch.dtype | 
             same_shape = got["after"].shape == want.shape
             err = (got["after"] - want).abs().max().item() if same_shape and want.numel() else 0.0
             err = err if same_shape else float("inf")
-            report.rows.append({
+            scale = want.abs().max().item() if want.numel() else 0.0
+            rel = err / scale if scale else (0.0 if err == 0 else math.inf)
+            report.rows.append(Row(name, r, err, rel, err / ulp(scale, dtype) if scale else err,
+                                   0.0, err == 0.0, err, 0.0))
+            report.extra["values"].append({
                 "collective": name, "rank": r, "V_bytes": nbytes,
                 "before": got["before"].tolist(), "after": got["after"].tolist(),
                 "expected": want.tolist(),
                 "sources": [decode_sources(v, world_size) for v in got["tags"].tolist()],
                 "max_abs_error": err, "tolerance": 0.0, "passed": err == 0.0,
                 "bytes_measured": got["bytes"], "bytes_formula": formula})
+    report.extra["notes"] = report.notes
     return report
 
 

@@ -102,7 +102,7 @@ def plot_collective(report, collective: str) -> Figure:
     One row per rank; a cell's colour is the rank its value came from; thick lines separate the
     n/t chunks; a value that differs from the single-process reference has a dark-orange border."""
     data = report.to_dict() if hasattr(report, "to_dict") else report
-    rows = [r for r in data["rows"] if r["collective"] == collective]
+    rows = [v for v in data["values"] if v["collective"] == collective]
     if not rows:
         raise ValueError(f"the report has no rows for {collective!r}")
     t = len(rows)

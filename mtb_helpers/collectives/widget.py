@@ -24,7 +24,7 @@ def render(world_size: int, collective: str, per_chunk: int,
         bug, note = None, " (the bug needs 2+ ranks and 2+ elements per chunk to show)"
     numel = per_chunk * world_size
     report = check_collectives(world_size, numel, collectives=(collective,), bug=bug)
-    rows = report.rows
+    rows = report.rows_for(collective)
     measured = [r["bytes_measured"] for r in rows]
     formula = [round(r["bytes_formula"]) for r in rows]
     text = (f"{'PASS' if report.passed else 'FAIL'}: {collective}, bug={bug}{note}. "

@@ -53,6 +53,15 @@ def _finish(name: str, config: dict, build, layers, x, dy, specs, quantities,
                   build_steps(specs, results, refs, dtype), [res["record"] for res in results])
 
 
+def f_backward_steps(local_formula: str) -> list[S]:
+    """The two steps of ``f``'s backward every column-parallel entry has: each rank's partial input
+    grad (``local_formula``), then the all-reduce that sums them into the whole dX."""
+    return [S("dx_partial", "local input grad", "backward", "dX", local_formula, "partial",
+              ("record", "f", "backward", "in")),
+            S("input_grad", "all-reduce dX (f backward)", "backward", "dX", "dX = sum_r dX_r",
+              "replicated", ("input_grad",), F_BWD)]
+
+
 def _build_column(lin, *, bug, gather_output):
     return column_class(bug).from_full(lin, gather_output=gather_output)
 
@@ -93,10 +102,7 @@ def check_column_parallel(world_size: int = 2, in_features: int = 8, out_feature
         S("local", "local matmul", "forward", "Y", "Y_r = X @ W_r + b_r", "cols",
           ("record", GATHER, "forward", "in") if gather_output else ("output",)),
         *gathered,
-        S("dx_partial", "local input grad", "backward", "dX", "dX_r = dY_r @ W_r.T", "partial",
-          ("record", "f", "backward", "in")),
-        S("input_grad", "all-reduce dX (f backward)", "backward", "dX", "dX = sum_r dX_r",
-          "replicated", ("input_grad",), F_BWD),
+        *f_backward_steps("dX_r = dY_r @ W_r.T"),
         S("weight_grad", "weight grad", "backward", "dW", "dW_r = X.T @ dY_r", "cols",
           ("grad", "weight")),
         S("bias_grad", "bias grad", "backward", "db", "db_r = dY_r summed over rows", "cols",
@@ -203,10 +209,7 @@ def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
           ("grad", "fc2.weight")),
         S("fc2.bias_grad", "fc2 bias grad", "backward", "db2", "db2 = dY summed over rows",
           "replicated", ("grad", "fc2.bias")),
-        S("dx_partial", "local input grad", "backward", "dX", "dX_r = dH_r @ W1_r.T", "partial",
-          ("record", "f", "backward", "in")),
-        S("input_grad", "all-reduce dX (f backward)", "backward", "dX", "dX = sum_r dX_r",
-          "replicated", ("input_grad",), F_BWD),
+        *f_backward_steps("dX_r = dH_r @ W1_r.T"),
         S("fc1.weight_grad", "fc1 weight grad", "backward", "dW1", "dW1_r = X.T @ dH_r", "cols",
           ("grad", "fc1.weight")),
         S("fc1.bias_grad", "fc1 bias grad", "backward", "db1", "db1_r = dH_r summed over rows",
