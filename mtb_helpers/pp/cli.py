@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from mtb_helpers.cli.common import is_primary
 from mtb_helpers.pp.schedules import SCHEDULES, closed_form, schedule, simulate
@@ -37,8 +38,37 @@ def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubPar
     parser.set_defaults(func=bubble)
 
 
+# What a Gantt chart can still show (and the simulator builds in well under a second).
+MAX_BUBBLE_STAGES = 32
+MAX_BUBBLE_MICROBATCHES = 256
+MAX_BUBBLE_CHUNKS = 16
+MAX_BUBBLE_OPS = 1024  # stages x microbatches x chunks: forward ops in the whole chart
+
+
+def check_bubble_args(args: argparse.Namespace) -> None:
+    """Refuse sizes no figure can show and times that are not positive, finite numbers."""
+    chunks = args.chunks or (2 if args.schedule == "interleaved" else 1)
+    for flag, value, limit in (("--stages", args.stages, MAX_BUBBLE_STAGES),
+                               ("--microbatches", args.microbatches, MAX_BUBBLE_MICROBATCHES),
+                               ("--chunks", chunks, MAX_BUBBLE_CHUNKS)):
+        if value > limit:
+            raise ValueError(f"{flag} {value} is more than a pipeline chart can show (at most "
+                             f"{limit})")
+    if args.stages * args.microbatches * chunks > MAX_BUBBLE_OPS:
+        raise ValueError(f"--stages {args.stages} x --microbatches {args.microbatches} x "
+                         f"chunks {chunks} is more ops than a pipeline chart can show (at most "
+                         f"{MAX_BUBBLE_OPS})")
+    for flag, value in (("--forward", args.forward), ("--backward", args.backward),
+                        ("--input", args.input), ("--weight", args.weight)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{flag} {value:g} must be a positive, finite time")
+    if not (math.isfinite(args.latency) and args.latency >= 0):
+        raise ValueError(f"--latency {args.latency:g} must be a finite time >= 0")
+
+
 def bubble(args: argparse.Namespace) -> int:
     """Handler of ``minitrainbench pp bubble``; returns the exit code."""
+    check_bubble_args(args)
     if args.schedule != "zb-h1" and (args.input is not None or args.weight is not None):
         raise ValueError("--input/--weight only apply to zb-h1, which splits the backward")
     ops = schedule(args.schedule, args.stages, args.microbatches, args.chunks)
