@@ -26,12 +26,15 @@ class CollectiveEvent:
     tensor it got back. ``sent_bytes`` is what this rank sends with the usual ring algorithm for a
     group of ``group_size`` ranks and N = ``bytes``: all-reduce 2(t-1)/t N, all-gather (t-1) N,
     reduce-scatter (t-1) N_out = (t-1)/t N (N_out the bytes of the chunk it keeps; gloo's own
-    reduce-scatter is an all-reduce inside and sends more, notebook 00 measures it), split 0 (local slicing, no communication), all-to-all the bytes
-    of the rows addressed to the other ranks (what leaves this rank; its own rows stay).
+    reduce-scatter is an all-reduce inside and sends more, notebook 00 measures it), split 0
+    (local slicing, no communication), all-to-all the bytes of the rows addressed to the other
+    ranks (what leaves this rank; its own rows stay), send/recv the bytes of the message.
     """
     op: str
     region: str
-    operator: str        # the paper's name for the region ("f", "g") or "" when it has none
+    operator: str        # which use of the region: the paper's operator ("f", "g"), the parameter
+                         # whose grad is all-reduced ("ln.weight", "gate.weight"), a re-gather in
+                         # backward ("re-gather"), or "" when nothing more needs saying
     direction: str       # "forward" or "backward"
     shape: tuple[int, ...]
     out_shape: tuple[int, ...]
