@@ -246,7 +246,7 @@ _MAP = {
                ("Y_i = X W_i, [.., out/t]", "output Shard(-1), .to_local()")],
     "row": [("RowParallelLinear (W_i = columns of weight)", "RowwiseParallel: weight Shard(1)"),
             ("X_i, [.., in/t]", "input Shard(-1)"),
-            ("partial sums X_i W_i", "Partial() (bias folded in once)"),
+            ("partial sums X_i W_i, + b once after g", "Partial(); each rank adds b/t"),
             ("g = all-reduce, Y on every rank", "Partial -> Replicate()")],
     "mlp": [("ParallelMLP: fc1 column, GeLU, fc2 row", "parallelize_module(mlp, mesh, plan)"),
             ("fc1 = ColumnParallelLinear", 'plan["0"] = ColwiseParallel()'),
