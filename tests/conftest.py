@@ -7,3 +7,20 @@ from mtb_helpers import shutdown
 def _stop_rank_pools_at_the_end():
     yield
     shutdown()
+
+
+@pytest.fixture
+def no_ranks(monkeypatch):
+    """Bad input must be refused before any rank starts: every package module's ``run`` (however
+    it was imported) fails the test if it is called."""
+    import sys
+
+    from mtb_helpers.runtime import ranks
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a rank was started")
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("mtb_helpers") and getattr(module, "run", None) is ranks.run:
+            monkeypatch.setattr(module, "run", refuse)
+    return refuse

@@ -6,7 +6,6 @@ import json
 import pytest
 import torch
 
-import mtb_helpers.tp.check as check_module
 from mtb_helpers import BUGS
 from mtb_helpers.tp.check import check_column_parallel, check_row_parallel, check_tp_mlp
 from mtb_helpers.tp.bugs import COLUMN_BUGS, MLP_BUGS, ROW_BUGS
@@ -135,13 +134,14 @@ def test_column_trace_with_gather_and_records_per_rank():
     (lambda: check_row_parallel(bug="f-backward-identity"), r"does not apply"),
     (lambda: check_column_parallel(bug="allgather-wrong-order"), r"needs gather_output=True"),
 ])
-def test_bad_input_is_refused_before_any_rank_starts(monkeypatch, call, message):
-    def no_ranks(*args, **kwargs):
-        raise AssertionError("a rank was started")
-
-    monkeypatch.setattr(check_module, "run", no_ranks)
+def test_bad_input_is_refused_before_any_rank_starts(no_ranks, call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_the_no_ranks_fixture_stops_a_check_that_would_start_ranks(no_ranks):
+    with pytest.raises(AssertionError, match="a rank was started"):
+        check_tp_mlp(world_size=2)
 
 
 def test_figures_draw_the_trace_with_titles_legends_and_red_failures():
