@@ -50,10 +50,12 @@ def reference_step(model: nn.Sequential, x: torch.Tensor, target: torch.Tensor,
     return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
 
 
-def simulated_for(schedule: str, stages: int, microbatches: int, chunks: int, op_time=None):
-    """``simulate()`` of the same schedule with the same op times (F=1, B=2 when none)."""
+def simulated_for(schedule: str, stages: int, microbatches: int, chunks: int, op_time=None,
+                  recompute: bool = False):
+    """``simulate()`` of the same schedule with the same op times (F=1, B=2 when none; a
+    recomputing backward pays F + B)."""
     ops = make_schedule(schedule, stages, microbatches, chunks)
-    d = op_durations(op_time, 1, False) or {"F": 1.0, "I": 1.0, "W": 1.0}
+    d = op_durations(op_time, 1, recompute) or {"F": 1.0, "I": 1.0, "W": 1.0}
     return simulate(ops, d["F"], d["I"] + d["W"], input=d["I"], weight=d["W"])
 
 
@@ -97,7 +99,7 @@ def check_pipeline(schedule: str = "1f1b", stages: int = 4, microbatches: int = 
     config = check_config(p, dtype, seed, bug, schedule=schedule, stages=p,
                           microbatches=microbatches, chunks=chunks, recompute=recompute,
                           op_time=None if op_time is None else list(op_time))
-    sim = simulated_for(schedule, p, microbatches, chunks, op_time)
+    sim = simulated_for(schedule, p, microbatches, chunks, op_time, recompute)
     measured = res.measured()
     extra = {"pipeline": {
         "ops_match_schedule": all(res.ops(r) == list(res.schedule[r]) for r in range(p)),

@@ -9,7 +9,7 @@ import argparse
 import json
 import math
 
-from mtb_helpers.cli.common import is_primary
+from mtb_helpers.cli.common import is_primary, print_json
 from mtb_helpers.pp.schedules import SCHEDULES, closed_form, schedule, simulate
 
 
@@ -36,6 +36,7 @@ def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubPar
     parser.add_argument("--plot", metavar="OUT.png", default=None, help="write the Gantt chart")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=bubble)
+    register_run(groups)
 
 
 # What a Gantt chart can still show (and the simulator builds in well under a second).
@@ -109,3 +110,103 @@ def bubble(args: argparse.Namespace) -> int:
     if args.plot:
         print(f"wrote {args.plot}")
     return 0
+
+
+# ---- ``minitrainbench pp run``: the pipeline on real ranks -----------------------------------
+
+def register_run(groups: dict[str, argparse._SubParsersAction]) -> None:
+    """Add ``run`` to ``minitrainbench pp``."""
+    parser = groups["pp"].add_parser(
+        "run", help="run one pipeline step on real gloo ranks and check it against one process",
+        description="Run one training step of a small Linear/GELU model as a pipeline on "
+                    "--stages gloo ranks (or the torchrun job's ranks), check the loss and every "
+                    "grad against one process, and print the measured bubble next to the "
+                    "simulated one. Exit 0 pass, 1 a check failed (or the step hung), 2 bad "
+                    "arguments.")
+    parser.add_argument("--schedule", choices=tuple(SCHEDULES), default="1f1b")
+    parser.add_argument("--stages", type=int, default=4, help="pipeline stages p = ranks")
+    parser.add_argument("--microbatches", type=int, default=8, help="micro-batches m")
+    parser.add_argument("--chunks", type=int, default=None,
+                        help="model chunks per rank v (interleaved only; default 2)")
+    parser.add_argument("--op-time", default=None, metavar="F,B",
+                        help="pad every op to fixed seconds per micro-batch and stage, F,B or "
+                             "F,I,W (e.g. 0.02,0.04), so the timeline shows the schedule rather "
+                             "than this machine's cores")
+    parser.add_argument("--recompute", action="store_true",
+                        help="keep only stage inputs and re-run the forward in backward")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bug", default=None, help="inject a deliberate pipeline mistake "
+                        "(pp-loss-not-scaled, pp-input-grad-not-sent, pp-wrong-stash, "
+                        "pp-blocking-send); the check must then fail")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds before a hung step "
+                        "is reported (default 60)")
+    parser.add_argument("--plot", metavar="OUT.png", default=None,
+                        help="write the measured Gantt chart beside the simulated one")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(func=run_pipeline)
+
+
+def parse_op_time(text: str | None) -> tuple[float, ...] | None:
+    """``"0.02,0.04"`` -> (0.02, 0.04); refuses anything but 2 or 3 numbers >= 0."""
+    if text is None:
+        return None
+    try:
+        values = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) not in (2, 3) or any(not v >= 0 for v in values):
+        raise ValueError(f"--op-time must be F,B or F,I,W seconds >= 0, got {text!r}")
+    return values
+
+
+def run_pipeline(args: argparse.Namespace) -> int:
+    """Handler of ``minitrainbench pp run``; returns the exit code."""
+    from mtb_helpers.pp.check import check_pipeline
+    from mtb_helpers.runtime.errors import RankTimeoutError
+
+    op_time = parse_op_time(args.op_time)
+    try:
+        report = check_pipeline(args.schedule, args.stages, args.microbatches, args.chunks,
+                                args.dtype, args.seed, args.bug, args.recompute, op_time,
+                                timeout=args.timeout)
+    except RankTimeoutError as exc:   # a deadlock (e.g. --bug pp-blocking-send): a failed check
+        if is_primary():
+            print(f"FAILED: the pipeline step hung\n{exc}")
+        return 1
+    if not is_primary():   # under torchrun only rank 0 reports
+        return 0 if report.passed else 1
+    pipe = report.extra["pipeline"]
+    if args.plot:
+        _plot_run(report, op_time, args.plot)
+    if args.json:
+        print_json([report])
+        return 0 if report.passed else 1
+    print(report)
+    units = "seconds" if op_time else "units of F=1, B=2 (no --op-time: real compute is measured)"
+    print(f"ops executed = schedule(): {'yes' if pipe['ops_match_schedule'] else 'NO'}")
+    print(f"bubble fraction   measured {pipe['measured_bubble_fraction']:.3f}   simulated "
+          f"{pipe['simulated_bubble_fraction']:.3f} ({units})")
+    print(f"peak stashed      measured {pipe['peak_stashed']}   simulated "
+          f"{pipe['simulated_peak_activations']}")
+    print(f"stash bytes peak  {pipe['stash_bytes']}" + ("  (recompute: stage inputs only)"
+                                                         if args.recompute else ""))
+    if args.plot:
+        print(f"wrote {args.plot}")
+    return 0 if report.passed else 1
+
+
+def _plot_run(report, op_time, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")  # headless: never open a window from the command line
+    import matplotlib.pyplot as plt
+
+    from mtb_helpers.pp.check import simulated_for
+    from mtb_helpers.pp.measured_plots import plot_measured_vs_simulated
+    cfg = report.config
+    sim = simulated_for(cfg["schedule"], cfg["stages"], cfg["microbatches"], cfg["chunks"],
+                        op_time, cfg["recompute"])
+    fig = plot_measured_vs_simulated(report.result.measured(), sim, cfg["schedule"],
+                                     unit="s" if op_time else "units")
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)

@@ -142,12 +142,20 @@ def _validate(model, x, target, schedule, stages, microbatches, chunks) -> list:
 
 
 def _boundary_inputs(pieces: list[nn.Module], x_k: torch.Tensor) -> list[tuple[torch.Size, torch.dtype]]:
-    """Shape and dtype of the tensor entering each virtual stage (what its receive expects)."""
+    """Shape and dtype of the tensor entering each virtual stage (what its receive expects).
+
+    It runs every piece forward and backward once, with grads taken by ``autograd.grad`` so no
+    ``.grad`` changes: a fresh rank process pays its one-off autograd start-up (hundreds of
+    milliseconds on a loaded machine) here, before the clock starts, not inside the first B."""
     inputs = []
-    with torch.no_grad():
-        for piece in pieces:
-            inputs.append((x_k.shape, x_k.dtype))
-            x_k = piece(x_k)
+    for piece in pieces:
+        inputs.append((x_k.shape, x_k.dtype))
+        x_k = x_k.detach().requires_grad_()
+        out = piece(x_k)
+        # with an explicit output grad, as B does: the first such call in a process is slow
+        torch.autograd.grad(out, [x_k, *piece.parameters()], torch.ones_like(out),
+                            allow_unused=True)
+        x_k = out.detach()
     return inputs
 
 
@@ -166,19 +174,23 @@ def _on_rank(pieces, x, target, loss_fn, ops, op_time, recompute, bug, status_di
     run_op = {"F": stage.forward, "B": stage.backward, "I": stage.input_grad, "W": stage.weight_grad}
     durations = op_durations(op_time, v, recompute)
     events = []
+    current: dict = {}
+
+    def begin() -> float:
+        # a receive inside the op is waiting, not computing: the op starts when it arrives
+        recvs = [e[3] for e in p2p.events[current["before"]:] if e[0] == "recv"]
+        return max([current["start"]] + recvs)
+
+    if durations is not None:
+        stage.pace = lambda: pad(begin(), durations[current["kind"]])
     dist.barrier()
     with record() as rec:
         zero = time.perf_counter()
         for op in ops[r]:
-            before = len(p2p.events)
-            start = time.perf_counter()
+            current.update(kind=op.kind, before=len(p2p.events), start=time.perf_counter())
             run_op[op.kind](op.microbatch, op.chunk)
-            # a receive inside the op is waiting, not computing: the op starts when it arrives
-            recvs = [e for e in p2p.events[before:] if e[0] == "recv"]
-            begin = max([start] + [e[3] for e in recvs])
-            if durations is not None:
-                pad(begin, durations[op.kind])
-            events.append((op.kind, op.microbatch, op.chunk, begin, time.perf_counter(), None))
+            stage.computed()
+            events.append((op.kind, op.microbatch, op.chunk, begin(), time.perf_counter(), None))
         p2p.finish()
     for kind, msg, start, end in p2p.events:
         peer = msg.dst if kind == "send" else msg.src

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch import nn
@@ -50,6 +51,7 @@ class RankStage:
     p2p: P2P
     inputs: list[tuple[torch.Size, torch.dtype]]   # shape and dtype entering each virtual stage
     recompute: bool = False
+    pace: Callable[[], None] | None = None   # holds the op to its fixed time (op_time), or None
     stash: dict[tuple[int, int], Stash] = field(default_factory=dict)
     losses: dict[int, float] = field(default_factory=dict)
     held: int = 0
@@ -78,6 +80,7 @@ class RankStage:
             nbytes = _nbytes(inp)
         else:
             out, nbytes = self.run_piece(c, k, inp)
+        self.computed()
         if s == self.last:
             self.losses[k] = float(out.detach())     # loss_k / m, summed over k by the owner
         else:
@@ -90,6 +93,7 @@ class RankStage:
         out, grad = self.output_and_grad(st, k, c)
         # loss_k / m (or y_k with dy_k) -> backward -> x.grad [b/m, h] and dW accumulated in .grad
         torch.autograd.backward(out, grad)
+        self.computed()
         if self.virtual(c) > 0:
             self.send_input_grad(st.inp.grad, k, c)
 
@@ -100,6 +104,7 @@ class RankStage:
         if self.virtual(c) > 0:
             # y_k, dy_k -> autograd.grad wrt x_k only -> dx_k [b/m, h]; the graph stays for W
             (dx,) = torch.autograd.grad(out, st.inp, st.grad, retain_graph=True)
+            self.computed()
             self.send_input_grad(dx, k, c)
 
     def weight_grad(self, k: int, c: int) -> None:
@@ -110,6 +115,12 @@ class RankStage:
         grads = torch.autograd.grad(st.out, params, st.grad)
         for p, g in zip(params, grads):
             p.grad = g if p.grad is None else p.grad + g
+
+    def computed(self) -> None:
+        """The op's compute is done: with fixed op times, wait out the rest of it now, before
+        its result is sent (a receiver must not start earlier than a real kernel would allow)."""
+        if self.pace is not None:
+            self.pace()
 
     # ---- the pieces a deliberate mistake overrides ---------------------------------------------
 

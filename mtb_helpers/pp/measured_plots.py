@@ -1,0 +1,112 @@
+"""Figures of the pipeline run on real ranks (notebook 09): the measured Gantt chart beside the
+simulated one, the measured bubble against micro-batches, stashed activations per rank, and the
+point-to-point messages of one micro-batch's trip. Plain data in (a ``PipelineResult``, a
+simulator ``Timeline``, lists of numbers); rank r keeps rank_color(r) as everywhere else.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from mtb_helpers.plots.palette import rank_color, rank_legend_handles
+from mtb_helpers.pp.plots import plot_gantt
+from mtb_helpers.pp.simulator import Timeline
+
+__all__ = ["plot_measured_vs_simulated", "plot_measured_bubble", "plot_stashed",
+           "plot_trip"]
+
+
+def plot_measured_vs_simulated(measured: Timeline, simulated: Timeline, name: str,
+                               unit: str = "s", width: float = 10.0) -> Figure:
+    """Two Gantt charts on one time axis: ``simulate()`` on top, the ranks' own clock below
+    (waits for a receive are idle, hatched). ``unit`` labels the simulated time axis."""
+    p = measured.ranks
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(width, 3.2 + 1.0 * p), sharex=True)
+    plot_gantt(simulated, name, ax=top)
+    plot_gantt(measured, name, ax=bottom)
+    top.set_title(f"simulated: {name}, makespan {simulated.makespan:.3g} {unit}, bubble "
+                  f"{simulated.bubble_fraction:.1%}", fontsize=10)
+    bottom.set_title(f"measured on {p} gloo ranks: makespan {measured.makespan:.3g} s, bubble "
+                     f"{measured.bubble_fraction:.1%} (idle / (p x makespan))", fontsize=10)
+    bottom.get_legend().remove()
+    top.set_xlabel("")
+    bottom.set_xlabel(f"time ({unit} for the simulation, seconds on the ranks' clock)")
+    span = max(measured.makespan, simulated.makespan)
+    bottom.set_xlim(-span * 0.05, span * 1.01)
+    fig.tight_layout()
+    return fig
+
+
+def plot_measured_bubble(microbatches: Sequence[int], measured: Sequence[float],
+                         simulated: Sequence[float], name: str, stages: int) -> Figure:
+    """Measured bubble fraction (dots) against the simulator's (line) over micro-batch counts."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(microbatches, simulated, "-", color="black", label="simulate() with the same op times")
+    ax.plot(microbatches, measured, "o", color=rank_color(0), markersize=7,
+            label="measured on the ranks")
+    ax.set_xlabel("micro-batches m")
+    ax.set_ylabel("bubble fraction = idle / (p x makespan)")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"{name}, p={stages}: measured bubble against the simulator")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_stashed(series: dict[str, Sequence[int]], simulated: dict[str, Sequence[int]],
+                 ylabel: str = "peak micro-batch activations stashed") -> Figure:
+    """Bars: what each rank held at its peak, per schedule (rank colours); a black tick marks
+    the simulator's ``peak_activations`` for the same rank."""
+    names = list(series)
+    p = len(next(iter(series.values())))
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / p
+    for n, name in enumerate(names):
+        for r, value in enumerate(series[name]):
+            x = n + (r - (p - 1) / 2) * width
+            ax.bar(x, value, width * 0.9, color=rank_color(r), edgecolor="black")
+            if name in simulated:
+                ax.plot([x - width * 0.45, x + width * 0.45], [simulated[name][r]] * 2,
+                        color="black", linewidth=2.5)
+    ax.set_xticks(range(len(names)), names)
+    ax.set_xlabel("schedule (one bar per rank)")
+    ax.set_ylabel(ylabel)
+    ax.set_title("Activations held at the peak, measured on the ranks")
+    handles = rank_legend_handles(p)
+    if simulated:
+        handles.append(Line2D([], [], color="black", linewidth=2.5, label="simulator's peak"))
+    ax.legend(handles=handles, fontsize=8, ncol=min(len(handles), 5), loc="upper left")
+    ax.set_ylim(0, max(max(v) for v in series.values()) * 1.35 + 0.5)
+    fig.tight_layout()
+    return fig
+
+
+def plot_trip(timeline: list, stages: int, microbatch: int = 0) -> Figure:
+    """One micro-batch's trip: its F on every stage, the activation sent right, its B (or I)
+    coming back left, drawn on the ranks' clock. ``timeline`` is ``PipelineResult.timeline``."""
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.6 * stages))
+    mine = [e for e in timeline if e.microbatch == microbatch]
+    for e in mine:
+        if e.kind in "FBIW":
+            y = stages - 1 - e.rank
+            ax.barh(y, e.end - e.start, left=e.start, height=0.6, color=rank_color(e.rank),
+                    edgecolor="black", alpha=1.0 if e.kind == "F" else 0.55)
+            ax.text((e.start + e.end) / 2, y, e.kind, ha="center", va="center", fontsize=9)
+    for e in mine:
+        if e.kind == "recv":   # arrow from the sender's row to the receiver's, ending on arrival
+            ax.annotate("", xy=(e.end, stages - 1 - e.rank), xytext=(e.end, stages - 1 - e.peer),
+                        arrowprops=dict(arrowstyle="->", color="black", linewidth=1))
+    ax.set_yticks(range(stages), [f"rank {r}" for r in reversed(range(stages))])
+    ax.set_xlabel("time on the ranks' clock (s)")
+    ax.set_ylabel("stage (= rank)")
+    ax.set_title(f"Micro-batch {microbatch}: forward down the stages, gradient back up "
+                 "(arrows = a message arriving)")
+    handles = rank_legend_handles(stages) + [
+        Line2D([], [], color="black", marker=">", label="send -> recv arrives")]
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return fig
