@@ -4,6 +4,7 @@
 
 Each lives in its topic folder (``mtb_helpers/<topic>/check.py``); this module only gathers them.
 """
+from mtb_helpers.capstone.check import check_capstone
 from mtb_helpers.collectives.check import check_collectives
 from mtb_helpers.cp.check import check_context_parallel
 from mtb_helpers.dp.check import check_data_parallel
@@ -18,4 +19,4 @@ from mtb_helpers.tp.vocab_check import check_vocab_parallel
 __all__ = ["check_collectives", "check_column_parallel", "check_row_parallel", "check_tp_mlp",
            "check_sequence_parallel", "check_data_parallel", "check_moe", "check_grid",
            "check_tp_attention", "check_vocab_parallel",
-           "check_context_parallel", "check_pipeline"]
+           "check_context_parallel", "check_pipeline", "check_capstone"]

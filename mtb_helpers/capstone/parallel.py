@@ -29,6 +29,7 @@ from mtb_helpers.capstone.grid import Grid, Layout, rank_of
 from mtb_helpers.capstone.layers import ParallelEmbedding, build_stage, gather_param
 from mtb_helpers.capstone.model import GPTConfig, make_model
 from mtb_helpers.capstone.reference import TrainConfig
+from mtb_helpers.capstone.validate import DP_STRATEGIES, PP_SCHEDULES, validate
 from mtb_helpers.comm.records import record
 from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
 from mtb_helpers.dp.strategies import flat
@@ -41,8 +42,6 @@ from mtb_helpers.tp.vocab import vocab_parallel_cross_entropy
 __all__ = ["GridP2P", "ParallelRun", "train_parallel", "train_on_rank", "DP_STRATEGIES",
            "PP_SCHEDULES"]
 
-DP_STRATEGIES = ("ddp", "zero1")
-PP_SCHEDULES = ("1f1b", "gpipe")
 
 
 class GridP2P(P2P):
@@ -143,7 +142,6 @@ def train_parallel(tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, steps: in
                    cfg: GPTConfig = GPTConfig(), bug=None, timeout: float = 120.0) -> ParallelRun:
     """Train the tiny GPT for ``steps`` AdamW steps on ``tp * pp * dp * cp`` ranks. Sizes that do
     not divide are refused with a ValueError before any rank starts (``validate``)."""
-    from mtb_helpers.capstone.validate import validate
     layout = Layout(tp, pp, dp, cp)
     run_cfg = TrainConfig(steps, batch, lr, weight_decay, seed)
     validate(layout, cfg, run_cfg, microbatches, schedule, sequence_parallel, strategy)

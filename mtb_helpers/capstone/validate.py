@@ -6,7 +6,10 @@ from mtb_helpers.capstone.model import GPTConfig
 from mtb_helpers.capstone.reference import TrainConfig
 from mtb_helpers.runtime.ranks import MAX_WORLD_SIZE
 
-__all__ = ["validate", "admissible_layouts"]
+__all__ = ["validate", "admissible_layouts", "DP_STRATEGIES", "PP_SCHEDULES"]
+
+DP_STRATEGIES = ("ddp", "zero1")   # the DP strategies the capstone composes
+PP_SCHEDULES = ("1f1b", "gpipe")   # one model chunk per rank
 
 
 def _positive(**values) -> None:
@@ -17,7 +20,6 @@ def _positive(**values) -> None:
 
 def validate(layout: Layout, cfg: GPTConfig, run: TrainConfig, microbatches: int, schedule: str,
              sequence_parallel: bool, strategy: str) -> None:
-    from mtb_helpers.capstone.parallel import DP_STRATEGIES, PP_SCHEDULES
     _positive(tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp, steps=run.steps,
               microbatches=microbatches, batch=run.batch)
     if layout.world_size > MAX_WORLD_SIZE:

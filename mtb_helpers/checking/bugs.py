@@ -15,6 +15,7 @@ from mtb_helpers.pp import bugs as pp_bugs
 from mtb_helpers.sp import bugs as sp_bugs
 from mtb_helpers.tp import bugs as tp_bugs
 from mtb_helpers.tp import attention_bugs as tp_attention_bugs
+from mtb_helpers.capstone import bugs as capstone_bugs
 
 BUGS: dict[str, str] = {
 }
@@ -32,6 +33,7 @@ TOPIC_REGISTRIES: tuple[dict[str, Bug], ...] = (
     grid_bugs.BUGS,
     dp_bugs.BUGS,
     cp_bugs.BUGS,
+    capstone_bugs.BUGS,
 )
 REGISTRY: dict[str, Bug] = {name: bug for registry in TOPIC_REGISTRIES
                             for name, bug in registry.items()}

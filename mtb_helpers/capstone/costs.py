@@ -1,0 +1,87 @@
+"""Bytes each rank sends per training step, by process group: measured from the collective
+records, and the formulas they must equal.
+
+Groups: ``tp`` (the f / g all-reduces, the embedding's g, the vocabulary cross-entropy's three
+all-reduces), ``sp`` (sequence parallelism's all-gathers / reduce-scatters and its LayerNorm and
+bias grad all-reduces; they run in the tensor group too), ``pp`` (point-to-point activations and
+input grads), ``cp`` (ring attention's K/V hops), ``dp`` (the gradient reduction of the DP strategy
+over the dp x cp group). Ring costs as the records count them: all-reduce ``2(g-1)/g N``,
+all-gather and reduce-scatter ``(g-1)/g N`` of the full tensor, ``N`` bytes sent per hop.
+
+Notation for one micro-batch on one rank: ``n = s/c`` positions of its context chunk,
+``b = B/(dp m)`` sequences, ``A = n b h d`` bytes of a full-width activation, ``t`` = tp, ``c`` = cp,
+``g = dp c``, ``L_p`` blocks on the stage, ``Ψ_r`` parameters on the rank.
+"""
+from __future__ import annotations
+
+from mtb_helpers.capstone.grid import Layout
+from mtb_helpers.capstone.layers import stage_blocks
+from mtb_helpers.capstone.model import GPTConfig
+from mtb_helpers.comm.sp_regions import GATHER_SP, GRAD_ALLREDUCE_SP, REDUCE_SCATTER_SP, SCATTER_SP
+from mtb_helpers.dp.strategies import padded_numel
+
+__all__ = ["GROUP_NAMES", "group_of", "measured_bytes", "formula_bytes", "FORMULAS"]
+
+GROUP_NAMES = ("tp", "sp", "pp", "cp", "dp")
+_DP_REGIONS = ("ddp_grad_bucket", "zero_grad_reduce_scatter", "zero_param_all_gather")
+_SP_REGIONS = (SCATTER_SP, GATHER_SP, REDUCE_SCATTER_SP, GRAD_ALLREDUCE_SP)
+
+FORMULAS = {
+    "tp": "per micro-batch: blocks 8(t-1)/t·A each without SP; embedding g 2(t-1)/t·A; "
+          "head f 2(t-1)/t·A without SP; cross-entropy 3·2(t-1)/t·A/h",
+    "sp": "per micro-batch: blocks 8(t-1)/t·A + 6·2(t-1)/t·hd each; embedding split (t-1)/t·A; "
+          "head 2(t-1)/t·A + 2·2(t-1)/t·hd",
+    "pp": "per micro-batch: A/t (A without SP) to the next stage, A/t back to the previous one",
+    "cp": "per micro-batch and block, N = A/t bytes of this rank's K (or V): forward 2(c-1)N, "
+          "backward 4(c-1)N + 2N (K, V, dK, dV around the ring, dK and dV home)",
+    "dp": "2(g-1)/g·Ψ_r·d (DDP all-reduce; ZeRO-1 reduce-scatter + all-gather of Ψ_r padded)",
+}
+
+
+def group_of(event) -> str:
+    """Which group an event of the record ran in (by the region that issued it)."""
+    if event.region in _DP_REGIONS:
+        return "dp"
+    if event.region.startswith("cp."):
+        return "cp"
+    if event.op in ("send", "recv"):
+        return "pp"
+    if event.region in _SP_REGIONS:
+        return "sp"
+    return "tp"
+
+
+def measured_bytes(rec) -> dict[str, int]:
+    """``{group: bytes sent}`` from one rank's record of one step."""
+    out = dict.fromkeys(GROUP_NAMES, 0)
+    for e in rec.events:
+        out[group_of(e)] += e.sent_bytes
+    return out
+
+
+def formula_bytes(layout: Layout, cfg: GPTConfig, batch: int, microbatches: int,
+                  sequence_parallel: bool, strategy: str, index: dict, numel: int,
+                  dtype_bytes: int) -> dict[str, int]:
+    """``{group: bytes}`` the rank at ``index`` must send in one step (see the module docstring)."""
+    t, c, g, m = layout.tp, layout.cp, layout.dp * layout.cp, microbatches
+    d, h = dtype_bytes, cfg.hidden
+    n, b = cfg.seq // c, batch // (layout.dp * m)
+    a = n * b * h * d
+    blocks = len(stage_blocks(cfg.layers, layout.pp, index["pp"]))
+    first, last = index["pp"] == 0, index["pp"] == layout.pp - 1
+    ring = lambda nbytes: 2 * (t - 1) * nbytes // t   # noqa: E731  (all-reduce)
+    half = lambda nbytes: (t - 1) * nbytes // t       # noqa: E731  (all-gather / reduce-scatter)
+    tp = sp = 0
+    if sequence_parallel:
+        sp += blocks * (8 * half(a) + 6 * ring(h * d))
+        sp += (half(a) if first else 0) + ((2 * half(a) + 2 * ring(h * d)) if last else 0)
+    else:
+        tp += blocks * 4 * ring(a) + (ring(a) if last else 0)
+    tp += (ring(a) if first else 0) + (3 * ring(n * b * d) if last else 0)
+    boundary = (a // t if sequence_parallel else a)
+    pp = boundary * ((0 if last else 1) + (0 if first else 1))
+    kv = a // t
+    cp = blocks * ((6 * (c - 1) + 2) * kv if c > 1 else 0)
+    psi = numel if strategy == "ddp" else padded_numel(numel, g)
+    dp = 2 * (g - 1) * psi * d // g
+    return {"tp": m * tp, "sp": m * sp, "pp": m * pp, "cp": m * cp, "dp": dp}

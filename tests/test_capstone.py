@@ -1,0 +1,91 @@
+"""Capstone pieces without a grid: the text, the model, the rank grid's numbering and groups, the
+parameter shards, the stage rebuilt from the course's layers on one process, one real rank."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mtb_helpers.capstone.data import ALPHABET, VOCAB, batch_for_step, corpus, decode, encode
+from mtb_helpers.capstone.grid import Layout, coords, group_ranks, rank_of
+from mtb_helpers.capstone.layers import build_stage, gather_param, param_kind, shard_param
+from mtb_helpers.capstone.model import GPTConfig, make_model
+from mtb_helpers.capstone.parallel import train_parallel
+from mtb_helpers.capstone.reference import TrainConfig, train_reference
+from mtb_helpers.capstone.validate import admissible_layouts
+
+
+def test_the_text_is_the_same_everywhere_and_batches_shift_by_one():
+    text = corpus()
+    assert len(text) == 4096 and text == corpus() and set(text) <= set(ALPHABET)
+    assert decode(encode(text[:50])) == text[:50] and VOCAB % 8 == 0 and VOCAB >= len(ALPHABET)
+    x, y = batch_for_step(3, 8, 16)
+    assert x.shape == y.shape == (16, 8) and torch.equal(x[1:], y[:-1])
+    assert not torch.equal(batch_for_step(4, 8, 16)[0], x)
+
+
+def test_model_is_small_and_starts_near_uniform():
+    model = make_model()
+    assert sum(p.numel() for p in model.parameters()) == 36288 < 300_000
+    x, y = batch_for_step(0, 8, 16)
+    assert abs(float(model.loss(x, y).detach()) - math.log(VOCAB)) < 0.05
+    # the same seed gives the same weights; another seed other ones
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), make_model().parameters()))
+    assert not torch.equal(model.head.lm_head.weight, make_model(seed=1).head.lm_head.weight)
+
+
+def test_grid_numbering_puts_tensor_ranks_next_to_each_other():
+    layout = Layout(tp=2, pp=2, dp=2, cp=1)
+    assert group_ranks(layout, ("tp",)) == [[0, 1], [4, 5], [2, 3], [6, 7]]
+    assert sorted(group_ranks(layout, ("pp",))) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert sorted(group_ranks(layout, ("dp", "cp"))) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    layout = Layout(tp=2, pp=1, dp=2, cp=2)
+    assert sorted(group_ranks(layout, ("dp", "cp"))) == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert sorted(group_ranks(layout, ("cp",))) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    for r in range(8):
+        assert rank_of(layout, **coords(r, layout)) == r
+
+
+def test_admissible_layouts_are_exactly_those_whose_sizes_divide():
+    layouts = {(l.tp, l.pp, l.dp, l.cp) for l in admissible_layouts((8,))}
+    assert (2, 2, 2, 1) in layouts and (1, 1, 1, 8) in layouts
+    assert (8, 1, 1, 1) not in layouts       # 4 heads do not split over 8 ranks
+    assert (1, 8, 1, 1) not in layouts       # 4 blocks do not fill 8 stages
+    assert all(l.world_size == 8 for l in admissible_layouts((8,)))
+
+
+def test_every_stage_parameter_shards_and_gathers_back_to_the_full_one():
+    model = make_model()
+    full = dict(model.named_parameters())
+    for sp in (True, False):
+        stage = build_stage(model, 0, 1, sp, None, None)   # one process: every layer whole
+        names = [n for n, _ in stage.named_parameters()]
+        assert len(names) == len(full) - 4 * 4   # per block, wq/wk/wv (x2) are one fused qkv
+        rebuilt = {}
+        for name in names:
+            rebuilt.update(gather_param([shard_param(full, name, 2, r) for r in range(2)], name))
+        assert set(rebuilt) == set(full)
+        assert all(torch.equal(rebuilt[n], full[n]) for n in full)
+    assert param_kind("block3.attn.qkv.weight") == ("blocks.3.attn.w{}.weight", "qkv")
+    assert param_kind("block0.mlp.mlp.fc2.weight") == ("blocks.0.mlp.fc2.weight", "col")
+    # rank 1's fused Q/K/V rows are the second half of each of wq, wk, wv
+    qkv1 = shard_param(full, "block0.attn.qkv.weight", 2, 1)
+    assert torch.equal(qkv1[16:32], full["blocks.0.attn.wk.weight"][16:])
+
+
+@pytest.mark.parametrize("sp", [True, False])
+def test_the_stage_built_from_course_layers_is_the_model_on_one_process(sp):
+    model = make_model()
+    stage = build_stage(model, 0, 1, sp, None, None)
+    ids, _ = batch_for_step(0, 4, 16)
+    assert torch.allclose(stage(ids), model(ids), rtol=0, atol=1e-13)
+
+
+def test_one_real_rank_trains_like_one_process():
+    ref = train_reference(run=TrainConfig(steps=2))
+    run = train_parallel(1, 1, 1, 1, steps=2)
+    assert [abs(a - b) < 1e-12 for a, b in zip(run.losses, ref["losses"])] == [True, True]
+    assert ref["losses"][1] < ref["losses"][0]          # it learns
+    assert list(run.params) == list(ref["params"])
+    assert max(float((run.params[n] - p).abs().max()) for n, p in ref["params"].items()) < 1e-10

@@ -1,0 +1,111 @@
+"""check_capstone: every layout the issue lists trains step for step like one process, bytes per
+group equal the formulas, each deliberate bug fails exactly what it breaks, bad input is refused
+before any rank starts."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import mtb_helpers.capstone.parallel as parallel_module
+from mtb_helpers import BUGS
+from mtb_helpers.capstone.bugs import CAPSTONE_BUGS
+from mtb_helpers.capstone.check import LAYOUTS, check_capstone
+from mtb_helpers.checking.bugs import REGISTRY
+
+
+def _assert_bytes_match(report):
+    b = report.extra["bytes"]
+    assert b["per_rank"] == b["formula"], (b["per_rank"], b["formula"])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+def test_every_issue_layout_matches_one_process_in_fp64(layout):
+    report = check_capstone(layout.tp, layout.pp, layout.dp, layout.cp, steps=2)
+    assert report.passed, str(report)
+    assert [(r.quantity, r.note) for r in report.rows[:2]] == [("loss", "step 1"), ("loss", "step 2")]
+    assert {r.rank for r in report.rows if r.quantity == "params"} == set(range(layout.world_size))
+    assert max(r.max_abs_err for r in report.rows) < 1e-12 and report.rows[0].tolerance == 1e-10
+    _assert_bytes_match(report)
+    sent = report.extra["bytes"]["per_rank"]
+    sizes = (("tp", layout.tp), ("pp", layout.pp), ("dp", layout.dp * layout.cp), ("cp", layout.cp))
+    for group, size in sizes:   # gradients are averaged over dp x cp
+        assert (max(s[group] for s in sent) > 0) == (size > 1), group   # a group of 1 sends nothing
+
+
+@pytest.mark.parametrize("kwargs", [dict(tp=2, pp=2, sequence_parallel=False),
+                                    dict(pp=2, dp=2, strategy="zero1"),
+                                    dict(tp=2, dp=2, cp=2, schedule="gpipe", microbatches=1)],
+                         ids=["tp-without-sp", "zero1", "tp-dp-cp-gpipe"])
+def test_variants_match_one_process(kwargs):
+    report = check_capstone(steps=2, **kwargs)
+    assert report.passed, str(report)
+    _assert_bytes_match(report)
+
+
+def test_float32_within_its_stated_tolerance():
+    report = check_capstone(2, 1, 1, 2, steps=3, dtype=torch.float32)
+    assert report.passed, str(report)
+    assert {r.tolerance for r in report.rows} == {1e-5, 1e-3}
+
+
+def test_bugs_are_registered_in_the_one_shape():
+    assert set(CAPSTONE_BUGS) <= set(BUGS)
+    for name in CAPSTONE_BUGS:
+        for correct, wrong in REGISTRY[name].replaces.items():
+            assert issubclass(wrong, correct) and wrong is not correct
+
+
+@pytest.mark.parametrize("bug, layout, first_bad_step", [
+    ("capstone-dp-allreduce-in-tp-group", (2, 1, 2, 1), 2),
+    ("capstone-dp-allreduce-in-tp-group", (1, 1, 2, 1), 2),
+    ("capstone-grads-not-averaged-over-cp", (1, 1, 2, 2), 2),
+    ("capstone-cp-local-positions", (1, 2, 1, 2), 1),
+])
+def test_each_bug_fails_exactly_what_it_breaks(bug, layout, first_bad_step):
+    report = check_capstone(*layout, steps=3, bug=bug)
+    world = layout[0] * layout[1] * layout[2] * layout[3]
+    failed = {(r.quantity, r.note if r.quantity == "loss" else r.rank) for r in report.failed()}
+    # a wrong gradient shows from the loss after the first update; wrong positions at once
+    expected = {("loss", f"step {k}") for k in range(first_bad_step, 4)}
+    expected |= {("params", r) for r in range(world)}
+    assert failed == expected, str(report)
+    assert report.config["bug"] == bug
+
+
+@pytest.mark.parametrize("bug", ["capstone-grads-not-averaged-over-cp", "capstone-cp-local-positions"])
+def test_context_bugs_have_nothing_to_break_without_context_parallelism(bug):
+    assert check_capstone(1, 1, 2, 1, steps=2, bug=bug).passed
+
+
+def test_report_is_strict_json_with_curves_grid_and_bytes():
+    report = check_capstone(2, 2, 1, 1, steps=2)
+    data = json.loads(json.dumps(report.to_dict(), allow_nan=False))
+    assert len(data["losses"]["parallel"]) == len(data["losses"]["reference"]) == 2
+    assert data["grid"][3] == {"rank": 3, "tp": 1, "cp": 0, "dp": 0, "pp": 1, "blocks": [2, 4],
+                               "embedding": False, "head": True, "heads": [2, 4],
+                               "positions": [0, 16], "sequences": [0, 8]}
+    assert max(data["param_errors"].values()) < 1e-12 and len(data["param_errors"]) == 68
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(tp=3), r"heads=4 is not divisible by tp=3"),
+    (dict(pp=3), r"layers=4 is not divisible by pp=3"),
+    (dict(cp=3), r"seq=16 is not divisible by cp=3"),
+    (dict(tp=2, cp=2, dp=2, pp=2), r"16 ranks; this machine runs at most 8"),
+    (dict(dp=4, microbatches=4), r"batch=8 is not divisible by dp\*microbatches = 4\*4"),
+    (dict(tp=0), r"tp must be a positive integer"),
+    (dict(schedule="interleaved"), r"schedule must be one of 1f1b, gpipe"),
+    (dict(strategy="zero3"), r"strategy must be one of ddp, zero1"),
+    (dict(dtype=torch.float16), r"dtype"),
+    (dict(bug="no-such-bug"), r"unknown bug"),
+    (dict(bug="dp-sum-not-average"), r"does not apply"),
+])
+def test_bad_input_is_refused_before_any_rank_starts(monkeypatch, kwargs, message):
+    def no_ranks(*args, **kw):
+        raise AssertionError("a rank was started")
+
+    monkeypatch.setattr(parallel_module, "run", no_ranks)
+    with pytest.raises(ValueError, match=message):
+        check_capstone(**kwargs)
