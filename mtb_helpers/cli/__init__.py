@@ -21,7 +21,7 @@ GROUPS = {
     "cp": "context parallelism: ring and all-gather attention on sequence shards",
 }
 # Each topic folder has a cli.py with register(top, groups); these are the topics it loads.
-COMMAND_MODULES = ("collectives", "tp", "sp", "pp", "grid", "dp", "moe", "cp")
+COMMAND_MODULES = ("collectives", "tp", "sp", "pp", "grid", "dp", "moe", "cp", "capstone")
 
 
 def build_parser() -> argparse.ArgumentParser:

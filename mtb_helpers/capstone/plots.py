@@ -1,0 +1,115 @@
+"""The capstone's figures: the rank grid (who holds what), the loss curves of the parallel run and
+of one process, and the bytes each rank sends per step by group against the formulas.
+
+Plots draw plain data (a report's ``to_dict()`` parts or the lists a check returns); every rank is
+drawn in ``rank_color(r)``, as everywhere in the course.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import MaxNLocator
+
+from mtb_helpers.plots.palette import rank_color, rank_legend_handles
+
+__all__ = ["plot_rank_grid", "plot_losses", "plot_bytes", "GROUP_COLORS"]
+
+# Group colours are greys and hatches, so that colour keeps meaning "rank" in every figure.
+GROUP_COLORS = {"tp": "#4D4D4D", "sp": "#8C8C8C", "pp": "#BDBDBD", "cp": "#FFFFFF", "dp": "#E0E0E0"}
+GROUP_HATCH = {"tp": "", "sp": "", "pp": "//", "cp": "xx", "dp": ".."}
+GROUP_LABEL = {"tp": "TP (f, g, vocab CE)", "sp": "SP (gather / reduce-scatter, LN grads)",
+               "pp": "PP (point-to-point)", "cp": "CP (ring K/V)", "dp": "DP (gradients, dp x cp)"}
+
+
+def plot_rank_grid(grid: list[dict], sizes: dict[str, int]) -> Figure:
+    """One box per rank: columns are pipeline stages, rows the (dp, cp, tp) coordinates; each box
+    says which blocks, heads, positions and sequences the rank holds."""
+    pp = sizes["pp"]
+    rows = len(grid) // pp
+    fig, ax = plt.subplots(figsize=(2.6 * pp + 1.2, 0.95 * rows + 1.3))
+    for cell in grid:
+        col = cell["pp"]
+        row = (cell["dp"] * sizes["cp"] + cell["cp"]) * sizes["tp"] + cell["tp"]
+        y = rows - 1 - row
+        ax.add_patch(Rectangle((col + 0.04, y + 0.06), 0.92, 0.88, facecolor=rank_color(cell["rank"]),
+                               alpha=0.35, edgecolor=rank_color(cell["rank"]), linewidth=2))
+        parts = (["embed"] if cell["embedding"] else []) + [
+            f"blocks {cell['blocks'][0]}-{cell['blocks'][1] - 1}"] + (["head"] if cell["head"] else [])
+        text = (f"rank {cell['rank']}: {' + '.join(parts)}\n"
+                f"heads {cell['heads'][0]}-{cell['heads'][1] - 1}, "
+                f"pos {cell['positions'][0]}-{cell['positions'][1] - 1}, "
+                f"seqs {cell['sequences'][0]}-{cell['sequences'][1] - 1}")
+        ax.text(col + 0.5, y + 0.5, text, ha="center", va="center", fontsize=8)
+    ax.set_xlim(0, pp)
+    ax.set_ylim(0, rows)
+    ax.set_xticks([c + 0.5 for c in range(pp)], [f"stage {c}" for c in range(pp)])
+    ax.set_yticks([rows - 1 - r + 0.5 for r in range(rows)],
+                  [f"dp {r // (sizes['cp'] * sizes['tp'])} cp {(r // sizes['tp']) % sizes['cp']} "
+                   f"tp {r % sizes['tp']}" for r in range(rows)])
+    ax.set_xlabel("pipeline stage (pp)")
+    ax.set_ylabel("data / context / tensor coordinate")
+    ax.set_title(f"Who holds what: tp={sizes['tp']} pp={pp} dp={sizes['dp']} cp={sizes['cp']} "
+                 f"({len(grid)} ranks)")
+    ax.legend(handles=rank_legend_handles(len(grid)), loc="upper left", bbox_to_anchor=(1.0, 1.0),
+              fontsize=8, title="rank")
+    fig.tight_layout()
+    return fig
+
+
+def plot_losses(parallel: list[float], reference: list[float], label: str = "parallel",
+                others: dict[str, list[float]] | None = None) -> Figure:
+    """The loss per step: one process (thick grey) under the parallel run(s) (markers); below,
+    ``|parallel - one process|`` on a log scale."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.5, 5.2), sharex=True,
+                                      gridspec_kw={"height_ratios": [2, 1]})
+    steps = list(range(1, len(reference) + 1))
+    runs = {label: parallel, **(others or {})}
+    top.plot(steps, reference, color="#999999", linewidth=5, alpha=0.6, label="one process")
+    markers = "os^Dvx*P"
+    for i, (name, losses) in enumerate(runs.items()):
+        top.plot(steps, losses, linestyle="--", marker=markers[i % len(markers)], markersize=4,
+                 color="black" if i == 0 else f"C{i}", label=name)
+        diff = [max(abs(a - b), 1e-17) for a, b in zip(losses, reference)]
+        bottom.semilogy(steps, diff, marker=markers[i % len(markers)], markersize=4,
+                        color="black" if i == 0 else f"C{i}", label=name)
+    top.set_ylabel("training loss (cross-entropy)")
+    top.set_title("Loss per step: the parallel run lies on the single-process curve")
+    top.legend(fontsize=8)
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
+    bottom.set_xlabel("step")
+    bottom.set_ylabel("|parallel - one process|")
+    bottom.axhline(1e-10, color="#D55E00", linestyle=":", label="fp64 tolerance 1e-10")
+    bottom.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def plot_bytes(bytes_info: dict, title: str = "") -> Figure:
+    """Stacked bars: bytes each rank sent in one step, by group (measured); a black tick marks the
+    formulas' total. ``bytes_info`` is a capstone report's ``extra["bytes"]``."""
+    per_rank, formula = bytes_info["per_rank"], bytes_info["formula"]
+    groups = bytes_info["groups"]
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.8 * len(per_rank) + 3.5), 4.0))
+    for r, sent in enumerate(per_rank):
+        bottom = 0.0
+        for g in groups:
+            kib = sent[g] / 1024
+            ax.bar(r, kib, bottom=bottom, color=GROUP_COLORS[g], hatch=GROUP_HATCH[g],
+                   edgecolor=rank_color(r), linewidth=1.5, width=0.7)
+            bottom += kib
+        total = sum(formula[r].values()) / 1024
+        ax.plot([r - 0.4, r + 0.4], [total, total], color="black", linewidth=2)
+    ax.set_xticks(range(len(per_rank)), [f"rank {r}" for r in range(len(per_rank))])
+    for r, tick in enumerate(ax.get_xticklabels()):
+        tick.set_color(rank_color(r))
+    ax.set_xlabel("rank (bar outline in its colour)")
+    ax.set_ylabel("KiB sent per training step")
+    ax.set_title(title or "Bytes each rank sends per step, by process group")
+    handles = [Patch(facecolor=GROUP_COLORS[g], hatch=GROUP_HATCH[g], edgecolor="black",
+                     label=GROUP_LABEL[g]) for g in groups]
+    handles.append(Line2D([], [], color="black", linewidth=2, label="formulas' total"))
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    return fig
