@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from mtb_helpers.checking.bug import swap
 from mtb_helpers.checking.bugs import validate_bug
 from mtb_helpers.checking.report import Report
+from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
 from mtb_helpers.checking.trace import StepSpec as S, build_rows, build_steps, trace_on_rank
 from mtb_helpers.comm.sharding import shard_range
 from mtb_helpers.runtime.ranks import resolve_world_size, run
@@ -29,29 +30,10 @@ from mtb_helpers.tp.attention import LocalAttention, ParallelSelfAttention, chec
 from mtb_helpers.tp.layers import ColumnParallelLinear, RowParallelLinear
 from mtb_helpers.tp.reference import cast_linear, draw_inputs
 
-__all__ = ["check_tp_attention", "draw_attention_inputs", "attention_reference", "as_dtype",
-           "positive", "config_of"]
+__all__ = ["check_tp_attention", "draw_attention_inputs", "attention_reference", "build_attention",
+           "QUANTITIES"]
 
 F_BWD, G_FWD = ("f", "backward"), ("g", "forward")
-
-
-def as_dtype(dtype) -> torch.dtype:
-    named = {"float32": torch.float32, "float64": torch.float64}
-    dtype = named.get(dtype, dtype) if isinstance(dtype, str) else dtype
-    if dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
-    return dtype
-
-
-def positive(**dims) -> None:
-    for name, size in dims.items():
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise ValueError(f"{name} must be a positive integer, got {size!r}")
-
-
-def config_of(t: int, dtype: torch.dtype, seed: int, bug: str | None, **extra) -> dict:
-    return {"world_size": t, **extra, "dtype": str(dtype).replace("torch.", ""), "seed": seed,
-            "bug": bug}
 
 
 def draw_attention_inputs(seed: int, seq: int, batch: int, hidden: int, dtype=torch.float32):
@@ -163,7 +145,7 @@ def check_tp_attention(world_size: int = 2, seq: int = 4, batch: int = 2, n_head
     divisible by the world size before any rank starts.
     """
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
-    positive(seq=seq, batch=batch, n_heads=n_heads, head_dim=head_dim)
+    positive_sizes(seq=seq, batch=batch, n_heads=n_heads, head_dim=head_dim)
     validate_bug(bug, "tp_attention")
     h = n_heads * head_dim
     check_heads(h, n_heads, t)
@@ -179,7 +161,7 @@ def check_tp_attention(world_size: int = 2, seq: int = 4, batch: int = 2, n_head
     refs = ref(tuple(cast_linear(lin, dtype) for lin in layers), x, dy, t)
     refs64 = ref(tuple(cast_linear(lin, torch.float64) for lin in layers), x.double(),
                  dy.double(), t)
-    config = config_of(t, dtype, seed, bug, seq=seq, batch=batch, n_heads=n_heads,
+    config = check_config(t, dtype, seed, bug, seq=seq, batch=batch, n_heads=n_heads,
                        head_dim=head_dim, causal=causal)
     quantities = [(q, q) for q in QUANTITIES]
     return Report("tp_attention", config, build_rows(quantities, specs, results, refs, refs64, dtype),

@@ -20,11 +20,11 @@ from torch import nn
 from mtb_helpers.checking.bug import swap
 from mtb_helpers.checking.bugs import validate_bug
 from mtb_helpers.checking.report import Report
+from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
 from mtb_helpers.checking.trace import StepSpec as S, build_rows, build_steps
 from mtb_helpers.comm.records import record
 from mtb_helpers.comm.sharding import check_divisible, shard_range
 from mtb_helpers.runtime.ranks import resolve_world_size, run
-from mtb_helpers.tp.attention_check import as_dtype, config_of, positive
 from mtb_helpers.tp.vocab import REDUCTIONS, VocabParallelCrossEntropy, VocabParallelEmbedding
 
 __all__ = ["check_vocab_parallel", "draw_vocab_inputs", "vocab_reference", "QUANTITIES"]
@@ -150,7 +150,7 @@ def check_vocab_parallel(world_size: int = 2, vocab: int = 12, hidden: int = 4,
     """
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
     tokens = tuple(tokens)
-    positive(vocab=vocab, hidden=hidden, **{f"tokens[{i}]": n for i, n in enumerate(tokens)})
+    positive_sizes(vocab=vocab, hidden=hidden, **{f"tokens[{i}]": n for i, n in enumerate(tokens)})
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     validate_bug(bug, "vocab_parallel")
@@ -160,7 +160,7 @@ def check_vocab_parallel(world_size: int = 2, vocab: int = 12, hidden: int = 4,
     refs = vocab_reference(inputs, t, reduction, dtype)
     refs64 = vocab_reference(inputs, t, reduction, torch.float64)
     specs = _specs()
-    config = config_of(t, dtype, seed, bug, vocab=vocab, hidden=hidden, tokens=list(tokens),
+    config = check_config(t, dtype, seed, bug, vocab=vocab, hidden=hidden, tokens=list(tokens),
                        reduction=reduction)
     rows = build_rows([(q, q) for q in QUANTITIES], specs, results, refs, refs64, dtype)
     return Report("vocab_parallel", config, rows, build_steps(specs, results, refs, dtype),
