@@ -245,3 +245,31 @@ def test_figures_have_titles_labels_legends_and_rank_colours():
     assert len(ce.axes) == 3 and all(a.get_title() and a.get_ylabel() for a in ce.axes)
     assert ce.legends
     plt.close("all")
+
+
+def _in_subgroups(layers, x, dy):
+    # ranks {0, 1} and {2, 3} are two tensor-parallel groups of 2 (as on a tp x dp grid)
+    import torch.distributed as dist
+    r = dist.get_rank()
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    group = groups[r // 2]
+    attn = ParallelSelfAttention.from_full(*layers, n_heads=6, group=group)
+    x = x.clone().requires_grad_(True)
+    with record() as rec:
+        y = attn(x)
+        y.backward(dy)
+    return y.detach(), x.grad, attn.qkv.weight.detach(), [e.group_size for e in rec.communicating()]
+
+
+def test_heads_split_inside_a_subgroup():
+    layers, x, dy = _inputs()
+    mha = _mha(layers, 6)
+    xr = x.clone().requires_grad_(True)
+    y = mha(xr, xr, xr, attn_mask=torch.ones(5, 5, dtype=torch.bool).triu(1), need_weights=False)[0]
+    y.backward(dy)
+    results = run(_in_subgroups, layers, x, dy, world_size=4)
+    for r, (out, dx, w_qkv, sizes) in enumerate(results):
+        assert (out - y).abs().max() < 1e-12 and (dx - xr.grad).abs().max() < 1e-12
+        assert sizes == [2, 2]                       # g and f ran in the group of 2, not the world
+    # rank 2 holds what rank 0 holds: the same heads, in the other group
+    assert torch.equal(results[0][2], results[2][2]) and not torch.equal(results[0][2], results[1][2])

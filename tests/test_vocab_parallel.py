@@ -196,3 +196,28 @@ def test_layers_refuse_what_they_cannot_split():
         VocabParallelEmbedding.from_full(nn.Embedding(V, 3, padding_idx=0))
     assert VocabParallelEmbedding.weight_layout == "rows"
     assert VocabParallelCrossEntropy.input_layout == "cols"
+
+
+def _vocab_in_subgroups(logits, target, emb, ids):
+    import torch.distributed as dist
+    r = dist.get_rank()
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    group = groups[r // 2]
+    shard = logits.chunk(2, dim=-1)[r % 2].clone().requires_grad_(True)
+    loss = vocab_parallel_cross_entropy(shard, target, group=group)
+    loss.backward()
+    out = VocabParallelEmbedding.from_full(emb, group=group)(ids)
+    return loss.detach(), shard.grad, out.detach()
+
+
+def test_vocab_split_inside_a_subgroup():
+    inputs = draw_vocab_inputs(2, V, 4, (5,), dtype=torch.float64)
+    logits = inputs["logits"].clone().requires_grad_(True)
+    want = F.cross_entropy(logits, inputs["target"])
+    want.backward()
+    results = run(_vocab_in_subgroups, inputs["logits"], inputs["target"], inputs["embedding"],
+                  inputs["ids"], world_size=4)
+    for r, (loss, grad, out) in enumerate(results):
+        assert abs(float(loss - want)) < 1e-12
+        assert (grad - logits.grad.chunk(2, dim=-1)[r % 2]).abs().max() < 1e-12
+        assert torch.equal(out, inputs["embedding"](inputs["ids"]).detach())
