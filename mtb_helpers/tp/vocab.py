@@ -162,5 +162,6 @@ class VocabParallelCrossEntropy(nn.Module):
 def vocab_parallel_cross_entropy(logits_shard: torch.Tensor, target: torch.Tensor,
                                  reduction: str = "mean", group=None) -> torch.Tensor:
     """``F.cross_entropy(full_logits, target, reduction=...)`` from this rank's ``[.., V/t]``
-    columns (class dim last); ``target [..]`` holds global token ids, the same on every rank."""
+    columns (class dim last); ``target [..]`` holds global token ids, the same on every rank.
+    Every token counts: there is no ``ignore_index`` (ids outside ``[0, V)`` are refused)."""
     return VocabParallelCrossEntropy(reduction, group)(logits_shard, target)
