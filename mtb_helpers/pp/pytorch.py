@@ -22,6 +22,7 @@ dispatch mode: ``CommDebugMode`` counts collectives only) next to what the sched
 """
 from __future__ import annotations
 
+import copy
 import warnings
 
 import torch
@@ -122,8 +123,8 @@ def pp_on_rank(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, name: str
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
     r, p = dist.get_rank(), dist.get_world_size()
-    ref = [m for m in _clone(model)]
-    full = nn.Sequential(*ref)
+    full = copy.deepcopy(model)                  # the one-process reference: the whole model
+    ref = list(full)
     mb_losses = [F.mse_loss(full(xm), ym) for xm, ym in zip(x.chunk(microbatches),
                                                              y.chunk(microbatches))]
     torch.stack(mb_losses).mean().backward()
@@ -132,7 +133,7 @@ def pp_on_rank(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, name: str
         course["losses"] = torch.stack([l.detach() for l in mb_losses])
 
     log: list[str] = []
-    block = _Logged(_clone(model)[r], log)
+    block = _Logged(copy.deepcopy(model[r]), log)
     run_name = {"gpipe": "1f1b", "1f1b": "gpipe"}[name] if mistake == "other-schedule" else name
     cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[run_name]
     with warnings.catch_warnings():
@@ -167,11 +168,6 @@ def pp_on_rank(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, name: str
                                  {k: n for k, n in (("send", sum(sends)), ("recv", sum(sends)))
                                   if n})}
     return {"torch": got, "course": course, "counts": counts, "ran": ran, "planned": planned}
-
-
-def _clone(model: nn.Sequential) -> nn.Sequential:
-    import copy
-    return copy.deepcopy(model)
 
 
 def pytorch_pipeline(world_size: int = 4, schedule: str = "1f1b", microbatches: int = 8,
