@@ -40,12 +40,9 @@ __all__ = ["Agreement", "pytorch_column", "pytorch_row", "pytorch_mlp", "tp_on_r
            "TP_MISTAKES", "torch_counts", "course_counts", "local", "max_errors", "agreement"]
 
 # Wrong placements: each must make PyTorch disagree with the course (tests prove it).
-TP_MISTAKES = {
-    "input-as-partial": "column: the replicated X declared Partial(): DTensor all-reduces it, "
-                        "t·X goes in",
-    "row-output-partial": "row/mlp: the output left Partial(): no all-reduce, each rank keeps "
-                          "its partial sum",
-}
+TP_MISTAKES = {"input-as-partial": "column: the replicated X declared Partial(): DTensor "
+                                    "all-reduces it, t·X goes in",
+               "row-output-partial": "row/mlp: the output left Partial(): no all-reduce"}
 _OPS = {"allreduce_": "all_reduce", "all_reduce": "all_reduce", "_allgather_base_": "all_gather",
         "all_gather_into_tensor": "all_gather", "allgather_": "all_gather",
         "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
@@ -127,10 +124,15 @@ class Agreement:
         return "\n".join(lines + self._count_lines())
 
     def summary(self) -> str:
-        """Verdicts and counts only: prints the same on any BLAS and thread count."""
+        """Verdicts, error bounds and counts: prints the same on any BLAS and thread count (the
+        errors as a fixed bound far below the tolerance, not their last bits)."""
         ok = [q for q in self.errors if q not in self.disagreeing()]
         lines = self._head()
         lines.append(f"  agree within the float64 tolerance: {', '.join(ok) or 'nothing'}")
+        if ok:
+            tol = min((self.tolerances[q] for q in ok if self.tolerances[q] > 0), default=0.0)
+            bound = "< 1e-13" if all(self.errors[q] < 1e-13 for q in ok) else "<= tolerance"
+            lines.append(f"    max|PyTorch - course| {bound} on each (tolerance {tol:.0e} or more)")
         if self.disagreeing():
             lines.append(f"  DISAGREE: {', '.join(sorted(self.disagreeing()))}")
         return "\n".join(lines + self._count_lines())
@@ -252,8 +254,6 @@ _MAP = {
             ("fc1 = ColumnParallelLinear", 'plan["0"] = ColwiseParallel()'),
             ("fc2 = RowParallelLinear", 'plan["2"] = RowwiseParallel()')],
 }
-_SHAPES = {"column": lambda i, o, f: [(i, o)], "row": lambda i, o, f: [(i, o)],
-           "mlp": lambda i, o, f: [(i, f), (f, i)]}
 
 
 def _compare(kind: str, lesson: str, world_size: int, in_features: int, out_features: int,
@@ -262,11 +262,12 @@ def _compare(kind: str, lesson: str, world_size: int, in_features: int, out_feat
     t = resolve_world_size(world_size)
     if mistake is not None and mistake not in TP_MISTAKES:
         raise ValueError(f"unknown mistake {mistake!r}; expected one of {sorted(TP_MISTAKES)}")
-    dims = {"column": ("out_features", out_features), "row": ("in_features", in_features),
-            "mlp": ("ffn_hidden", ffn_hidden)}[kind]
-    check_divisible(f"{lesson}: {dims[0]}", dims[1], t)
-    layers, x, dy = draw_inputs(seed, tuple(batch_shape), torch.float64,
-                                *_SHAPES[kind](in_features, out_features, ffn_hidden))
+    name, size = {"column": ("out_features", out_features), "row": ("in_features", in_features),
+                  "mlp": ("ffn_hidden", ffn_hidden)}[kind]
+    check_divisible(f"{lesson}: {name}", size, t)
+    shapes = [(in_features, ffn_hidden), (ffn_hidden, in_features)] if kind == "mlp" else [
+        (in_features, out_features)]
+    layers, x, dy = draw_inputs(seed, tuple(batch_shape), torch.float64, *shapes)
     results = run(tp_on_rank, kind, layers, x, dy, mistake, world_size=t, timeout=timeout)
     return agreement(lesson, results, _MAP[kind], mistake)
 
