@@ -26,6 +26,7 @@ from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_siz
 from mtb_helpers.checking.trace import StepSpec as S, build_rows, build_steps, trace_on_rank
 from mtb_helpers.comm.sharding import shard_range
 from mtb_helpers.runtime.ranks import resolve_world_size, run
+from mtb_helpers.tp.check import G_FWD, f_backward_steps
 from mtb_helpers.tp.attention import LocalAttention, ParallelSelfAttention, check_heads, grouped_qkv
 from mtb_helpers.tp.layers import ColumnParallelLinear, RowParallelLinear
 from mtb_helpers.tp.reference import cast_linear, draw_inputs
@@ -33,7 +34,7 @@ from mtb_helpers.tp.reference import cast_linear, draw_inputs
 __all__ = ["check_tp_attention", "draw_attention_inputs", "attention_reference", "build_attention",
            "QUANTITIES"]
 
-F_BWD, G_FWD = ("f", "backward"), ("g", "forward")
+
 
 
 def draw_attention_inputs(seed: int, seq: int, batch: int, hidden: int, dtype=torch.float32):
@@ -120,10 +121,7 @@ def _specs() -> list[S]:
           "replicated", ("grad", "out.bias")),
         S("d_qkv", "Q, K, V grads of own heads", "backward", "dQKV",
           "back through own heads", "cols", ("hook", "qkv", "grad_out")),
-        S("dx_partial", "local input grad", "backward", "dX", "dX_r = dQKV_r @ Wqkv_r.T",
-          "partial", ("record", "f", "backward", "in")),
-        S("input_grad", "all-reduce dX (f backward)", "backward", "dX", "dX = sum_r dX_r",
-          "replicated", ("input_grad",), F_BWD),
+        *f_backward_steps("dX_r = dQKV_r @ Wqkv_r.T"),
         S("qkv.weight_grad", "Wqkv weight grad", "backward", "dWqkv", "dWqkv_r = X.T @ dQKV_r",
           "cols", ("grad", "qkv.weight")),
         S("qkv.bias_grad", "Wqkv bias grad", "backward", "dbqkv", "dbqkv_r = dQKV_r summed over rows",
