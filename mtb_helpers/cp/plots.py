@@ -61,7 +61,8 @@ def plot_ring_steps(cp: dict, title: str = "") -> Figure:
             left.text(s["step"] + 0.47, r + 0.45,
                       f"K/V of rank {s['source']}\n" + ("skipped" if skipped
                                                         else f"{s['pairs']} chunk pair(s)"),
-                      ha="center", va="center", fontsize=8)
+                      ha="center", va="center", fontsize=8,
+                      bbox=dict(facecolor=EMPTY_COLOR, edgecolor="none", pad=1) if skipped else None)
     left.set_xlim(-0.05, t)
     left.set_ylim(t, -0.1)
     left.set_xticks([i + 0.47 for i in range(t)], [str(i) for i in range(t)])
