@@ -13,9 +13,16 @@ def _stop_rank_pools_at_the_end():
 def no_ranks(monkeypatch):
     """Bad input must be refused before any rank starts: every package module's ``run`` (however
     it was imported) fails the test if it is called."""
+    import importlib
+    import pkgutil
     import sys
 
+    import mtb_helpers
     from mtb_helpers.runtime import ranks
+
+    # a command may import its check only when it runs: import every module now, so all are caught
+    for info in pkgutil.walk_packages(mtb_helpers.__path__, "mtb_helpers."):
+        importlib.import_module(info.name)
 
     def refuse(*args, **kwargs):
         raise AssertionError("a rank was started")
