@@ -1,6 +1,6 @@
 """The pipeline on real ranks against the simulator: measured bubble and peak stash per schedule.
 
-    python benchmarks/pp_bubble.py [--forward 0.1] [--backward 0.2] [--repeats 3]
+    python benchmarks/pp_bubble.py [--forward 0.2] [--backward 0.4] [--repeats 3]
 
 p = 4 ranks, m = 8 micro-batches (interleaved: v = 2 chunks). Every op is padded to fixed times
 (``op_time``: F and B seconds per micro-batch on a whole stage, zb-h1's I = W = B/2), so the
@@ -21,8 +21,8 @@ SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1))
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--forward", type=float, default=0.1)
-    parser.add_argument("--backward", type=float, default=0.2)
+    parser.add_argument("--forward", type=float, default=0.2)
+    parser.add_argument("--backward", type=float, default=0.4)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     op_time = (args.forward, args.backward)

@@ -92,7 +92,8 @@ class P2P:
         out = torch.empty(shape, dtype=dtype)
         # rank msg.src -> irecv -> [b/m, ...] activation or grad
         work = dist.irecv(out, src=msg.src, tag=self.tag(msg))
-        self.waiting_for(f"recv of the {msg.describe()}")
+        if not work.is_completed():   # about to block: say on what, in case it never arrives
+            self.waiting_for(f"recv of the {msg.describe()}")
         work.wait()
         self._note("recv", out, msg, start)
         return out

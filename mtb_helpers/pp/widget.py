@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 from mtb_helpers.pp.plots import plot_gantt
 from mtb_helpers.pp.schedules import SCHEDULES, closed_form, schedule, simulate
 
-__all__ = ["pipeline_numbers", "explore_pipeline"]
+__all__ = ["pipeline_numbers", "explore_pipeline", "explore_pipeline_on_ranks"]
 
 
 def pipeline_numbers(name: str, stages: int, microbatches: int, chunks: int = 2,
@@ -67,3 +67,37 @@ def explore_pipeline(name: str = "1f1b", stages: int = 4, microbatches: int = 8,
         ratio=widgets.FloatSlider(value=ratio, min=0.5, max=4.0, step=0.5,
                                   description="backward / forward", **slider),
     )
+
+
+def explore_pipeline_on_ranks(name: str = "1f1b", stages: int = 4, microbatches: int = 8,
+                              op_time: tuple[float, float] = (0.01, 0.02)) -> widgets.VBox:
+    """Notebook 09's explorer: one pipeline step on real ranks per setting (schedule, stages,
+    micro-batches, recompute), its measured Gantt beside the simulated one, the check verdict and
+    the measured against the simulated bubble. Ops are padded to ``op_time`` = (F, B) seconds."""
+    from mtb_helpers.pp.check import check_pipeline, simulated_for
+    from mtb_helpers.pp.measured_plots import plot_measured_vs_simulated
+    from mtb_helpers.widgets.frame import live_view
+
+    slider = dict(style={"description_width": "initial"}, continuous_update=False)
+    schedule_box = widgets.Dropdown(options=list(SCHEDULES), value=name, description="schedule")
+    stages_box = widgets.IntSlider(value=stages, min=1, max=4, description="stages p", **slider)
+    micro_box = widgets.IntSlider(value=microbatches, min=1, max=16,
+                                  description="micro-batches m", **slider)
+    recompute_box = widgets.Dropdown(options=[("off", False), ("on", True)], value=False,
+                                     description="recompute")
+
+    def render() -> list:
+        s, p, m, rc = schedule_box.value, stages_box.value, micro_box.value, recompute_box.value
+        report = check_pipeline(s, p, m, op_time=op_time, recompute=rc)
+        pipe = report.extra["pipeline"]
+        sim = simulated_for(s, p, m, report.config["chunks"], op_time, rc)
+        fig = plot_measured_vs_simulated(report.result.measured(), sim, s, width=9.5)
+        text = (f"check against one process: {'PASSED' if report.passed else 'FAILED'}; ops "
+                f"executed = schedule(): {pipe['ops_match_schedule']}\n"
+                f"bubble measured {pipe['measured_bubble_fraction']:.3f}, simulated "
+                f"{pipe['simulated_bubble_fraction']:.3f}; peak stashed {pipe['peak_stashed']} "
+                f"(simulator {pipe['simulated_peak_activations']}); bytes held "
+                f"{pipe['stash_bytes']}")
+        return [fig, text]
+
+    return live_view([[schedule_box, stages_box], [micro_box, recompute_box]], render)
