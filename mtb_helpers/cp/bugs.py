@@ -22,9 +22,9 @@ class RingWithoutRescale(RingAttention):
     def update(self, m, l, acc, scores, v):
         m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
         alpha = torch.exp(m - m_new)
-        p = torch.exp(scores - m_new)
+        p = torch.exp(scores - m_new)                            # [.., n, k]
         # BUG: l is rescaled to the new max but acc is not, so earlier blocks keep the old scale
-        return m_new, l * alpha + p.sum(-1, keepdim=True), acc + p @ v
+        return m_new, l * alpha + p.sum(-1, keepdim=True), acc + p @ v   # p @ v: [.., n, d]
 
 
 class RingLocalMask(RingAttention):

@@ -30,8 +30,8 @@ def ring_pass(x: torch.Tensor, *, region: str, direction: str,
         out = x
     else:
         out = torch.empty_like(x)
-        requests = [dist.isend(x, dst=_global(group, (r + 1) % t), group=group),
-                    dist.irecv(out, src=_global(group, (r - 1) % t), group=group)]
+        requests = [dist.isend(x, dst=_global(group, (r + 1) % t), group=group),    # [..] -> r+1
+                    dist.irecv(out, src=_global(group, (r - 1) % t), group=group)]  # [..] <- r-1
         for request in requests:
             request.wait()
     note("send", x, x, region, "", direction, t, sent=0 if t == 1 else x.numel() * x.element_size())
