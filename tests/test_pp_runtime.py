@@ -96,7 +96,9 @@ def test_op_time_pads_every_op_to_its_fixed_duration():
     (dict(schedule="interleaved", chunks=1), "chunks >= 2"),
     (dict(schedule="pipedream"), "unknown schedule"),
     (dict(op_time=(1.0,)), "op_time"),
+    (dict(op_time=(0.0, 0.0)), "F and the backward > 0"),
     (dict(stages=0), "stages must be"),
+    (dict(bug="pp-loss-not-scaled"), "Bug object"),
 ])
 def test_bad_input_is_refused_before_any_rank_starts(monkeypatch, kwargs, message):
     monkeypatch.setattr(pp_runtime, "run", lambda *a, **k: pytest.fail("ranks started"))

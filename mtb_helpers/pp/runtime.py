@@ -114,8 +114,10 @@ def op_durations(op_time, chunks: int, recompute: bool) -> dict[str, float] | No
         values = [float(t) for t in op_time]
     except TypeError:
         values = []
-    if len(values) not in (2, 3) or any(not t >= 0 for t in values):
-        raise ValueError(f"op_time must be (F, B) or (F, I, W) seconds >= 0, got {op_time!r}")
+    if len(values) not in (2, 3) or any(not t >= 0 for t in values) or not (
+            values[0] > 0 and sum(values[1:]) > 0):
+        raise ValueError(f"op_time must be (F, B) or (F, I, W) seconds >= 0, with F and the "
+                         f"backward > 0, got {op_time!r}")
     f, i, w = (values[0], values[1] / 2, values[1] / 2) if len(values) == 2 else values
     extra = f if recompute else 0.0
     return {"F": f / chunks, "B": (i + w + extra) / chunks, "I": (i + extra) / chunks,
@@ -216,6 +218,9 @@ def pipeline_step(model: nn.Sequential, x: torch.Tensor, target: torch.Tensor,
     """
     stages = int(os.environ["WORLD_SIZE"]) if in_launched_job() else stages
     ops, pieces = _validate(model, x, target, schedule, stages, microbatches, chunks)
+    if bug is not None and not hasattr(bug, "replaces"):
+        raise ValueError(f"bug must be a Bug object from mtb_helpers.pp.bugs.BUGS, got {bug!r} "
+                         "(check_pipeline takes the names)")
     op_durations(op_time, chunks, recompute)
     pieces = [copy.deepcopy(piece) for piece in pieces]   # the caller's model stays untouched
     status_dir = None if in_launched_job() else tempfile.mkdtemp(prefix="mtb-pp-")
