@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtb_helpers.comm.records import record
+from mtb_helpers.dp import build_strategy
 from mtb_helpers.dp.strategies import Adam, flat, make_mlp
-from mtb_helpers.dp.zero3 import build_strategy
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.tp.pytorch import (Agreement, agreement, course_counts, one_dim_mesh,
                                     torch_counts)
@@ -93,13 +93,6 @@ def _course_full(course, grads: bool) -> torch.Tensor:
     return torch.cat(units)
 
 
-def _clear_grads(course) -> None:
-    params = list(course.shards) if course.name == "zero3" else [*course.model.parameters(),
-                                                                   course.master]
-    for p in params:
-        p.grad = None
-
-
 def dp_on_rank(strategy: str, model: nn.Sequential, batches: list, adam: Adam,
                mistake: str | None = None) -> dict:
     """Run on every rank: ``len(batches)`` Adam steps on this rank's rows, the course's strategy
@@ -116,8 +109,7 @@ def dp_on_rank(strategy: str, model: nn.Sequential, batches: list, adam: Adam,
     start["exp_avg_sq"] = start["exp_avg"].clone()
     course = build_strategy(DP_PAIRS[strategy], model, start, adam)
     for x, y in rows:
-        _clear_grads(course)
-        with record() as rec:
+        with record() as rec:                   # train_step clears last step's grads first
             course_loss = course.train_step(x, y)
 
     with warnings.catch_warnings():
