@@ -12,8 +12,9 @@ import torch
 
 __all__ = ["TOLERANCES", "ulp", "tolerance", "as_dtype", "check_config", "positive_sizes"]
 
-# Loose enough for any summation order at these sizes (a few ulps), tight enough that every
-# deliberate bug (errors of order 1) fails by orders of magnitude.
+# Loose enough for any summation order at these sizes (those errors are a few ulps; 1e-5 of the
+# largest value is about a hundred float32 ulps), tight enough that every deliberate bug (errors
+# of order 1) fails by orders of magnitude.
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float32: (1e-5, 1e-6),
     torch.float64: (1e-12, 1e-14),
