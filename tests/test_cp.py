@@ -12,7 +12,7 @@ from mtb_helpers import run
 from mtb_helpers.check import check_context_parallel
 from mtb_helpers.cp import (allgather_attention, merge_partials, online_softmax_rows,
                             ring_attention, shard_positions, shard_sequence, unshard_sequence)
-from mtb_helpers.cp.reference import expected_work
+from mtb_helpers.cp.reference import expected_work, make_cp_inputs
 
 
 def test_zigzag_gives_rank_r_chunks_r_and_2t_minus_1_minus_r():
@@ -152,3 +152,39 @@ def test_same_as_pytorchs_own_ring_attention_on_the_same_ranks(causal, layout):
     for per_rank in diffs:
         assert set(per_rank) == {"output", "q_grad", "k_grad", "v_grad"}
         assert max(per_rank.values()) < 1e-12, per_rank
+
+
+def test_the_rings_last_running_max_is_the_true_max_of_the_visible_scores():
+    t, s = 3, 12
+    report = check_context_parallel(world_size=t, seq=s, causal=True, layout="zigzag",
+                                    dtype=torch.float64)
+    q, k, _, _ = make_cp_inputs(1, 2, s, 4, torch.float64, seed=0)
+    scores = (q[0, 0] @ k[0, 0].T) / 2.0                              # head 0, d = 4
+    scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), -torch.inf)
+    for r, steps in enumerate(report.extra["cp"]["steps"]):
+        rows = shard_positions(s, t, r, "zigzag")
+        final = torch.tensor(steps[-1]["running_max"], dtype=torch.float64)
+        assert (final - scores[rows].amax(-1)).abs().max() < 1e-14     # the same max, to rounding
+
+
+def test_cp_layers_import_nothing_above_them():
+    """The house rule of tests/test_layering.py, applied to the cp layers (runtime -> comm ->
+    layers -> checking): the layers import only comm and each other."""
+    from tests.test_layering import GRAPH
+    layers = [f"mtb_helpers.cp.{m}" for m in ("sharding", "online", "exchange", "base", "ring",
+                                              "allgather")]
+    for name in layers:
+        allowed = {m for m in GRAPH[name] if m.startswith(("mtb_helpers.comm", "mtb_helpers.cp."))}
+        assert GRAPH[name] == allowed, (name, GRAPH[name] - allowed)
+        assert not any(m.startswith("mtb_helpers.cp.") and m.split(".")[-1] not in
+                       ("sharding", "online", "exchange", "base", "ring", "allgather")
+                       for m in GRAPH[name]), name
+
+
+def test_pytorch_comparison_refuses_zigzag_without_a_mask_before_any_rank_starts(monkeypatch):
+    import mtb_helpers.cp.pytorch as cp_pytorch
+    monkeypatch.setattr(cp_pytorch, "run", lambda *a, **k: pytest.fail("ranks were started"))
+    with pytest.raises(ValueError, match="requires causal=True"):
+        cp_pytorch.compare_with_pytorch(world_size=2, seq=8, causal=False, layout="zigzag")
+    with pytest.raises(ValueError, match="seq=9 is not divisible"):
+        cp_pytorch.compare_with_pytorch(world_size=2, seq=9)
