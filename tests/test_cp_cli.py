@@ -43,3 +43,18 @@ def test_each_bug_exits_1(capsys, bug):
 def test_bad_arguments_exit_2(capsys, argv):
     assert main(["cp", "check", *argv]) == 2
     assert "minitrainbench: error:" in capsys.readouterr().err
+
+
+def test_cp_check_runs_under_torchrun_and_only_rank_0_prints():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node=2", "-m", "mtb_helpers.cli", "cp", "check",
+                          "--causal", "--layout", "zigzag", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)       # one JSON document: a second rank printing breaks it
+    (check,) = report["checks"]
+    assert report["passed"] is True and check["config"]["world_size"] == 2
+    assert check["cp"]["work"]["forward"] == [80, 80]
