@@ -10,7 +10,8 @@ issue's bar; measured errors are around 1e-13, from summing micro-batch and rank
 another order, then AdamW's division by ``sqrt(v)``); float32 ``1e-5`` for the loss and
 ``1e-3`` for parameters (see ``TOLERANCE``). ``extra``: ``losses`` (both curves), ``bytes`` (sent per rank per step by group,
 measured and by formula), ``grid`` (which rank holds which blocks, heads, positions, sequences),
-``param_errors`` (the gathered full parameters, by name).
+``held_params`` (parameters each rank holds), ``param_errors`` (the gathered full parameters,
+by name).
 """
 from __future__ import annotations
 
@@ -109,6 +110,7 @@ def check_capstone(tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, steps: in
         "bytes": {"unit": "bytes sent per rank per step", "groups": list(GROUP_NAMES),
                   "per_rank": sent, "formula": formula, "formula_text": FORMULAS},
         "grid": grid_table(layout, cfg, batch),
+        "held_params": [sum(p.numel() for p in res["params"].values()) for res in result.per_rank],
         "param_errors": {n: (e if math.isfinite(e) else None) for n, e in param_errors.items()},
     }
     config = {**result.config, "bug": bug}

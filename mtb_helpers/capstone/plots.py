@@ -59,7 +59,7 @@ def plot_rank_grid(grid: list[dict], sizes: dict[str, int]) -> Figure:
 
 
 def plot_losses(parallel: list[float], reference: list[float], label: str = "parallel",
-                others: dict[str, list[float]] | None = None) -> Figure:
+                others: dict[str, list[float]] | None = None, title: str = "") -> Figure:
     """The loss per step: one process (thick grey) under the parallel run(s) (markers); below,
     ``|parallel - one process|`` on a log scale."""
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.5, 5.2), sharex=True,
@@ -75,13 +75,13 @@ def plot_losses(parallel: list[float], reference: list[float], label: str = "par
         bottom.semilogy(steps, diff, marker=markers[i % len(markers)], markersize=4,
                         color="black" if i == 0 else f"C{i}", label=name)
     top.set_ylabel("training loss (cross-entropy)")
-    top.set_title("Loss per step: the parallel run lies on the single-process curve")
+    top.set_title(title or "Loss per step: the parallel run lies on the single-process curve")
     top.legend(fontsize=8)
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     bottom.set_xlabel("step")
     bottom.set_ylabel("|parallel - one process|")
     bottom.axhline(1e-10, color="#D55E00", linestyle=":", label="fp64 tolerance 1e-10")
-    bottom.legend(fontsize=8, loc="upper left")
+    bottom.legend(fontsize=8, loc="best")
     fig.tight_layout()
     return fig
 

@@ -60,7 +60,8 @@ def explore_capstone(layout: str = "tp=2 pp=2 dp=2 cp=1", steps: int = 3) -> wid
         data = report.to_dict()
         if view.value == "loss curves":
             fig = plot_losses(data["losses"]["parallel"], data["losses"]["reference"],
-                              choose.value + ("" if bug.value == "none" else f" + {bug.value}"))
+                              choose.value + ("" if bug.value == "none" else f" + {bug.value}"),
+                              title=None if report.passed else "Loss per step: the curves part")
         elif view.value == "who holds what":
             fig = plot_rank_grid(data["grid"], sizes)
         else:
