@@ -143,9 +143,12 @@ def test_blocking_send_deadlocks_1f1b_and_the_timeout_names_op_peer_and_line():
         check_pipeline("1f1b", stages=2, microbatches=3, dtype=F64, bug="pp-blocking-send",
                        timeout=3.0)
     text = str(info.value)
-    assert "rank 0 waits in send at mtb_helpers/pp/bugs.py:" in text          # the line
     assert "rank 0 was blocked in the send of the activation of micro-batch 1" in text
     assert "rank 0 -> rank 1" in text and "rank 1 -> rank 0" in text          # op and peer
+    assert "called at mtb_helpers/pp/stage.py:" in text                       # the line
+    # the runtime's own stack dump names the blocking line too (when a loaded machine lets the
+    # ranks answer in time; "could not report" otherwise)
+    assert "rank 0 waits in send at mtb_helpers/pp/bugs.py:" in text or "could not report" in text
     # GPipe sends every activation before any grad comes back: the same bug cannot hang it
     assert check_pipeline("gpipe", stages=2, microbatches=3, dtype=F64,
                           bug="pp-blocking-send").passed

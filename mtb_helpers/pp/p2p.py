@@ -19,7 +19,7 @@ that the owner can say which p2p op and peer each rank was stuck in if the step 
 """
 from __future__ import annotations
 
-import time
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -72,10 +72,14 @@ class P2P:
         return msg.tag(self.virtual_stages, self.microbatches)
 
     def waiting_for(self, text: str) -> None:
-        """Say what this rank is about to block on (read by the owner only after a timeout)."""
+        """Say what this rank is about to block on, and which line of the stage asked for it
+        (read by the owner only after a timeout)."""
         if self.status_file is not None:
+            caller = sys._getframe(2)   # the stage op that called send / recv
+            where = caller.f_code.co_filename.replace("\\", "/").split("/mtb_helpers/")[-1]
             with open(self.status_file, "w") as f:
-                f.write(text)
+                f.write(f"{text}, called at mtb_helpers/{where}:{caller.f_lineno} "
+                        f"({caller.f_code.co_name})")
 
     def send(self, tensor: torch.Tensor, msg: Message) -> None:
         """Post the send and return: the peer receives it whenever its schedule gets there."""
