@@ -89,3 +89,36 @@ def test_one_real_rank_trains_like_one_process():
     assert ref["losses"][1] < ref["losses"][0]          # it learns
     assert list(run.params) == list(ref["params"])
     assert max(float((run.params[n] - p).abs().max()) for n, p in ref["params"].items()) < 1e-10
+
+
+def test_figures_have_titles_labels_legends_and_rank_colours():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mtb_helpers.capstone.check import check_capstone, grid_table
+    from mtb_helpers.capstone.plots import plot_bytes, plot_losses, plot_rank_grid
+    from mtb_helpers.plots.palette import rank_color
+
+    layout = Layout(tp=2, pp=2, dp=2, cp=1)
+    fig = plot_rank_grid(grid_table(layout, GPTConfig(), 8), layout.sizes())
+    ax = fig.axes[0]
+    assert "tp=2 pp=2 dp=2 cp=1" in ax.get_title() and ax.get_xlabel() and ax.get_legend()
+    assert [p.get_edgecolor()[:3] for p in ax.patches[:8]] == [matplotlib.colors.to_rgb(rank_color(r)) for r in range(8)]
+    report = check_capstone(1, 1, 1, 1, steps=2).to_dict()
+    fig = plot_losses(report["losses"]["parallel"], report["losses"]["reference"])
+    assert all(a.get_ylabel() and a.get_legend() for a in fig.axes) and fig.axes[0].get_title()
+    fig = plot_bytes(report["bytes"])
+    assert fig.axes[0].get_legend() and fig.axes[0].get_ylabel() == "KiB sent per training step"
+    plt.close("all")
+
+
+def test_the_explorer_offers_only_layouts_that_divide_and_summarises_a_run():
+    from mtb_helpers.capstone.check import check_capstone
+    from mtb_helpers.capstone.widget import capstone_summary, layout_options
+
+    options = layout_options()
+    assert "tp=2 pp=2 dp=2 cp=1" in options and "tp=3 pp=1 dp=1 cp=1" not in options
+    assert "tp=8 pp=1 dp=1 cp=1" not in options and len(options) == len(set(options))
+    text = capstone_summary(check_capstone(1, 1, 1, 1, steps=2))
+    assert text.splitlines()[0] == "capstone PASSED" and "tolerance 1e-10" in text

@@ -9,7 +9,7 @@ from mtb_helpers.dp.bugs import BUGS as DP_REGISTRY
 from mtb_helpers.dp.check import make_problem, reference_step, reference_steps
 from mtb_helpers.comm.regions import CollectiveEvent
 from mtb_helpers.comm.regions import CollectiveRecord
-from mtb_helpers.dp.strategies import Layout, held_bytes, padded_numel
+from mtb_helpers.dp.strategies import Layout, flat, held_bytes, padded_numel
 from mtb_helpers.dp.zero3 import BUGS_BY_STRATEGY, STRATEGY_CLASSES, build_strategy
 from mtb_helpers.dp.strategies import Adam
 
@@ -124,3 +124,36 @@ def test_each_wrong_strategy_is_a_subclass_of_the_one_it_replaces():
             assert issubclass(wrong, correct) and wrong is not correct, name
     assert BUGS_BY_STRATEGY["zero2"] == ("dp-double-average", "dp-sum-not-average",
                                          "zero-stale-params")
+
+
+def _ours_and_torch_ddp(steps):
+    import copy
+
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
+    model, warm, batches = make_problem(8, 3, 5, torch.float64, seed=5, steps=steps)
+    adam = Adam()
+    start = {"params": flat(model.parameters()), "step": 0,
+             **{k: torch.zeros(sum(p.numel() for p in model.parameters()), dtype=torch.float64)
+                for k in ("exp_avg", "exp_avg_sq")}}
+    ours = build_strategy("ddp", model, start, adam)
+    theirs = DistributedDataParallel(copy.deepcopy(model))
+    opt = adam.make(theirs.parameters())
+    t, r = dist.get_world_size(), dist.get_rank()
+    for x, y in batches:
+        n = x.shape[0] // t
+        xs, ys = x[r * n:(r + 1) * n], y[r * n:(r + 1) * n]
+        ours.train_step(xs, ys)
+        opt.zero_grad(set_to_none=True)
+        F.mse_loss(theirs(xs), ys).backward()
+        opt.step()
+    return flat(ours.model.parameters()), flat(theirs.module.parameters())
+
+
+def test_ddp_strategy_equals_pytorch_ddp_over_several_steps_on_the_same_ranks():
+    # torch's DistributedDataParallel also averages the gradient over ranks and its optimizer
+    # clears grads each step: three steps of both must agree to float64 rounding
+    for ours, theirs in run(_ours_and_torch_ddp, 3, world_size=2):
+        assert torch.allclose(ours, theirs, rtol=0, atol=1e-13)
