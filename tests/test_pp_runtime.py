@@ -20,7 +20,8 @@ F64 = torch.float64
 # micro-batches from 1 to 2 x stages and beyond, every schedule, recompute on and off.
 CASES = [("gpipe", 1, 3, 1, False), ("gpipe", 2, 1, 1, True), ("gpipe", 3, 6, 1, False),
          ("1f1b", 2, 5, 1, True), ("1f1b", 3, 2, 1, False), ("1f1b", 4, 8, 1, False),
-         ("1f1b", 4, 9, 1, True), ("interleaved", 2, 4, 2, False), ("interleaved", 3, 6, 2, True),
+         ("1f1b", 4, 9, 1, True), ("interleaved", 1, 3, 2, True),   # one rank: chunks hand over in memory
+         ("interleaved", 2, 4, 3, False), ("interleaved", 2, 4, 2, False), ("interleaved", 3, 6, 2, True),
          ("interleaved", 4, 8, 2, False), ("zb-h1", 2, 4, 1, False), ("zb-h1", 3, 1, 1, True),
          ("zb-h1", 4, 8, 1, False), ("zb-h1", 4, 8, 1, True)]
 

@@ -66,6 +66,7 @@ class P2P:
         self.clock = clock
         self.status_file = status_file
         self.pending: list[tuple[dist.Work, torch.Tensor]] = []
+        self.local: dict[int, torch.Tensor] = {}   # messages to this very rank (p = 1, v > 1)
         self.events: list[tuple[str, Message, float, float]] = []
 
     def tag(self, msg: Message) -> int:
@@ -85,14 +86,21 @@ class P2P:
         """Post the send and return: the peer receives it whenever its schedule gets there."""
         start = self.clock()
         tensor = tensor.detach().contiguous()
-        # [b/m, ...] activation or grad -> isend -> rank msg.dst (kept alive until finish())
-        work = dist.isend(tensor, dst=msg.dst, tag=self.tag(msg))
-        self.pending.append((work, tensor))
+        if msg.dst == msg.src:   # one rank holds both virtual stages: hand it over in memory
+            self.local[self.tag(msg)] = tensor
+        else:
+            # [b/m, ...] activation or grad -> isend -> rank msg.dst (kept alive until finish())
+            work = dist.isend(tensor, dst=msg.dst, tag=self.tag(msg))
+            self.pending.append((work, tensor))
         self._note("send", tensor, msg, start)
 
     def recv(self, shape: torch.Size, dtype: torch.dtype, msg: Message) -> torch.Tensor:
         """Post the receive and wait for it: the time spent waiting is this rank's bubble."""
         start = self.clock()
+        if msg.dst == msg.src:   # produced earlier by this rank's own op (the schedule's order)
+            out = self.local.pop(self.tag(msg))
+            self._note("recv", out, msg, start)
+            return out
         out = torch.empty(shape, dtype=dtype)
         # rank msg.src -> irecv -> [b/m, ...] activation or grad
         work = dist.irecv(out, src=msg.src, tag=self.tag(msg))
@@ -116,4 +124,4 @@ class P2P:
         nbytes = tensor.numel() * tensor.element_size()
         note(op, tensor, tensor, f"{_WHAT[msg.kind]} {arrow} rank {peer}", "",
              "forward" if msg.kind == ACTIVATION else "backward", 2,
-             sent=nbytes if op == "send" else 0)
+             sent=nbytes if op == "send" and msg.dst != msg.src else 0)
