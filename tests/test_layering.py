@@ -15,11 +15,13 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mtb_helpers"
 MAX_LINES = 300
-TOPICS = ("collectives", "tp", "sp", "pp", "dp", "moe", "grid")
+TOPICS = ("collectives", "tp", "sp", "pp", "dp", "moe", "grid", "cp", "capstone")
 # The layers of each topic: what a parallel layer (or its ops) is made of.
 LAYER_MODULES = {"collectives": ("ops",), "tp": ("layers", "attention", "vocab"),
-                 "sp": ("layers",), "pp": ("schedules", "simulator"),
-                 "dp": ("strategies",), "moe": ("layers",), "grid": ("layers",)}
+                 "sp": ("layers",), "pp": ("schedules", "simulator", "runtime", "stage", "p2p"),
+                 "dp": ("strategies", "fsdp"), "moe": ("layers",), "grid": ("layers",),
+                 "cp": ("sharding", "ring", "allgather", "online", "exchange", "base"),
+                 "capstone": ("model", "layers", "grid", "data")}
 UPPER = ("check", "checking", "plots", "widget", "widgets", "cli")
 
 
@@ -124,8 +126,18 @@ def test_modules_stay_short(name):
 @pytest.mark.parametrize("topic", TOPICS)
 def test_every_topic_folder_has_the_same_files(topic):
     have = {p.stem for p in (PACKAGE / topic).glob("*.py")}
-    expected = {"__init__", "plots", "widget", "cli"}
-    if topic != "pp":
-        expected |= {"bugs", "check"}
+    expected = {"__init__", "plots", "widget", "cli", "bugs", "check"}
     missing = expected - have
     assert not missing, f"mtb_helpers/{topic}/ lacks {sorted(missing)}"
+
+
+def test_contributing_lists_every_package_file():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "package_map", PACKAGE.parent / "scripts" / "package_map.py")
+    package_map = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(package_map)
+    text = (PACKAGE.parent / "CONTRIBUTING.md").read_text()
+    missing = package_map.unlisted(text)
+    assert not missing, f"CONTRIBUTING.md does not list {missing}: run scripts/package_map.py"
+    assert package_map.unlisted("") , "the check cannot fail"
