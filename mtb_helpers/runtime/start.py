@@ -17,6 +17,12 @@ from multiprocessing import spawn as mp_spawn
 
 _start_lock = threading.Lock()
 
+# What torch imports lazily inside a rank during the course's checks (found by comparing a fresh
+# rank's sys.modules with one after every check ran): sympy (symbolic shapes) is ~45 MB and
+# torch._dynamo (the optimizer step imports it) ~70 MB per rank when each rank imports them for
+# itself; preloaded, they cost ~70 MB once, shared by every rank.
+RANK_LAZY_IMPORTS = ("torch.fx.experimental.symbolic_shapes", "torch.utils.serialization",
+                     "torch._dynamo")
 # Owner-side modules the ranks never need: drawing, widgets, the command line.
 _NOT_FOR_RANKS = (".plots", ".widget", ".widgets", ".cli", ".explorer")
 
@@ -61,7 +67,8 @@ def preload_modules() -> list[str]:
                     and not any(part in name for part in _NOT_FOR_RANKS)
                     and not name.startswith("mtb_helpers.widgets")
                     and not name.startswith("mtb_helpers.plots"))
-    return ["mtb_helpers.runtime.worker", *course, "mtb_helpers.runtime.forkserver_setup"]
+    return ["mtb_helpers.runtime.worker", *RANK_LAZY_IMPORTS, *course,
+            "mtb_helpers.runtime.forkserver_setup"]
 
 
 def context() -> mp.context.BaseContext:

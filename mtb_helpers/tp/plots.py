@@ -12,6 +12,7 @@ import math
 
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
+from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
@@ -58,12 +59,7 @@ def _draw_holding(ax: Axes, step, holding, rank: int, extent: tuple[int, int]) -
         ax.add_patch(Rectangle((c0, r0), c1 - c0, r1 - r0, facecolor=rank_color(rank),
                                edgecolor="white" if holding.partial else "none",
                                hatch="//" if holding.partial else None, linewidth=0))
-    step_r = 1 if rows <= MAX_CELL_LINES else None
-    step_c = 1 if cols <= MAX_CELL_LINES else None
-    for y in (range(rows + 1) if step_r else (0, rows)):
-        ax.plot([0, cols], [y, y], color="white", linewidth=0.6)
-    for x in (range(cols + 1) if step_c else (0, cols)):
-        ax.plot([x, x], [0, rows], color="white", linewidth=0.6)
+    ax.add_collection(LineCollection(_grid_segments(rows, cols), colors="white", linewidths=0.6))
     ax.add_patch(Rectangle((0, 0), cols, rows, fill=False, edgecolor="black", linewidth=0.8))
     ax.set_xlim(-0.5, extent[1] + 0.5)
     ax.set_ylim(extent[0] + 0.5, -0.5)          # row 0 on top, like a printed matrix
@@ -71,16 +67,7 @@ def _draw_holding(ax: Axes, step, holding, rank: int, extent: tuple[int, int]) -
     ax.set_xticks([0, cols])
     ax.set_yticks([0, rows])
     ax.tick_params(labelsize=8, length=2)
-    if holding.shape is None:
-        what, err = "not produced", "missing"
-    else:
-        what = "partial sum" if holding.partial else (
-            "all" if (holding.rows, holding.cols) == ((0, rows), (0, cols))
-            else f"rows {holding.rows[0]}:{holding.rows[1]}" if holding.cols == (0, cols)
-            else f"cols {holding.cols[0]}:{holding.cols[1]}")
-        err = "0" if holding.max_abs_err == 0 else f"{holding.max_abs_err:.1e}"
-    ax.set_title(f"rank {rank}:\n{what}\nerr {err}" if len(what) > 10 else
-                 f"rank {rank}: {what}\nerr {err}", fontsize=9,
+    ax.set_title(_holding_title(step, holding, rank), fontsize=9,
                  color="black" if holding.passed else FAIL_COLOR)
     if not holding.passed:
         for side in ax.spines.values():
@@ -89,6 +76,28 @@ def _draw_holding(ax: Axes, step, holding, rank: int, extent: tuple[int, int]) -
     else:
         for side in ax.spines.values():
             side.set_visible(False)
+
+
+def _holding_title(step, holding, rank: int) -> str:
+    """``rank 1: rows 4:8`` / ``err 0``: what a rank holds of ``step`` and how wrong it is."""
+    rows, cols = step.global_shape
+    if holding.shape is None:
+        return f"rank {rank}:\nnot produced\nerr missing"
+    what = "partial sum" if holding.partial else (
+        "all" if (holding.rows, holding.cols) == ((0, rows), (0, cols))
+        else f"rows {holding.rows[0]}:{holding.rows[1]}" if holding.cols == (0, cols)
+        else f"cols {holding.cols[0]}:{holding.cols[1]}")
+    err = "0" if holding.max_abs_err == 0 else f"{holding.max_abs_err:.1e}"
+    return f"rank {rank}:{chr(10) if len(what) > 10 else ' '}{what}\nerr {err}"
+
+
+def _grid_segments(rows: int, cols: int, x0: float = 0, y0: float = 0, scale: float = 1) -> list:
+    """White cell lines of a rows x cols tensor (outline only past MAX_CELL_LINES) for one
+    LineCollection: one artist instead of one line per row and column."""
+    ys = range(rows + 1) if rows <= MAX_CELL_LINES else (0, rows)
+    xs = range(cols + 1) if cols <= MAX_CELL_LINES else (0, cols)
+    return ([[(x0, y0 + y * scale), (x0 + cols * scale, y0 + y * scale)] for y in ys]
+            + [[(x0 + x * scale, y0), (x0 + x * scale, y0 + rows * scale)] for x in xs])
 
 
 def _axis_names(step) -> tuple[str, str]:
@@ -133,13 +142,19 @@ def plot_step(report, step, figsize: tuple[float, float] | None = None) -> Figur
     return fig
 
 
-def plot_steps(report, phase: str | None = None, steps: list | None = None) -> Figure:
+def plot_steps(report, phase: str | None = None, steps: list | None = None,
+               one_axes: bool = False) -> Figure:
     """Every step (or those of one ``phase``, or the listed ones) as a grid: one row per step,
-    one column per rank. The overview of a check on one figure."""
+    one column per rank. The overview of a check on one figure.
+
+    ``one_axes=True`` draws the same picture on a single Axes (a few hundred artists instead of
+    one Axes per panel, no layout pass): what an explorer redraws on every slider move."""
     chosen = [_find_step(report.steps, s) for s in steps] if steps else [
         s for s in report.steps if phase in (None, s.phase)]
     t = len(report.steps[0].holdings)
     n = len(chosen)
+    if one_axes:  # the same picture, a fraction of the drawing time
+        return _plot_steps_one_axes(report, chosen, t)
     fig, axes = plt.subplots(n, t, figsize=(min(10.0, 3.6 + 1.7 * t), 0.8 + 1.35 * n),
                              squeeze=False)
     for i, s in enumerate(chosen):
@@ -147,10 +162,7 @@ def plot_steps(report, phase: str | None = None, steps: list | None = None) -> F
             _draw_holding(axes[i][r], s, h, r, s.global_shape)
             axes[i][r].title.set_fontsize(7.5)
             axes[i][r].tick_params(labelsize=6)
-        label = f"{s.index}. {s.name}\n{s.tensor} {s.global_shape[0]}x{s.global_shape[1]}"
-        if s.collective:
-            label += "\n" + ("NOT ISSUED" if s.collective.get("missing") else s.collective["op"])
-        axes[i][0].set_ylabel(label, rotation=0, ha="right", va="center", fontsize=8,
+        axes[i][0].set_ylabel(_step_label(s), rotation=0, ha="right", va="center", fontsize=8,
                               color="black" if s.passed else FAIL_COLOR)
     title = f"{report.check}: who holds what, step by step ({t} ranks)"
     fig.suptitle(title + ("" if report.passed else " - FAILED"), fontsize=11)
@@ -158,6 +170,56 @@ def plot_steps(report, phase: str | None = None, steps: list | None = None) -> F
                frameon=False)
     height = 0.8 + 1.35 * n
     fig.tight_layout(rect=(0, 0.5 / height, 1, 1 - 0.35 / height))
+    return fig
+
+
+def _step_label(s) -> str:
+    label = f"{s.index}. {s.name}\n{s.tensor} {s.global_shape[0]}x{s.global_shape[1]}"
+    return label + ("" if not s.collective else "\nNOT ISSUED" if s.collective.get("missing")
+                    else "\n" + s.collective["op"])
+
+
+def _plot_steps_one_axes(report, chosen: list, t: int) -> Figure:
+    """plot_steps' grid on one Axes whose data units are inches (so squares stay square)."""
+    n, left, top, bottom = len(chosen), 1.75, 0.45, 0.5
+    width, height = min(10.0, 3.6 + 1.7 * t), 0.8 + 1.35 * n
+    fig = plt.figure(figsize=(width, height))
+    ax = fig.add_axes((0, 0, 1, 1), xlim=(0, width), ylim=(height, 0))
+    ax.set_axis_off()
+    cw, ch, lines, texts = (width - left - 0.1) / t, (height - top - bottom) / n, [], []
+    for i, s in enumerate(chosen):
+        (rows, cols), cy = s.global_shape, top + i * ch
+        ax.text(left - 0.12, cy + ch / 2, _step_label(s), ha="right", va="center", fontsize=8,
+                color="black" if s.passed else FAIL_COLOR)
+        scale = min((cw - 0.45) / max(cols, 1), (ch - 0.62) / max(rows, 1))
+        for r, h in enumerate(s.holdings):
+            x0, y0 = left + r * cw + 0.3 + (cw - 0.45 - cols * scale) / 2, cy + 0.48
+            w, hgt = cols * scale, rows * scale
+            ax.add_patch(Rectangle((x0, y0), w, hgt, facecolor=EMPTY_COLOR, edgecolor="none"))
+            if h.shape is not None:
+                (r0, r1), (c0, c1) = h.rows, h.cols
+                ax.add_patch(Rectangle((x0 + c0 * scale, y0 + r0 * scale), (c1 - c0) * scale,
+                                       (r1 - r0) * scale, facecolor=rank_color(r),
+                                       edgecolor="white" if h.partial else "none",
+                                       hatch="//" if h.partial else None, linewidth=0))
+            lines += _grid_segments(rows, cols, x0, y0, scale)
+            ax.add_patch(Rectangle((x0, y0), w, hgt, fill=False, edgecolor="black", linewidth=0.8))
+            if not h.passed:
+                ax.add_patch(Rectangle((x0 - 0.03, y0 - 0.03), w + 0.06, hgt + 0.06, fill=False,
+                                       edgecolor=FAIL_COLOR, linewidth=2.5))
+            ax.text(x0 + w / 2, y0 - 0.08, _holding_title(s, h, r), ha="center", va="bottom",
+                    fontsize=7.5, color="black" if h.passed else FAIL_COLOR)
+            texts += [(x0 - 0.08, y0, "0", "right", "center"),
+                      (x0 - 0.08, y0 + hgt, str(rows), "right", "center"),
+                      (x0, y0 + hgt + 0.07, "0", "center", "top"),
+                      (x0 + w, y0 + hgt + 0.07, str(cols), "center", "top")]
+    ax.add_collection(LineCollection(lines, colors="white", linewidths=0.6))
+    for x, y, text, ha, va in texts:
+        ax.text(x, y, text, ha=ha, va=va, fontsize=6)
+    title = f"{report.check}: who holds what, step by step ({t} ranks)"
+    fig.suptitle(title + ("" if report.passed else " - FAILED"), fontsize=11, y=1 - 0.1 / height)
+    fig.legend(handles=_legend_handles(t), loc="lower center", ncol=min(t + 3, 7), fontsize=8,
+               frameon=False)
     return fig
 
 
@@ -198,13 +260,16 @@ def plot_errors(report, by: str = "step", ax: Axes | None = None) -> Figure:
     ax = ax or fig.add_subplot()
     for i, tol in enumerate(tols):
         ax.plot([i - 0.4, i + 0.4], [tol, tol], color="black", linewidth=1.5)
-    for r in range(t):
+    for r in range(t):  # one scatter per rank and marker: a few artists, not one per point
         x = [i + (r - (t - 1) / 2) * 0.6 / max(t, 2) for i in range(len(errs))]
-        for xi, row, ok in zip(x, errs, oks):
-            e, good = row[r], ok[r]
-            y = top / 3 if e is None else max(e, floor)
-            ax.scatter([xi], [y], s=60, color=rank_color(r), edgecolor=PASS_COLOR if good else FAIL_COLOR,
-                       linewidth=0.5 if good else 2.0, marker="X" if e is None else "o", zorder=3)
+        for missing in (False, True):
+            pts = [(xi, top / 3 if row[r] is None else max(row[r], floor), ok[r])
+                   for xi, row, ok in zip(x, errs, oks) if (row[r] is None) == missing]
+            if pts:
+                ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=60, color=rank_color(r),
+                           edgecolor=[PASS_COLOR if p[2] else FAIL_COLOR for p in pts],
+                           linewidth=[0.5 if p[2] else 2.0 for p in pts],
+                           marker="X" if missing else "o", zorder=3)
     for i, ok in enumerate(oks):
         if not all(ok):   # the whole column of a failing step or quantity turns red
             ax.axvspan(i - 0.5, i + 0.5, color=FAIL_COLOR, alpha=0.12, linewidth=0)

@@ -64,7 +64,7 @@ def tp_explorer(kind: str = "mlp", world_size: int = 2) -> widgets.VBox:
     def render() -> list:
         report = run_explorer_check(kind, size.value, per_rank.value, other.value, dtype.value,
                                     None if bug.value == "none" else bug.value)
-        return [summary(report), HTML(report._repr_html_()), plot_steps(report, phase="forward"),
-                plot_errors(report)]
+        return [summary(report), HTML(report._repr_html_()),
+                plot_steps(report, phase="forward", one_axes=True), plot_errors(report)]
 
     return live_view([[size, per_rank, other], [dtype, bug]], render)

@@ -1,0 +1,132 @@
+"""Peak memory of each notebook on Binder's budget: 1 CPU, everything the notebook's kernel runs.
+
+Each notebook is executed top to bottom in a fresh kernel (nbclient), pinned to one CPU with
+``taskset -c 0`` (the kernel, its forkserver and every rank inherit the pinning). A sampler reads
+the PSS (proportional set size: shared pages split between the processes sharing them, so the sum
+over processes is what the tree really costs) of the kernel and all its descendants every
+``--interval`` seconds and keeps the peak.
+
+    python benchmarks/notebook_memory.py                       # every notebook in notebooks/
+    python benchmarks/notebook_memory.py notebooks/03_tp_mlp.ipynb --interval 0.1
+
+Prints one row per notebook: peak PSS of the tree, and at that moment the kernel's share, the
+forkserver's and the ranks' (count and total). Binder gives 2 GB for JupyterLab and every open
+kernel; the course's target is a peak of at most 600 MiB per notebook.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+MIB = 1024 * 1024
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tree_pss(pid: int) -> dict | None:
+    """PSS of ``pid`` and its descendants, split into kernel / forkserver / ranks."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return None
+    parts = {"kernel": 0, "forkserver": 0, "ranks": 0, "other": 0, "n_ranks": 0}
+    for proc in procs:
+        try:
+            pss = proc.memory_full_info().pss
+            cmd = " ".join(proc.cmdline())
+            parent = proc.ppid()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if proc.pid == pid:
+            parts["kernel"] += pss
+        elif "forkserver" in cmd and parent == pid:
+            parts["forkserver"] += pss
+        elif "forkserver" in cmd:  # a rank: forked by the forkserver, same command line
+            parts["ranks"] += pss
+            parts["n_ranks"] += 1
+        else:
+            parts["other"] += pss
+    parts["total"] = sum(v for k, v in parts.items() if k != "n_ranks")
+    return parts
+
+
+def measure_one(path: str, interval: float, timeout: int) -> dict:
+    """Execute one notebook in a fresh kernel (this process is already pinned) and sample."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": os.path.dirname(path)}})
+    peak: dict = {"total": 0}
+    stop = threading.Event()
+
+    def sample(kernel_pid: int) -> None:
+        while not stop.is_set():
+            parts = tree_pss(kernel_pid)
+            if parts and parts["total"] > peak["total"]:
+                peak.update(parts)
+            stop.wait(interval)
+
+    started = time.monotonic()
+    with client.setup_kernel():
+        kernel_pid = client.km.provisioner.process.pid
+        sampler = threading.Thread(target=sample, args=(kernel_pid,), daemon=True)
+        sampler.start()
+        try:
+            for index, cell in enumerate(nb.cells):
+                client.execute_cell(cell, index)
+        finally:
+            stop.set()
+            sampler.join()
+    peak["seconds"] = time.monotonic() - started
+    peak["notebook"] = os.path.basename(path)
+    return peak
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("notebooks", nargs="*", help="default: notebooks/*.ipynb")
+    parser.add_argument("--interval", type=float, default=0.2, help="seconds between samples")
+    parser.add_argument("--timeout", type=int, default=600, help="per cell, seconds")
+    parser.add_argument("--cpu", default="0", help="taskset CPU list (default 0: one CPU)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per notebook")
+    parser.add_argument("--_one", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args._one:  # the child: already pinned by taskset
+        print(json.dumps(measure_one(args.notebooks[0], args.interval, args.timeout)))
+        return
+    paths = args.notebooks or sorted(glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")))
+    pin = ["taskset", "-c", args.cpu] if shutil.which("taskset") and args.cpu else []
+    if not pin:
+        print("taskset not found: measuring on every CPU", file=sys.stderr)
+    if not args.json:
+        print(f"| notebook | peak PSS, whole tree | kernel | forkserver | ranks (n) | run time |")
+        print("|---|---:|---:|---:|---:|---:|")
+    for path in paths:
+        out = subprocess.run([*pin, sys.executable, os.path.abspath(__file__), "--_one",
+                              "--interval", str(args.interval), "--timeout", str(args.timeout),
+                              path], capture_output=True, text=True, cwd=ROOT)
+        if out.returncode != 0:
+            print(f"| {os.path.basename(path)} | failed: {out.stderr.strip().splitlines()[-1:]} |")
+            continue
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        if args.json:
+            print(json.dumps(row))
+            continue
+        print(f"| {row['notebook']} | {row['total'] / MIB:,.0f} MiB | {row['kernel'] / MIB:,.0f} | "
+              f"{row['forkserver'] / MIB:,.0f} | {row['ranks'] / MIB:,.0f} ({row['n_ranks']}) | "
+              f"{row['seconds']:.0f} s |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
