@@ -6,7 +6,7 @@ with the inline matplotlib backend (what a Colab kernel has), every explorer bui
 each of its controls is moved and moved back while the displayed output is captured: nothing may
 raise, every move must show something, and some move must redraw both the figure and the text.
 
-Builders are discovered, not listed: every public function of a ``mtb_helpers/widgets/*.py``
+Builders are discovered, not listed: every public function of a ``mtb_helpers/<topic>/widget.py``
 module whose return annotation is an ipywidgets widget, called with its defaults.
 """
 from __future__ import annotations
@@ -24,8 +24,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 COLAB_IPYWIDGETS = "7.7.1"
-WIDGET_MODULES = sorted(p.stem for p in (ROOT / "mtb_helpers" / "widgets").glob("*.py")
-                        if not p.stem.startswith("_"))
+# Every topic folder's explorer module (mtb_helpers/<topic>/widget.py).
+WIDGET_MODULES = sorted(f"mtb_helpers.{p.parent.name}.widget"
+                        for p in (ROOT / "mtb_helpers").glob("*/widget.py"))
 
 # Runs in the child process: argv = result file, module names.
 HARNESS = textwrap.dedent(r'''
@@ -186,11 +187,11 @@ def ipywidgets77() -> Path:
 def on_77(ipywidgets77, tmp_path_factory) -> dict:
     """Every widgets module in one child process (torch is imported once)."""
     return _run_harness(tmp_path_factory.mktemp("ipywidgets77"), ipywidgets77,
-                        [f"mtb_helpers.widgets.{m}" for m in WIDGET_MODULES])
+                        WIDGET_MODULES)
 
 
 def test_widget_modules_exist():
-    assert WIDGET_MODULES, "no mtb_helpers/widgets/*.py module: nothing to test on 7.7"
+    assert len(WIDGET_MODULES) >= 9, f"explorer modules found: {WIDGET_MODULES}"
 
 
 def test_the_child_runs_ipywidgets_7_7(on_77):
@@ -199,9 +200,8 @@ def test_the_child_runs_ipywidgets_7_7(on_77):
 
 @pytest.mark.parametrize("module", WIDGET_MODULES)
 def test_explorers_work_on_ipywidgets_7_7(on_77, module):
-    prefix = f"mtb_helpers.widgets.{module}."
-    explorers = [e for e in on_77["explorers"] if e["name"].startswith(prefix)]
-    assert explorers, (f"mtb_helpers.widgets.{module} has no explorer builder: a public "
+    explorers = [e for e in on_77["explorers"] if e["name"].startswith(module + ".")]
+    assert explorers, (f"{module} has no explorer builder: a public "
                        f"function annotated to return an ipywidgets widget")
     problems = [p for e in explorers for p in _problems(e)]
     assert not problems, "\n\n".join(problems)
