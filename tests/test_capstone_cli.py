@@ -48,3 +48,24 @@ def test_bad_arguments_exit_2_with_one_line(capsys, argv, message):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def _torchrun(*args: str):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node=2", "-m", "mtb_helpers.cli", "train", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_under_torchrun_the_job_trains_and_only_rank_0_prints():
+    out = _torchrun("--dp", "2", "--steps", "2", "--json")
+    assert out.returncode == 0, out.stderr[-3000:]
+    data = json.loads(out.stdout)   # one JSON document: a second rank printing would break it
+    assert data["passed"] is True and data["checks"][0]["config"]["dp"] == 2
+
+
+def test_under_torchrun_a_layout_of_another_size_exits_2():
+    out = _torchrun("--tp", "2", "--pp", "2", "--steps", "1")
+    assert out.returncode != 0
+    assert "= 4 is not the world size 2" in out.stderr

@@ -4,11 +4,12 @@ Prints the loss of every step next to the single-process loss and the bytes each
 step (rank 0 and all ranks' total, measured and by formula); ``--plot out.png`` saves the loss
 curves, ``--json`` prints ``{"passed": ..., "checks": [report]}``. Exit 0 when every step and
 every rank's final parameters match, 1 when the check fails, 2 for bad arguments (a layout whose
-product is not ``--world-size``, sizes that do not divide, an unknown bug: one line on stderr).
+product is not ``--world-size`` (or torchrun's world size), sizes that do not divide, an unknown bug: one line on stderr).
 """
 from __future__ import annotations
 
 import argparse
+import os
 
 from mtb_helpers.capstone.validate import DP_STRATEGIES, PP_SCHEDULES
 from mtb_helpers.cli.common import is_primary, print_json
@@ -81,6 +82,8 @@ def run_train(args: argparse.Namespace) -> int:
     from mtb_helpers.capstone.check import check_capstone
 
     world = args.tp * args.pp * args.dp * args.cp
+    if args.world_size is None and "WORLD_SIZE" in os.environ:   # inside torchrun: its size
+        args.world_size = int(os.environ["WORLD_SIZE"])
     if args.world_size is not None and args.world_size != world:
         raise ValueError(f"tp*pp*dp*cp = {args.tp}*{args.pp}*{args.dp}*{args.cp} = {world} is not "
                          f"the world size {args.world_size}")
