@@ -15,7 +15,7 @@ import sys
 GROUPS = {
     "tp": "tensor- and sequence-parallel checks (column, row, MLP, sequence)",
     "pp": "pipeline schedules and their bubble",
-    "dp": "data parallelism: DDP, ZeRO-1/2, ZeRO-3/FSDP against one optimizer step",
+    "dp": "data parallelism: DDP, ZeRO-1/2, ZeRO-3/FSDP against one process, step by step",
     "moe": "expert parallelism: token dispatch and combine with all-to-all",
     "grid": "tensor x data parallelism on one grid of ranks",
     "cp": "context parallelism: ring and all-gather attention on sequence shards",

@@ -1,4 +1,4 @@
-"""``minitrainbench dp check``: DDP, ZeRO-1, ZeRO-2 and ZeRO-3 against one Adam step, headless.
+"""``minitrainbench dp check``: DDP, ZeRO-1, ZeRO-2 and ZeRO-3 against one process, step by step, headless.
 
 Prints, per strategy, the report table (params after the step, grads, Adam's m and v, per rank),
 the bytes each rank holds (measured vs our fp32 accounting and the ZeRO paper's mixed-precision
@@ -19,12 +19,12 @@ from mtb_helpers.dp.strategies import STRATEGIES
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
     """Add ``check`` to ``minitrainbench dp``."""
     parser = groups["dp"].add_parser(
-        "check", help="DDP / ZeRO-1 / ZeRO-2 / ZeRO-3: one Adam step against one process",
-        description="Run one Adam step of a small MLP with data parallelism (DDP, ZeRO-1, ZeRO-2, "
-                    "ZeRO-3/FSDP) on real gloo ranks, each rank on its slice of the batch, and "
-                    "compare parameters, gradients and Adam's state on every rank with the "
-                    "single-process step on the whole batch; then print the bytes each rank "
-                    "holds and sends next to the ZeRO paper's accounting.")
+        "check", help="DDP / ZeRO-1 / ZeRO-2 / ZeRO-3: Adam steps against one process",
+        description="Run --steps Adam steps (3) of a small MLP with data parallelism (DDP, ZeRO-1, "
+                    "ZeRO-2, ZeRO-3/FSDP) on real gloo ranks, each rank on its slice of the batch, "
+                    "and compare parameters, gradients and Adam's state on every rank after every "
+                    "step with the single-process steps on the whole batch; then print the bytes "
+                    "each rank holds and sends next to the ZeRO paper's accounting.")
     add_check_options(parser)
     parser.add_argument("--strategy", choices=("all", *STRATEGIES), default="all",
                         help="which strategy to check (default: all four)")
