@@ -124,7 +124,8 @@ def register_run(groups: dict[str, argparse._SubParsersAction]) -> None:
                     "simulated one. Exit 0 pass, 1 a check failed (or the step hung), 2 bad "
                     "arguments.")
     parser.add_argument("--schedule", choices=tuple(SCHEDULES), default="1f1b")
-    parser.add_argument("--stages", type=int, default=4, help="pipeline stages p = ranks")
+    parser.add_argument("--stages", type=int, default=4,
+                        help="pipeline stages p = ranks (under torchrun: the job's ranks)")
     parser.add_argument("--microbatches", type=int, default=8, help="micro-batches m")
     parser.add_argument("--chunks", type=int, default=None,
                         help="model chunks per rank v (interleaved only; default 2)")
