@@ -1,7 +1,10 @@
-"""``minitrainbench pp bubble``: a pipeline schedule's op order, makespan, bubble and peak memory.
+"""``minitrainbench pp bubble`` (simulated) and ``pp run`` (one step on real ranks, checked).
 
-Pure simulation: no ranks start. Exit 0 on success, 2 on bad arguments (a ValueError from
+``bubble`` is pure simulation: no ranks start; it prints a schedule's op order, makespan, bubble
+and peak memory. Exit 0 on success, 2 on bad arguments (a ValueError from
 ``schedule``/``simulate`` escapes the handler and the top-level command turns it into 2).
+``run`` checks ``pipeline_step`` against one process: exit 0 pass, 1 a check failed or the step
+hung, 2 bad arguments.
 """
 from __future__ import annotations
 
