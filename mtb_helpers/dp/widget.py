@@ -7,13 +7,14 @@ re-runs ``check_data_parallel`` on warm ranks.
 from __future__ import annotations
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
+from IPython.display import display
 
 from mtb_helpers.dp.check import check_data_parallel
 from mtb_helpers.dp.strategies import STRATEGIES
 from mtb_helpers.dp.zero3 import DP_BUGS
 from mtb_helpers.dp.plots import plot_communication, plot_errors, plot_holdings, plot_memory
 from mtb_helpers.checking.report import Report
+from mtb_helpers.tp.widget import as_png
 
 __all__ = ["dp_summary", "explore_data_parallel"]
 
@@ -50,8 +51,7 @@ def explore_data_parallel(world_size: int = 2, strategy: str = "ddp",
             fig = plot_holdings(world_size, (strategy,))
         else:
             fig = (plot_memory if view == "bytes held" else plot_communication)([report])
-        plt.show()
-        plt.close(fig)
+        display(as_png(fig))  # drawn once, not twice as the inline backend does
         print(dp_summary(report))
 
     return widgets.interactive(

@@ -31,7 +31,9 @@ __all__ = ["run", "shutdown", "warm_up", "seed_all", "resolve_world_size", "in_l
            "RankError", "RankTimeoutError", "WaitPoint", "MAX_WORLD_SIZE"]
 
 MAX_WORLD_SIZE = 8        # the course's figures and palettes are made for up to 8 ranks
-MAX_POOLED_RANKS = 8      # warm ranks kept at once (Binder has 2 GB; see README "Troubleshooting")
+# Warm ranks kept at once, least recently started pool stopped first (Binder has 2 GB; see
+# README "Troubleshooting"): 4 + 2 ranks, or 4 + 3 when a slider moves between 3 and 4.
+MAX_POOLED_RANKS = int(os.environ.get("MTB_MAX_POOLED_RANKS", "8"))
 # A pool with no call for this long is stopped (the next call starts a fresh one in ~1 s), and
 # the forkserver with the last pool: an open notebook nobody uses should not hold memory.
 IDLE_STOP_SECONDS = float(os.environ.get("MTB_IDLE_STOP_SECONDS", "180"))

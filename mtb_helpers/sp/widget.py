@@ -7,12 +7,13 @@ Every change re-runs ``check_sequence_parallel`` on warm ranks (a fraction of a 
 from __future__ import annotations
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
+from IPython.display import display
 
 from mtb_helpers.sp.check import check_sequence_parallel
 from mtb_helpers.sp.plots import plot_errors, plot_sequence_layout
 from mtb_helpers.checking.report import Report
 from mtb_helpers.sp.bugs import SP_BUGS
+from mtb_helpers.tp.widget import as_png
 
 __all__ = ["sp_summary", "explore_sequence_parallel"]
 
@@ -49,8 +50,7 @@ def explore_sequence_parallel(world_size: int = 2, seq_len: int = 8, dropout_p: 
             fig = plot_errors(report, by="quantity" if "quantity" in view else "step")
         else:
             fig = plot_sequence_layout(report, "forward" if view.startswith("forward") else "backward")
-        plt.show()
-        plt.close(fig)
+        display(as_png(fig))  # drawn once, not twice as the inline backend does
         print(sp_summary(report))
 
     slider = dict(style={"description_width": "initial"}, continuous_update=False)
