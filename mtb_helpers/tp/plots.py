@@ -209,7 +209,7 @@ def _plot_steps_one_axes(report, chosen: list, t: int) -> Figure:
                                        edgecolor=FAIL_COLOR, linewidth=2.5))
             ax.text(x0 + w / 2, y0 - 0.08, _holding_title(s, h, r), ha="center", va="bottom",
                     fontsize=7.5, color="black" if h.passed else FAIL_COLOR)
-            texts += [(x0 - 0.08, y0, "0", "right", "center"),
+            texts += [] if r else [(x0 - 0.08, y0, "0", "right", "center"),  # same in a row
                       (x0 - 0.08, y0 + hgt, str(rows), "right", "center"),
                       (x0, y0 + hgt + 0.07, "0", "center", "top"),
                       (x0 + w, y0 + hgt + 0.07, str(cols), "center", "top")]
