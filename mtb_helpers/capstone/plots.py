@@ -28,7 +28,8 @@ def plot_rank_grid(grid: list[dict], sizes: dict[str, int]) -> Figure:
     says which blocks, heads, positions and sequences the rank holds."""
     pp = sizes["pp"]
     rows = len(grid) // pp
-    fig, ax = plt.subplots(figsize=(2.6 * pp + 1.2, 0.95 * rows + 1.3))
+    # room for the row labels on the left and the legend on the right, whatever pp is
+    fig, ax = plt.subplots(figsize=(max(2.8 * pp, 3.6) + 3.2, 0.95 * rows + 1.3))
     for cell in grid:
         col = cell["pp"]
         row = (cell["dp"] * sizes["cp"] + cell["cp"]) * sizes["tp"] + cell["tp"]
