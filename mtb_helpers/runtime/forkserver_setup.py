@@ -6,8 +6,10 @@ elsewhere (start.py sets MTB_FORKSERVER_SETUP only while ranks start).
   stay shared with the forkserver instead of being copied into every rank.
 * ``os.setpgrp()``: the forkserver and its ranks leave the kernel's process group. ipykernel's
   shutdown sends SIGTERM to the processes of its group and waits (up to seconds) until none is
-  left, a dead forkserver included; out of the group, the kernel exits at once and its exit
-  handler stops the pools. Ranks still die with their owner (lifeline) and ignore Ctrl-C.
+  left; out of the group, the kernel exits at once and its exit handler stops the pools. Ranks
+  still die with their owner (lifeline) and ignore Ctrl-C. (start.py already starts the forkserver
+  in a session of its own where it can; then this fails harmlessly: a session leader is already
+  alone in its group.)
 """
 import gc
 import os
