@@ -6,7 +6,8 @@ import torch
 import torch.distributed as dist
 
 from mtb_helpers import run
-from mtb_helpers.comm import records as collective_record, regions as comm
+from mtb_helpers import comm
+from mtb_helpers.comm import records as collective_record
 
 
 def _region_job(name: str, shape: tuple[int, ...], grad_shape: tuple[int, ...]):
@@ -142,8 +143,7 @@ def test_record_counts_filters_serialises_and_nests():
 
 
 def test_every_region_and_check_has_the_one_import_path_design_promises():
-    from mtb_helpers import comm
-    from mtb_helpers.comm import sp_regions as comm_sp
+    from mtb_helpers.comm import regions as comm_sp
     from mtb_helpers.check import check_sequence_parallel
     from mtb_helpers.sp.check import check_sequence_parallel as in_its_module
 
@@ -153,3 +153,20 @@ def test_every_region_and_check_has_the_one_import_path_design_promises():
         assert getattr(comm, name) is getattr(comm_sp, name)
     with pytest.raises(AttributeError):
         comm.no_such_region  # noqa: B018
+
+
+TRANSPOSE = {"identity": {"all_reduce"}, "all_reduce": {"identity"},
+             "all_gather": {"reduce_scatter", "split"}, "split": {"all_gather"},
+             "reduce_scatter": {"all_gather"}}
+
+
+def test_the_region_table_pairs_every_forward_with_its_transpose():
+    """Megatron's mappings.py as one table: each backward is the transpose of its forward (an
+    all-gather's transpose is a reduce-scatter; where the grad arrives whole, a split)."""
+    from mtb_helpers.comm.regions import REGIONS
+
+    assert len(REGIONS) == 7
+    for region in REGIONS.values():
+        assert region.backward in TRANSPOSE[region.forward], region
+        assert region.dim == (0 if "sequence" in region.name else -1), region
+    assert {r.operator for r in REGIONS.values()} >= {"f", "g"}

@@ -7,8 +7,8 @@ import torch
 from mtb_helpers import run
 from mtb_helpers.dp.bugs import BUGS as DP_REGISTRY
 from mtb_helpers.dp.check import make_problem, reference_step, reference_steps
-from mtb_helpers.comm.regions import CollectiveEvent
-from mtb_helpers.comm.regions import CollectiveRecord
+from mtb_helpers.comm.records import CollectiveEvent
+from mtb_helpers.comm.records import CollectiveRecord
 from mtb_helpers.dp.strategies import Layout, flat, held_bytes, padded_numel
 from mtb_helpers.dp.zero3 import BUGS_BY_STRATEGY, STRATEGY_CLASSES, build_strategy
 from mtb_helpers.dp.strategies import Adam

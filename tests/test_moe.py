@@ -6,7 +6,8 @@ import torch
 import torch.distributed as dist
 
 from mtb_helpers import run
-from mtb_helpers.comm.regions import issue, record
+from mtb_helpers.comm.issue import issue
+from mtb_helpers.comm.records import record
 from mtb_helpers.moe.layers import (DISPATCH, ExpertParallelMoE, all_to_all_rows, expert_capacity,
                              inverse_permutation, capacity_mask, moe_reference, route)
 from mtb_helpers.moe.check import make_moe_inputs

@@ -9,8 +9,8 @@ from torch import nn
 
 from mtb_helpers import run
 from mtb_helpers.sp.check import check_sequence_parallel
-from mtb_helpers.comm.regions import record
-from mtb_helpers.comm.sp_regions import (GATHER_SP, GRAD_ALLREDUCE_SP, REDUCE_SCATTER_SP, SCATTER_SP,
+from mtb_helpers.comm.records import record
+from mtb_helpers.comm.regions import (GATHER_SP, GRAD_ALLREDUCE_SP, REDUCE_SCATTER_SP, SCATTER_SP,
                                  allreduce_sequence_parallel_grad, gather_from_sequence_parallel_region,
                                  reduce_scatter_to_sequence_parallel_region,
                                  scatter_to_sequence_parallel_region)
@@ -29,7 +29,7 @@ def _x(shape, r):
 def _region_job(name, in_shape, grad_shape, **kwargs):
     """Each rank sends its own x (values tagged by rank) through the region and back-propagates
     its own grad; returns (y, dx, record)."""
-    import mtb_helpers.comm.sp_regions as comm_sp
+    import mtb_helpers.comm.regions as comm_sp
 
     def job():
         r = dist.get_rank() if dist.is_initialized() else 0

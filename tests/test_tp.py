@@ -9,7 +9,7 @@ from torch import nn
 
 from mtb_helpers import run
 from mtb_helpers.tp.check import check_column_parallel, check_row_parallel, check_tp_mlp
-from mtb_helpers.comm.regions import record
+from mtb_helpers.comm.records import record
 from mtb_helpers.tp.layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear, check_divisible
 
 DTYPES = [torch.float32, torch.float64]

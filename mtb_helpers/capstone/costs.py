@@ -17,7 +17,7 @@ from __future__ import annotations
 from mtb_helpers.capstone.grid import Layout
 from mtb_helpers.capstone.layers import stage_blocks
 from mtb_helpers.capstone.model import GPTConfig
-from mtb_helpers.comm.sp_regions import GATHER_SP, GRAD_ALLREDUCE_SP, REDUCE_SCATTER_SP, SCATTER_SP
+from mtb_helpers.comm.regions import GATHER_SP, GRAD_ALLREDUCE_SP, REDUCE_SCATTER_SP, SCATTER_SP
 from mtb_helpers.dp.strategies import padded_numel
 
 __all__ = ["GROUP_NAMES", "group_of", "measured_bytes", "formula_bytes", "FORMULAS"]

@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from mtb_helpers.capstone.model import Block, TinyGPT
-from mtb_helpers.comm.regions import group_rank, group_size
-from mtb_helpers.comm.sp_regions import scatter_to_sequence_parallel_region
+from mtb_helpers.comm.issue import group_rank, group_size
+from mtb_helpers.comm.regions import scatter_to_sequence_parallel_region
 from mtb_helpers.cp.ring import ring_attention
 from mtb_helpers.sp.layers import (SequenceParallelColumnLinear, SequenceParallelLayerNorm,
                                    SequenceParallelMLPBlock, SequenceParallelRowLinear,

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mtb_helpers.comm.regions import group_size
-from mtb_helpers.comm.regions import CollectiveRecord, record
+from mtb_helpers.comm.issue import group_size
+from mtb_helpers.comm.records import CollectiveRecord, record
 from mtb_helpers.checking.report import Row, compare, tolerance
 from mtb_helpers.comm.sharding import local_piece, shard_range
 

@@ -1,239 +1,149 @@
-"""Autograd-aware collectives ("regions", Megatron naming) and the record of what each rank sent.
+"""Autograd regions (Megatron-LM's ``mappings.py`` names), tensor- and sequence-parallel alike.
 
-Naming (Megatron-LM ``mappings.py``): ``X_to_<region>`` enters the tensor-parallel region,
-``X_from_<region>`` leaves it. Each region is a small ``torch.autograd.Function``: its forward is
-one communication pattern and its backward is the transpose of it (Shoeybi et al. 2019 call the
-first two ``f`` and ``g``):
+A region is one collective in forward and its transpose in backward. ``X_to_<region>`` enters a
+parallel region, ``X_from_<region>`` leaves it; Shoeybi et al. (2019) call the first two ``f``
+and ``g``. The whole family is one table, ``REGIONS``: each row says what forward does, what
+backward does, and along which dim (-1: the hidden features, tensor parallelism; 0: the sequence,
+Megatron's ``[s, b, h]`` layout, sequence parallelism, Korthikanti et al. 2022). One
+``torch.autograd.Function``, ``_Region``, performs any row; the public functions below name them.
 
-    region                                      forward                    backward
-    copy_to_tensor_model_parallel_region   (f)  identity                   all-reduce
-    reduce_from_tensor_model_parallel_region (g) all-reduce                identity
-    gather_from_tensor_model_parallel_region    all-gather along last dim  split along last dim
-    scatter_to_tensor_model_parallel_region     split along last dim       all-gather along last dim
+    region                                      forward          backward         dim
+    copy_to_tensor_model_parallel_region   (f)  identity         all-reduce       -1
+    reduce_from_tensor_model_parallel_region (g) all-reduce      identity         -1
+    gather_from_tensor_model_parallel_region    all-gather       split            -1
+    scatter_to_tensor_model_parallel_region     split            all-gather       -1
+    scatter_to_sequence_parallel_region         split            all-gather        0
+    gather_from_sequence_parallel_region        all-gather       reduce-scatter    0
+    reduce_scatter_to_sequence_parallel_region  reduce-scatter   all-gather        0
+    allreduce_grad (a parameter, e.g. ln.weight) identity        all-reduce        -
 
-Every region takes ``group=None`` (the whole world) or a process group, so a later notebook can run
-tensor parallelism inside a subgroup. With one rank in the group every region is the identity and
-sends nothing (it is still recorded, with ``sent_bytes == 0``); ranks are not even needed then.
+Read down a column pair and each backward is the transpose of its forward: the transpose of
+"copy to every rank" is "sum from every rank", of "all-gather" is "reduce-scatter" (or a plain
+split when the incoming grad is already the full sum on every rank), of "split" is "all-gather".
 
-Every operation goes through ``issue()``, which performs it and notes it in the active records
-(``with record() as rec:``, see :mod:`mtb_helpers.comm.records`, re-exported here). New
-regions (sequence parallelism, MoE, data parallelism) call ``issue()`` too, so they are recorded
-the same way.
+Every region takes ``group=None`` (the whole world) or a process group, and performs its
+collectives through ``issue()``, so ``with record() as rec:`` records them.
 """
 from __future__ import annotations
 
-import math
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
-from mtb_helpers.comm.records import (OPS, CollectiveEvent, CollectiveRecord,  # noqa: F401
-                                           note, record)
+from mtb_helpers.comm.issue import issue
 
-def group_size(group: dist.ProcessGroup | None = None) -> int:
-    return dist.get_world_size(group) if dist.is_initialized() else 1
-
-
-def group_rank(group: dist.ProcessGroup | None = None) -> int:
-    return dist.get_rank(group) if dist.is_initialized() else 0
-
-
-def issue(op: str, x: torch.Tensor, *, region: str, direction: str, operator: str = "",
-          dim: int = -1, group: dist.ProcessGroup | None = None,
-          splits: tuple[list[int], list[int]] | None = None) -> torch.Tensor:
-    """Perform ``op`` on this rank's ``x`` along ``dim`` and record it (every region uses this).
-
-    ``all_reduce``: ``x`` -> sum over ranks, same shape. ``all_gather``: ``[.., n/t]`` ->
-    ``[.., n]``, shards concatenated along ``dim`` in rank order. ``reduce_scatter``:
-    ``[.., n]`` -> this rank's ``[.., n/t]`` of the sum. ``split``: ``[.., n]`` -> this rank's
-    ``[.., n/t]``, no communication. ``all_to_all`` (rows, ``dim`` must be 0): ``x`` ``[m, ..]``
-    is cut into ``splits[0][q]`` consecutive rows for rank q; the result stacks the
-    ``splits[1][q]`` rows received from each rank q in rank order, ``[sum(splits[1]), ..]``.
-    Without ``splits`` every rank sends ``m/t`` rows to each rank. ``sent_bytes`` counts the rows
-    sent to the other ranks.
-    With one rank every op returns ``x`` unchanged (recorded with ``sent_bytes == 0``).
-    """
-    if op not in OPS:
-        raise ValueError(f"unknown op {op!r}; expected one of {OPS}")
-    t = group_size(group)
-    dim = dim % x.dim()
-    if op == "all_to_all":
-        return _all_to_all(x, region, operator, direction, dim, group, splits, t)
-    if t == 1:
-        # One rank: every op is the identity and moves nothing; it is still recorded (0 bytes
-        # sent), so a program's record has the same shape at every world size.
-        out = x
-    elif op == "all_reduce":
-        out = x.contiguous().clone()
-        dist.all_reduce(out, group=group)
-    elif op == "all_gather":
-        parts = [torch.empty_like(x).contiguous() for _ in range(t)]
-        dist.all_gather(parts, x.contiguous(), group=group)
-        out = torch.cat(parts, dim=dim)
-    elif op == "reduce_scatter":
-        out = _reduce_scatter(x, dim, group, t)
-    else:
-        out = x.chunk(t, dim=dim)[group_rank(group)].contiguous()
-    note(op, x, out, region, operator, direction, t)
-    return out
+__all__ = ["Region", "REGIONS", "allreduce_grad",
+           "copy_to_tensor_model_parallel_region", "reduce_from_tensor_model_parallel_region",
+           "gather_from_tensor_model_parallel_region", "scatter_to_tensor_model_parallel_region",
+           "scatter_to_sequence_parallel_region", "gather_from_sequence_parallel_region",
+           "reduce_scatter_to_sequence_parallel_region", "allreduce_sequence_parallel_grad",
+           "SCATTER_SP", "GATHER_SP", "REDUCE_SCATTER_SP", "GRAD_ALLREDUCE_SP"]
 
 
-def _reduce_scatter(x: torch.Tensor, dim: int, group: dist.ProcessGroup | None,
-                    t: int) -> torch.Tensor:
-    """``[.., n, ..]`` (``n`` at ``dim``) -> this rank's ``[.., n/t, ..]`` of the sum over the group.
-
-    Issues the real reduce-scatter (``dist.reduce_scatter_tensor``, ``reduce_scatter_single`` in
-    torch 2.13; what DTensor and FSDP2 call), so a profiler or
-    ``CommDebugMode`` sees the collective the record names. gloo implements it with an all-reduce
-    inside (notebook 00 measures the bytes); older gloo builds have none at all, and there the same
-    result comes from an all-reduce and this rank's chunk.
-    """
-    n = x.shape[dim]
-    if n % t:
-        raise ValueError(f"reduce_scatter: dim {dim} has size {n}, not divisible by the "
-                         f"{t} ranks of the group")
-    full = x.movedim(dim, 0).contiguous()                        # [n, ..]: chunks are contiguous
-    out = full.new_empty((n // t, *full.shape[1:]))              # [n, ..] -> reduce-scatter -> [n/t, ..]
-    # torch 2.13 renamed reduce_scatter_tensor (the old name warns); Colab's older torch only has it
-    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    try:
-        reduce_scatter(out, full, group=group)
-    except RuntimeError as exc:
-        if "support" not in str(exc):
-            raise
-        total = full.clone()                                     # full may be x itself
-        dist.all_reduce(total, group=group)
-        out = total.chunk(t)[group_rank(group)]
-    return out.movedim(0, dim).contiguous()
+class Region(NamedTuple):
+    """One row of the table: ``forward`` and ``backward`` are ops of ``issue()`` or
+    ``"identity"``; ``operator`` is the paper's name (``f``, ``g``) or what the row carries."""
+    name: str
+    forward: str
+    backward: str
+    dim: int
+    operator: str = ""
 
 
-def _all_to_all(x: torch.Tensor, region: str, operator: str, direction: str, dim: int,
-                group: dist.ProcessGroup | None, splits: tuple[list[int], list[int]] | None,
-                t: int) -> torch.Tensor:
-    if dim != 0:
-        raise ValueError(f"all_to_all exchanges rows (dim 0), got dim={dim}")
-    if splits is None:
-        if x.shape[0] % t:
-            raise ValueError(f"all_to_all without splits needs {x.shape[0]} rows divisible by {t}")
-        splits = ([x.shape[0] // t] * t, [x.shape[0] // t] * t)
-    send, recv = [int(n) for n in splits[0]], [int(n) for n in splits[1]]
-    if len(send) != t or len(recv) != t or sum(send) != x.shape[0] or min(send + recv) < 0:
-        raise ValueError(f"all_to_all splits {send} / {recv} do not fit {t} ranks and "
-                         f"{x.shape[0]} rows")
-    row_bytes = (x.numel() // x.shape[0] if x.shape[0] else math.prod(x.shape[1:])) * x.element_size()
-    me = group_rank(group)
-    if t == 1:
-        if recv != send:
-            raise ValueError(f"all_to_all on one rank receives what it sends, got {send} / {recv}")
-        out = x
-    else:
-        out = x.new_empty((sum(recv), *x.shape[1:]))
-        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv,
-                               input_split_sizes=send, group=group)
-    note("all_to_all", x, out, region, operator, direction, t,
-          sent=(sum(send) - send[me]) * row_bytes)
-    return out
+SCATTER_SP = "scatter_to_sequence_parallel_region"
+GATHER_SP = "gather_from_sequence_parallel_region"
+REDUCE_SCATTER_SP = "reduce_scatter_to_sequence_parallel_region"
+GRAD_ALLREDUCE_SP = "allreduce_sequence_parallel_grad"
+
+REGIONS: dict[str, Region] = {r.name: r for r in (
+    Region("copy_to_tensor_model_parallel_region", "identity", "all_reduce", -1, "f"),
+    Region("reduce_from_tensor_model_parallel_region", "all_reduce", "identity", -1, "g"),
+    Region("gather_from_tensor_model_parallel_region", "all_gather", "split", -1),
+    Region("scatter_to_tensor_model_parallel_region", "split", "all_gather", -1),
+    Region(SCATTER_SP, "split", "all_gather", 0),
+    Region(GATHER_SP, "all_gather", "reduce_scatter", 0),
+    Region(REDUCE_SCATTER_SP, "reduce_scatter", "all_gather", 0),
+)}
 
 
-class _AllReduceGrad(torch.autograd.Function):
-    """forward: identity; backward: all-reduce (sum) of the grad over the group."""
+def _perform(op: str, x: torch.Tensor, region: Region, direction: str, group) -> torch.Tensor:
+    if op == "identity":
+        return x.view_as(x) if direction == "forward" else x   # a view: autograd sees a new tensor
+    return issue(op, x, region=region.name, operator=region.operator, direction=direction,
+                 dim=region.dim, group=group)
+
+
+class _Region(torch.autograd.Function):
+    """forward: ``region.forward`` on ``x``; backward: ``region.backward`` on the grad (the
+    transpose of forward), both along ``region.dim`` within ``group``."""
 
     @staticmethod
-    def forward(ctx, p, region, operator, group):
-        ctx.region, ctx.operator, ctx.group = region, operator, group
-        return p.view_as(p)
+    def forward(ctx, x, region: Region, group):
+        ctx.region, ctx.group = region, group
+        return _perform(region.forward, x, region, "forward", group)
 
     @staticmethod
     def backward(ctx, grad):
-        return issue("all_reduce", grad, region=ctx.region, operator=ctx.operator,
-                     direction="backward", group=ctx.group), None, None, None
+        return _perform(ctx.region.backward, grad, ctx.region, "backward", ctx.group), None, None
+
+
+def copy_to_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
+    """f: ``[.., h]`` replicated; forward identity, backward all-reduce of dX."""
+    return _Region.apply(x, REGIONS["copy_to_tensor_model_parallel_region"], group)
+
+
+def reduce_from_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
+    """g: ``[.., h]`` partial sums -> all-reduce -> ``[.., h]``; backward identity."""
+    return _Region.apply(x, REGIONS["reduce_from_tensor_model_parallel_region"], group)
+
+
+def gather_from_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
+    """``[.., n/t]`` -> all-gather along the last dim -> ``[.., n]``; backward splits it."""
+    return _Region.apply(x, REGIONS["gather_from_tensor_model_parallel_region"], group)
+
+
+def scatter_to_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
+    """``[.., n]`` -> this rank's ``[.., n/t]``; backward all-gathers along the last dim."""
+    return _Region.apply(x, REGIONS["scatter_to_tensor_model_parallel_region"], group)
+
+
+def scatter_to_sequence_parallel_region(x: torch.Tensor,
+                                        group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """``[s, b, h]`` -> this rank's ``[s/t, b, h]``; backward all-gathers along dim 0."""
+    return _Region.apply(x, REGIONS[SCATTER_SP], group)
+
+
+def gather_from_sequence_parallel_region(x: torch.Tensor, group: dist.ProcessGroup | None = None,
+                                         tensor_parallel_output_grad: bool = True) -> torch.Tensor:
+    """``[s/t, b, h]`` -> all-gather along dim 0 -> ``[s, b, h]``; backward reduce-scatters.
+
+    With ``tensor_parallel_output_grad=False`` (Megatron's flag of the same name) the grad
+    arriving in backward is already the full sum on every rank (e.g. a loss computed on the
+    gathered output), so backward only splits it along dim 0.
+    """
+    region = REGIONS[GATHER_SP]
+    if not tensor_parallel_output_grad:
+        region = region._replace(backward="split")
+    return _Region.apply(x, region, group)
+
+
+def reduce_scatter_to_sequence_parallel_region(x: torch.Tensor,
+                                               group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """``[s, b, h]`` partial sums -> reduce-scatter along dim 0 -> ``[s/t, b, h]``; backward
+    all-gathers."""
+    return _Region.apply(x, REGIONS[REDUCE_SCATTER_SP], group)
 
 
 def allreduce_grad(p: torch.Tensor, region: str, operator: str = "", group=None) -> torch.Tensor:
     """Use a replicated parameter through this when each rank saw different data (other tokens,
-    other sequence rows): its grad is then summed over the group during backward. ``operator``
-    names the parameter in the record (``"ln.weight"``), so its all-reduce can be told apart."""
-    return _AllReduceGrad.apply(p, region, operator, group)
+    other sequence rows): forward identity, backward all-reduce, so its grad is summed over the
+    group. ``operator`` names the parameter in the record (``"ln.weight"``)."""
+    return _Region.apply(p, Region(region, "identity", "all_reduce", -1, operator), group)
 
 
-class _CopyToTensorModelParallelRegion(torch.autograd.Function):
-    """f. forward: identity; backward: all-reduce (sum) of the input grad over the group."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return issue("all_reduce", grad, region="copy_to_tensor_model_parallel_region",
-                     operator="f", direction="backward", group=ctx.group), None
-
-
-class _ReduceFromTensorModelParallelRegion(torch.autograd.Function):
-    """g. forward: all-reduce (sum) over the group; backward: identity."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        return issue("all_reduce", x, region="reduce_from_tensor_model_parallel_region",
-                     operator="g", direction="forward", group=group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
-
-
-class _GatherFromTensorModelParallelRegion(torch.autograd.Function):
-    """forward: all-gather along the last dim [.., n/t] -> [.., n]; backward: split the last dim."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return issue("all_gather", x, region="gather_from_tensor_model_parallel_region",
-                     direction="forward", group=group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return issue("split", grad, region="gather_from_tensor_model_parallel_region",
-                     direction="backward", group=ctx.group), None
-
-
-class _ScatterToTensorModelParallelRegion(torch.autograd.Function):
-    """forward: split the last dim [.., n] -> [.., n/t]; backward: all-gather along the last dim."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return issue("split", x, region="scatter_to_tensor_model_parallel_region",
-                     direction="forward", group=group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return issue("all_gather", grad, region="scatter_to_tensor_model_parallel_region",
-                     direction="backward", group=ctx.group), None
-
-
-def copy_to_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
-    """f: forward identity, backward all-reduce. ``x`` is replicated, e.g. ``[s, b, h]``."""
-    return _CopyToTensorModelParallelRegion.apply(x, group)
-
-
-def reduce_from_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
-    """g: forward all-reduce, backward identity. ``x`` is a partial sum of full shape ``[s, b, h]``."""
-    return _ReduceFromTensorModelParallelRegion.apply(x, group)
-
-
-def gather_from_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
-    """forward all-gather last dim ``[.., n/t] -> [.., n]``, backward split last dim."""
-    return _GatherFromTensorModelParallelRegion.apply(x, group)
-
-
-def scatter_to_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
-    """forward split last dim ``[.., n] -> [.., n/t]``, backward all-gather last dim."""
-    return _ScatterToTensorModelParallelRegion.apply(x, group)
-
-
-__all__ = ["CollectiveEvent", "CollectiveRecord", "record", "issue", "group_size", "group_rank",
-           "allreduce_grad",
-           "copy_to_tensor_model_parallel_region", "reduce_from_tensor_model_parallel_region",
-           "gather_from_tensor_model_parallel_region", "scatter_to_tensor_model_parallel_region"]
+def allreduce_sequence_parallel_grad(p: torch.Tensor, name: str = "",
+                                     group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """``allreduce_grad`` for a parameter (e.g. LayerNorm weight ``[h]``) that sees only this
+    rank's sequence rows: its grad, a partial sum over them, is summed over the group."""
+    return allreduce_grad(p, GRAD_ALLREDUCE_SP, name, group)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from mtb_helpers.comm.regions import issue
+from mtb_helpers.comm.issue import issue
 from mtb_helpers.cp.base import ContextParallelAttention
 from mtb_helpers.cp.sharding import shard_sequence, unshard_sequence
 

@@ -13,7 +13,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from mtb_helpers.comm.regions import group_rank, group_size
+from mtb_helpers.comm.issue import group_rank, group_size
 from mtb_helpers.cp.sharding import check_layout, check_sequence, shard_positions
 
 __all__ = ["ContextParallelAttention"]

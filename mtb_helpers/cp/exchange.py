@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from mtb_helpers.comm.records import note
-from mtb_helpers.comm.regions import group_rank, group_size
+from mtb_helpers.comm.issue import group_rank, group_size
 
 __all__ = ["ring_pass"]
 

@@ -28,7 +28,8 @@ import torch.nn.functional as F
 
 from mtb_helpers.checking.bug import swap
 from mtb_helpers.checking.bugs import validate_bug
-from mtb_helpers.comm.regions import group_rank, group_size, record
+from mtb_helpers.comm.issue import group_rank, group_size
+from mtb_helpers.comm.records import record
 from mtb_helpers.dp.bugs import BUGS_BY_STRATEGY, DP_BUGS
 from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
 from mtb_helpers.dp.strategies import MEMORY_SHARDED, MEMORY_TERMS, SHARDED, STRATEGIES, Adam, Layout, flat, make_mlp

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtb_helpers.comm.regions import group_rank, group_size, issue
+from mtb_helpers.comm.issue import group_rank, group_size, issue
 from mtb_helpers.dp.strategies import DDP, SHARDED, Adam, Layout, Strategy, ZeRO1, ZeRO2, held_bytes
 
 __all__ = ["ZeRO3", "STRATEGY_CLASSES"]

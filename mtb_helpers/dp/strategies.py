@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from mtb_helpers.comm.regions import group_rank, group_size, issue
+from mtb_helpers.comm.issue import group_rank, group_size, issue
 
 __all__ = ["STRATEGIES", "SHARDED", "Adam", "make_mlp", "flat", "padded_numel", "Layout",
            "held_bytes", "Strategy", "DDP", "ZeRO1", "ZeRO2"]

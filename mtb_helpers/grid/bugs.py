@@ -6,7 +6,7 @@ of group matter: the mistake is marked ``# BUG``.
 from __future__ import annotations
 
 from mtb_helpers.checking.bug import Bug, names_for
-from mtb_helpers.comm.regions import issue
+from mtb_helpers.comm.issue import issue
 from mtb_helpers.grid.layers import DP_REGION, GridGroups, average_gradients
 
 __all__ = ["BUGS", "GRID_BUGS", "sync_in_tp_group", "sync_nothing", "sync_sum"]

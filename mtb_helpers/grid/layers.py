@@ -30,7 +30,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from mtb_helpers.comm.regions import issue, record
+from mtb_helpers.comm.issue import issue
+from mtb_helpers.comm.records import record
 from mtb_helpers.comm.sharding import shard_range
 from mtb_helpers.tp.layers import ParallelMLP
 

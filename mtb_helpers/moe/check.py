@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mtb_helpers.comm.regions import group_size
+from mtb_helpers.comm.issue import group_size
 from mtb_helpers.checking.bugs import validate_bug
-from mtb_helpers.comm.regions import record
+from mtb_helpers.comm.records import record
 from mtb_helpers.moe.layers import COMBINE, COUNTS, DISPATCH, ROUTER_GRAD, Expert, moe_reference
 from mtb_helpers.moe.bugs import build_moe
 from mtb_helpers.runtime.ranks import resolve_world_size, run

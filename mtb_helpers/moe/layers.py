@@ -42,7 +42,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtb_helpers.comm.sharding import ROWS
-from mtb_helpers.comm.regions import allreduce_grad, group_rank, group_size, issue
+from mtb_helpers.comm.issue import group_rank, group_size, issue
+from mtb_helpers.comm.regions import allreduce_grad
 
 __all__ = ["Expert", "route", "expert_capacity", "capacity_mask", "inverse_permutation",
            "all_to_all_rows", "allreduce_router_grad", "moe_reference", "ExpertParallelMoE",

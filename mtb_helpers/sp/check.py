@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from mtb_helpers.comm.regions import group_size
+from mtb_helpers.comm.issue import group_size
 from mtb_helpers.checking.bugs import validate_bug
-from mtb_helpers.comm.sp_regions import GATHER_SP, REDUCE_SCATTER_SP
+from mtb_helpers.comm.regions import GATHER_SP, REDUCE_SCATTER_SP
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
 from mtb_helpers.checking.report import Report

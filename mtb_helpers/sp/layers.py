@@ -26,8 +26,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from mtb_helpers.comm.regions import group_rank, group_size, issue
-from mtb_helpers.comm.sp_regions import (GATHER_SP, allreduce_sequence_parallel_grad,
+from mtb_helpers.comm.issue import group_rank, group_size, issue
+from mtb_helpers.comm.regions import (GATHER_SP, allreduce_sequence_parallel_grad,
                                  gather_from_sequence_parallel_region,
                                  reduce_scatter_to_sequence_parallel_region)
 from mtb_helpers.comm.sharding import COLS, REPLICATED, ROWS, shard_range

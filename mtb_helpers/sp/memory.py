@@ -27,8 +27,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mtb_helpers.comm.regions import CollectiveRecord, group_rank, group_size, record
-from mtb_helpers.comm.sp_regions import GRAD_ALLREDUCE_SP
+from mtb_helpers.comm.issue import group_rank, group_size
+from mtb_helpers.comm.records import CollectiveRecord, record
+from mtb_helpers.comm.regions import GRAD_ALLREDUCE_SP
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.sp.layers import SequenceParallelMLPBlock, TensorParallelMLPBlock
 from mtb_helpers.comm.sharding import check_divisible, shard_range

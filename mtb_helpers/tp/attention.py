@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from mtb_helpers.comm.regions import group_rank, group_size
+from mtb_helpers.comm.issue import group_rank, group_size
 from mtb_helpers.comm.sharding import COLS, REPLICATED
 from mtb_helpers.tp.layers import ColumnParallelLinear, RowParallelLinear
 

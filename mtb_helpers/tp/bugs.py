@@ -12,10 +12,11 @@ import torch
 import torch.nn.functional as F
 
 from mtb_helpers.checking.bug import Bug, names_for, swap
+from mtb_helpers.comm.issue import group_size, issue
 from mtb_helpers.comm.regions import (copy_to_tensor_model_parallel_region,
-                              gather_from_tensor_model_parallel_region, group_size, issue,
-                              reduce_from_tensor_model_parallel_region,
-                              scatter_to_tensor_model_parallel_region)
+                                      gather_from_tensor_model_parallel_region,
+                                      reduce_from_tensor_model_parallel_region,
+                                      scatter_to_tensor_model_parallel_region)
 from mtb_helpers.tp.layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear
 
 

@@ -27,10 +27,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtb_helpers.comm.sharding import COLS, REPLICATED, check_divisible, shard_range
+from mtb_helpers.comm.issue import group_rank, group_size
 from mtb_helpers.comm.regions import (copy_to_tensor_model_parallel_region,
-                              gather_from_tensor_model_parallel_region, group_rank, group_size,
-                              reduce_from_tensor_model_parallel_region,
-                              scatter_to_tensor_model_parallel_region)
+                                      gather_from_tensor_model_parallel_region,
+                                      reduce_from_tensor_model_parallel_region,
+                                      scatter_to_tensor_model_parallel_region)
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "check_divisible",
            "shard_range"]

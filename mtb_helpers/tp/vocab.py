@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtb_helpers.comm.records import note
-from mtb_helpers.comm.regions import (group_rank, group_size, issue,
-                                      reduce_from_tensor_model_parallel_region)
+from mtb_helpers.comm.issue import group_rank, group_size, issue
+from mtb_helpers.comm.regions import reduce_from_tensor_model_parallel_region
 from mtb_helpers.comm.sharding import COLS, REPLICATED, ROWS, check_divisible, shard_range
 
 __all__ = ["VocabParallelEmbedding", "VocabParallelCrossEntropy", "vocab_parallel_cross_entropy",
