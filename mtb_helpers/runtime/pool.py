@@ -60,13 +60,13 @@ class Pool:
             self._lifelines.append(life_w)
             proc = ctx.Process(target=rank_worker.main, name=f"mtb-rank{rank}", daemon=True,
                                args=(rank, self.world_size, self.workdir, theirs, life_r))
+            self.procs.append(proc)  # before start: kill() must find it if start is interrupted
             try:
                 with without_main_reimport():
                     proc.start()
             finally:
                 theirs.close()
                 life_r.close()
-            self.procs.append(proc)
 
     def wait_ready(self) -> None:
         """Block until every rank has joined the process group (first call only)."""
@@ -257,13 +257,14 @@ class Pool:
         """Kill every rank now. A second Ctrl-C cannot cut this short (it is held back)."""
         with interrupts_deferred():
             self.broken = True
-            for proc in self.procs:
+            started = [proc for proc in self.procs if proc.pid is not None]
+            for proc in started:
                 if self.orphaned or proc.is_alive():
                     try:  # by pid: a process whose forkserver died reports "exited" while alive
                         os.kill(proc.pid, getattr(signal, "SIGKILL", signal.SIGTERM))
                     except (OSError, TypeError):
                         pass
-            for proc in self.procs:
+            for proc in started:
                 if not self.orphaned:
                     proc.join(2.0)
             for conn in self.conns + self._lifelines:
