@@ -41,7 +41,7 @@ class RowAllReduceThenSlice(SequenceParallelRowLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # BUG: g all-reduces the whole [s, b, h] and the rank slices its rows out. The forward
         # values are right, but the transpose of "slice" pads with zeros and g's backward is the
-        # identity: no all-gather of dZ, so every grad before this point misses the other shards.
+        # identity: no all-gather of dM, so every grad before this point misses the other shards.
         full = reduce_from_tensor_model_parallel_region(F.linear(x, self.weight), self.group)
         n = full.shape[0] // group_size(self.group)
         r = group_rank(self.group)
@@ -60,7 +60,7 @@ BUGS: dict[str, Bug] = {
         checks=('sequence',), replaces={PositionKeyedDropout: SameMaskDropout}),
     "sp-allreduce-instead-of-reduce-scatter": Bug(
         'sequence-parallel fc2: all-reduce (g) of the whole sequence, then each '
-        'rank slices its rows; forward is right, backward never all-gathers dZ',
+        'rank slices its rows; forward is right, backward never all-gathers dM',
         checks=('sequence',), replaces={SequenceParallelRowLinear: RowAllReduceThenSlice}),
 }
 SP_BUGS = names_for(BUGS, "sequence")
