@@ -10,19 +10,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 from mtb_helpers import shutdown
 from mtb_helpers.check import check_tp_attention, check_vocab_parallel
-
-
-def timed(call) -> float:
-    start = time.perf_counter()
-    report = call()
-    elapsed = time.perf_counter() - start
-    if not report.passed:
-        raise SystemExit(f"{report.title()}: a benchmark of a failing check measures nothing")
-    return elapsed
+from timing import timed
 
 
 def main() -> None:

@@ -11,18 +11,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 from mtb_helpers.check import check_context_parallel
-
-
-def timed(**kwargs) -> float:
-    start = time.perf_counter()
-    report = check_context_parallel(dtype="float64", **kwargs)
-    elapsed = time.perf_counter() - start
-    if not report.passed:
-        raise SystemExit(f"{report.title()}: a benchmark of a failing check measures nothing")
-    return elapsed
+from timing import timed
 
 
 def main() -> None:
@@ -32,7 +23,8 @@ def main() -> None:
     parser.add_argument("--seq", type=int, nargs="+", default=[16, 256])
     args = parser.parse_args()
     t = args.world_size
-    first = timed(world_size=t, seq=args.seq[0])
+    first = timed(lambda: check_context_parallel(dtype="float64", world_size=t,
+                                                 seq=args.seq[0]))
     print(f"first call (starts the {t}-rank pool): {first * 1e3:.0f} ms\n")
     print("| variant | layout | mask | s | warm median | warm min |")
     print("|---|---|---|---:|---:|---:|")
@@ -40,8 +32,10 @@ def main() -> None:
         for variant in ("ring", "allgather"):
             for layout in ("contiguous", "zigzag"):
                 for causal in (False, True):
-                    runs = [timed(world_size=t, seq=seq, variant=variant, layout=layout,
-                                  causal=causal) for _ in range(args.repeats)]
+                    config = dict(dtype="float64", world_size=t, seq=seq, variant=variant,
+                                  layout=layout, causal=causal)
+                    runs = [timed(lambda: check_context_parallel(**config))
+                            for _ in range(args.repeats)]
                     print(f"| {variant} | {layout} | {'causal' if causal else 'none'} | {seq} | "
                           f"{statistics.median(runs) * 1e3:.0f} ms | {min(runs) * 1e3:.0f} ms |")
     print(f"\n{t} ranks, {args.repeats} warm calls each, float64, b=1, 2 heads, d=4")

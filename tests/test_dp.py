@@ -10,7 +10,8 @@ from mtb_helpers.dp.check import make_problem, reference_step, reference_steps
 from mtb_helpers.comm.records import CollectiveEvent
 from mtb_helpers.comm.records import CollectiveRecord
 from mtb_helpers.dp.strategies import Layout, flat, held_bytes, padded_numel
-from mtb_helpers.dp.zero3 import BUGS_BY_STRATEGY, STRATEGY_CLASSES, build_strategy
+from mtb_helpers.dp.bugs import BUGS_BY_STRATEGY, build_strategy
+from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
 from mtb_helpers.dp.strategies import Adam
 
 
@@ -42,14 +43,20 @@ def test_record_summary_lists_the_step_collectives():
                              "step: 1 all_gather (16 B)")
 
 
-def _one_rank_step(strategy, bug):
-    model, warm, batch = make_problem(4, 3, 5, torch.float64, seed=2)
-    adam = Adam()
+def _start_from_the_warm_up_step(model, warm, adam):
+    """One reference Adam step on the warm-up batch, loaded into ``model``; returns its state."""
     start = reference_step(model, warm, adam)
     offset = 0
     for p in model.parameters():
         p.data = start["params"][offset:offset + p.numel()].view_as(p).clone()
         offset += p.numel()
+    return start
+
+
+def _one_rank_step(strategy, bug):
+    model, warm, batch = make_problem(4, 3, 5, torch.float64, seed=2)
+    adam = Adam()
+    start = _start_from_the_warm_up_step(model, warm, adam)
     dp = build_strategy(strategy, model, start, adam, bug)   # no process group: one rank
     dp.train_step(*batch)
     return dp.pieces(), reference_step(model, batch, adam, start)
@@ -86,11 +93,7 @@ def test_zero3_frees_the_gathered_parameters_and_zero2_the_full_gradient():
 def _three_steps_on_one_rank(strategy, bug=None):
     model, warm, batches = make_problem(4, 3, 5, torch.float64, seed=4, steps=3)
     adam = Adam()
-    start = reference_step(model, warm, adam)
-    offset = 0
-    for p in model.parameters():
-        p.data = start["params"][offset:offset + p.numel()].view_as(p).clone()
-        offset += p.numel()
+    start = _start_from_the_warm_up_step(model, warm, adam)
     dp = build_strategy(strategy, model, start, adam, bug)
     got = []
     for x, y in batches:

@@ -6,11 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from mtb_helpers import RankTimeoutError
 from mtb_helpers.pp import check_pipeline, pipeline_step, schedule, simulate
-from mtb_helpers.pp import check as pp_check
 from mtb_helpers.pp import runtime as pp_runtime
 from mtb_helpers.pp.check import make_pipeline_model, reference_step
 
@@ -101,16 +99,14 @@ def test_op_time_pads_every_op_to_its_fixed_duration():
     (dict(stages=0), "stages must be"),
     (dict(bug="pp-loss-not-scaled"), "Bug object"),
 ])
-def test_bad_input_is_refused_before_any_rank_starts(monkeypatch, kwargs, message):
-    monkeypatch.setattr(pp_runtime, "run", lambda *a, **k: pytest.fail("ranks started"))
+def test_bad_input_is_refused_before_any_rank_starts(no_ranks, kwargs, message):
     model, x, y = data(kwargs.pop("blocks", 2), kwargs.pop("m", 2))
     args = dict(schedule="1f1b", stages=2, microbatches=2) | kwargs
     with pytest.raises(ValueError, match=message):
         pipeline_step(model, x, y, **args)
 
 
-def test_check_refuses_bad_input_before_any_rank_starts(monkeypatch):
-    monkeypatch.setattr(pp_runtime, "run", lambda *a, **k: pytest.fail("ranks started"))
+def test_check_refuses_bad_input_before_any_rank_starts(no_ranks):
     with pytest.raises(ValueError, match="unknown bug"):
         check_pipeline(bug="no-such-bug")
     with pytest.raises(ValueError, match="does not apply"):

@@ -98,7 +98,7 @@ def plot_memory(reports) -> Figure:
     ax.set_xticks(range(len(reports)), [NAMES[r.config["strategy"]] for r in reports])
     ax.set_ylabel("bytes held per rank")
     ax.set_ylim(0, top * 1.15)
-    ax.set_title(f"Memory per rank after one Adam step, t = {t}, Ψ = {mem0['numel']} parameters "
+    ax.set_title(f"Memory per rank after the last Adam step, t = {t}, Ψ = {mem0['numel']} parameters "
                  f"({reports[0].config['dtype']}): measured vs Rajbhandari et al. 2020", fontsize=10)
     handles = [Patch(facecolor=TERM_COLORS[k], edgecolor="black", label=TERM_LABELS[k])
                for k in reversed(MEMORY_TERMS)]

@@ -11,7 +11,7 @@ from IPython.display import display
 
 from mtb_helpers.dp.check import check_data_parallel
 from mtb_helpers.dp.strategies import STRATEGIES
-from mtb_helpers.dp.zero3 import DP_BUGS
+from mtb_helpers.dp.bugs import DP_BUGS
 from mtb_helpers.dp.plots import plot_communication, plot_errors, plot_holdings, plot_memory
 from mtb_helpers.checking.report import Report
 from mtb_helpers.tp.widget import as_png
