@@ -141,3 +141,34 @@ def test_contributing_lists_every_package_file():
     missing = package_map.unlisted(text)
     assert not missing, f"CONTRIBUTING.md does not list {missing}: run scripts/package_map.py"
     assert package_map.unlisted("") , "the check cannot fail"
+
+
+STABLE_IMPORTS = {   # DESIGN.md's stable entry points and issue 10's "keep working" list
+    "mtb_helpers": "run warm_up shutdown seed_all RankError RankTimeoutError BUGS",
+    "mtb_helpers.tp": "ColumnParallelLinear RowParallelLinear ParallelMLP shard_range "
+                      "ParallelSelfAttention VocabParallelEmbedding vocab_parallel_cross_entropy",
+    "mtb_helpers.sp": "SequenceParallelMLPBlock",
+    "mtb_helpers.pp": "schedule simulate pipeline_step",
+    "mtb_helpers.cp": "shard_sequence unshard_sequence ring_attention allgather_attention",
+    "mtb_helpers.check": "check_column_parallel check_row_parallel check_tp_mlp "
+                         "check_sequence_parallel check_data_parallel check_moe check_grid "
+                         "check_collectives check_pipeline check_tp_attention "
+                         "check_vocab_parallel check_context_parallel check_capstone",
+    "mtb_helpers.comm": "record issue copy_to_tensor_model_parallel_region "
+                        "reduce_from_tensor_model_parallel_region "
+                        "gather_from_tensor_model_parallel_region "
+                        "scatter_to_tensor_model_parallel_region "
+                        "gather_from_sequence_parallel_region "
+                        "reduce_scatter_to_sequence_parallel_region",
+}
+
+
+@pytest.mark.parametrize("module", sorted(STABLE_IMPORTS))
+def test_the_stable_import_paths_still_work(module):
+    import importlib
+
+    loaded = importlib.import_module(module)
+    missing = [n for n in STABLE_IMPORTS[module].split() if not hasattr(loaded, n)]
+    assert not missing, f"from {module} import {', '.join(missing)} no longer works"
+    if module == "mtb_helpers.check":
+        assert set(STABLE_IMPORTS[module].split()) <= set(loaded.__all__)
