@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from mtb_helpers import BUGS
-from mtb_helpers.moe.check import EXPERT_PARAMS, all_gather_alternative_bytes, check_moe
+from mtb_helpers.moe.check import (EXPERT_PARAMS, all_gather_alternative_bytes, check_moe,
+                                   make_moe_inputs)
 from mtb_helpers.moe.bugs import MOE_BUGS
 
 
@@ -182,3 +183,15 @@ def test_building_the_inputs_leaves_the_callers_random_stream_alone():
     assert torch.equal(torch.rand(3), expected)
     again = make_moe_inputs(8, 4, 8, 4, seed=0)
     assert torch.equal(first[2], again[2])  # and the inputs still follow their own seed
+
+
+@pytest.mark.parametrize("tokens, num_experts", [(16, 4), (8, 4)])
+def test_the_notebooks_routing_has_no_near_tie_a_blas_could_flip(tokens, num_experts):
+    """Notebook 07 prints which expert each token chose in compared cells. Another BLAS may move
+    the router logits by an ulp (~1e-7 here); a choice is safe when the chosen logits beat the
+    next ones by far more than that, for top-1 and top-2 alike."""
+    gate, _, x, _ = make_moe_inputs(tokens=tokens, hidden=8, ffn_hidden=16,
+                                    num_experts=num_experts, seed=0)
+    logits = (x.double() @ gate.weight.double().T).sort(dim=-1, descending=True).values
+    gaps = logits[:, :-1] - logits[:, 1:]          # first vs second, second vs third, ...
+    assert gaps[:, :2].min() > 1e-4, gaps[:, :2].min()
