@@ -7,6 +7,7 @@ group that saw a mismatched collective cannot be trusted again, and a fresh pool
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import shutil
@@ -72,14 +73,8 @@ class Pool:
         """Block until every rank has joined the process group (first call only)."""
         if self._ready:
             return
-        try:
+        with self._in_flight():
             replies = self._collect(START_TIMEOUT, what="start")
-        except BaseException:
-            if not self.broken:
-                self.kill(remove_files=False)
-            raise
-        finally:
-            self._after_collect()
         self.pids = [pid for _, pid in replies]
         self._ready = True
 
@@ -93,7 +88,7 @@ class Pool:
         self._fn = fn  # only to find the student's source lines if something goes wrong
         self.call_id += 1
         self.last_used = time.monotonic()
-        try:
+        with self._in_flight():
             message = pickle.dumps(("call", self.call_id, payload))
             for rank, conn in enumerate(self.conns):
                 try:
@@ -102,13 +97,6 @@ class Pool:
                     self.kill(remove_files=False)
                     raise self._death_error(rank, "before this call reached it") from None
             replies = self._collect(timeout, what="call")
-        except BaseException:
-            if not self.broken:
-                self.kill(remove_files=False)
-            raise
-        finally:
-            self._after_collect()
-            self.last_used = time.monotonic()
         return [value for _, _, value in replies]
 
     def dead_ranks(self) -> dict[int, str]:
@@ -137,6 +125,21 @@ class Pool:
         return RankError(rank, f"rank {rank} died ({self._exit_cause(rank)}) {when}; see its "
                          "output above. The pool was stopped; the next run() starts a fresh one.",
                          "ProcessDied")
+
+    @contextlib.contextmanager
+    def _in_flight(self):
+        """While ranks hold a message of ours, any exception (a rank error, a timeout, Ctrl-C,
+        a reply that does not unpickle) kills the pool: replies left in the pipes must never
+        answer a later call."""
+        try:
+            yield
+        except BaseException:
+            if not self.broken:
+                self.kill(remove_files=False)
+            raise
+        finally:
+            self._after_collect()
+            self.last_used = time.monotonic()
 
     def _after_collect(self) -> None:
         self.relay_output()
