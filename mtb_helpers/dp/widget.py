@@ -9,12 +9,12 @@ from __future__ import annotations
 import ipywidgets as widgets
 from IPython.display import display
 
+from mtb_helpers.widgets.frame import as_png
 from mtb_helpers.dp.check import check_data_parallel
 from mtb_helpers.dp.strategies import STRATEGIES
 from mtb_helpers.dp.bugs import DP_BUGS
 from mtb_helpers.dp.plots import plot_communication, plot_errors, plot_holdings, plot_memory
 from mtb_helpers.checking.report import Report
-from mtb_helpers.tp.widget import as_png
 
 __all__ = ["dp_summary", "explore_data_parallel"]
 

@@ -13,7 +13,6 @@ from mtb_helpers.grid.check import GRID_BUGS, check_grid
 from mtb_helpers.grid.plots import plot_grid, plot_grid_errors
 from mtb_helpers.checking.report import Report
 from mtb_helpers.widgets.frame import live_view
-from mtb_helpers.tp.widget import as_png
 
 __all__ = ["grid_choices", "grid_summary", "grid_explorer"]
 
@@ -45,7 +44,7 @@ def grid_explorer(world_size: int = 4) -> widgets.VBox:
         tp, dp = choices[shape.value]
         report = check_grid(world_size=world_size, tp=tp, dp=dp, dtype=dtype.value,
                             bug=None if bug.value == "none" else bug.value)
-        return [grid_summary(report), as_png(plot_grid(report)), as_png(plot_grid_errors(report)),
+        return [grid_summary(report), plot_grid(report), plot_grid_errors(report),
                 HTML(report._repr_html_())]
 
     return live_view([[shape, dtype, bug]], render)

@@ -14,7 +14,6 @@ from mtb_helpers.moe.bugs import MOE_BUGS
 from mtb_helpers.moe.plots import plot_moe_errors, plot_routing, plot_tokens_per_expert
 from mtb_helpers.checking.report import Report
 from mtb_helpers.widgets.frame import live_view
-from mtb_helpers.tp.widget import as_png
 
 MAX_EXPLORER_RANKS = 4   # Binder has 1 CPU and 2 GB
 CAPACITY_FACTORS = [("none (keep all)", None), ("0.5", 0.5), ("1.0", 1.0), ("1.25", 1.25),
@@ -49,7 +48,7 @@ def explore_moe(world_size: int = 2, num_experts: int = 4) -> widgets.VBox:
         report = check_moe(world_size=size.value, num_experts=experts.value, top_k=top_k.value,
                            capacity_factor=capacity.value, bug=bug.value)
         moe = report.extra["moe"]
-        return [summary(report), as_png(plot_routing(moe)), as_png(plot_tokens_per_expert(moe)),
-                as_png(plot_moe_errors(report))]
+        return [summary(report), plot_routing(moe), plot_tokens_per_expert(moe),
+                plot_moe_errors(report)]
 
     return live_view([[size, experts, top_k], [capacity, bug]], render)

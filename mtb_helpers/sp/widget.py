@@ -9,11 +9,11 @@ from __future__ import annotations
 import ipywidgets as widgets
 from IPython.display import display
 
+from mtb_helpers.widgets.frame import as_png
 from mtb_helpers.sp.check import check_sequence_parallel
 from mtb_helpers.sp.plots import plot_errors, plot_sequence_layout
 from mtb_helpers.checking.report import Report
 from mtb_helpers.sp.bugs import SP_BUGS
-from mtb_helpers.tp.widget import as_png
 
 __all__ = ["sp_summary", "explore_sequence_parallel"]
 

@@ -6,12 +6,10 @@ Core ipywidgets only (IntSlider, Dropdown, Output, observe), so it runs on 7.7 a
 """
 from __future__ import annotations
 
-import io
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
 import torch
-from IPython.display import HTML, Image
+from IPython.display import HTML
 
 from mtb_helpers.tp.check import check_column_parallel, check_row_parallel, check_tp_mlp
 from mtb_helpers.tp.plots import plot_errors, plot_steps
@@ -50,16 +48,6 @@ def summary(report: Report) -> str:
             f"all-reduce(s) and {record.count('all_gather')} all-gather(s), sending {sent} B")
 
 
-def as_png(fig) -> Image:
-    """The figure as a PNG, drawn once: the inline backend's ``bbox_inches="tight"`` draws every
-    figure twice (once to measure it), which a slider pays on every move. The explorers' figures
-    are laid out to fit their canvas, so nothing is cropped."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=plt.rcParams["figure.dpi"], facecolor="white")
-    plt.close(fig)
-    return Image(buf.getvalue())
-
-
 def tp_explorer(kind: str = "mlp", world_size: int = 2) -> widgets.VBox:
     """The explorer widget for ``kind`` in {"column", "row", "mlp"}; display it."""
     if kind not in KINDS:
@@ -78,7 +66,7 @@ def tp_explorer(kind: str = "mlp", world_size: int = 2) -> widgets.VBox:
         report = run_explorer_check(kind, size.value, per_rank.value, other.value, dtype.value,
                                     None if bug.value == "none" else bug.value)
         return [summary(report), HTML(report._repr_html_()),
-                as_png(plot_steps(report, phase="forward", one_axes=True)),
-                as_png(plot_errors(report))]
+                plot_steps(report, phase="forward", one_axes=True),
+                plot_errors(report)]
 
     return live_view([[size, per_rank, other], [dtype, bug]], render)

@@ -2,18 +2,30 @@
 again whenever a control changes. Core ipywidgets only (observe, Output), so 7.7 and 8 alike."""
 from __future__ import annotations
 
+import io
 from typing import Callable, Sequence
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
-from IPython.display import display
+from IPython.display import Image, display
 from matplotlib.figure import Figure
+
+
+def as_png(fig: Figure) -> Image:
+    """The figure as a PNG, drawn once and closed: the inline backend's ``bbox_inches="tight"``
+    draws every figure twice (once to measure it), which a slider pays on every move. The
+    explorers' figures are laid out to fit their canvas, so nothing is cropped."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=plt.rcParams["figure.dpi"], facecolor="white")
+    plt.close(fig)
+    return Image(buf.getvalue())
 
 
 def live_view(rows: Sequence[Sequence[widgets.Widget]],
               render: Callable[[], Sequence[object]]) -> widgets.VBox:
     """``rows`` of controls above an Output that shows ``render()``'s items in order: a string is
-    printed, a Figure displayed and closed, anything else (an HTML table) displayed. An exception
+    printed, a Figure shown as a PNG drawn once (``as_png``), anything else (an HTML table)
+    displayed. An exception
     (a setting a check refuses, a rank error or timeout) is shown as one line, and the explorer
     stays usable."""
     out = widgets.Output()
@@ -30,9 +42,7 @@ def live_view(rows: Sequence[Sequence[widgets.Widget]],
                 if isinstance(item, str):
                     print(item)
                 else:
-                    display(item)
-                    if isinstance(item, Figure):
-                        plt.close(item)
+                    display(as_png(item) if isinstance(item, Figure) else item)
 
     for row in rows:
         for control in row:
