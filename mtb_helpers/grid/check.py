@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from mtb_helpers.checking.bug import swap
 from mtb_helpers.checking.bugs import validate_bug
-from mtb_helpers.grid.bugs import GRID_BUGS, sync_in_tp_group, sync_nothing, sync_sum  # noqa: F401
+from mtb_helpers.grid.bugs import GRID_BUGS
 from mtb_helpers.comm.records import CollectiveRecord
 from mtb_helpers.grid.layers import (CONVENTION, DP_REGION, PARAMS, average_gradients,
                               dp_group_ranks, expected_bytes, grid_step_on_rank, param_piece,

@@ -79,11 +79,8 @@ def _spawn_in_own_session(path, args, passfds) -> int:
 
 def preload_modules() -> list[str]:
     """What the forkserver imports before forking ranks (only read when it starts)."""
-    course = sorted(name for name in list(sys.modules)
-                    if name.startswith("mtb_helpers.") and not name.startswith("mtb_helpers.cli")
-                    and not any(part in name for part in _NOT_FOR_RANKS)
-                    and not name.startswith("mtb_helpers.widgets")
-                    and not name.startswith("mtb_helpers.plots"))
+    course = sorted(name for name in list(sys.modules) if name.startswith("mtb_helpers.")
+                    and not any(part in name for part in _NOT_FOR_RANKS))
     return ["mtb_helpers.runtime.worker", *RANK_LAZY_IMPORTS, *course,
             "mtb_helpers.runtime.forkserver_setup"]
 

@@ -21,7 +21,6 @@ import math
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from mtb_helpers.comm.issue import group_rank, group_size
