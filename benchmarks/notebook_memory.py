@@ -39,20 +39,25 @@ def tree_pss(pid: int) -> dict | None:
     except psutil.NoSuchProcess:
         return None
     parts = {"kernel": 0, "forkserver": 0, "ranks": 0, "other": 0, "n_ranks": 0}
+    # The forkserver is the kernel's child that forks ranks (a fork of the kernel, or a new
+    # interpreter whose command line names it); ranks are its children.
+    rows = []
     for proc in procs:
         try:
-            pss = proc.memory_full_info().pss
-            cmd = " ".join(proc.cmdline())
-            parent = proc.ppid()
+            rows.append((proc.pid, proc.ppid(), " ".join(proc.cmdline()),
+                         proc.memory_full_info().pss))
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-        if proc.pid == pid:
+            continue  # ended between the listing and the reading
+    parents = {parent for _, parent, _, _ in rows}
+    children = {p for p, _, _, _ in rows if p != pid}
+    for proc_pid, parent, cmd, pss in rows:
+        if proc_pid == pid:
             parts["kernel"] += pss
-        elif "forkserver" in cmd and parent == pid:
-            parts["forkserver"] += pss
-        elif "forkserver" in cmd:  # a rank: forked by the forkserver, same command line
+        elif parent in children:
             parts["ranks"] += pss
             parts["n_ranks"] += 1
+        elif "forkserver" in cmd or proc_pid in parents:
+            parts["forkserver"] += pss
         else:
             parts["other"] += pss
     parts["total"] = sum(v for k, v in parts.items() if k != "n_ranks")
@@ -77,6 +82,7 @@ def measure_one(path: str, interval: float, timeout: int) -> dict:
                 peak.update(parts)
             stop.wait(interval)
 
+    slow: list[str] = []
     started = time.monotonic()
     with client.setup_kernel():
         kernel_pid = client.km.provisioner.process.pid
@@ -84,11 +90,15 @@ def measure_one(path: str, interval: float, timeout: int) -> dict:
         sampler.start()
         try:
             for index, cell in enumerate(nb.cells):
+                cell_started = time.monotonic()
                 client.execute_cell(cell, index)
+                if time.monotonic() - cell_started > 30:  # a hang is not a memory figure
+                    slow.append(f"cell {index}: {time.monotonic() - cell_started:.0f} s")
         finally:
             stop.set()
             sampler.join()
-    peak["seconds"] = time.monotonic() - started
+        peak["seconds"] = time.monotonic() - started  # the cells, without the kernel's shutdown
+    peak["slow"] = slow
     peak["notebook"] = os.path.basename(path)
     return peak
 
@@ -110,8 +120,8 @@ def main() -> None:
     if not pin:
         print("taskset not found: measuring on every CPU", file=sys.stderr)
     if not args.json:
-        print(f"| notebook | peak PSS, whole tree | kernel | forkserver | ranks (n) | run time |")
-        print("|---|---:|---:|---:|---:|---:|")
+        print("| notebook | peak PSS, whole tree | kernel | forkserver | ranks (n) | other | run time |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
     for path in paths:
         out = subprocess.run([*pin, sys.executable, os.path.abspath(__file__), "--_one",
                               "--interval", str(args.interval), "--timeout", str(args.timeout),
@@ -125,7 +135,8 @@ def main() -> None:
             continue
         print(f"| {row['notebook']} | {row['total'] / MIB:,.0f} MiB | {row['kernel'] / MIB:,.0f} | "
               f"{row['forkserver'] / MIB:,.0f} | {row['ranks'] / MIB:,.0f} ({row['n_ranks']}) | "
-              f"{row['seconds']:.0f} s |", flush=True)
+              f"{row['other'] / MIB:,.0f} | "
+              f"{row['seconds']:.0f} s |", *row["slow"], flush=True)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from mtb_helpers.runtime import worker as rank_worker
 from mtb_helpers.runtime.pool import Pool
 from mtb_helpers.runtime.errors import RankError, RankTimeoutError, WaitPoint
 from mtb_helpers.runtime.signals import install_sigterm_cleanup, remove_multiprocessing_temp_dir
+from mtb_helpers.runtime.start import start_forkserver
 
 __all__ = ["run", "shutdown", "warm_up", "seed_all", "resolve_world_size", "in_launched_job",
            "RankError", "RankTimeoutError", "WaitPoint", "MAX_WORLD_SIZE"]
@@ -117,6 +118,7 @@ def warm_up(*world_sizes: int, background: bool = True) -> None:
                     pool.wait_ready()
 
     if background:
+        start_forkserver()  # a fork of this process: from the calling thread, never a background one
         threading.Thread(target=start, name="mtb-warm-up", daemon=True).start()
     else:
         start()

@@ -1,14 +1,18 @@
 """How rank processes start: a forkserver that has already imported what ranks need.
 
 Every page a rank shares with the forkserver costs Binder's memory budget once instead of once per
-rank. So the forkserver imports, before it forks any rank: torch (via the worker module), the
-course modules the owner has already imported that ranks unpickle functions from (layers, checks),
-and then freezes the garbage collector so that ranks do not copy every page of those objects just
-by scanning them (forkserver_setup.py).
+rank. On Linux the forkserver is a fork of the owner (fork_helper.py), so the kernel, the
+forkserver and every rank share one torch; the owner first imports what torch would import lazily
+in each rank (RANK_LAZY_IMPORTS). Elsewhere the forkserver is a new interpreter that imports,
+before it forks any rank: torch (via the worker module), those lazy imports and the course modules
+the owner has imported that ranks unpickle functions from (layers, checks). Either way it then
+freezes the garbage collector so that ranks do not copy every page of those objects just by
+scanning them (forkserver_setup.py).
 """
 from __future__ import annotations
 
 import contextlib
+import importlib
 import multiprocessing as mp
 import os
 import subprocess
@@ -17,12 +21,14 @@ import threading
 from multiprocessing import spawn as mp_spawn
 from multiprocessing import util as mp_util
 
+from mtb_helpers.runtime.fork_helper import fork_helper, may_fork
+
 _start_lock = threading.Lock()
 
 # What torch imports lazily inside a rank during the course's checks (found by comparing a fresh
 # rank's sys.modules with one after every check ran): sympy (symbolic shapes) is ~45 MB and
 # torch._dynamo (the optimizer step imports it) ~70 MB per rank when each rank imports them for
-# itself; preloaded, they cost ~70 MB once, shared by every rank.
+# itself; imported before the forkserver starts, they cost ~70 MB once, shared by every rank.
 RANK_LAZY_IMPORTS = ("torch.fx.experimental.symbolic_shapes", "torch.utils.serialization",
                      "torch._dynamo")
 # Owner-side modules the ranks never need: drawing, widgets, the command line.
@@ -67,10 +73,16 @@ def without_main_reimport():
 
 def _spawn_in_own_session(path, args, passfds) -> int:
     """multiprocessing's helper processes (the forkserver, the resource tracker), started in a
-    session of their own. ipykernel's shutdown sends SIGTERM to every process of its group and
-    waits, in growing steps, until none is left; the resource tracker ignores SIGTERM, so a kernel
+    session of their own; the forkserver as a fork of the owner where that is safe
+    (fork_helper.py), with torch's lazy imports loaded first so that owner and ranks share them.
+    ipykernel's shutdown sends SIGTERM to every process of its group and waits, in growing steps,
+    until none is left; the resource tracker ignores SIGTERM, so a kernel
     that had started ranks took 2.6 s (jupyter_client's deadline) to shut down instead of 0.7 s.
     They still end with their owner: both exit when the owner's end of their pipe closes."""
+    if may_fork(args):
+        for name in RANK_LAZY_IMPORTS:  # imported once, shared by the owner and every rank
+            importlib.import_module(name)
+        return fork_helper(args, passfds)
     proc = subprocess.Popen(args, executable=path, pass_fds=tuple(passfds), close_fds=True,
                             start_new_session=True)
     proc.returncode = 0  # multiprocessing waits for this pid itself; subprocess must not reap it
@@ -83,6 +95,17 @@ def preload_modules() -> list[str]:
                     and not any(part in name for part in _NOT_FOR_RANKS))
     return ["mtb_helpers.runtime.worker", *RANK_LAZY_IMPORTS, *course,
             "mtb_helpers.runtime.forkserver_setup"]
+
+
+def start_forkserver() -> None:
+    """Start the forkserver now, from this thread (warm_up calls it from the notebook's main
+    thread, the only one it may be forked from, before it starts pools in the background)."""
+    if start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        context()
+        with without_main_reimport():
+            forkserver.ensure_running()
 
 
 def context() -> mp.context.BaseContext:

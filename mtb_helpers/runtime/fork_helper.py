@@ -1,0 +1,77 @@
+"""multiprocessing's forkserver as a fork of the owner, so that ranks share the owner's torch.
+
+multiprocessing starts its forkserver as a new interpreter that imports torch again: ~210 MB of
+memory the owner (a notebook's kernel) already holds, paid twice. Forked from the owner instead,
+the forkserver shares the owner's pages, and every rank it forks shares them too: one torch for
+the kernel, the forkserver and all ranks (on Binder's 2 GB, about 250 MB less per notebook).
+
+Forking a process that has threads (ipykernel has several) is safe here because the child runs
+nothing of the owner's: it keeps only the file descriptors multiprocessing passes, resets the
+owner's signal handlers, writes to fresh stdio files, and runs the same code the new interpreter
+would have run. Ranks then set one intra-op thread before any computation (worker.py), which is
+what makes a fork after the owner used OpenMP safe (a larger OpenMP team would hang in the
+child). Only from the main thread: another thread of the owner could be inside torch, holding a
+lock the ranks would inherit locked (the student's code runs in the main thread, so while it
+forks nothing else computes). Linux only: on macOS forking is unsafe. Elsewhere, and with
+``MTB_FORK_FORKSERVER=0``, multiprocessing starts a new interpreter as before. (The resource
+tracker stays a new interpreter: it is small, and a fork would keep an old copy of every page the
+owner changes after it.)
+"""
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import sys
+import threading
+import traceback
+import warnings
+
+
+def may_fork(args: list[str]) -> bool:
+    """Is ``args`` multiprocessing's forkserver command, and may it be a fork of this process?"""
+    return (len(args) >= 3 and args[-2] == "-c" and "multiprocessing.forkserver" in args[-1]
+            and sys.platform.startswith("linux")
+            and threading.current_thread() is threading.main_thread()
+            and os.environ.get("MTB_FORK_FORKSERVER", "1") != "0")
+
+
+def fork_helper(args: list[str], passfds) -> int:
+    """Run the helper's ``python -c CODE`` command (see :func:`may_fork`) as a fork of this
+    process, in a session of its own; return its pid."""
+    gc.collect()
+    gc.freeze()  # the owner's collector no longer writes into the pages it shares with the child
+    with warnings.catch_warnings():  # 3.12+ warns of forking with threads: see the docstring
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid:
+        return pid
+    status = 1
+    try:
+        _become_helper(set(passfds))
+        exec(compile(args[-1], "<multiprocessing helper>", "exec"), {"__name__": "__mp_helper__"})
+        status = 0
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else 0
+    except BaseException:  # noqa: BLE001  (report, then leave: never return into the owner's code)
+        traceback.print_exc()
+    finally:
+        os._exit(status)
+
+
+def _become_helper(keep: set[int]) -> None:
+    """In the child: its own session, only the passed descriptors, default signal handlers."""
+    os.setsid()  # out of the kernel's process group: a Jupyter shutdown does not wait for us
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
+                   signal.SIGALRM, signal.SIGCHLD):
+        signal.signal(signum, signal.SIG_DFL)
+    sys.stdin = open(os.devnull)
+    sys.stdout = open(1, "w", closefd=False, buffering=1)  # the owner's may hold a thread's lock
+    sys.stderr = open(2, "w", closefd=False, buffering=1)
