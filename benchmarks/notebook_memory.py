@@ -107,7 +107,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="*", help="default: notebooks/*.ipynb")
     parser.add_argument("--interval", type=float, default=0.2, help="seconds between samples")
-    parser.add_argument("--timeout", type=int, default=600, help="per cell, seconds")
+    parser.add_argument("--timeout", type=int, default=120, help="per cell, seconds")
     parser.add_argument("--cpu", default="0", help="taskset CPU list (default 0: one CPU)")
     parser.add_argument("--json", action="store_true", help="one JSON object per notebook")
     parser.add_argument("--_one", action="store_true", help=argparse.SUPPRESS)
