@@ -12,6 +12,7 @@ import math
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+from matplotlib.collections import LineCollection
 from matplotlib.lines import Line2D
 from matplotlib.patches import FancyBboxPatch, Patch
 
@@ -39,17 +40,24 @@ def plot_routing(moe: dict, title: str | None = None) -> Figure:
     ty = [n - 1 - i for i in range(n)]
     ey = [(n - 1) * (1 - (e + 0.5) / E) for e in range(E)]
     ry = [(n - 1) * (1 - (r + 0.5) / t) for r in range(t)]
+    lines: dict[tuple, list] = {}  # (colour, style) -> segments: one LineCollection each
+    crosses = []
     for i in range(n):
         _box(ax, 0, ty[i], 0.55, 0.7, rank_color(src[i]), f"token {i}")
         for j, e in enumerate(experts[i]):
             ok = kept[i][j]
-            ax.plot([0.3, 1.7], [ty[i], ey[e]], zorder=2,
-                    color=rank_color(owner[e]) if ok else DROPPED,
-                    linestyle=("-" if j == 0 else "--") if ok else ":",
-                    linewidth=1.6 if ok else 1.2, alpha=0.85 if ok else 1.0)
+            style = ("-" if j == 0 else "--") if ok else ":"
+            key = (rank_color(owner[e]) if ok else DROPPED, style)
+            lines.setdefault(key, []).append([(0.3, ty[i]), (1.7, ey[e])])
             if not ok:
-                ax.plot([1.6], [ey[e] + 0.85 * (ty[i] - ey[e]) / 14], marker="x", color="black",
-                        markersize=6, zorder=3)
+                crosses.append((1.6, ey[e] + 0.85 * (ty[i] - ey[e]) / 14))
+    for (color, style), segments in lines.items():
+        ok = style != ":"
+        ax.add_collection(LineCollection(segments, colors=color, linestyles=style, zorder=2,
+                                         linewidths=1.6 if ok else 1.2, alpha=0.85 if ok else 1.0))
+    if crosses:
+        ax.plot(*zip(*crosses), linestyle="none", marker="x", color="black", markersize=6,
+                zorder=3)
     for e in range(E):
         _box(ax, 2, ey[e], 0.6, 1.0, rank_color(owner[e]), f"expert {e}")
         ax.plot([2.3, 3.7], [ey[e], ry[owner[e]]], color=rank_color(owner[e]), linewidth=3,
@@ -182,6 +190,7 @@ def plot_moe_errors(report) -> Figure:
     top = 10 ** math.ceil(math.log10(max(finite)) + 1)
     t = report.config["world_size"]
     fig, ax = plt.subplots(figsize=(10, 4))
+    points: dict[tuple, list] = {}  # (rank, missing, passed) -> [(x, y)]: one scatter each
     for i, key in enumerate(labels):
         rows = groups[key]
         ax.plot([i - 0.4, i + 0.4], [max(r.tolerance for r in rows)] * 2, color="black", lw=1.5)
@@ -189,11 +198,13 @@ def plot_moe_errors(report) -> Figure:
             x = i + (r.rank - (t - 1) / 2) * 0.6 / max(t, 2) if not key.startswith("experts") else i
             missing = math.isinf(r.max_abs_err)
             y = top / 3 if missing else max(r.max_abs_err, floor)
-            ax.scatter([x], [y], s=60, color=rank_color(r.rank), marker="X" if missing else "o",
-                       edgecolor=PASS_COLOR if r.passed else FAIL_COLOR,
-                       linewidth=0.5 if r.passed else 2.0, zorder=3)
+            points.setdefault((r.rank, missing, r.passed), []).append((x, y))
         if not all(r.passed for r in rows):
             ax.axvspan(i - 0.5, i + 0.5, color=FAIL_COLOR, alpha=0.12, linewidth=0)
+    for (rank, missing, passed), xy in points.items():
+        ax.scatter(*zip(*xy), s=60, color=rank_color(rank), marker="X" if missing else "o",
+                   edgecolor=PASS_COLOR if passed else FAIL_COLOR,
+                   linewidth=0.5 if passed else 2.0, zorder=3)
     ax.set_yscale("log")
     ax.set_ylim(floor / 3, top)
     ax.axhline(floor, color="grey", linestyle=":", linewidth=1)

@@ -258,8 +258,8 @@ def plot_errors(report, by: str = "step", ax: Axes | None = None) -> Figure:
     top = 10 ** math.ceil(math.log10(max(finite)) + 1)
     fig = ax.figure if ax is not None else plt.figure(figsize=(10, 4.2))
     ax = ax or fig.add_subplot()
-    for i, tol in enumerate(tols):
-        ax.plot([i - 0.4, i + 0.4], [tol, tol], color="black", linewidth=1.5)
+    ax.add_collection(LineCollection([[(i - 0.4, tol), (i + 0.4, tol)] for i, tol in enumerate(tols)],
+                                     colors="black", linewidths=1.5))  # the tolerances, one artist
     for r in range(t):  # one scatter per rank and marker: a few artists, not one per point
         x = [i + (r - (t - 1) / 2) * 0.6 / max(t, 2) for i in range(len(errs))]
         for missing in (False, True):
