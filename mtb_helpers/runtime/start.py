@@ -36,8 +36,9 @@ _NOT_FOR_RANKS = (".plots", ".widget", ".widgets", ".cli", ".explorer")
 
 
 def start_method() -> str:
-    """forkserver (torch preloaded) where the platform has it; spawn otherwise. Never fork:
-    it is unsafe once the owner has used OpenMP threads, and on macOS."""
+    """forkserver (torch preloaded) where the platform has it; spawn otherwise. Ranks are never
+    forked straight from the owner (unsafe once it has used OpenMP threads, and on macOS); the
+    forkserver itself is a fork of the owner on Linux (fork_helper.py)."""
     return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 
 
