@@ -21,3 +21,10 @@ def wait_dead(pids: list[int], within: float = 15.0) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def forkserver_pid() -> int | None:
+    """The pid of this process's multiprocessing forkserver (None before one started)."""
+    from multiprocessing import forkserver
+
+    return forkserver._forkserver._forkserver_pid

@@ -19,14 +19,9 @@ import torch.distributed as dist
 
 from mtb_helpers import run, shutdown
 from mtb_helpers.runtime import ranks as ranks_module
-from tests.procs import wait_dead
+from tests.procs import forkserver_pid, wait_dead
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork is Linux-only")
-
-
-def _forkserver_pid() -> int:
-    from multiprocessing import forkserver
-    return forkserver._forkserver._forkserver_pid
 
 
 def _shared_dirty_mib_of_an_owner(env: dict) -> int:
@@ -56,7 +51,7 @@ def test_the_forkserver_keeps_none_of_the_owners_descriptors():
     try:
         pids = run(os.getpid, world_size=2)
         inode = os.fstat(write_end).st_ino
-        for pid in [_forkserver_pid(), *pids]:
+        for pid in [forkserver_pid(), *pids]:
             links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
             assert f"pipe:[{inode}]" not in links, f"process {pid} holds the owner's pipe"
         os.close(write_end)
@@ -74,7 +69,7 @@ def test_sigterm_to_a_forked_forkserver_does_not_run_the_owners_clean_up():
     shutdown()
     pids = run(os.getpid, world_size=2)
     workdir = ranks_module._pools[2].workdir
-    os.kill(_forkserver_pid(), signal.SIGKILL)
+    os.kill(forkserver_pid(), signal.SIGKILL)
     time.sleep(0.3)
 
     def slow_pid():
@@ -83,7 +78,7 @@ def test_sigterm_to_a_forked_forkserver_does_not_run_the_owners_clean_up():
 
     assert run(slow_pid, world_size=2) == pids
     assert run(lambda: dist.get_rank(), world_size=3) == [0, 1, 2]  # a new forkserver
-    second = _forkserver_pid()
+    second = forkserver_pid()
     os.kill(second, signal.SIGTERM)
     assert wait_dead([second])
     assert run(os.getpid, world_size=2) == pids and os.path.isdir(workdir)
@@ -115,7 +110,7 @@ def test_from_another_thread_the_forkserver_is_a_new_interpreter():
     thread.start()
     thread.join(120)
     assert result.get("pids")
-    command = " ".join(psutil.Process(_forkserver_pid()).cmdline())
+    command = " ".join(psutil.Process(forkserver_pid()).cmdline())
     assert "multiprocessing.forkserver" in command
     shutdown()
     assert wait_dead(result["pids"])
@@ -123,7 +118,7 @@ def test_from_another_thread_the_forkserver_is_a_new_interpreter():
 
 def test_a_rank_gives_back_the_memory_a_call_freed():
     # Freed blocks between blocks still in use stay in glibc's heap unless the rank trims it
-    # after each call (worker._Libc): ranks on Binder's budget must not only grow.
+    # after each call (runtime/allocator.py): ranks on Binder's budget must not only grow.
     def churn():
         import gc
         import sys

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from mtb_helpers import RankError, run, shutdown
 from mtb_helpers.runtime import pool as pool_module
 from mtb_helpers.runtime import ranks as ranks_module
-from tests.procs import alive, wait_dead
+from tests.procs import alive, forkserver_pid, wait_dead
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
@@ -199,9 +199,8 @@ def test_run_inside_a_rank_is_refused_clearly_and_leaves_no_work_dir(tmp_path):
 
 
 def test_killing_the_forkserver_is_not_blamed_on_a_rank_and_the_pool_keeps_working():
-    from multiprocessing import forkserver
     pids = run(os.getpid, world_size=2)
-    server = forkserver._forkserver._forkserver_pid
+    server = forkserver_pid()
     os.kill(server, signal.SIGKILL)
     time.sleep(0.3)
     def slow_pid():

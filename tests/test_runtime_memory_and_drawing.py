@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 from mtb_helpers import run, shutdown  # noqa: E402
 from mtb_helpers.runtime import ranks as ranks_module  # noqa: E402
 from mtb_helpers.runtime.start import RANK_LAZY_IMPORTS, preload_modules  # noqa: E402
-from tests.procs import wait_dead  # noqa: E402
+from tests.procs import forkserver_pid, wait_dead  # noqa: E402
 
 
 def test_ranks_start_with_torchs_lazy_imports_and_the_course_already_loaded_and_frozen():
@@ -33,11 +33,11 @@ def test_ranks_start_with_torchs_lazy_imports_and_the_course_already_loaded_and_
 def test_ranks_and_multiprocessings_helpers_leave_the_owners_process_group():
     # ipykernel's shutdown SIGTERMs every process of its group and waits until none is left; the
     # resource tracker ignores SIGTERM, so the kernel used to wait until jupyter_client's deadline
-    from multiprocessing import forkserver, resource_tracker
+    from multiprocessing import resource_tracker
 
     shutdown()
     pids = run(os.getpid, world_size=2)
-    helpers = [forkserver._forkserver._forkserver_pid, resource_tracker._resource_tracker._pid]
+    helpers = [forkserver_pid(), resource_tracker._resource_tracker._pid]
     assert all(helpers)
     assert all(os.getpgid(p) != os.getpgrp() for p in helpers)
     assert all(os.getpgid(p) != os.getpgrp() for p in pids)

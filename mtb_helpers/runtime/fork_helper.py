@@ -27,6 +27,8 @@ import threading
 import traceback
 import warnings
 
+from mtb_helpers.runtime import allocator
+
 
 def may_fork(args: list[str]) -> bool:
     """Is ``args`` multiprocessing's forkserver command, and may it be a fork of this process?"""
@@ -40,10 +42,9 @@ def fork_helper(args: list[str], passfds) -> int:
     """Run the helper's ``python -c CODE`` command (see :func:`may_fork`) as a fork of this
     process, in a session of its own; return its pid."""
     gc.collect()
-    gc.freeze()
-    from mtb_helpers.runtime.worker import _LIBC
-    _LIBC.tune()  # the owner too: fewer arenas, big blocks returned, so fewer pages to duplicate
-    _LIBC.trim()  # the owner's collector no longer writes into the pages it shares with the child
+    gc.freeze()  # the owner's collector no longer writes into the pages it shares with the child
+    allocator.tune()  # the owner too: fewer arenas, big blocks returned, fewer pages to duplicate
+    allocator.trim()
     with warnings.catch_warnings():  # 3.12+ warns of forking with threads: see the docstring
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()

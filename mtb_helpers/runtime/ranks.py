@@ -98,10 +98,7 @@ def run(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float 
                 print(f"[mtb] the {world_size}-rank pool had lost a rank since the last call "
                       f"({causes}); starting a fresh pool.", file=sys.stderr, flush=True)
                 continue
-            try:
-                return pool.call(fn, args, kwargs, timeout)
-            finally:
-                rank_worker._LIBC.trim()  # what the call's replies and references freed, given back
+            return pool.call(fn, args, kwargs, timeout)
 
 
 def warm_up(*world_sizes: int, background: bool = True) -> None:

@@ -29,6 +29,8 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 import torch  # noqa: E402  (after the thread settings on purpose)
 import torch.distributed as dist  # noqa: E402
 
+from mtb_helpers.runtime import allocator  # noqa: E402
+
 # Collectives the owner waits on are bounded by the call's own timeout; the process group's
 # timeout only has to stop a rank that somehow outlives its owner's watch.
 PROCESS_GROUP_TIMEOUT = timedelta(minutes=10)
@@ -56,7 +58,7 @@ def main(rank: int, world_size: int, workdir: str, conn: Connection, lifeline: C
         stack_file = open(os.path.join(workdir, f"rank{rank}.stack"), "a")
         faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     torch.set_num_threads(1)
-    _LIBC.tune()
+    allocator.tune()
     iface = loopback_interface()
     if iface is not None:
         os.environ["GLOO_SOCKET_IFNAME"] = iface  # never listen on a public interface
@@ -81,7 +83,7 @@ def _serve(conn: Connection) -> None:
             return
         _, call_id, payload = message
         conn.send_bytes(_execute(call_id, payload))
-        _LIBC.trim()
+        allocator.trim()  # after the reply: the owner does not wait for it
 
 
 def _execute(call_id: int, payload: bytes) -> bytes:
@@ -98,35 +100,6 @@ def _execute(call_id: int, payload: bytes) -> bytes:
     finally:
         _flush()
     return reply
-
-
-class _Libc:
-    """glibc's allocator, told to give freed memory back (Linux; elsewhere nothing happens).
-
-    A rank allocates and frees tensors on every call; by default glibc keeps large freed blocks
-    in its heap (its mmap threshold grows after each large free) and gives gloo's threads arenas
-    of their own, so a rank's memory only grows. Two arenas, a fixed mmap threshold and a trim
-    after each call keep ~5 MB less per rank on Binder's budget (benchmarks/notebook_memory.py).
-    """
-
-    def __init__(self) -> None:
-        try:
-            self._libc = ctypes.CDLL("libc.so.6") if sys.platform.startswith("linux") else None
-        except OSError:
-            self._libc = None
-
-    def tune(self) -> None:
-        if self._libc is not None:
-            self._libc.mallopt(-8, 2)            # M_ARENA_MAX
-            self._libc.mallopt(-3, 256 * 1024)   # M_MMAP_THRESHOLD (fixed: no dynamic growth)
-            self._libc.mallopt(-1, 256 * 1024)   # M_TRIM_THRESHOLD
-
-    def trim(self) -> None:
-        if self._libc is not None:
-            self._libc.malloc_trim(0)
-
-
-_LIBC = _Libc()
 
 
 def _safe_str(exc: BaseException) -> str:
@@ -156,7 +129,7 @@ def _flush() -> None:
     try:  # C and C++ stdio buffers (printf from an extension) as well
         ctypes.CDLL(None).fflush(None)
     except (OSError, AttributeError, TypeError):
-        _LIBC.trim()
+        pass
 
 
 def _watch_owner(lifeline: Connection) -> None:
