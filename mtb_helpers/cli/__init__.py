@@ -19,9 +19,10 @@ GROUPS = {
     "moe": "expert parallelism: token dispatch and combine with all-to-all",
     "grid": "tensor x data parallelism on one grid of ranks",
     "cp": "context parallelism: ring and all-gather attention on sequence shards",
+    "cost": "time: the α-β model's predictions and this machine's calibration",
 }
 # Each topic folder has a cli.py with register(top, groups); these are the topics it loads.
-COMMAND_MODULES = ("collectives", "tp", "sp", "pp", "grid", "dp", "moe", "cp", "capstone")
+COMMAND_MODULES = ("collectives", "tp", "sp", "pp", "grid", "dp", "moe", "cp", "capstone", "cost")
 
 
 def build_parser() -> argparse.ArgumentParser:
