@@ -75,6 +75,9 @@ TOPICS: tuple[Topic, ...] = (
           checks=("check_context_parallel",),
           layers=("sharding", "ring", "allgather", "online", "exchange", "base")),
     Topic("capstone", checks=("check_capstone",), layers=("model", "layers", "grid", "data")),
+    Topic("cost", group="cost",
+          group_help="time: the α-β model's predictions and this machine's calibration",
+          bugs=(), layers=("model",)),
 )
 
 

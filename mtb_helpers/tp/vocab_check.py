@@ -88,7 +88,7 @@ def _vocab_on_rank(inputs: dict, reduction: str, bug: str | None) -> dict:
     t = dist.get_world_size() if dist.is_initialized() else 1
     r = dist.get_rank() if dist.is_initialized() else 0
     emb = swap(wrong, VocabParallelEmbedding).from_full(inputs["embedding"])
-    ce = swap(wrong, VocabParallelCrossEntropy)(reduction)
+    ce = swap(wrong, VocabParallelCrossEntropy)(reduction, vocab_size=inputs["logits"].shape[-1])
     logits = inputs["logits"].chunk(t, dim=-1)[r].clone().requires_grad_(True)   # [.., V/t]
     with record(keep_tensors=True) as rec:
         out = emb(inputs["ids"])
