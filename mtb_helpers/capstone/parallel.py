@@ -30,6 +30,7 @@ from mtb_helpers.capstone.layers import ParallelEmbedding, build_stage, gather_p
 from mtb_helpers.capstone.model import GPTConfig, make_model
 from mtb_helpers.capstone.reference import TrainConfig
 from mtb_helpers.capstone.validate import DP_STRATEGIES, PP_SCHEDULES, validate
+from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.comm.records import record
 from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
 from mtb_helpers.dp.strategies import flat
@@ -69,23 +70,22 @@ class GridP2P(P2P):
 
 
 def train_on_rank(model, layout: Layout, run_cfg: TrainConfig, microbatches: int, schedule: str,
-                  sequence_parallel: bool, strategy: str, bug=None) -> dict:
+                  sequence_parallel: bool, strategy: str, bug: Bug | None = None) -> dict:
     """Run on every rank: build the grid and this rank's stage, train ``run_cfg.steps`` steps.
     ``bug``: a ``Bug`` whose wrong classes stand in for ``Grid`` / ``ParallelEmbedding``."""
-    swap = (lambda cls: cls) if bug is None else (lambda cls: bug.replaces.get(cls, cls))
-    grid = swap(Grid).build(layout)
+    grid = swap(bug, Grid).build(layout)
     try:
         return _train(grid, model, layout, run_cfg, microbatches, schedule, sequence_parallel,
-                      strategy, swap)
+                      strategy, bug)
     finally:
         grid.destroy()
 
 
-def _train(grid, model, layout, run_cfg, m, schedule, sequence_parallel, strategy, swap) -> dict:
+def _train(grid, model, layout, run_cfg, m, schedule, sequence_parallel, strategy, bug) -> dict:
     at, cfg = grid.index, model.cfg
     tp_group = grid.tensor_group()
     module = build_stage(model, at["pp"], layout.pp, sequence_parallel, tp_group,
-                         grid.context_group(), swap(ParallelEmbedding))
+                         grid.context_group(), swap(bug, ParallelEmbedding))
     params = flat(module.parameters())
     start = {"params": params, "exp_avg": torch.zeros_like(params),
              "exp_avg_sq": torch.zeros_like(params), "step": 0}
@@ -146,9 +146,10 @@ def train_parallel(tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, steps: in
     layout = Layout(tp, pp, dp, cp)
     run_cfg = TrainConfig(steps, batch, lr, weight_decay, seed)
     validate(layout, cfg, run_cfg, microbatches, schedule, sequence_parallel, strategy)
+    wrong = resolve(bug, "capstone")
     model = make_model(cfg, seed, dtype)
     results = run(train_on_rank, model, layout, run_cfg, microbatches, schedule, sequence_parallel,
-                  strategy, bug, world_size=layout.world_size, timeout=timeout)
+                  strategy, wrong, world_size=layout.world_size, timeout=timeout)
     last = [r for r in results if r["index"]["pp"] == pp - 1 and r["index"]["tp"] == 0]
     losses = [sum(r["losses"][k] for r in last) / len(last) for k in range(steps)]
     params = {}

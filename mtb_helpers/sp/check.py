@@ -23,7 +23,6 @@ import torch.nn.functional as F
 
 from mtb_helpers.comm.issue import group_size
 from mtb_helpers.checking.bug import resolve
-from mtb_helpers.sp.bugs import BUGS
 from mtb_helpers.comm.regions import GATHER_SP, REDUCE_SCATTER_SP
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
@@ -142,7 +141,6 @@ def check_sequence_parallel(world_size: int = 2, seq_len: int = 8, batch: int = 
     """
 
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
-    resolve(BUGS, bug, "sequence")
     positive_sizes(seq_len=seq_len, batch=batch, hidden=hidden, ffn_hidden=ffn_hidden)
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0 <= dropout_p < 1:
         raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
@@ -150,10 +148,9 @@ def check_sequence_parallel(world_size: int = 2, seq_len: int = 8, batch: int = 
         raise ValueError(f"seq_len={seq_len} is not divisible by the world size {t}: sequence "
                          f"parallelism splits the sequence into {t} equal shards")
     check_divisible("ffn_hidden", ffn_hidden, t)
-    if bug == "sp-same-dropout-mask" and dropout_p == 0:
-        raise ValueError("bug 'sp-same-dropout-mask' needs dropout_p > 0 (no mask otherwise)")
+    wrong = resolve(bug, "sequence", dropout_p=dropout_p)
     ln, fc1, fc2, x, dy = make_block_inputs(seq_len, batch, hidden, ffn_hidden, dtype, seed)
-    build = partial(build_block, dropout_p=dropout_p, seed=seed, bug=bug)
+    build = partial(build_block, dropout_p=dropout_p, seed=seed, bug=wrong)
     results = run(_on_rank, build, (ln, fc1, fc2), x, dy, SP_SPECS, dropout_p, seed,
                   world_size=t, timeout=timeout)
     refs = _reference(ln, fc1, fc2, x, dy, t, dropout_p, seed)
