@@ -33,7 +33,7 @@ from mtb_helpers.pp.schedules import schedule as make_schedule
 from mtb_helpers.pp.simulator import simulate
 
 __all__ = ["StageMemory", "layer_params", "stage_params", "total_params", "memory_per_rank",
-           "inflight", "OPTIMIZER_BYTES", "MEMORY_TERMS"]
+           "inflight", "extrapolated", "OPTIMIZER_BYTES", "MEMORY_TERMS"]
 
 # Optimizer bytes per parameter with Adam: mixed precision keeps fp32 master weights, momentum and
 # variance (K = 12, the ZeRO paper); one-dtype training keeps momentum and variance only.
@@ -109,12 +109,33 @@ def rank_layers(model: ModelSpec, layout: Layout) -> list[int]:
             for r in range(layout.pp)]
 
 
+def extrapolated(measure, name: str, pp: int, m: int, chunks: int = 1):
+    """``measure(schedule ops)`` (a number or a tuple of numbers) for ``m`` micro-batches. Beyond
+    ``3 pp`` the schedules are periodic (each further group of ``pp`` micro-batches adds the same
+    amount everywhere: 1F1B's steady state, GPipe's longer fill), so the simulator runs at
+    ``2 pp`` and ``3 pp`` and the line through them is extended (tests compare it with a direct
+    run): a 16-stage, 512-micro-batch pipeline costs as much as a 48-micro-batch one."""
+    def at(k: int):
+        ops = make_schedule(name, pp, k, chunks if name == "interleaved" else None)
+        return measure(ops)
+    if m <= 3 * pp:
+        return at(m)
+    lo, hi = at(2 * pp), at(3 * pp)
+    scale = (m - 2 * pp) / pp
+    if isinstance(lo, tuple):
+        return tuple(a + (b - a) * scale for a, b in zip(lo, hi))
+    return lo + (hi - lo) * scale
+
+
+def _peaks(ops) -> tuple[float, ...]:
+    return tuple(simulate(ops).peak_memory)
+
+
 @lru_cache(maxsize=512)
 def inflight(name: str, pp: int, microbatches: int, chunks: int = 1) -> tuple[float, ...]:
     """Per pipeline rank: whole-stage micro-batches of activations held at the peak, from the
     course's simulator (``Timeline.peak_memory``)."""
-    ops = make_schedule(name, pp, microbatches, chunks if name == "interleaved" else None)
-    return tuple(simulate(ops).peak_memory)
+    return extrapolated(_peaks, name, pp, microbatches, chunks)
 
 
 def _activation_args(model: ModelSpec, layout: Layout, recompute: str) -> tuple:
