@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtb_helpers import BUGS, RankError, run
-from mtb_helpers.checking.bugs import bugs_for
+from mtb_helpers.checking.bug import names_for
+from mtb_helpers.tp.attention_bugs import BUGS as ATTENTION_BUGS
 from mtb_helpers.comm import record
 from mtb_helpers.tp import ParallelSelfAttention
 from mtb_helpers.tp.attention import check_heads
@@ -148,7 +149,7 @@ BROKEN = [
 
 
 def test_every_attention_bug_is_registered_and_tested():
-    assert set(bugs_for("tp_attention")) == {b for b, _ in BROKEN}
+    assert set(names_for(ATTENTION_BUGS, "tp_attention")) == {b for b, _ in BROKEN}
     assert {b for b, _ in BROKEN} <= set(BUGS) and {b for b, _ in BROKEN} <= set(ATTENTION_BUGS)
 
 
