@@ -14,6 +14,7 @@ divide (``layout_problems``) or when its busiest rank needs more than ``cluster.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from itertools import product
@@ -72,6 +73,8 @@ class PlanResult:
                  f"fit, {len(self.rejected)} refused", "",
                  f"{'#':>3}  {'layout':<58} {'step s':>8} {'tok/s':>10} {'MFU':>5} "
                  f"{'GiB':>6}"]
+        if not self.ranked:
+            lines.append("  no layout fits: more GPUs, a smaller batch or more memory per GPU")
         for i, c in enumerate(self.ranked[:top]):
             lines.append(f"{i + 1:>3}  {c.layout.short():<58} {c.time.step:>8.3f} "
                          f"{c.time.tokens_per_second:>10.4g} {c.time.mfu:>5.1%} "
@@ -148,7 +151,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: int
             if peak > budget:
                 worst = max(memory, key=lambda s: s.total)
                 result.rejected.append((layout, [
-                    f"needs {peak / GIB:.1f} GiB > {budget / GIB:.0f} GiB (stage {worst.stage}: "
+                    f"needs {math.ceil(peak / GIB * 10) / 10:.1f} GiB > {budget / GIB:.4g} GiB (stage {worst.stage}: "
                     + ", ".join(f"{k} {v / GIB:.1f}" for k, v in worst.terms.items() if v)
                     + ")"]))
                 continue
