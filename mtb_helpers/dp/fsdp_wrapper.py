@@ -76,9 +76,11 @@ class FSDP(nn.Module):
         super().__init__()
         self.module, self.process_group, self.prefetch = module, process_group, bool(prefetch)
         self.compute_dtype, self.reduce_dtype = compute_dtype, reduce_dtype or compute_dtype
+        units, owner = _find_units(module, shard or owns_parameters)
+        if not any(any(True for _ in m.parameters()) for _, m in units):
+            raise ValueError("shard selects no module that owns parameters: nothing would be sharded")
         broadcast_(list(module.parameters()) + list(module.buffers()), process_group)
         names = list(module.named_parameters())                    # the original names (tied: once)
-        units, owner = _find_units(module, shard or owns_parameters)
         places: dict[nn.Parameter, list[tuple[nn.Module, str]]] = {}
         unit_of: dict[nn.Parameter, set[int]] = {}
         for m in module.modules():
@@ -113,6 +115,12 @@ class FSDP(nn.Module):
         # sharded originals are dropped here, so their memory goes
         self._layout = [(n, where.get(p, p)) for n, p in names]
         self._whole = [p for p in places if p not in managed and p.requires_grad]
+        if compute_dtype is not None:       # whole parameters compute in compute_dtype too
+            for m in module.modules():
+                attrs = [a for a, p in m._parameters.items() if p is not None and p not in managed]
+                if attrs:
+                    m.register_forward_pre_hook(self._make_cast_whole(attrs), with_kwargs=True)
+                    m.register_forward_hook(self._make_restore_whole(attrs))
         for u, gs in enumerate(self.units):
             for g in gs:
                 if g.trainable:
@@ -122,6 +130,7 @@ class FSDP(nn.Module):
         self._order: list[int] = []
         self._pending: list = []
         self._bwd_start: dict[int, float] = {}
+        self._stashed: dict[tuple[int, str], nn.Parameter] = {}
         self.timeline: list[Event] = []
         self._clock = Timeline()
 
@@ -161,13 +170,31 @@ class FSDP(nn.Module):
             self._unshard(u, "forward")
             self._start_prefetch(self._next_in(self._last_order, u, 1), "forward")
             self._t_start = self._clock.now()
-            if self.compute_dtype is not None:
-                cast = lambda x: (x.to(self.compute_dtype) if torch.is_tensor(x)
-                                  and x.is_floating_point() else x)
-                args = tuple(cast(a) for a in args)
-                kwargs = {k: cast(v) for k, v in kwargs.items()}
-            return args, kwargs
+            return self._cast(args, kwargs) if self.compute_dtype is not None else (args, kwargs)
         return pre_forward
+
+    def _cast(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """Floating-point inputs in the compute dtype (FSDP2's ``cast_forward_inputs``)."""
+        cast = lambda x: (x.to(self.compute_dtype) if torch.is_tensor(x) and x.is_floating_point()
+                          else x)
+        return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+
+    def _make_cast_whole(self, attrs: list[str]):
+        def cast_whole(module, args, kwargs):
+            for a in attrs:      # a cast copy for the forward; its gradient flows to the parameter
+                p = module._parameters.pop(a)
+                setattr(module, a, p.to(self.compute_dtype))
+                self._stashed[(id(module), a)] = p
+            return self._cast(args, kwargs)
+        return cast_whole
+
+    def _make_restore_whole(self, attrs: list[str]):
+        def restore_whole(module, args, out):
+            for a in attrs:
+                delattr(module, a)
+                module._parameters[a] = self._stashed.pop((id(module), a))
+            return out
+        return restore_whole
 
     def _make_post_forward(self, u: int):
         def post_forward(module, args, out):
