@@ -12,7 +12,7 @@ import mtb_helpers.capstone.parallel as parallel_module
 from mtb_helpers import BUGS
 from mtb_helpers.capstone.bugs import CAPSTONE_BUGS
 from mtb_helpers.capstone.check import LAYOUTS, check_capstone
-from mtb_helpers.checking.bugs import REGISTRY
+from mtb_helpers.capstone.bugs import BUGS as REGISTRY
 
 
 def _assert_bytes_match(report):

@@ -27,7 +27,8 @@ from mtb_helpers.capstone.model import GPTConfig
 from mtb_helpers.capstone.parallel import train_parallel
 from mtb_helpers.capstone.reference import TrainConfig, train_reference
 from mtb_helpers.capstone.validate import validate
-from mtb_helpers.checking.bugs import validate_bug
+from mtb_helpers.checking.bug import resolve
+from mtb_helpers.capstone.bugs import BUGS
 from mtb_helpers.checking.report import Report, compare
 from mtb_helpers.checking.tolerances import as_dtype
 
@@ -81,7 +82,7 @@ def check_capstone(tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, steps: in
     layout = Layout(tp, pp, dp, cp)
     run_cfg = TrainConfig(steps, batch, lr, weight_decay, seed)
     validate(layout, cfg, run_cfg, microbatches, schedule, sequence_parallel, strategy)
-    bug_obj = validate_bug(bug, CAPSTONE_BUGS)
+    bug_obj = resolve(BUGS, bug, CAPSTONE_BUGS)
     result = train_parallel(tp, pp, dp, cp, steps, microbatches, schedule, sequence_parallel, seed,
                             dtype, strategy, batch, lr, weight_decay, cfg, bug_obj, timeout)
     ref = train_reference(cfg, run_cfg, dtype)

@@ -93,7 +93,8 @@ def _train(grid, model, layout, run_cfg, m, schedule, sequence_parallel, strateg
                                      copy_model=False)
 
     def loss_fn(logits, target):   # logits [s/c, b, V/t], target [s/c, b] -> mean over its tokens
-        return vocab_parallel_cross_entropy(logits, target, "mean", group=tp_group)
+        return vocab_parallel_cross_entropy(logits, target, "mean", group=tp_group,
+                                            vocab_size=cfg.vocab)
 
     n, bd = cfg.seq // layout.cp, run_cfg.batch // layout.dp
     rows, cols = slice(at["cp"] * n, (at["cp"] + 1) * n), slice(at["dp"] * bd, (at["dp"] + 1) * bd)
