@@ -209,8 +209,8 @@ def test_layer_refuses_projections_of_the_wrong_shape():
     layers, _, _ = _inputs()
     with pytest.raises(ValueError, match=r"wk is nn.Linear\(12, 6\)"):
         ParallelSelfAttention.from_full(layers[0], nn.Linear(12, 6), layers[2], layers[3], 6)
-    assert ParallelSelfAttention.input_layout == "replicated"
-    assert ParallelSelfAttention.output_layout == "replicated"
+    from torch.distributed.tensor import Replicate
+    assert ParallelSelfAttention.input_layouts == ParallelSelfAttention.output_layouts == Replicate()
 
 
 def test_figures_have_titles_labels_legends_and_rank_colours():

@@ -190,8 +190,9 @@ def test_layers_refuse_what_they_cannot_split():
         vocab_parallel_cross_entropy(torch.randn(2, V), torch.tensor([0, 12]))
     with pytest.raises(ValueError, match="padding_idx"):
         VocabParallelEmbedding.from_full(nn.Embedding(V, 3, padding_idx=0))
-    assert VocabParallelEmbedding.weight_layout == "rows"
-    assert VocabParallelCrossEntropy.input_layout == "cols"
+    from torch.distributed.tensor import Replicate, Shard
+    assert VocabParallelEmbedding.weight_layout == Shard(0)
+    assert VocabParallelCrossEntropy.input_layouts == (Shard(-1), Replicate())
 
 
 def _vocab_in_subgroups(logits, target, emb, ids):

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mtb_helpers.comm.issue import group_rank, group_size
-from mtb_helpers.comm.sharding import COLS, REPLICATED
+from mtb_helpers.comm.sharding import Replicate, Shard
 from mtb_helpers.tp.layers import ColumnParallelLinear, RowParallelLinear
 
 __all__ = ["ParallelSelfAttention", "LocalAttention", "check_heads", "grouped_qkv"]
@@ -62,7 +62,8 @@ class LocalAttention(nn.Module):
 
     forward: ``qkv [s, b, 3h/t]`` (this rank's ``[Q_r, K_r, V_r]`` features) -> ``[s, b, h/t]``.
     """
-    input_layout = output_layout = COLS   # [s, b, 3h/t] in, [s, b, h/t] out
+    # [s, b, 3h/t] in (columns of the head-grouped [Q_0 K_0 V_0 Q_1 ..]), [s, b, h/t] out
+    input_layouts = output_layouts = Shard(-1)
 
     def __init__(self, n_heads: int, head_dim: int, causal: bool = True, world_size: int = 1):
         super().__init__()
@@ -111,7 +112,7 @@ class ParallelSelfAttention(nn.Module):
     ``.qkv`` is a ``ColumnParallelLinear`` with ``.weight [3h/t, h]`` (rows ``[Q_r; K_r; V_r]``),
     ``.out`` a ``RowParallelLinear`` with ``.weight [h, h/t]`` and the full bias.
     """
-    input_layout = output_layout = REPLICATED   # [s, b, h] both
+    input_layouts = output_layouts = Replicate()   # [s, b, h] both
 
     def __init__(self, qkv: ColumnParallelLinear, core: LocalAttention, out: RowParallelLinear):
         super().__init__()

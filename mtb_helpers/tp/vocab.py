@@ -31,7 +31,7 @@ from torch import nn
 from mtb_helpers.comm.records import note
 from mtb_helpers.comm.issue import group_rank, group_size, issue
 from mtb_helpers.comm.regions import reduce_from_tensor_model_parallel_region
-from mtb_helpers.comm.sharding import COLS, REPLICATED, ROWS, check_divisible, shard_range
+from mtb_helpers.comm.sharding import Replicate, Shard, check_divisible, shard_range
 
 __all__ = ["VocabParallelEmbedding", "VocabParallelCrossEntropy", "vocab_parallel_cross_entropy",
            "REDUCTIONS"]
@@ -45,8 +45,8 @@ class VocabParallelEmbedding(nn.Module):
 
     forward: token ids ``[..]`` (replicated, any shape) -> ``[.., h]`` (replicated, after g).
     """
-    input_layout = output_layout = REPLICATED   # ids [..] in, [.., h] out
-    weight_layout = ROWS                        # [V/t, h]
+    input_layouts = output_layouts = Replicate()   # ids [..] in, [.., h] out
+    weight_layout = Shard(0)                       # [V/t, h]
 
     def __init__(self, weight: torch.Tensor, num_embeddings: int, group=None):
         super().__init__()
@@ -132,8 +132,8 @@ class VocabParallelCrossEntropy(nn.Module):
     forward: ``logits [.., V/t]`` (sharded on the last dim), ``target [..]`` (global token ids,
     replicated) -> the loss (replicated): a scalar, or ``[..]`` with ``reduction="none"``.
     """
-    input_layout = COLS            # logits [.., V/t]
-    output_layout = REPLICATED     # the loss
+    input_layouts = (Shard(-1), Replicate())   # logits [.., V/t], target [..] (one per argument)
+    output_layouts = Replicate()               # the loss
 
     def __init__(self, reduction: str = "mean", group=None, vocab_size: int | None = None):
         super().__init__()
