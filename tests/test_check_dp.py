@@ -143,7 +143,8 @@ def test_all_strategies_inject_a_bug_only_where_it_applies():
     (lambda: check_data_parallel(bug="no-such-bug"), r"unknown bug"),
     (lambda: check_data_parallel(bug="f-backward-identity"), r"does not apply"),
     (lambda: check_data_parallel(strategy="ddp", bug="zero-stale-params"), r"does not apply to strategy 'ddp'"),
-    (lambda: check_all_strategies(strategies=("ddp", "zero3"), bug="zero-stale-params"), r"does not apply to any of ddp, zero3; it applies to zero1, zero2"),
+    (lambda: check_all_strategies(strategies=("ddp", "zero3"), bug="zero-stale-params"),
+     r"does not apply to any of ddp, zero3; it applies to zero1, zero2"),
     (lambda: check_all_strategies(world_size=4, batch=6), r"batch=6 is not divisible"),
 ])
 def test_bad_input_is_refused_before_any_rank_starts(no_ranks, call, message):

@@ -17,7 +17,10 @@ import torch.distributed as dist
 from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.checking.report import Report, Row
 from mtb_helpers.checking.tolerances import as_dtype, check_config, ulp
-from mtb_helpers.collectives.ops import (COLLECTIVES, FORMULAS, GLOO_HEADER_BYTES, MEASURED_NOTES, RANK_FUNCTIONS, all_gather, all_reduce, decode_sources, formula_bytes, rank_input, reduce_scatter, reference, ring_reduce_scatter)
+from mtb_helpers.collectives.ops import (COLLECTIVES, FORMULAS, GLOO_HEADER_BYTES, MEASURED_NOTES,
+                                         RANK_FUNCTIONS, all_gather, all_reduce, decode_sources,
+                                         formula_bytes, rank_input, reduce_scatter, reference,
+                                         ring_reduce_scatter)
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
 # ---------------------------------------------------------------- measuring on the rank

@@ -45,13 +45,21 @@ def grid_mesh_dims_swapped(tp: int, dp: int):
 
 
 BUGS: dict[str, Bug] = {
-    "grid-dp-allreduce-in-tp-group": Bug("grid: the gradient all-reduce runs in the tensor-parallel group, summing different shards instead of the replicas' grads of the same shard",
+    "grid-dp-allreduce-in-tp-group": Bug(
+        "grid: the gradient all-reduce runs in the tensor-parallel group, summing different shards "
+        "instead of the replicas' grads of the same shard",
         checks=("grid",), replaces={average_gradients: sync_in_tp_group}),
-    "grid-no-dp-allreduce": Bug('grid: no gradient all-reduce across the data-parallel group, so each replica steps with the gradient of its own slice of the batch',
+    "grid-no-dp-allreduce": Bug(
+        "grid: no gradient all-reduce across the data-parallel group, so each replica steps with the "
+        "gradient of its own slice of the batch",
         checks=("grid",), replaces={average_gradients: sync_nothing}),
-    "grid-dp-sum-not-average": Bug("grid: the data-parallel all-reduce sums the replicas' gradients without dividing by dp, so the step is dp times too large",
+    "grid-dp-sum-not-average": Bug(
+        "grid: the data-parallel all-reduce sums the replicas' gradients without dividing by dp, so "
+        "the step is dp times too large",
         checks=("grid",), replaces={average_gradients: sync_sum}),
-    "mesh-dims-swapped": Bug('PyTorch\'s grid: mesh_dim_names=("tp", "dp") on a (dp, tp) mesh, so the tensor-parallel group is a column of the grid',
+    "mesh-dims-swapped": Bug(
+        "PyTorch's grid: mesh_dim_names=(\"tp\", \"dp\") on a (dp, tp) mesh, so the tensor-parallel "
+        "group is a column of the grid",
         checks=("pytorch_grid",), replaces={grid_mesh: grid_mesh_dims_swapped}),
 }
 GRID_BUGS = names_for(BUGS, "grid")

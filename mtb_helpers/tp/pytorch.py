@@ -83,7 +83,8 @@ def tp_on_rank(kind: str, layers: list[nn.Linear], x: torch.Tensor, dy: torch.Te
     """Run on every rank: the course's layer and ``parallelize_module`` on the same full layers.
 
     ``x`` ``[.., in]`` and ``dy`` ``[.., out]`` are the full tensors; a row layer gets this rank's
-    columns of ``x`` ``[.., in/t]``, a column layer this rank's columns of ``dy`` ``[.., out/t]``. Returns ``{"torch": {q: tensor}, "course": {q: tensor},
+    columns of ``x`` ``[.., in/t]``, a column layer this rank's columns of ``dy`` ``[.., out/t]``.
+    Returns ``{"torch": {q: tensor}, "course": {q: tensor},
     "counts": {direction: (torch, course)}}`` with the pieces this rank holds.
     """
     import torch.distributed as dist
