@@ -161,7 +161,7 @@ def test_explorer_summary_and_controls():
     assert "FAILED" in text and "fails: ln.weight_grad on ranks 0, 1" in text
     assert "saved for backward per rank: TP only" in text and "collectives on rank 0" in text
     widget = explore_sequence_parallel(world_size=2, seq_len=8)
-    controls = {c.description: c for c in widget.children[:-1]}
+    controls = {c.description: c for row in widget.children[:-1] for c in row.children}
     assert set(controls) == {"world size t", "sequence length s", "dropout p", "bug", "show"}
     assert controls["bug"].options == ("none", *SP_BUGS)
     assert list(controls["show"].options) == list(VIEWS)
