@@ -3,38 +3,31 @@
 Exit status: 0 when every check passes, 1 when one fails, 2 on bad arguments (argparse's own
 convention, which ValueErrors raised by the checks' validation follow too).
 
-Each submodule registers its commands with ``register(top, groups)``; ``groups`` maps a group
-name ("tp", "pp", ...) to the sub-parsers of ``minitrainbench <group>``.
+Each topic of the manifest (:mod:`mtb_helpers.topics`) registers its commands with its
+``cli.register(top, groups)``; ``groups`` maps a group name ("tp", "pp", ...) to the sub-parsers
+of ``minitrainbench <group>``.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
-GROUPS = {
-    "tp": "tensor- and sequence-parallel checks (column, row, MLP, sequence)",
-    "pp": "pipeline schedules and their bubble",
-    "dp": "data parallelism: DDP, ZeRO-1/2, ZeRO-3/FSDP against one process, step by step",
-    "moe": "expert parallelism: token dispatch and combine with all-to-all",
-    "grid": "tensor x data parallelism on one grid of ranks",
-    "cp": "context parallelism: ring and all-gather attention on sequence shards",
-}
-# Each topic folder has a cli.py with register(top, groups); these are the topics it loads.
-COMMAND_MODULES = ("collectives", "tp", "sp", "pp", "grid", "dp", "moe", "cp", "capstone")
+from mtb_helpers.topics import Topic, cli_groups, listed
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(topics: tuple[Topic, ...] | None = None) -> argparse.ArgumentParser:
+    """The command line of every topic in the manifest: first the groups the topics open, then
+    each topic's ``cli.register(top, groups)`` (a topic may add commands to another's group)."""
     parser = argparse.ArgumentParser(
         prog="minitrainbench",
         description="Run MiniTrainBench's checks on real gloo ranks (or inside torchrun).")
     top = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     groups = {}
-    for name, help_text in GROUPS.items():
+    for name, help_text in cli_groups(topics).items():
         group = top.add_parser(name, help=help_text, description=help_text)
         groups[name] = group.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
-    for module in COMMAND_MODULES:
-        importlib.import_module(f"mtb_helpers.{module}.cli").register(top, groups)
+    for topic in listed(topics):
+        topic.module("cli").register(top, groups)
     return parser
 
 
