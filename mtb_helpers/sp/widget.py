@@ -50,7 +50,8 @@ def explore_sequence_parallel(world_size: int = 2, seq_len: int = 8, dropout_p: 
         try:
             report = check_sequence_parallel(world_size=size.value, seq_len=length.value,
                                              ffn_hidden=24, hidden=8, dropout_p=dropout.value,
-                                             bug=None if broken.value == "none" else broken.value)
+                                             bug=None if broken.value == "none" else broken.value,
+                                             memory_variants=("tp", "sp"))   # what sp_summary shows
         except ValueError as exc:   # a length the world size does not divide: say why
             return [f"cannot run: {exc}"]
         if view.value.startswith("errors"):
