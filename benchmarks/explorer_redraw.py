@@ -45,7 +45,7 @@ EXPLORERS = {
     "moe": ("from mtb_helpers.moe.widget import explore_moe", "w = explore_moe(world_size=4)",
             "world size", (4, 2)),
     "grid": ("from mtb_helpers.grid.widget import grid_explorer", "w = grid_explorer(world_size=4)",
-             "grid", None),
+             "grid", ("tp=2 x dp=2", "tp=1 x dp=4")),
     "cp": ("from mtb_helpers.cp.widget import explore_context_parallel",
            "w = explore_context_parallel(world_size=4)", "world size", (4, 3)),
     "cp-balance": ("from mtb_helpers.cp.widget import explore_balance",
@@ -65,7 +65,7 @@ def _controls(widget):
         yield from _controls(child)
 _main = next(c for c in _controls(w) if isinstance(c, (_widgets.IntSlider, _widgets.Dropdown))
              and str(c.description).startswith({prefix!r}))
-_values = {values!r} or tuple(o if isinstance(o, str) else o[1] for o in _main.options)[:2]
+_values = {values!r}
 """
 
 

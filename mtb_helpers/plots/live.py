@@ -113,7 +113,12 @@ class LiveFigure:
         for artist in layer.drawn:
             if id(artist) not in layer.static:
                 artist.remove()
-        layer.drawn = self.update(layer.figure, layer.ctx, data)
+        layer.drawn = []
+        try:
+            layer.drawn = self.update(layer.figure, layer.ctx, data)
+        except Exception:   # half-added artists: this layer is not the static layer any more
+            del _CACHE[cache_key]
+            raise
         layer.canvas.restore_region(layer.background)
         renderer = layer.canvas.get_renderer()
         for artist in sorted(layer.drawn, key=lambda a: a.get_zorder()):
