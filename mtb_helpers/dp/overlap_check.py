@@ -33,16 +33,16 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from mtb_helpers.checking.bug import swap
-from mtb_helpers.checking.bugs import validate_bug
+from mtb_helpers.checking.bug import resolve, swap
 from mtb_helpers.checking.report import Report, Row, compare
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
 from mtb_helpers.comm.records import record
 from mtb_helpers.dp.fsdp_wrapper import FSDP
 from mtb_helpers.dp.overlap import OverlappedDDP
-from mtb_helpers.dp.overlap_bugs import bugs_for_wrapper
+from mtb_helpers.dp.overlap_bugs import BUGS, bugs_for_wrapper
 from mtb_helpers.dp.overlap_pytorch import overlap_model
 from mtb_helpers.dp.sharded_optimizer import ShardedOptimizer
+from mtb_helpers.dp.wrapping import all_gather_async
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
 __all__ = ["check_overlap", "WRAPPERS"]
@@ -65,7 +65,7 @@ def _full_grads(fsdp) -> torch.Tensor:
         for g in gs:
             grad = g.shard.grad if g.shard.grad is not None else torch.zeros_like(g.shard)
             out = grad.new_empty(g.padded)
-            dist.all_gather_into_tensor(out, grad.detach().contiguous())
+            all_gather_async(out, grad.detach().contiguous(), None).wait()
             per.append(out[:g.numel].split(g.numels))
         full.append(per)
     return torch.cat([(full[w[0]][w[1]][w[2]] if isinstance(w, tuple) else w.grad).reshape(-1)
@@ -118,7 +118,13 @@ def _on_rank(wrapper, model, batches, bug, cap, compute_dtype, reduce_dtype, pre
     out["timeline"] = [e.__dict__ for e in net.timeline]
     out["buckets"] = getattr(net, "buckets", None)
     if wrapper == "zero1":
-        out["state_bytes"] = opt.local_state_bytes()
+        plain = torch.optim.AdamW(copy.deepcopy(net.module).parameters(), lr=LR)
+        for p in (q for g in plain.param_groups for q in g["params"]):
+            p.grad = torch.zeros_like(p)
+        plain.step()                                   # the unsharded optimizer's state, measured
+        out["state_bytes"] = {"sharded": opt.local_state_bytes(),
+                              "unsharded": sum(v.numel() * v.element_size() for s in plain.state.values()
+                                               for v in s.values() if torch.is_tensor(v))}
     return out
 
 
@@ -167,7 +173,7 @@ def _validate(wrapper, t, steps, batch, hidden, cap, compute_dtype, reduce_dtype
         raise ValueError("compute_dtype / reduce_dtype are FSDP's: use wrapper='fsdp'")
     if not isinstance(straggle, (int, float)) or not 0 <= straggle <= 5:
         raise ValueError(f"straggle must be between 0 and 5 seconds, got {straggle!r}")
-    validate_bug(bug, "overlap")
+    resolve(BUGS, bug, "overlap")
     if bug is not None and bug not in bugs_for_wrapper(wrapper):
         raise ValueError(f"bug {bug!r} does not apply to wrapper {wrapper!r}; it can inject: "
                          f"{', '.join(bugs_for_wrapper(wrapper))}")
@@ -192,7 +198,7 @@ def check_overlap(world_size: int = 2, wrapper: str = "ddp", steps: int = 3, bat
                       for _ in range(2)) for _ in range(micro)] for _ in range(steps)]
     same_rows = compute_dtype == torch.float16
     scale = _scale(model, batches, t) if same_rows else 1.0
-    results = run(_on_rank, wrapper, model, batches, validate_bug(bug, "overlap"), bucket_cap_mb,
+    results = run(_on_rank, wrapper, model, batches, resolve(BUGS, bug, "overlap"), bucket_cap_mb,
                   compute_dtype, reduce_dtype, prefetch, scale,
                   straggle if wrapper == "ddp" else 0.0, world_size=t, timeout=timeout)
     ref_p, ref_g = _reference(model, batches, scale, same_rows, t)
@@ -223,10 +229,8 @@ def check_overlap(world_size: int = 2, wrapper: str = "ddp", steps: int = 3, bat
     extra = {"timeline": [res["timeline"] for res in results],
              "buckets": results[0]["buckets"]}
     if wrapper == "zero1":
-        numel = sum(p.numel() for p in model.parameters())
-        extra["state_bytes"] = {"per_rank": [res["state_bytes"] for res in results],
-                                "unsharded": 2 * numel * model[0].weight.element_size()
-                                + 8 * len(list(model.parameters()))}
+        extra["state_bytes"] = {"per_rank": [res["state_bytes"]["sharded"] for res in results],
+                                "unsharded": results[0]["state_bytes"]["unsharded"]}
     config = check_config(t, dtype, seed, bug, wrapper=wrapper, steps=steps, batch=batch,
                           hidden=hidden, bucket_cap_mb=bucket_cap_mb, prefetch=prefetch,
                           compute_dtype=str(compute_dtype), reduce_dtype=str(reduce_dtype))
