@@ -37,7 +37,7 @@ def test_model_is_small_and_starts_near_uniform():
 
 def test_grid_numbering_puts_tensor_ranks_next_to_each_other():
     layout = Layout(tp=2, pp=2, dp=2, cp=1)
-    assert group_ranks(layout, ("tp",)) == [[0, 1], [4, 5], [2, 3], [6, 7]]
+    assert group_ranks(layout, ("tp",)) == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert sorted(group_ranks(layout, ("pp",))) == [[0, 4], [1, 5], [2, 6], [3, 7]]
     assert sorted(group_ranks(layout, ("dp", "cp"))) == [[0, 2], [1, 3], [4, 6], [5, 7]]
     layout = Layout(tp=2, pp=1, dp=2, cp=2)

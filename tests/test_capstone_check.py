@@ -12,7 +12,7 @@ import mtb_helpers.capstone.parallel as parallel_module
 from mtb_helpers import BUGS
 from mtb_helpers.capstone.bugs import CAPSTONE_BUGS
 from mtb_helpers.capstone.check import LAYOUTS, check_capstone
-from mtb_helpers.checking.bugs import REGISTRY
+from mtb_helpers.capstone.bugs import BUGS as REGISTRY
 
 
 def _assert_bytes_match(report):
@@ -66,9 +66,11 @@ def test_bugs_are_registered_in_the_one_shape():
 def test_each_bug_fails_exactly_what_it_breaks(bug, layout, first_bad_step):
     report = check_capstone(*layout, steps=3, bug=bug)
     world = layout[0] * layout[1] * layout[2] * layout[3]
-    failed = {(r.quantity, r.note if r.quantity == "loss" else r.rank) for r in report.failed()}
-    # a wrong gradient shows from the loss after the first update; wrong positions at once
+    failed = {(r.quantity, r.note if r.quantity != "params" else r.rank) for r in report.failed()}
+    # the step (re-anchored on the run's own state) is wrong from the first update; the loss
+    # once replicas (or chunks) disagree, wrong positions at once
     expected = {("loss", f"step {k}") for k in range(first_bad_step, 4)}
+    expected |= {("step", f"step {k}") for k in range(1, 4)}
     expected |= {("params", r) for r in range(world)}
     assert failed == expected, str(report)
     assert report.config["bug"] == bug

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from mtb_helpers import BUGS
-from mtb_helpers.checking.bugs import REGISTRY
 from mtb_helpers.dp.bugs import BUGS as DP_REGISTRY
 from mtb_helpers.dp.check import QUANTITIES, check_all_strategies, check_data_parallel
 from mtb_helpers.dp.strategies import STRATEGIES
@@ -19,7 +18,7 @@ from mtb_helpers.dp.bugs import BUGS_BY_STRATEGY, DP_BUGS
 def test_every_dp_bug_is_listed():
     assert set(DP_BUGS) <= set(BUGS) and all(BUGS[b] for b in DP_BUGS)
     assert "dp-grads-not-cleared" in DP_BUGS and BUGS_BY_STRATEGY["ddp"][-1] == "dp-grads-not-cleared"
-    assert all(REGISTRY[b].checks == ("data_parallel",) for b in DP_BUGS)
+    assert all(DP_REGISTRY[b].checks == ("data_parallel",) for b in DP_BUGS)
     assert set(DP_REGISTRY) == set(DP_BUGS)
 
 

@@ -7,7 +7,8 @@ import torch
 
 from mtb_helpers import BUGS
 from mtb_helpers.check import check_context_parallel
-from mtb_helpers.checking.bugs import bugs_for
+from mtb_helpers.checking.bug import names_for
+from mtb_helpers.cp.bugs import BUGS as CP_BUGS
 from mtb_helpers.cp.bugs import BUGS as CP_BUGS
 
 ALL = ("output", "q_grad", "k_grad", "v_grad")
@@ -59,9 +60,9 @@ CASES = [(bug, check[len("cp-"):]) for bug, b in CP_BUGS.items() for check in b.
 
 def test_every_cp_bug_is_registered_and_described():
     assert set(CP_BUGS) <= set(BUGS) and all(BUGS[b] for b in CP_BUGS)
-    assert set(bugs_for("cp-ring")) == {"cp-no-rescale", "cp-local-causal-mask",
+    assert set(names_for(CP_BUGS, "cp-ring")) == {"cp-no-rescale", "cp-local-causal-mask",
                                         "cp-grads-not-sent-home"}
-    assert set(bugs_for("cp-allgather")) == {"cp-local-causal-mask", "cp-zigzag-wrong-order",
+    assert set(names_for(CP_BUGS, "cp-allgather")) == {"cp-local-causal-mask", "cp-zigzag-wrong-order",
                                              "cp-allgather-no-reduce-scatter"}
 
 

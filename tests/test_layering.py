@@ -9,34 +9,43 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
 import pytest
 
+from mtb_helpers import topics as manifest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "mtb_helpers"
 MAX_LINES = 300
-TOPICS = ("collectives", "tp", "sp", "pp", "dp", "moe", "grid", "cp", "capstone")
-# The layers of each topic: what a parallel layer (or its ops) is made of.
-LAYER_MODULES = {"collectives": ("ops",), "tp": ("layers", "attention", "vocab"),
-                 "sp": ("layers",), "pp": ("schedules", "simulator", "runtime", "stage", "p2p"),
-                 "dp": ("strategies", "fsdp"), "moe": ("layers",), "grid": ("layers",),
-                 "cp": ("sharding", "ring", "allgather", "online", "exchange", "base"),
-                 "capstone": ("model", "layers", "grid", "data")}
 UPPER = ("check", "checking", "plots", "widget", "widgets", "cli")
+# below the topics: these import no topic (the manifest finds the topics, from the top)
+LOWER = ("mtb_helpers.runtime", "mtb_helpers.comm", "mtb_helpers.checking", "mtb_helpers.plots",
+         "mtb_helpers.widgets")
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+def module_name(path: Path, root: Path = PACKAGE.parent) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+def package_modules(topics=None) -> dict[str, Path]:
+    """{module name: file} of mtb_helpers and of every topic package the manifest names that
+    lives elsewhere."""
+    found = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    for topic in manifest.listed(topics):
+        if topic.package.split(".")[0] != "mtb_helpers":
+            folder = Path(next(iter(importlib.util.find_spec(topic.package)
+                                    .submodule_search_locations)))
+            root = folder.parents[len(topic.package.split(".")) - 1]
+            found.update({module_name(p, root): p for p in sorted(folder.rglob("*.py"))})
+    return found
 
 
-def imports_of(name: str) -> set[str]:
+def imports_of(name: str, modules: dict[str, Path]) -> set[str]:
     """The package modules ``name`` imports at module level or inside functions (a lazy import
     is still a dependency). ``from pkg import sub`` counts as importing ``pkg.sub``."""
-    path = MODULES[name]
+    path = modules[name]
     is_pkg = path.name == "__init__.py"
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -50,11 +59,50 @@ def imports_of(name: str) -> set[str]:
                 base = ".".join(anchor + ([base] if base else []))
             for alias in node.names:
                 sub = f"{base}.{alias.name}"
-                found.add(sub if sub in MODULES else base)
-    return {m for m in found if m in MODULES and m != name}
+                found.add(sub if sub in modules else base)
+    return {m for m in found if m in modules and m != name}
 
 
-GRAPH = {name: imports_of(name) for name in MODULES}
+def import_graph(topics=None) -> dict[str, set[str]]:
+    """Every module's imports, plus the manifest's own: topics.py imports each topic's bug, check
+    and cli modules by name (importlib), which the AST alone would not show."""
+    modules = package_modules(topics)
+    graph = {name: imports_of(name, modules) for name in modules}
+    for topic in manifest.listed(topics):
+        named = [*topic.bugs, "cli", *{c.rpartition(".")[0] or "check" for c in topic.checks}]
+        graph["mtb_helpers.topics"] |= {f"{topic.package}.{m}" for m in named} & set(modules)
+    return graph
+
+
+def layer_modules(topics=None) -> list[str]:
+    """runtime/, comm/ and every topic's layer modules, as the manifest names them."""
+    modules = package_modules(topics)
+    names = [n for n in modules if n.startswith(("mtb_helpers.runtime", "mtb_helpers.comm"))]
+    for topic in manifest.listed(topics):
+        names += [f"{topic.package}.{m}" for m in topic.layers if f"{topic.package}.{m}" in modules]
+    return names
+
+
+def _is_upper(module: str) -> bool:
+    parts = module.split(".")
+    return any(p in UPPER for p in parts[1:]) or module in ("mtb_helpers.check", "mtb_helpers.topics")
+
+
+def upward_imports(name: str, graph: dict[str, set[str]]) -> list[str]:
+    """What layer module ``name`` imports from above it (checks, plots, widgets, the CLI)."""
+    return sorted(m for m in graph[name] if _is_upper(m))
+
+
+def topic_imports(name: str, graph: dict[str, set[str]], topics=None) -> list[str]:
+    """The topic modules, the manifest or the package root (which reads it) ``name`` imports."""
+    packages = tuple(t.package for t in manifest.listed(topics))
+    top = ("mtb_helpers", "mtb_helpers.topics", "mtb_helpers.check")
+    return sorted(m for m in graph[name] if m in top + packages
+                  or m.startswith(tuple(p + "." for p in packages)))
+
+
+MODULES = package_modules()
+GRAPH = import_graph()
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -93,22 +141,16 @@ def test_no_import_circle_in_the_package():
     assert cycle is None, "import circle: " + " -> ".join(cycle)
 
 
-def _layer_modules() -> list[str]:
-    names = [n for n in MODULES if n.startswith(("mtb_helpers.runtime", "mtb_helpers.comm"))]
-    for topic, layers in LAYER_MODULES.items():
-        names += [f"mtb_helpers.{topic}.{m}" for m in layers if f"mtb_helpers.{topic}.{m}" in MODULES]
-    return names
-
-
-def _is_upper(module: str) -> bool:
-    parts = module.split(".")
-    return any(p in UPPER for p in parts[1:]) or module == "mtb_helpers.check"
-
-
-@pytest.mark.parametrize("name", _layer_modules())
+@pytest.mark.parametrize("name", layer_modules())
 def test_runtime_comm_and_layers_import_no_check_plot_widget_or_cli(name):
-    upward = sorted(m for m in GRAPH[name] if _is_upper(m))
+    upward = upward_imports(name, GRAPH)
     assert not upward, f"{name} imports {upward}: data flows runtime -> comm -> layers -> checks"
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if n.startswith(LOWER)])
+def test_nothing_below_the_topics_imports_a_topic(name):
+    found = topic_imports(name, GRAPH)
+    assert not found, f"{name} imports {found}: only the top of the package knows the topics"
 
 
 @pytest.mark.parametrize("name", [n for n in MODULES if n.endswith(".plots") or ".plots." in n])
@@ -123,12 +165,13 @@ def test_modules_stay_short(name):
     assert lines <= MAX_LINES, f"{MODULES[name].relative_to(PACKAGE.parent)} has {lines} lines"
 
 
-@pytest.mark.parametrize("topic", TOPICS)
-def test_every_topic_folder_has_the_same_files(topic):
-    have = {p.stem for p in (PACKAGE / topic).glob("*.py")}
-    expected = {"__init__", "plots", "widget", "cli", "bugs", "check"}
+@pytest.mark.parametrize("topic", manifest.TOPICS, ids=lambda t: t.name)
+def test_every_topic_folder_has_the_files_its_manifest_line_names(topic):
+    have = {n.rpartition(".")[2] for n in MODULES if n.startswith(topic.package + ".")}
+    checks = {c.rpartition(".")[0] or "check" for c in topic.checks}
+    expected = {"cli", *checks, *topic.bugs, *topic.layers}
     missing = expected - have
-    assert not missing, f"mtb_helpers/{topic}/ lacks {sorted(missing)}"
+    assert not missing, f"{topic.package} lacks {sorted(missing)}"
 
 
 def test_contributing_lists_every_package_file():
@@ -148,6 +191,7 @@ STABLE_IMPORTS = {   # DESIGN.md's stable entry points and issue 10's "keep work
     "mtb_helpers.tp": "ColumnParallelLinear RowParallelLinear ParallelMLP shard_range "
                       "ParallelSelfAttention VocabParallelEmbedding vocab_parallel_cross_entropy",
     "mtb_helpers.sp": "SequenceParallelMLPBlock",
+    "mtb_helpers.plan": "model_state_bytes activation_bytes_per_layer plan",
     "mtb_helpers.pp": "schedule simulate pipeline_step",
     "mtb_helpers.cp": "shard_sequence unshard_sequence ring_attention allgather_attention",
     "mtb_helpers.check": "check_column_parallel check_row_parallel check_tp_mlp "
@@ -172,3 +216,79 @@ def test_the_stable_import_paths_still_work(module):
     assert not missing, f"from {module} import {', '.join(missing)} no longer works"
     if module == "mtb_helpers.check":
         assert set(STABLE_IMPORTS[module].split()) <= set(loaded.__all__)
+
+
+THROWAWAY = {   # a topic folder outside the package: what a new topic needs, and no more
+    "__init__.py": '"""A throwaway topic."""\n',
+    "layers.py": '"""Its layer."""\n\n\ndef double(x):\n    return 2 * x\n',
+    "bugs.py": '"""Its first bug module."""\nfrom mtb_helpers.checking.bug import Bug\n\n'
+               'BUGS = {"toy-triple": Bug("toy: triples instead of doubling", checks=("toy",))}\n',
+    "more_bugs.py": '"""Its second bug module."""\nfrom mtb_helpers.checking.bug import Bug\n\n'
+                    'BUGS = {"toy-halve": Bug("toy: halves", checks=("toy",))}\n',
+    "check.py": '"""Its check."""\nfrom mtb_helpers.checking.bug import resolve\n'
+                'from mtb_toy.bugs import BUGS\n\n\ndef check_toy(bug=None):\n'
+                '    return resolve(BUGS, bug, "toy")\n',
+    "cli.py": '"""Its command."""\n\n\ndef register(top, groups):\n'
+              '    groups["toy"].add_parser("check").set_defaults(func=lambda args: 0)\n',
+    "plots.py": '"""Its figures."""\n',
+    "widget.py": '"""Its explorer."""\n',
+}
+
+
+@pytest.fixture
+def throwaway(tmp_path, monkeypatch):
+    """mtb_toy, written to a temporary folder and added to the manifest by one line (bug names
+    registered by it are forgotten afterwards)."""
+    from mtb_helpers.checking import bug
+
+    folder = tmp_path / "mtb_toy"
+    folder.mkdir()
+    for name, text in THROWAWAY.items():
+        (folder / name).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(bug, "_OWNERS", dict(bug._OWNERS))
+    toy = manifest.Topic("toy", package="mtb_toy", group="toy", group_help="a throwaway topic",
+                         checks=("check_toy",), bugs=("bugs", "more_bugs"))
+    monkeypatch.setattr(manifest, "TOPICS", manifest.TOPICS + (toy,))   # the one line
+    yield folder
+    import sys
+    for name in [n for n in sys.modules if n == "mtb_toy" or n.startswith("mtb_toy.")]:
+        del sys.modules[name]
+
+
+def test_a_throwaway_topic_needs_one_manifest_line(throwaway):
+    from mtb_helpers.cli import build_parser
+
+    parser = build_parser()                                             # the CLI
+    assert "a throwaway topic" in parser.format_help()
+    assert parser.parse_args(["toy", "check"]).func(None) == 0
+    assert {"toy-triple", "toy-halve"} <= set(manifest.bug_registry())  # the bug list, both modules
+    check_toy = manifest.check_functions()["check_toy"]                 # mtb_helpers.check's source
+    assert check_toy("toy-triple").description.startswith("toy")
+    with pytest.raises(ValueError, match="does not apply"):
+        check_toy("f-backward-identity")
+    assert "mtb_toy.layers" in layer_modules()                           # the layering check
+    graph = import_graph()
+    assert not upward_imports("mtb_toy.layers", graph) and find_cycle(graph) is None
+    (throwaway / "layers.py").write_text("from mtb_toy.check import check_toy\n")
+    assert upward_imports("mtb_toy.layers", import_graph()) == ["mtb_toy.check"]
+
+
+def test_a_bug_name_two_topics_declare_is_refused_naming_both(throwaway):
+    (throwaway / "more_bugs.py").write_text(
+        "from mtb_helpers.checking.bug import Bug\n"
+        "BUGS = {'f-backward-identity': Bug('toy: the same name as a tp bug', checks=('toy',))}\n")
+    with pytest.raises(ValueError, match="'f-backward-identity' is declared by two topics, 'tp' "
+                                         "and 'toy'"):
+        manifest.bug_registry()
+
+
+def test_a_topic_with_no_bugs_needs_no_bug_module(throwaway, monkeypatch):
+    (throwaway / "bugs.py").unlink()
+    (throwaway / "more_bugs.py").unlink()
+    (throwaway / "check.py").write_text("def check_toy():\n    return 'ok'\n")
+    quiet = manifest.Topic("toy", package="mtb_toy", checks=("check_toy",), bugs=())
+    monkeypatch.setattr(manifest, "TOPICS", manifest.TOPICS[:-1] + (quiet,))
+    assert manifest.check_functions()["check_toy"]() == "ok"
+    assert not any(n.startswith("toy") for n in manifest.bug_registry())
+    assert "mtb_toy.layers" in layer_modules()

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtb_helpers import BUGS, RankError, run
-from mtb_helpers.checking.bugs import bugs_for
+from mtb_helpers.checking.bug import names_for
+from mtb_helpers.tp.attention_bugs import BUGS as ATTENTION_BUGS
 from mtb_helpers.comm import record
 from mtb_helpers.tp import ParallelSelfAttention
 from mtb_helpers.tp.attention import check_heads
@@ -148,7 +149,7 @@ BROKEN = [
 
 
 def test_every_attention_bug_is_registered_and_tested():
-    assert set(bugs_for("tp_attention")) == {b for b, _ in BROKEN}
+    assert set(names_for(ATTENTION_BUGS, "tp_attention")) == {b for b, _ in BROKEN}
     assert {b for b, _ in BROKEN} <= set(BUGS) and {b for b, _ in BROKEN} <= set(ATTENTION_BUGS)
 
 
@@ -209,8 +210,8 @@ def test_layer_refuses_projections_of_the_wrong_shape():
     layers, _, _ = _inputs()
     with pytest.raises(ValueError, match=r"wk is nn.Linear\(12, 6\)"):
         ParallelSelfAttention.from_full(layers[0], nn.Linear(12, 6), layers[2], layers[3], 6)
-    assert ParallelSelfAttention.input_layout == "replicated"
-    assert ParallelSelfAttention.output_layout == "replicated"
+    from torch.distributed.tensor import Replicate
+    assert ParallelSelfAttention.input_layouts == ParallelSelfAttention.output_layouts == Replicate()
 
 
 def test_figures_have_titles_labels_legends_and_rank_colours():

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtb_helpers import BUGS, run
-from mtb_helpers.checking.bugs import bugs_for
+from mtb_helpers.checking.bug import names_for
+from mtb_helpers.tp.attention_bugs import BUGS as ATTENTION_BUGS
 from mtb_helpers.comm import record
 from mtb_helpers.tp import VocabParallelEmbedding, vocab_parallel_cross_entropy
 from mtb_helpers.tp.vocab import VocabParallelCrossEntropy
@@ -143,7 +144,7 @@ BROKEN = [
 
 
 def test_every_vocab_bug_is_registered_and_tested():
-    assert set(bugs_for("vocab_parallel")) == {b for b, _ in BROKEN} and \
+    assert set(names_for(ATTENTION_BUGS, "vocab_parallel")) == {b for b, _ in BROKEN} and \
         {b for b, _ in BROKEN} <= set(BUGS)
 
 
@@ -189,8 +190,9 @@ def test_layers_refuse_what_they_cannot_split():
         vocab_parallel_cross_entropy(torch.randn(2, V), torch.tensor([0, 12]))
     with pytest.raises(ValueError, match="padding_idx"):
         VocabParallelEmbedding.from_full(nn.Embedding(V, 3, padding_idx=0))
-    assert VocabParallelEmbedding.weight_layout == "rows"
-    assert VocabParallelCrossEntropy.input_layout == "cols"
+    from torch.distributed.tensor import Replicate, Shard
+    assert VocabParallelEmbedding.weight_layout == Shard(0)
+    assert VocabParallelCrossEntropy.input_layouts == (Shard(-1), Replicate())
 
 
 def _vocab_in_subgroups(logits, target, emb, ids):

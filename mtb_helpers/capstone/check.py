@@ -1,17 +1,26 @@
 """``check_capstone``: the tiny GPT trained under (tp, pp, dp, cp) against one process.
 
     report = check_capstone(tp=2, pp=2, dp=2, steps=3)
-    report.passed, report.rows, report.extra["losses"], report.extra["bytes"]
+    report.passed, report.rows, report.extra["losses"], report.extra["drift"], report.extra["bytes"]
 
-Rows: ``loss`` once per step (the whole batch's mean, from the last pipeline stage; ``note`` says
-which step), and ``params`` once per rank after the last step (everything the rank holds, against
-the same shards cut from the one-process model). Tolerance: float64 ``1e-10`` absolute (the
-issue's bar; measured errors are around 1e-13, from summing micro-batch and rank partials in
-another order, then AdamW's division by ``sqrt(v)``); float32 ``1e-5`` for the loss and
-``1e-3`` for parameters (see ``TOLERANCE``). ``extra``: ``losses`` (both curves), ``bytes`` (sent per rank per step by group,
-measured and by formula), ``grid`` (which rank holds which blocks, heads, positions, sequences),
-``held_params`` (parameters each rank holds), ``param_errors`` (the gathered full parameters,
-by name).
+Every step is compared on its own: the reference is re-anchored on the parallel run's own state
+(parameters and AdamW moments) before the step, takes that one step, and is compared with the
+parallel run's loss of the step and its parameters after it. A wrong step shows at the step it
+breaks, and rounding differences cannot compound: two correct free-running runs drift apart
+through AdamW (~1e-14 after one step, ~2e-8 after 200 in fp64), which is shown, not judged.
+
+Rows: ``loss`` once per step (the whole batch's mean, from the last pipeline stage, against the
+re-anchored reference's loss from the same parameters; ``note`` says which step), ``step`` once
+per step (all parameters after the step against the re-anchored step), and ``params`` once per
+rank after the last step (everything the rank holds, against the same shards cut from the
+re-anchored reference's last step). Tolerance: float64 ``1e-10`` absolute (measured errors are
+around 1e-14, from summing micro-batch and rank partials in another order, then AdamW's division
+by ``sqrt(v)``); float32 ``1e-5`` for the loss and ``1e-3`` for parameters (see ``TOLERANCE``).
+``extra``: ``losses`` (the parallel and the free-running one-process curves), ``drift``
+(``StepComparison.drift``: per step the loss and parameter errors re-anchored and free-running),
+``bytes`` (sent per rank per step by group, measured and by formula), ``grid`` (which rank holds
+which blocks, heads, positions, sequences), ``held_params`` (parameters each rank holds),
+``param_errors`` (the gathered final parameters against the free-running run, by name).
 """
 from __future__ import annotations
 
@@ -21,17 +30,18 @@ import torch
 
 from mtb_helpers.capstone.bugs import CAPSTONE_BUGS
 from mtb_helpers.capstone.costs import FORMULAS, GROUP_NAMES, formula_bytes, measured_bytes
-from mtb_helpers.capstone.grid import Layout
+from mtb_helpers.capstone.grid import Layout, rank_of
 from mtb_helpers.capstone.layers import shard_param, stage_blocks
 from mtb_helpers.capstone.model import GPTConfig
-from mtb_helpers.capstone.parallel import train_parallel
-from mtb_helpers.capstone.reference import TrainConfig, train_reference
+from mtb_helpers.capstone.parallel import full_state, train_parallel
+from mtb_helpers.capstone.reference import Reference, TrainConfig
 from mtb_helpers.capstone.validate import validate
-from mtb_helpers.checking.bugs import validate_bug
+from mtb_helpers.checking.bug import resolve
+from mtb_helpers.capstone.bugs import BUGS
 from mtb_helpers.checking.report import Report, compare
 from mtb_helpers.checking.tolerances import as_dtype
 
-__all__ = ["check_capstone", "TOLERANCE", "grid_table", "LAYOUTS"]
+__all__ = ["check_capstone", "StepComparison", "TOLERANCE", "grid_table", "LAYOUTS"]
 
 # fp32: AdamW scales every update to about lr whatever the gradient's size, so where a gradient
 # component is near zero a rounding difference in it (another summation order over micro-batches
@@ -39,8 +49,8 @@ __all__ = ["check_capstone", "TOLERANCE", "grid_table", "LAYOUTS"]
 # layouts, 3 steps at lr = 1e-2: parameters differ by up to 8e-5 (the fp32 single process itself
 # is 2e-5 from fp64), losses by ~1e-7. The bars sit 10-100x above that and 50x below the smallest
 # deliberate bug (losses 5e-3 apart, parameters 6e-2).
-TOLERANCE = {torch.float64: {"loss": 1e-10, "params": 1e-10},
-             torch.float32: {"loss": 1e-5, "params": 1e-3}}
+TOLERANCE = {torch.float64: {"loss": 1e-10, "step": 1e-10, "params": 1e-10},
+             torch.float32: {"loss": 1e-5, "step": 1e-3, "params": 1e-3}}
 LAYOUTS = [Layout(1, 1, 1, 1), Layout(2, 1, 1, 1), Layout(1, 2, 1, 1), Layout(1, 1, 2, 1),
            Layout(2, 2, 1, 1), Layout(2, 1, 2, 1), Layout(1, 2, 2, 1), Layout(2, 2, 2, 1),
            Layout(2, 1, 1, 2)]
@@ -70,43 +80,107 @@ def grid_table(layout: Layout, cfg: GPTConfig, batch: int) -> list[dict]:
     return out
 
 
+def _finite_or_none(values: list[float]) -> list[float | None]:
+    return [v if math.isfinite(v) else None for v in values]
+
+
+class StepComparison:
+    """Fed every call's results by ``train_parallel`` (``on_call``). For each step k: the
+    parallel loss and the parameters after the step against the reference re-anchored on the
+    parallel run's own state before it (``rows``: the verdict; errors cannot compound), and both
+    against the free-running reference (``drift()``: how far two correct runs wander apart)."""
+
+    def __init__(self, layout: Layout, cfg: GPTConfig, run_cfg: TrainConfig, dtype: torch.dtype):
+        self.layout, self.dtype = layout, dtype
+        self.anchored = Reference(cfg, run_cfg, dtype)
+        self.anchored64 = (self.anchored if dtype == torch.float64
+                           else Reference(cfg, run_cfg, torch.float64))
+        self.free = Reference(cfg, run_cfg, dtype)
+        self.names = [n for n, _ in self.free.model.named_parameters()]
+        self.rank = rank_of(layout, pp=layout.pp - 1)   # the last stage's first rank
+        self.rows: dict[str, list] = {"loss": [], "step": []}
+        self.free_losses: list[float] = []
+        self.errors = {"anchored": {"loss": [], "params": []}, "free": {"loss": [], "params": []}}
+        self.last_params: tuple = ()   # (reference, fp64 reference) after the last step, anchored
+
+    def _flat(self, params: dict) -> torch.Tensor:
+        return torch.cat([params[n].reshape(-1) for n in self.names])
+
+    def on_call(self, first: int, results: list[dict]) -> None:
+        last = [r for r in results
+                if r["index"]["pp"] == self.layout.pp - 1 and r["index"]["tp"] == 0]
+        before = full_state(results, self.layout, 0)
+        for i in range(len(last[0]["losses"])):
+            k, after = first + i, full_state(results, self.layout, i + 1)
+            got_loss = sum(r["losses"][i] for r in last) / len(last)
+            loss, params = self.anchored.step(k, before)
+            loss64, params64 = ((loss, params) if self.anchored64 is self.anchored else
+                                self.anchored64.step(k, {key: value if key == "step" else
+                                                         {n: t.double() for n, t in value.items()}
+                                                         for key, value in before.items()}))
+            got, want, want64 = (self._flat(p) for p in (after["params"], params, params64))
+            note = f"step {k + 1}"
+            losses = (torch.tensor([v], dtype=torch.float64) for v in (got_loss, loss, loss64))
+            self.rows["loss"].append(_row("loss", self.rank, *losses, self.dtype, note))
+            self.rows["step"].append(_row("step", self.rank, got, want, want64, self.dtype, note))
+            free_loss, free_params = self.free.step(k)
+            self.free_losses.append(free_loss)
+            for kind, ref_loss, ref_params in (("anchored", loss, want),
+                                               ("free", free_loss, self._flat(free_params))):
+                self.errors[kind]["loss"].append(abs(got_loss - ref_loss))
+                self.errors[kind]["params"].append(float((got.double() - ref_params.double())
+                                                         .abs().max()))
+            before = after
+        self.last_params = (params, params64)
+
+    def drift(self) -> dict:
+        """``{"steps": [1..N], "anchored"|"free": {"loss"|"params": [max abs error per step]},
+        "tolerance": {"loss", "params"}}`` (None where a value is not finite)."""
+        return {"steps": list(range(1, len(self.free_losses) + 1)),
+                **{kind: {q: _finite_or_none(v) for q, v in errs.items()}
+                   for kind, errs in self.errors.items()},
+                "tolerance": {"loss": TOLERANCE[self.dtype]["loss"],
+                              "params": TOLERANCE[self.dtype]["step"]}}
+
+
 def check_capstone(tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, steps: int = 3,
                    microbatches: int = 2, schedule: str = "1f1b", sequence_parallel: bool = True,
                    strategy: str = "ddp", seed: int = 0, dtype=torch.float64, batch: int = 8,
                    lr: float = 1e-2, weight_decay: float = 0.01, bug: str | None = None,
-                   cfg: GPTConfig = GPTConfig(), timeout: float = 120.0) -> Report:
-    """Train on ``tp*pp*dp*cp`` ranks and on one process; compare every step's loss and the final
-    parameters. Bad sizes and unknown bugs are refused (ValueError) before any rank starts."""
+                   cfg: GPTConfig = GPTConfig(), timeout: float = 60.0,
+                   progress=None) -> Report:
+    """Train on ``tp*pp*dp*cp`` ranks and on one process; compare every step re-anchored (the
+    reference takes each step from the parallel run's own state) and the final parameters, and
+    keep the free-running curves and their drift in ``extra``. ``timeout`` guards each call of a
+    few steps, not the run (see ``train_parallel``); ``progress(done, steps, loss,
+    seconds_per_step)`` is called as steps finish. Bad sizes, non-finite numbers and unknown bugs
+    are refused (ValueError) before any rank starts."""
     dtype = as_dtype(dtype)
     layout = Layout(tp, pp, dp, cp)
     run_cfg = TrainConfig(steps, batch, lr, weight_decay, seed)
-    validate(layout, cfg, run_cfg, microbatches, schedule, sequence_parallel, strategy)
-    bug_obj = validate_bug(bug, CAPSTONE_BUGS)
+    validate(layout, cfg, run_cfg, microbatches, schedule, sequence_parallel, strategy, timeout)
+    bug_obj = resolve(BUGS, bug, CAPSTONE_BUGS)
+    comparison = StepComparison(layout, cfg, run_cfg, dtype)
     result = train_parallel(tp, pp, dp, cp, steps, microbatches, schedule, sequence_parallel, seed,
-                            dtype, strategy, batch, lr, weight_decay, cfg, bug_obj, timeout)
-    ref = train_reference(cfg, run_cfg, dtype)
-    ref64 = ref if dtype == torch.float64 else train_reference(cfg, run_cfg, torch.float64)
-    last = min(r for r, res in enumerate(result.per_rank)
-               if res["index"]["pp"] == pp - 1)
-    rows = [_row("loss", last, torch.tensor([result.losses[k]], dtype=torch.float64),
-                 torch.tensor([ref["losses"][k]], dtype=torch.float64),
-                 torch.tensor([ref64["losses"][k]], dtype=torch.float64), dtype, f"step {k + 1}")
-            for k in range(steps)]
+                            dtype, strategy, batch, lr, weight_decay, cfg, bug_obj, timeout,
+                            progress, comparison.on_call)
+    rows = comparison.rows["loss"] + comparison.rows["step"]
     d = torch.empty((), dtype=dtype).element_size()
     sent, formula = [], []
     for r, res in enumerate(result.per_rank):
         names = list(res["params"])
         got = torch.cat([res["params"][n].reshape(-1) for n in names])
-        want = [torch.cat([shard_param(p["params"], n, tp, res["index"]["tp"]).reshape(-1)
-                           for n in names]) for p in (ref, ref64)]
+        want = [torch.cat([shard_param(p, n, tp, res["index"]["tp"]).reshape(-1)
+                           for n in names]) for p in comparison.last_params]
         rows.append(_row("params", r, got, want[0], want[1], dtype, f"after step {steps}"))
         sent.append(measured_bytes(res["record"]))
         formula.append(formula_bytes(layout, cfg, batch, microbatches, sequence_parallel,
                                      strategy, res["index"], got.numel(), d))
-    param_errors = {n: float((p.double() - ref["params"][n].double()).abs().max())
-                    for n, p in result.params.items()}
+    param_errors = {n: float((p.double() - comparison.free.model.get_parameter(n).detach().double())
+                             .abs().max()) for n, p in result.params.items()}
     extra = {
-        "losses": {"parallel": result.losses, "reference": ref["losses"]},
+        "losses": {"parallel": result.losses, "reference": comparison.free_losses},
+        "drift": comparison.drift(),
         "bytes": {"unit": "bytes sent per rank per step", "groups": list(GROUP_NAMES),
                   "per_rank": sent, "formula": formula, "formula_text": FORMULAS},
         "grid": grid_table(layout, cfg, batch),

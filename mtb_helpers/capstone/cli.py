@@ -1,15 +1,20 @@
 """``minitrainbench train``: the tiny GPT under tp x pp x dp x cp against one process, headless.
 
-Prints the loss of every step next to the single-process loss and the bytes each group sent per
-step (rank 0 and all ranks' total, measured and by formula); ``--plot out.png`` saves the loss
-curves, ``--json`` prints ``{"passed": ..., "checks": [report]}``. Exit 0 when every step and
-every rank's final parameters match, 1 when the check fails, 2 for bad arguments (a layout whose
-product is not ``--world-size`` (or torchrun's world size), sizes that do not divide, an unknown bug: one line on stderr).
+Prints, per step (all of a short run, a sample of a long one), the loss next to the one-process
+loss, the errors against one process re-anchored on the run's own state (the verdict) and the
+free-running drift, then the bytes each group sent per step (rank 0 and all ranks' total, measured
+and by formula); progress lines go to stderr as steps finish (``--quiet``: none); ``--timeout``
+guards each call of a few steps, not the run. ``--plot out.png`` saves the loss curves, ``--json``
+prints ``{"passed": ..., "checks": [report]}``. Exit 0 when every step and every rank's final
+parameters match, 1 when the check fails, 2 for bad arguments (a layout whose product is not
+``--world-size`` (or torchrun's world size), sizes that do not divide, an unknown bug: one line
+on stderr), 130 interrupted.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from mtb_helpers.capstone.validate import DP_STRATEGIES, PP_SCHEDULES
 from mtb_helpers.cli.common import is_primary, print_json
@@ -45,19 +50,57 @@ def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubPar
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bug", default=None, help="inject a deliberate mistake (listed below)")
     parser.add_argument("--plot", default=None, metavar="PNG", help="save the loss curves here")
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds before ranks that stopped answering are reported as hung; "
+                             "it guards each call of a few steps (a quarter of it at the measured "
+                             "pace), not the run, so a run may be as long as it needs (60)")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress lines on stderr (steps done, loss, seconds per step)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run_train)
 
 
+def print_progress(done: int, steps: int, loss: float, seconds_per_step: float) -> None:
+    """One stderr line per call of steps: stdout stays the report (one JSON document with --json)."""
+    print(f"[train] step {done}/{steps}  loss {loss:.6f}  {seconds_per_step:.3f} s/step",
+          file=sys.stderr, flush=True)
+
+
+def shown_steps(steps: int, failing: set[int], most: int = 12) -> list[int]:
+    """The steps a table shows: all of a short run; else the first 3, the last, evenly spaced
+    ones between, and every failing one up to ``most`` lines more."""
+    if steps <= most:
+        return list(range(1, steps + 1))
+    picked = {1, 2, 3, steps} | {round(1 + i * (steps - 1) / (most - 4)) for i in range(most - 3)}
+    return sorted(picked | set(sorted(failing)[:most]))
+
+
 def loss_table(report) -> str:
-    """One line per step: parallel loss, one-process loss, |difference|, tolerance, verdict."""
-    losses = report.extra["losses"]
-    rows = [r for r in report.rows if r.quantity == "loss"]
-    lines = ["step  parallel            one process         |diff|    tolerance  ok",
-             "----  ------------------  ------------------  --------  ---------  --"]
-    for k, (a, b, row) in enumerate(zip(losses["parallel"], losses["reference"], rows), start=1):
-        lines.append(f"{k:4d}  {a:18.15f}  {b:18.15f}  {row.max_abs_err:.1e}   {row.tolerance:.0e}"
-                     f"      {'yes' if row.passed else 'NO'}")
+    """Per step: the parallel loss, the one-process loss (free-running), the error of the loss
+    and of the step against the reference re-anchored on the parallel run's own state (the
+    verdict), and the free-running drift of the parameters; then the final parameters."""
+    losses, drift = report.extra["losses"], report.extra["drift"]
+    loss_rows = [r for r in report.rows if r.quantity == "loss"]
+    step_rows = [r for r in report.rows if r.quantity == "step"]
+    failing = {k for k, (a, b) in enumerate(zip(loss_rows, step_rows), 1)
+               if not (a.passed and b.passed)}
+    lines = ["step  parallel loss       one process (free)  loss err  step err  tolerance  ok  "
+             "free drift",
+             "----  ------------------  ------------------  --------  --------  ---------  --  "
+             "----------"]
+    shown = shown_steps(len(loss_rows), failing)
+    for k in shown:
+        a, b, lr, sr = losses["parallel"][k - 1], losses["reference"][k - 1], loss_rows[k - 1], \
+            step_rows[k - 1]
+        free = drift["free"]["params"][k - 1]
+        lines.append(f"{k:4d}  {a:18.15f}  {b:18.15f}  {lr.max_abs_err:.1e}   {sr.max_abs_err:.1e}"
+                     f"   {sr.tolerance:.0e}      {'yes' if k not in failing else 'NO '} "
+                     f"{free if free is None else format(free, '.1e')}")
+    if len(shown) < len(loss_rows):
+        lines.append(f"({len(loss_rows) - len(shown)} more steps not shown; --json has them all)")
+    lines.append("loss err / step err: against one process re-anchored on this run's own state "
+                 "each step (errors cannot compound); free drift: the parameters' distance from "
+                 "a free-running one-process run, rounding compounding through AdamW")
     params = [r for r in report.rows if r.quantity == "params"]
     bad = [r.rank for r in params if not r.passed]
     worst = max(r.max_abs_err for r in params)
@@ -90,7 +133,9 @@ def run_train(args: argparse.Namespace) -> int:
     report = check_capstone(args.tp, args.pp, args.dp, args.cp, steps=args.steps,
                             microbatches=args.microbatches, schedule=args.schedule,
                             sequence_parallel=not args.no_sequence_parallel,
-                            strategy=args.strategy, seed=args.seed, dtype=args.dtype, bug=args.bug)
+                            strategy=args.strategy, seed=args.seed, dtype=args.dtype, bug=args.bug,
+                            timeout=args.timeout,
+                            progress=None if args.quiet or not is_primary() else print_progress)
     if is_primary():
         if args.plot:
             from mtb_helpers.capstone.plots import plot_losses

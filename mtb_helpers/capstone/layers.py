@@ -25,6 +25,7 @@ from torch import nn
 from mtb_helpers.capstone.model import Block, TinyGPT
 from mtb_helpers.comm.issue import group_rank, group_size
 from mtb_helpers.comm.regions import scatter_to_sequence_parallel_region
+from mtb_helpers.comm.sharding import Replicate, Shard, on_mesh
 from mtb_helpers.cp.ring import ring_attention
 from mtb_helpers.sp.layers import (SequenceParallelColumnLinear, SequenceParallelLayerNorm,
                                    SequenceParallelMLPBlock, SequenceParallelRowLinear,
@@ -37,12 +38,18 @@ __all__ = ["ContextParallelCore", "ParallelEmbedding", "ParallelBlock", "Paralle
            "build_stage", "stage_blocks", "param_kind", "shard_param", "gather_param"]
 
 
+def sequence_layouts(sequence_parallel: bool):
+    """The activations between the capstone's layers, ``[s, B, h]`` on the (dp, cp, tp) mesh: batch
+    columns by dp, sequence chunks by cp, then under SP each chunk's rows again by tp."""
+    return on_mesh(dp=Shard(1), cp=Shard(0), tp=Shard(0) if sequence_parallel else Replicate())
+
+
 class ContextParallelCore(LocalAttention):
     """This rank's ``n/t`` heads on its sequence chunk; K/V blocks travel the context ring.
 
     forward: ``qkv [s/c, b, 3h/t]`` -> ``[b, n/t, s/c, d]`` x 3 -> ring attention (causal, by
     global position) -> ``[s/c, b, h/t]``."""
-    input_layout = output_layout = "sharded(0) over cp, sharded(-1) over tp"
+    input_layouts = output_layouts = on_mesh(dp=Shard(1), cp=Shard(0), tp=Shard(-1))
 
     def __init__(self, n_heads: int, head_dim: int, world_size: int, cp_group):
         super().__init__(n_heads, head_dim, True, world_size)
@@ -58,7 +65,7 @@ class ContextParallelCore(LocalAttention):
 class ParallelEmbedding(nn.Module):
     """``ids [s/c, b]`` (this context chunk) -> ``[s/(c t), b, h]`` with sequence parallelism,
     else ``[s/c, b, h]`` replicated over the tensor group."""
-    input_layout = "sharded(0) over cp"
+    input_layouts = on_mesh(dp=Shard(1), cp=Shard(0), tp=Replicate())   # ids [s/c, b/dp]
 
     def __init__(self, tok: VocabParallelEmbedding, pos: torch.Tensor, sequence_parallel: bool,
                  tp_group, cp_group):
@@ -66,7 +73,7 @@ class ParallelEmbedding(nn.Module):
         self.tok, self.sequence_parallel, self.tp_group = tok, sequence_parallel, tp_group
         self.register_buffer("pos", pos.clone(), persistent=False)    # [s, h], every position
         self.cp_rank = group_rank(cp_group)
-        self.output_layout = "sharded(0)" if sequence_parallel else "replicated"
+        self.output_layouts = sequence_layouts(sequence_parallel)
 
     def positions(self, n: int) -> torch.Tensor:
         """The sinusoids of this chunk's global positions ``c_i*n .. (c_i+1)*n``: ``[n, h]``."""
@@ -85,7 +92,7 @@ class ParallelBlock(nn.Module):
     def __init__(self, ln1: nn.Module, attn: ParallelSelfAttention, mlp: nn.Module):
         super().__init__()
         self.ln1, self.attn, self.mlp = ln1, attn, mlp
-        self.input_layout = self.output_layout = mlp.input_layout
+        self.input_layouts = self.output_layouts = sequence_layouts(mlp.input_layouts == Shard(0))
 
     @classmethod
     def from_full(cls, block: Block, sequence_parallel: bool, tp_group, cp_group) -> "ParallelBlock":
@@ -116,11 +123,12 @@ class ParallelBlock(nn.Module):
 
 class ParallelHead(nn.Module):
     """``x -> ln_f -> logits [s/c, b, V/t]`` (this rank's vocabulary columns)."""
-    output_layout = "sharded(-1)"
+    output_layouts = on_mesh(dp=Shard(1), cp=Shard(0), tp=Shard(-1))   # logits [s/c, b/dp, V/t]
 
     def __init__(self, ln_f: nn.Module, lm_head: ColumnParallelLinear):
         super().__init__()
         self.ln_f, self.lm_head = ln_f, lm_head
+        self.input_layouts = sequence_layouts(lm_head.input_layouts == Shard(0))
 
     @classmethod
     def from_full(cls, head, sequence_parallel: bool, tp_group) -> "ParallelHead":

@@ -18,8 +18,10 @@ gradients its gradient.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -39,7 +41,8 @@ from mtb_helpers.pp.stage import RankStage
 from mtb_helpers.runtime.ranks import run
 from mtb_helpers.tp.vocab import vocab_parallel_cross_entropy
 
-__all__ = ["GridP2P", "ParallelRun", "train_parallel", "train_on_rank", "DP_STRATEGIES",
+__all__ = ["GridP2P", "ParallelRun", "train_parallel", "train_on_rank", "full_state", "snapshot",
+           "DP_STRATEGIES",
            "PP_SCHEDULES"]
 
 
@@ -69,39 +72,68 @@ class GridP2P(P2P):
 
 
 def train_on_rank(model, layout: Layout, run_cfg: TrainConfig, microbatches: int, schedule: str,
-                  sequence_parallel: bool, strategy: str, bug=None) -> dict:
-    """Run on every rank: build the grid and this rank's stage, train ``run_cfg.steps`` steps.
+                  sequence_parallel: bool, strategy: str, bug=None, first: int = 0,
+                  count: int | None = None, states: list | None = None) -> dict:
+    """Run on every rank: build the grid and this rank's stage, train steps ``first`` ..
+    ``first + count - 1`` (all ``run_cfg.steps`` by default), starting from this rank's entry of
+    ``states`` (what the previous call's ``snapshots[-1]`` were) or from ``model`` when None.
     ``bug``: a ``Bug`` whose wrong classes stand in for ``Grid`` / ``ParallelEmbedding``."""
     swap = (lambda cls: cls) if bug is None else (lambda cls: bug.replaces.get(cls, cls))
     grid = swap(Grid).build(layout)
+    count = run_cfg.steps - first if count is None else count
+    state = None if states is None else states[dist.get_rank() if dist.is_initialized() else 0]
     try:
         return _train(grid, model, layout, run_cfg, microbatches, schedule, sequence_parallel,
-                      strategy, swap)
+                      strategy, swap, range(first, first + count), state)
     finally:
         grid.destroy()
 
 
-def _train(grid, model, layout, run_cfg, m, schedule, sequence_parallel, strategy, swap) -> dict:
+def snapshot(opt) -> dict:
+    """This rank's training state now: its flat parameters ``[Ψ]`` (all of its stage's tp shard)
+    and the slice ``own = (lo, hi)`` of Adam's ``exp_avg`` / ``exp_avg_sq`` it updates (all of
+    them under DDP, its ZeRO-1 shard of the padded ``[Ψ_pad]`` otherwise)."""
+    state = opt.optimizer.state[opt.master]
+    return {"params": opt.flat[:opt.layout.numel].clone(), "own": tuple(opt.own),
+            "exp_avg": state["exp_avg"].clone(), "exp_avg_sq": state["exp_avg_sq"].clone(),
+            "step": int(state["step"])}
+
+
+def _resume(params: torch.Tensor, state: dict | None) -> dict:
+    """``start`` for the strategy: fresh, or this rank's snapshot (Adam's moments put back at
+    their place in a zero ``[Ψ]``; padding entries stay zero in training too)."""
+    if state is None:
+        return {"params": params, "exp_avg": torch.zeros_like(params),
+                "exp_avg_sq": torch.zeros_like(params), "step": 0}
+    lo, hi = state["own"]
+    out = {"params": state["params"].clone(), "step": state["step"]}
+    for k in ("exp_avg", "exp_avg_sq"):
+        full = torch.zeros(max(hi, len(params)), dtype=params.dtype)
+        full[lo:hi] = state[k]
+        out[k] = full[:len(params)]
+    return out
+
+
+def _train(grid, model, layout, run_cfg, m, schedule, sequence_parallel, strategy, swap, steps,
+           state) -> dict:
     at, cfg = grid.index, model.cfg
     tp_group = grid.tensor_group()
     module = build_stage(model, at["pp"], layout.pp, sequence_parallel, tp_group,
                          grid.context_group(), swap(ParallelEmbedding))
-    params = flat(module.parameters())
-    start = {"params": params, "exp_avg": torch.zeros_like(params),
-             "exp_avg_sq": torch.zeros_like(params), "step": 0}
-    opt = STRATEGY_CLASSES[strategy](module, start, run_cfg.adam(), group=grid.gradient_group(),
-                                     copy_model=False)
+    opt = STRATEGY_CLASSES[strategy](module, _resume(flat(module.parameters()), state),
+                                     run_cfg.adam(), group=grid.gradient_group(), copy_model=False)
 
     def loss_fn(logits, target):   # logits [s/c, b, V/t], target [s/c, b] -> mean over its tokens
-        return vocab_parallel_cross_entropy(logits, target, "mean", group=tp_group)
+        return vocab_parallel_cross_entropy(logits, target, "mean", group=tp_group,
+                                            vocab_size=cfg.vocab)
 
     n, bd = cfg.seq // layout.cp, run_cfg.batch // layout.dp
     rows, cols = slice(at["cp"] * n, (at["cp"] + 1) * n), slice(at["dp"] * bd, (at["dp"] + 1) * bd)
     boundary = (torch.Size([n // layout.tp if sequence_parallel else n, bd // m, cfg.hidden]),
                 module[0].pos.dtype if at["pp"] == 0 else next(module.parameters()).dtype)
     ops = make_schedule(schedule, layout.pp, m)[at["pp"]]
-    tokens, losses = encode(corpus()), []
-    for step in range(run_cfg.steps):
+    tokens, losses, snapshots = encode(corpus()), [], [snapshot(opt)]
+    for step in steps:
         ids, targets = batch_for_step(step, run_cfg.batch, cfg.seq, tokens)
         x, y = ids[rows, cols], targets[rows, cols]                  # [s/c, B/dp]
         stage = RankStage(at["pp"], layout.pp, m, {0: module}, list(x.chunk(m, dim=1)),
@@ -116,8 +148,10 @@ def _train(grid, model, layout, run_cfg, m, schedule, sequence_parallel, strateg
             opt.reduce_gradients()   # the dp x cp group: sum, then / (dp c)
             opt.step()
         losses.append(sum(stage.losses.values()) if stage.losses else None)
+        snapshots.append(snapshot(opt))   # the state after this step (the next one's start)
     return {"index": dict(at), "losses": losses, "record": rec.without_tensors(),
-            "params": {name: p.detach().clone() for name, p in module.named_parameters()}}
+            "params": {name: p.detach().clone() for name, p in module.named_parameters()},
+            "snapshots": snapshots}
 
 
 @dataclass
@@ -135,21 +169,81 @@ class ParallelRun:
         return [r["record"] for r in self.per_rank]
 
 
+def full_state(results: list[dict], layout: Layout, i: int) -> dict:
+    """Snapshot ``i`` of one call (0: before its first step) as the one-process model's state,
+    ``{"params"|"exp_avg"|"exp_avg_sq": {full name: tensor}, "step": int}``: parameters from each
+    (pp, tp) shard's first replica, Adam's moments pieced together from every dp x cp rank's
+    slice (ZeRO-1), tensor-parallel shards gathered (``gather_param``)."""
+    out: dict = {"params": {}, "exp_avg": {}, "exp_avg_sq": {}}
+    for stage in range(layout.pp):
+        pieces: dict[str, list] = {k: [] for k in out}      # per tp index: {stage name: tensor}
+        for j in range(layout.tp):
+            owners = [res for res in results
+                      if res["index"]["pp"] == stage and res["index"]["tp"] == j]
+            snaps = [o["snapshots"][i] for o in owners]
+            numel = len(snaps[0]["params"])
+            flats = {"params": snaps[0]["params"]}
+            for k in ("exp_avg", "exp_avg_sq"):
+                size = max(numel, *(snap["own"][1] for snap in snaps))
+                vec = torch.zeros(size, dtype=flats["params"].dtype)
+                for snap in snaps:
+                    vec[snap["own"][0]:snap["own"][1]] = snap[k]
+                flats[k] = vec[:numel]
+            shapes = {n: p.shape for n, p in owners[0]["params"].items()}
+            for k, vec in flats.items():
+                parts = vec.split([math.prod(shape) for shape in shapes.values()])
+                pieces[k].append({n: part.view(shapes[n]) for n, part in zip(shapes, parts)})
+        for k in out:
+            for name in pieces[k][0]:
+                out[k].update(gather_param([p[name] for p in pieces[k]], name))
+    out["step"] = results[0]["snapshots"][i]["step"]
+    return out
+
+
+FIRST_CALL_STEPS = 5     # a short run (the notebook's) is one call to the ranks
+CALL_SHARE = 0.25        # later calls: as many steps as the measured pace fits in this share of
+                         # the timeout (and in PROGRESS_EVERY seconds when progress is shown)
+PROGRESS_EVERY = 2.0
+
+
 def train_parallel(tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, steps: int = 5,
                    microbatches: int = 2, schedule: str = "1f1b", sequence_parallel: bool = True,
                    seed: int = 0, dtype: torch.dtype = torch.float64, strategy: str = "ddp",
                    batch: int = 8, lr: float = 1e-2, weight_decay: float = 0.01,
-                   cfg: GPTConfig = GPTConfig(), bug=None, timeout: float = 120.0) -> ParallelRun:
+                   cfg: GPTConfig = GPTConfig(), bug=None, timeout: float = 60.0,
+                   progress: Callable | None = None, on_call: Callable | None = None) -> ParallelRun:
     """Train the tiny GPT for ``steps`` AdamW steps on ``tp * pp * dp * cp`` ranks. Sizes that do
-    not divide are refused with a ValueError before any rank starts (``validate``)."""
+    not divide are refused with a ValueError before any rank starts (``validate``).
+
+    ``timeout`` guards one call to the ranks, not the run: the run is cut into calls of a few
+    steps (the first ``FIRST_CALL_STEPS``, then as many as the measured pace fits in a quarter of
+    ``timeout``), each resuming from the state the last one returned, so a run of any length is
+    allowed and a hang is reported within ``timeout`` seconds. After every call:
+    ``on_call(first_step, results)`` (every rank's result, with its ``snapshots``: the state
+    before each step of the call and after the last) and ``progress(done, steps, loss,
+    seconds_per_step)``."""
     layout = Layout(tp, pp, dp, cp)
     run_cfg = TrainConfig(steps, batch, lr, weight_decay, seed)
-    validate(layout, cfg, run_cfg, microbatches, schedule, sequence_parallel, strategy)
+    validate(layout, cfg, run_cfg, microbatches, schedule, sequence_parallel, strategy, timeout)
     model = make_model(cfg, seed, dtype)
-    results = run(train_on_rank, model, layout, run_cfg, microbatches, schedule, sequence_parallel,
-                  strategy, bug, world_size=layout.world_size, timeout=timeout)
-    last = [r for r in results if r["index"]["pp"] == pp - 1 and r["index"]["tp"] == 0]
-    losses = [sum(r["losses"][k] for r in last) / len(last) for k in range(steps)]
+    done, states, losses, pace, results = 0, None, [], None, []
+    while done < steps:
+        budget = timeout * CALL_SHARE if progress is None else min(timeout * CALL_SHARE,
+                                                                    PROGRESS_EVERY)
+        count = min(steps - done, FIRST_CALL_STEPS if pace is None else max(1, int(budget / pace)))
+        began = time.perf_counter()
+        results = run(train_on_rank, model, layout, run_cfg, microbatches, schedule,
+                      sequence_parallel, strategy, bug, done, count, states,
+                      world_size=layout.world_size, timeout=timeout)
+        pace = (time.perf_counter() - began) / count
+        last = [r for r in results if r["index"]["pp"] == pp - 1 and r["index"]["tp"] == 0]
+        losses += [sum(r["losses"][k] for r in last) / len(last) for k in range(count)]
+        if on_call is not None:
+            on_call(done, results)
+        states = [r.pop("snapshots")[-1] for r in results]
+        done += count
+        if progress is not None:
+            progress(done, steps, losses[-1], pace)
     params = {}
     for stage in range(pp):
         owners = [results[rank_of(layout, tp=j, pp=stage)] for j in range(tp)]

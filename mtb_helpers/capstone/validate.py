@@ -1,6 +1,8 @@
 """Refuse a layout or size that cannot work, with one line naming the sizes, before any rank starts."""
 from __future__ import annotations
 
+import math
+
 from mtb_helpers.capstone.grid import Layout
 from mtb_helpers.capstone.model import GPTConfig
 from mtb_helpers.capstone.reference import TrainConfig
@@ -18,10 +20,23 @@ def _positive(**values) -> None:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
 
 
+def _finite(low: float, strict: bool, **values) -> None:
+    for name, v in values.items():
+        ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+              and (v > low if strict else v >= low))
+        if not ok:
+            raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {low}, "
+                             f"got {v!r}")
+
+
 def validate(layout: Layout, cfg: GPTConfig, run: TrainConfig, microbatches: int, schedule: str,
-             sequence_parallel: bool, strategy: str) -> None:
+             sequence_parallel: bool, strategy: str, timeout: float | None = None) -> None:
     _positive(tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp, steps=run.steps,
               microbatches=microbatches, batch=run.batch)
+    _finite(0, True, lr=run.lr)
+    _finite(0, False, weight_decay=run.weight_decay)
+    if timeout is not None:
+        _finite(0, True, timeout=timeout)
     if layout.world_size > MAX_WORLD_SIZE:
         raise ValueError(f"tp*pp*dp*cp = {layout.tp}*{layout.pp}*{layout.dp}*{layout.cp} = "
                          f"{layout.world_size} ranks; this machine runs at most {MAX_WORLD_SIZE}")

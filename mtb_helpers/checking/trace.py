@@ -133,15 +133,15 @@ def trace_on_rank(build, layers: tuple, x: torch.Tensor, dy: torch.Tensor,
                   specs: list[StepSpec]) -> dict:
     """Run on every rank: ``module = build(*layers)``, ``y = module(x_r)``, ``y.backward(dy_r)``
     inside a collective record, where ``x_r``/``dy_r`` are this rank's pieces of the full ``x``
-    and ``dy``, cut as the module's ``input_layout`` / ``output_layout`` say. Returns
+    and ``dy``, cut as the module's ``input_layouts`` / ``output_layouts`` say. Returns
     ``{"obs": {key: tensor}, "record": CollectiveRecord, "rank": r}``
     with an entry for every spec whose source exists.
     """
     t = group_size()
     r = dist.get_rank() if dist.is_initialized() else 0
     module = build(*layers)
-    x = local_piece(x, module.input_layout, t, r).clone().requires_grad_(True)
-    dy = local_piece(dy, module.output_layout, t, r)
+    x = local_piece(x, module.input_layouts, r, t).clone().requires_grad_(True)
+    dy = local_piece(dy, module.output_layouts, r, t)
     hooked: dict[tuple, torch.Tensor] = {}
     handles = []
     for s in specs:

@@ -14,10 +14,9 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from mtb_helpers.checking.bugs import validate_bug
+from mtb_helpers.checking.bug import resolve, swap
 from mtb_helpers.checking.report import Report, Row
 from mtb_helpers.checking.tolerances import as_dtype, check_config, ulp
-from mtb_helpers.checking.bug import swap
 from mtb_helpers.collectives.bugs import BUGS as WRONG, COLLECTIVE_BUGS
 from mtb_helpers.collectives.ops import (COLLECTIVES, FORMULAS, GLOO_HEADER_BYTES, MEASURED_NOTES, RANK_FUNCTIONS, all_gather, all_reduce, decode_sources, formula_bytes, rank_input, reduce_scatter, reference, ring_reduce_scatter)
 from mtb_helpers.runtime.ranks import resolve_world_size, run
@@ -147,7 +146,7 @@ def _validate(world_size: int, numel: int, collectives: tuple[str, ...], bug: st
                          f"{world_size}: each rank's chunk is numel/t elements")
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-    validate_bug(bug, "collectives")
+    resolve(WRONG, bug, "collectives")
     if bug is not None:
         if COLLECTIVE_BUGS[bug] not in collectives:
             raise ValueError(f"bug {bug!r} breaks {COLLECTIVE_BUGS[bug]}, which is not checked")

@@ -9,6 +9,7 @@ so a program's record has the same shape at every world size.
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 import torch.distributed as dist
@@ -45,8 +46,9 @@ def issue(op: str, x: torch.Tensor, *, region: str, direction: str, operator: st
         raise ValueError(f"unknown op {op!r}; expected one of {OPS}")
     t = group_size(group)
     dim = dim % x.dim()
+    started = time.perf_counter()   # the record's measured time
     if op == "all_to_all":
-        return _all_to_all(x, region, operator, direction, dim, group, splits, t)
+        return _all_to_all(x, region, operator, direction, dim, group, splits, t, started)
     if t == 1:
         # One rank: every op is the identity and moves nothing; it is still recorded (0 bytes
         # sent), so a program's record has the same shape at every world size.
@@ -62,7 +64,7 @@ def issue(op: str, x: torch.Tensor, *, region: str, direction: str, operator: st
         out = _reduce_scatter(x, dim, group, t)
     else:
         out = x.chunk(t, dim=dim)[group_rank(group)].contiguous()
-    note(op, x, out, region, operator, direction, t)
+    note(op, x, out, region, operator, direction, t, seconds=time.perf_counter() - started)
     return out
 
 
@@ -97,7 +99,7 @@ def _reduce_scatter(x: torch.Tensor, dim: int, group: dist.ProcessGroup | None,
 
 def _all_to_all(x: torch.Tensor, region: str, operator: str, direction: str, dim: int,
                 group: dist.ProcessGroup | None, splits: tuple[list[int], list[int]] | None,
-                t: int) -> torch.Tensor:
+                t: int, started: float) -> torch.Tensor:
     if dim != 0:
         raise ValueError(f"all_to_all exchanges rows (dim 0), got dim={dim}")
     if splits is None:
@@ -119,5 +121,5 @@ def _all_to_all(x: torch.Tensor, region: str, operator: str, direction: str, dim
         dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv,
                                input_split_sizes=send, group=group)
     note("all_to_all", x, out, region, operator, direction, t,
-          sent=(sum(send) - send[me]) * row_bytes)
+         sent=(sum(send) - send[me]) * row_bytes, seconds=time.perf_counter() - started)
     return out

@@ -10,7 +10,7 @@ returns them from its ranks and a notebook compares them with the formulas.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Iterator
 
 import torch
@@ -42,6 +42,7 @@ class CollectiveEvent:
     bytes: int
     sent_bytes: int
     group_size: int
+    seconds: float | None = field(default=None, compare=False)   # a time, not what was sent
 
     def describe(self) -> str:
         """E.g. ``'forward all_reduce (g) [6, 8] float32: 192 B in, 192 B sent'``."""
@@ -152,12 +153,13 @@ def _sent_bytes(op: str, nbytes: int, out_bytes: int, t: int) -> int:
 
 
 def note(op: str, x: torch.Tensor, out: torch.Tensor, region: str, operator: str,
-          direction: str, t: int, sent: int | None = None) -> None:
+          direction: str, t: int, sent: int | None = None, seconds: float | None = None) -> None:
     nbytes = x.numel() * x.element_size()
     out_bytes = out.numel() * out.element_size()
     event = CollectiveEvent(op, region, operator, direction, tuple(x.shape), tuple(out.shape),
                             str(x.dtype).replace("torch.", ""), nbytes,
-                            _sent_bytes(op, nbytes, out_bytes, t) if sent is None else sent, t)
+                            _sent_bytes(op, nbytes, out_bytes, t) if sent is None else sent, t,
+                            seconds)
     for rec in _ACTIVE:
         rec.events.append(event)
         rec.tensors.append((x.detach().clone(), out.detach().clone()) if rec.keep_tensors else None)

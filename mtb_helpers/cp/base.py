@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from mtb_helpers.comm.issue import group_rank, group_size
+from mtb_helpers.comm.sharding import Shard
 from mtb_helpers.cp.sharding import check_layout, check_sequence, shard_positions
 
 __all__ = ["ContextParallelAttention"]
@@ -25,8 +26,11 @@ class ContextParallelAttention:
     After a call, ``work[direction]`` is the number of attention scores (query-key products)
     this rank computed per (batch, head), ``pairs[direction]`` the chunk pairs, and
     ``kv_peak_bytes`` the most K/V bytes it held at once."""
-    input_layout = "sharded(2)"     # [b, heads, s/t, d]: this rank's positions of the sequence
-    output_layout = "sharded(2)"    # the attention output of those same query positions
+    # q, k, v [b, heads, s/t, d]: this rank's positions of the sequence, and the output at those
+    # same query positions. Zigzag is Shard(2) of the sequence in zigzag chunk order (cp/sharding),
+    # as PyTorch's context_parallel load balancer reorders the sequence before sharding it.
+    input_layouts = (Shard(2), Shard(2), Shard(2))
+    output_layouts = Shard(2)
 
     def __init__(self, causal: bool = False, layout: str = "contiguous",
                  group: dist.ProcessGroup | None = None):

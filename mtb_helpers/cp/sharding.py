@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["LAYOUTS", "check_sequence", "chunk_ids", "chunk_len", "shard_positions",
+__all__ = ["LAYOUTS", "check_sequence", "check_world", "chunk_ids", "chunk_len", "shard_positions",
            "shard_sequence", "unshard_sequence"]
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -26,9 +26,19 @@ def check_layout(layout: str) -> None:
         raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
 
 
+def check_world(world_size: int, rank: int | None = None) -> None:
+    """ValueError naming the argument unless ``world_size >= 1`` and ``0 <= rank < world_size``."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size={world_size!r} must be a positive integer")
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int)
+                             or not 0 <= rank < world_size):
+        raise ValueError(f"rank={rank!r} must lie in [0, {world_size}) for world_size={world_size}")
+
+
 def check_sequence(seq: int, world_size: int, layout: str) -> None:
     """Refuse (ValueError naming the sizes) a sequence the layout cannot cut evenly."""
     check_layout(layout)
+    check_world(world_size)
     pieces = world_size * (2 if layout == "zigzag" else 1)
     if seq % pieces:
         why = (f"2 x world size = {pieces} chunks (zigzag gives each rank two)"
@@ -40,6 +50,7 @@ def check_sequence(seq: int, world_size: int, layout: str) -> None:
 def chunk_ids(world_size: int, rank: int, layout: str) -> list[int]:
     """The global chunk indices rank ``rank`` holds, in the order its shard stores them."""
     check_layout(layout)
+    check_world(world_size, rank)
     if layout == "contiguous":
         return [rank]
     return [rank, 2 * world_size - 1 - rank]
@@ -47,6 +58,7 @@ def chunk_ids(world_size: int, rank: int, layout: str) -> list[int]:
 
 def chunk_len(seq: int, world_size: int, layout: str) -> int:
     """Positions per chunk: ``s/t`` (contiguous) or ``s/(2t)`` (zigzag)."""
+    check_world(world_size)
     return seq // (world_size * (2 if layout == "zigzag" else 1))
 
 
@@ -60,10 +72,19 @@ def shard_positions(seq: int, world_size: int, rank: int, layout: str = "contigu
 def shard_sequence(x: torch.Tensor, world_size: int, rank: int, layout: str = "contiguous",
                    dim: int = 2) -> torch.Tensor:
     """Rank ``rank``'s shard of ``x`` along ``dim``: ``[.., s, ..] -> [.., s/t, ..]`` (a copy)."""
+    dim = _check_dim(dim, x.dim())
+    check_world(world_size, rank)
     check_sequence(x.shape[dim], world_size, layout)
     n = chunk_len(x.shape[dim], world_size, layout)
     return torch.cat([x.narrow(dim, c * n, n) for c in chunk_ids(world_size, rank, layout)],
                      dim=dim).contiguous()
+
+
+def _check_dim(dim: int, ndim: int) -> int:
+    """``dim`` as a non-negative index, or ValueError naming it."""
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -ndim <= dim < ndim:
+        raise ValueError(f"dim={dim!r} is out of range for a tensor of {ndim} dims")
+    return dim % ndim
 
 
 def unshard_sequence(shards: list[torch.Tensor], layout: str = "contiguous",
@@ -71,6 +92,12 @@ def unshard_sequence(shards: list[torch.Tensor], layout: str = "contiguous",
     """The full tensor from every rank's shard (``shards[r]`` from rank r), positions in order:
     ``t x [.., s/t, ..] -> [.., s, ..]``."""
     t = len(shards)
+    if t == 0:
+        raise ValueError("shards is empty: pass every rank's shard, shards[r] from rank r")
+    dim = _check_dim(dim, shards[0].dim())
+    lengths = [shard.shape[dim] for shard in shards]
+    if len(set(lengths)) > 1:
+        raise ValueError(f"shards must all hold the same number of positions; got {lengths}")
     seq = shards[0].shape[dim] * t
     check_sequence(seq, t, layout)
     n = chunk_len(seq, t, layout)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 
-from mtb_helpers.checking.bugs import bugs_for
+from mtb_helpers.checking.bug import names_for
+from mtb_helpers.cp.bugs import BUGS
 from mtb_helpers.checking.report import Report
 from mtb_helpers.cp.check import check_context_parallel
 from mtb_helpers.cp.plots import plot_cp_errors, plot_ring_steps, plot_work
@@ -48,7 +49,7 @@ def explore_context_parallel(world_size: int = 4) -> widgets.VBox:
     bug = widgets.Dropdown(options=["none"], value="none", description="bug")
 
     def bugs(*_) -> None:
-        names = bugs_for(f"cp-{variant.value}")
+        names = names_for(BUGS, f"cp-{variant.value}")
         keep = bug.value if bug.value in names else "none"
         bug.options = ["none", *names]
         bug.value = keep

@@ -26,11 +26,10 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from mtb_helpers.checking.bug import swap
-from mtb_helpers.checking.bugs import validate_bug
+from mtb_helpers.checking.bug import resolve, swap
 from mtb_helpers.comm.issue import group_rank, group_size
 from mtb_helpers.comm.records import record
-from mtb_helpers.dp.bugs import BUGS_BY_STRATEGY, DP_BUGS
+from mtb_helpers.dp.bugs import BUGS, BUGS_BY_STRATEGY, DP_BUGS
 from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
 from mtb_helpers.dp.strategies import MEMORY_SHARDED, MEMORY_TERMS, SHARDED, STRATEGIES, Adam, Layout, flat, make_mlp
 from mtb_helpers.runtime.ranks import resolve_world_size, run
@@ -158,7 +157,7 @@ def _validate(strategy, batch, hidden, ffn_hidden, lr, weight_decay, t, bug, ste
     for name, value in {"lr": lr, "weight_decay": weight_decay}.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise ValueError(f"{name} must be a non-negative number, got {value!r}")
-    validate_bug(bug, "data_parallel")
+    resolve(BUGS, bug, "data_parallel")
     if bug is not None and bug not in BUGS_BY_STRATEGY[strategy]:
         raise ValueError(f"bug {bug!r} does not apply to strategy {strategy!r}; it can inject: "
                          f"{', '.join(BUGS_BY_STRATEGY[strategy])}")
@@ -184,7 +183,7 @@ def check_data_parallel(world_size: int = 2, strategy: str = "ddp", batch: int =
     start = reference_step(model, warm, adam)              # the state after one earlier step
     for p, v in zip(model.parameters(), _split(start["params"], model)):
         p.data = v
-    results = run(_on_rank, strategy, model, start, batches, adam, validate_bug(bug, DP_BUGS),
+    results = run(_on_rank, strategy, model, start, batches, adam, resolve(BUGS, bug, DP_BUGS),
                   world_size=t, timeout=timeout)
     refs = reference_steps(model, batches, adam, start)
     refs64 = reference_steps(copy.deepcopy(model).double(),
@@ -237,7 +236,7 @@ def check_all_strategies(world_size: int = 2, strategies=STRATEGIES, **kwargs) -
     strategies it applies to (the others run correct). Everything is validated first."""
     bug = kwargs.pop("bug", None)
     strategies = tuple(strategies)
-    validate_bug(bug, "data_parallel")
+    resolve(BUGS, bug, "data_parallel")
     if bug is not None and not any(bug in BUGS_BY_STRATEGY.get(s, ()) for s in strategies):
         where = [s for s, bugs in BUGS_BY_STRATEGY.items() if bug in bugs]
         raise ValueError(f"bug {bug!r} does not apply to any of {', '.join(strategies)}; "

@@ -11,6 +11,7 @@ so a tensor-parallel group is a row ``[d*tp, ..., d*tp + tp-1]`` and a data-para
 column ``[j, j + tp, j + 2tp, ...]``. Why that order: tensor parallelism communicates inside every
 layer, data parallelism once per step, so the chatty group gets the neighbouring ranks, which a
 launcher places on the same node (NVLink) (Shoeybi et al. 2019; Narayanan et al., SC 2021).
+It is ``comm.mesh``'s ``Mesh(dp=dp, tp=tp)``, as ``init_device_mesh("cpu", (dp, tp))`` numbers it.
 
 The step (``grid_step_on_rank``, run on every rank): the TP MLP of notebook 03 built inside this
 rank's TP group from the full layers, the forward on this replica's rows of the batch
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtb_helpers.comm.issue import issue
+from mtb_helpers.comm.mesh import Mesh, MeshGroups
 from mtb_helpers.comm.records import record
 from mtb_helpers.comm.sharding import shard_range
 from mtb_helpers.tp.layers import ParallelMLP
@@ -55,23 +57,25 @@ def validate_grid(world_size: int, tp: int, dp: int) -> None:
 
 
 def coords(rank: int, tp: int) -> tuple[int, int]:
-    """``(dp_index, tp_index)`` of ``rank``: its replica (grid row) and its shard (grid column)."""
-    return divmod(rank, tp)
+    """``(dp_index, tp_index)`` of ``rank``: its replica (grid row) and its shard (grid column).
+    (The number of replicas does not change a rank's coordinates: any mesh holding it will do.)"""
+    at = Mesh(dp=rank // tp + 1, tp=tp).coords(rank)
+    return at["dp"], at["tp"]
 
 
 def rank_of(dp_index: int, tp_index: int, tp: int) -> int:
     """The rank in replica ``dp_index`` holding shard ``tp_index``."""
-    return dp_index * tp + tp_index
+    return Mesh(dp=dp_index + 1, tp=tp).rank_of(dp=dp_index, tp=tp_index)
 
 
 def tp_group_ranks(tp: int, dp: int) -> list[list[int]]:
     """The tensor-parallel groups, one per replica: ``[[0, .., tp-1], [tp, .., 2tp-1], ...]``."""
-    return [[rank_of(d, j, tp) for j in range(tp)] for d in range(dp)]
+    return Mesh(dp=dp, tp=tp).group_ranks("tp")
 
 
 def dp_group_ranks(tp: int, dp: int) -> list[list[int]]:
     """The data-parallel groups, one per shard: ``[[0, tp, 2tp, ..], [1, tp+1, ..], ...]``."""
-    return [[rank_of(d, j, tp) for d in range(dp)] for j in range(tp)]
+    return Mesh(dp=dp, tp=tp).group_ranks("dp")
 
 
 @dataclass
@@ -87,17 +91,13 @@ class GridGroups:
 
 
 def make_groups(tp: int, dp: int) -> GridGroups:
-    """On every rank: create every TP group, then every DP group, in the same order on all ranks
-    (``new_group`` is collective: a rank that skipped a group it is not in would hang the others)."""
-    rank = dist.get_rank()
+    """On every rank: the ``Mesh(dp=dp, tp=tp)`` and its groups, every DP group and every TP
+    group created in the same order on all ranks (``new_group`` is collective: a rank that
+    skipped a group it is not in would hang the others)."""
     validate_grid(dist.get_world_size(), tp, dp)
-    tp_groups = [(ranks, dist.new_group(ranks)) for ranks in tp_group_ranks(tp, dp)]
-    dp_groups = [(ranks, dist.new_group(ranks)) for ranks in dp_group_ranks(tp, dp)]
-    dp_index, tp_index = coords(rank, tp)
-    tp_ranks, tp_group = tp_groups[dp_index]
-    dp_ranks, dp_group = dp_groups[tp_index]
-    return GridGroups(tp_index, dp_index, tp_ranks, dp_ranks, tp_group, dp_group,
-                      [g for _, g in tp_groups + dp_groups])
+    mesh = MeshGroups.build(Mesh(dp=dp, tp=tp))
+    return GridGroups(mesh.index["tp"], mesh.index["dp"], mesh.members["tp"], mesh.members["dp"],
+                      mesh.groups["tp"], mesh.groups["dp"], mesh.created)
 
 
 def destroy_groups(groups: GridGroups) -> None:

@@ -41,7 +41,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from mtb_helpers.comm.sharding import ROWS
+from mtb_helpers.comm.sharding import Shard
 from mtb_helpers.comm.issue import group_rank, group_size, issue
 from mtb_helpers.comm.regions import allreduce_grad
 
@@ -172,7 +172,7 @@ class Routing:
 class ExpertParallelMoE(nn.Module):
     """The MoE layer on one rank: ``forward(x [n/t, h]) -> y [n/t, h]`` for this rank's tokens.
     ``experts`` holds only this rank's ``E/t`` experts (global ids from ``first_expert``)."""
-    input_layout = output_layout = ROWS   # each rank routes its own n/t tokens
+    input_layouts = output_layouts = Shard(0)   # [n/t, h]: each rank routes its own tokens
 
     def __init__(self, gate: nn.Linear, experts: list[Expert], num_experts: int, top_k: int,
                  capacity_factor: float | None, group: dist.ProcessGroup | None = None):

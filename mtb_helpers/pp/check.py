@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtb_helpers.checking.bugs import validate_bug
+from mtb_helpers.checking.bug import resolve
 from mtb_helpers.checking.report import Report, compare
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
 from mtb_helpers.pp.bugs import BUGS, PP_BUGS
@@ -73,7 +73,7 @@ def check_pipeline(schedule: str = "1f1b", stages: int = 4, microbatches: int = 
     dtype, p = as_dtype(dtype), resolve_world_size(stages)
     positive_sizes(microbatches=microbatches, width=width,
                    rows_per_microbatch=rows_per_microbatch)
-    validate_bug(bug, PP_BUGS)
+    resolve(BUGS, bug, PP_BUGS)
     chunks = (2 if schedule == "interleaved" else 1) if chunks is None else chunks
     make_schedule(schedule, p, microbatches, chunks)
     op_durations(op_time, chunks, recompute)

@@ -16,8 +16,11 @@ Frame = tuple[str, int, str, "str | None"]  # filename, line number, function, s
 
 # Frames from these places are machinery; "where is the rank waiting" skips them to reach
 # the student's line.
+# An emulated link's stand-ins for torch.distributed's functions (runtime/link_ops.py) count as
+# torch's own: the collective is named after them, the student's line is the one calling them.
+_EMULATION = ("mtb_helpers/runtime/link", "mtb_helpers/runtime/comm_thread")
 _MACHINERY = ("/torch/", "\\torch\\", "mtb_helpers/runtime/worker.py", "mtb_helpers\\runtime\\worker.py",
-              "/threading.py", "/cloudpickle/")
+              "/threading.py", "/cloudpickle/", *_EMULATION)
 
 
 class RankError(RuntimeError):
@@ -68,6 +71,7 @@ class SourceIndex:
     def __init__(self, fn: object):
         self._codes: dict[str, list[tuple[int, int, str]]] = {}
         seen: set[int] = set()
+        fn = getattr(fn, "__wrapped__", fn)   # run(..., link=...) ships fn inside a LinkedCall
         roots = [fn] + [v for v in getattr(fn, "__globals__", {}).values()
                         if callable(v) and getattr(v, "__module__", None) == "__main__"]
         for root in roots:
@@ -129,8 +133,8 @@ def parse_wait_point(dump: str, index: SourceIndex | None = None) -> WaitPoint |
         frames = [m.groupdict() for m in map(_FRAME_RE.match, block.splitlines()) if m]
         if not any(f["func"] == "_execute" and f["file"].replace("\\", "/").endswith("runtime/worker.py") for f in frames):
             continue
-        collective = next((f["func"] for f in frames if "distributed" in f["file"]
-                           and f["func"] in COLLECTIVES), None)
+        collective = next((f["func"] for f in frames if f["func"] in COLLECTIVES and (
+            "distributed" in f["file"] or any(m in f["file"] for m in _EMULATION))), None)
         user = next((f for f in frames if not any(m in f["file"] for m in _MACHINERY)), None)
         if user is None:
             return WaitPoint(collective, "?", 0, "?", "")

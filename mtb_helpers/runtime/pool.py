@@ -42,6 +42,7 @@ class Pool:
         self.call_id = 0          # every call and its replies carry an id; a reply is checked
         self.last_used = time.monotonic()
         self.orphaned = False     # the forkserver that started the ranks died; ranks may be alive
+        self.link_floor = None    # what gloo needs here, for emulated links (runtime/link.py)
         self._offsets = {(r, s): 0 for r in range(world_size) for s in ("stdout", "stderr")}
         self._ready = False
         self._fn = None

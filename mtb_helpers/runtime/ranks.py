@@ -25,6 +25,7 @@ from typing import Any, Callable
 from mtb_helpers.runtime import worker as rank_worker
 from mtb_helpers.runtime.pool import Pool
 from mtb_helpers.runtime.errors import RankError, RankTimeoutError, WaitPoint
+from mtb_helpers.runtime.link import run_linked, validate_link
 from mtb_helpers.runtime.signals import install_sigterm_cleanup, remove_multiprocessing_temp_dir
 from mtb_helpers.runtime.start import start_forkserver
 
@@ -58,7 +59,7 @@ def resolve_world_size(world_size: int) -> int:
 
 
 def run(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float = 30.0,
-        **kwargs: Any) -> list:
+        link: Any = None, time_scale: float = 1.0, **kwargs: Any) -> list:
     """Run ``fn(*args, **kwargs)`` on every rank of a gloo group; return the results by rank.
 
     ``fn`` may be defined in a notebook cell, a script's ``__main__``, a closure or a lambda: it
@@ -70,12 +71,23 @@ def run(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float 
     :class:`RankTimeoutError` when ranks give no answer within ``timeout`` seconds (it names the
     waiting ranks, the collective and the line each waits at). After either error the pool is
     replaced, so the next call works.
+
+    ``link=Link(alpha, bandwidth)`` (``mtb_helpers.cost``) emulates that link: every collective
+    and message issued through ``torch.distributed`` also takes its modelled time (x
+    ``time_scale``), results unchanged; the list returned then has ``.timeline`` (see
+    :mod:`mtb_helpers.runtime.link`). A link this machine cannot honour at ``time_scale`` is
+    refused with a ValueError before ``fn`` starts.
     """
     if not callable(fn):
         raise TypeError(f"run() needs a function to run on the ranks, got {type(fn).__name__}")
     if (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
             or not math.isfinite(timeout) or timeout <= 0):
         raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
+    if link is not None:
+        validate_link(link, time_scale)
+        if in_launched_job():
+            raise ValueError("link= emulates a link on this machine's rank pool; under torchrun "
+                             "the ranks' own network is the link")
     if in_launched_job():
         from mtb_helpers.runtime.launched import run_in_launched_job
         return run_in_launched_job(fn, args, kwargs, world_size)
@@ -98,6 +110,8 @@ def run(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float 
                 print(f"[mtb] the {world_size}-rank pool had lost a rank since the last call "
                       f"({causes}); starting a fresh pool.", file=sys.stderr, flush=True)
                 continue
+            if link is not None:
+                return run_linked(pool, fn, args, kwargs, timeout, link, time_scale)
             return pool.call(fn, args, kwargs, timeout)
 
 

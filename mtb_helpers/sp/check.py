@@ -22,7 +22,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from mtb_helpers.comm.issue import group_size
-from mtb_helpers.checking.bugs import validate_bug
+from mtb_helpers.checking.bug import resolve
+from mtb_helpers.sp.bugs import BUGS
 from mtb_helpers.comm.regions import GATHER_SP, REDUCE_SCATTER_SP
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
@@ -141,7 +142,7 @@ def check_sequence_parallel(world_size: int = 2, seq_len: int = 8, batch: int = 
     """
 
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
-    validate_bug(bug, "sequence")
+    resolve(BUGS, bug, "sequence")
     positive_sizes(seq_len=seq_len, batch=batch, hidden=hidden, ffn_hidden=ffn_hidden)
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0 <= dropout_p < 1:
         raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")

@@ -30,7 +30,7 @@ from mtb_helpers.comm.issue import group_rank, group_size, issue
 from mtb_helpers.comm.regions import (GATHER_SP, allreduce_sequence_parallel_grad,
                                  gather_from_sequence_parallel_region,
                                  reduce_scatter_to_sequence_parallel_region)
-from mtb_helpers.comm.sharding import COLS, REPLICATED, ROWS, shard_range
+from mtb_helpers.comm.sharding import Replicate, Shard, shard_range
 from mtb_helpers.tp.layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear
 
 __all__ = ["keep_mask", "position_keyed_dropout", "PositionKeyedDropout", "SequenceParallelLayerNorm",
@@ -76,7 +76,12 @@ def position_keyed_dropout(x: torch.Tensor, p: float, seed: int, row_offset: int
 class PositionKeyedDropout(nn.Module):
     """Dropout whose mask is keyed by global position and seed. ``x``: ``[s/t, b, h]`` (this
     rank's sequence shard, ``sequence_parallel=True``) or the whole ``[s, b, h]``."""
-    input_layout = output_layout = ROWS
+
+    @property
+    def input_layouts(self) -> Replicate | Shard:
+        return Shard(0) if self.sequence_parallel else Replicate()
+
+    output_layouts = input_layouts
 
     def __init__(self, p: float = 0.1, seed: int = 0, sequence_parallel: bool = True, group=None):
         super().__init__()
@@ -100,7 +105,7 @@ class PositionKeyedDropout(nn.Module):
 class SequenceParallelLayerNorm(nn.Module):
     """LayerNorm over ``h`` on this rank's ``[s/t, b, h]``; weight and bias ``[h]`` are replicated
     and their grads all-reduced over the group in backward."""
-    input_layout = output_layout = ROWS
+    input_layouts = output_layouts = Shard(0)   # [s/t, b, h]
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
                  name: str = "ln", group=None):
@@ -157,7 +162,7 @@ class SequenceParallelColumnLinear(ColumnParallelLinear):
     ``save_input_shard`` the layer keeps only ``x`` for backward and gathers it again there.
     """
     save_input_shard: bool = False
-    input_layout, output_layout = ROWS, COLS
+    input_layouts, output_layouts = Shard(0), Shard(-1)   # [s/t, b, in] -> [s, b, out/t]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.save_input_shard:
@@ -169,7 +174,7 @@ class SequenceParallelColumnLinear(ColumnParallelLinear):
 class SequenceParallelRowLinear(RowParallelLinear):
     """fc2 under SP: ``x [s, b, in/t]`` -> partial ``[s, b, out]`` -> reduce-scatter along the
     sequence -> ``[s/t, b, out]`` + bias (replicated, grad all-reduced like LayerNorm's)."""
-    input_layout, output_layout = COLS, ROWS
+    input_layouts, output_layouts = Shard(-1), Shard(0)   # [s, b, in/t] -> [s/t, b, out]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         partial = F.linear(x, self.weight)   # [s, b, in/t] @ [in/t, out] -> [s, b, out] (partial)
@@ -190,7 +195,7 @@ def _check_block(ln: nn.LayerNorm, fc1: nn.Linear, fc2: nn.Linear) -> None:
 class SequenceParallelMLPBlock(nn.Module):
     """``y = x + dropout(fc2(gelu(fc1(layernorm(x)))))`` with ``x, y: [s/t, b, h]`` (this rank's
     sequence shard). Built from its parts so a check can swap in a broken one (``sp/bugs.py``)."""
-    input_layout = output_layout = ROWS
+    input_layouts = output_layouts = Shard(0)
 
     def __init__(self, ln: SequenceParallelLayerNorm, fc1: SequenceParallelColumnLinear,
                  fc2: SequenceParallelRowLinear, dropout: PositionKeyedDropout):
@@ -235,7 +240,7 @@ class TensorParallelMLPBlock(nn.Module):
         return cls(copy, ParallelMLP.from_full(fc1, fc2, group),
                    PositionKeyedDropout(dropout_p, seed, sequence_parallel=False, group=group))
 
-    input_layout = output_layout = REPLICATED
+    input_layouts = output_layouts = Replicate()   # [s, b, h]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # [s, b, h] -> LN -> ParallelMLP (f ... g: one all-reduce) -> [s, b, h] -> dropout -> + x

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mtb_helpers.comm.issue import group_rank, group_size
-from mtb_helpers.comm.sharding import COLS, REPLICATED
+from mtb_helpers.comm.sharding import Replicate, Shard
 from mtb_helpers.tp.layers import ColumnParallelLinear, RowParallelLinear
 
 __all__ = ["ParallelSelfAttention", "LocalAttention", "check_heads", "grouped_qkv"]
@@ -62,17 +62,25 @@ class LocalAttention(nn.Module):
 
     forward: ``qkv [s, b, 3h/t]`` (this rank's ``[Q_r, K_r, V_r]`` features) -> ``[s, b, h/t]``.
     """
-    input_layout = output_layout = COLS   # [s, b, 3h/t] in, [s, b, h/t] out
+    # [s, b, 3h/t] in (columns of the head-grouped [Q_0 K_0 V_0 Q_1 ..]), [s, b, h/t] out
+    input_layouts = output_layouts = Shard(-1)
 
     def __init__(self, n_heads: int, head_dim: int, causal: bool = True, world_size: int = 1):
         super().__init__()
+        if n_heads < 1 or world_size < 1 or n_heads % world_size:
+            raise ValueError(f"n_heads={n_heads} is not divisible by the world size {world_size}: "
+                             f"tensor-parallel attention gives each rank n_heads/t whole heads")
         self.n_heads, self.head_dim, self.causal = n_heads, head_dim, causal
         self.world_size = world_size
         self.local_heads = n_heads // world_size
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         """``[s, b, h/t] -> [b, n/t, s, d]``: local feature ``j*d:(j+1)*d`` is local head ``j``."""
-        s, b, _ = x.shape
+        s, b, width = x.shape
+        if width != self.local_heads * self.head_dim:   # else reshape would cut other heads
+            raise ValueError(f"qkv must be [s, b, 3 x {self.local_heads} heads x {self.head_dim}]"
+                             f" = [s, b, {3 * self.local_heads * self.head_dim}] on this rank; its "
+                             f"Q, K or V part has {width} features")
         return x.reshape(s, b, self.local_heads, -1).permute(1, 2, 0, 3)
 
     @staticmethod
@@ -104,13 +112,16 @@ class ParallelSelfAttention(nn.Module):
     ``.qkv`` is a ``ColumnParallelLinear`` with ``.weight [3h/t, h]`` (rows ``[Q_r; K_r; V_r]``),
     ``.out`` a ``RowParallelLinear`` with ``.weight [h, h/t]`` and the full bias.
     """
-    input_layout = output_layout = REPLICATED   # [s, b, h] both
+    input_layouts = output_layouts = Replicate()   # [s, b, h] both
 
     def __init__(self, qkv: ColumnParallelLinear, core: LocalAttention, out: RowParallelLinear):
         super().__init__()
         if qkv.gather_output or not out.input_is_parallel:
             raise ValueError("ParallelSelfAttention keeps the heads on their ranks: qkv needs "
                              "gather_output=False and out input_is_parallel=True")
+        if core.world_size != group_size(qkv.group):
+            raise ValueError(f"core splits the heads over {core.world_size} ranks but qkv's group "
+                             f"has {group_size(qkv.group)}")
         self.qkv, self.core, self.out = qkv, core, out
 
     @classmethod

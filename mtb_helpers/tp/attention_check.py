@@ -19,8 +19,8 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from mtb_helpers.checking.bug import swap
-from mtb_helpers.checking.bugs import validate_bug
+from mtb_helpers.checking.bug import resolve, swap
+from mtb_helpers.tp.attention_bugs import BUGS as WRONG
 from mtb_helpers.checking.report import Report
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
 from mtb_helpers.checking.trace import StepSpec as S, build_rows, build_steps, trace_on_rank
@@ -144,7 +144,7 @@ def check_tp_attention(world_size: int = 2, seq: int = 4, batch: int = 2, n_head
     """
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
     positive_sizes(seq=seq, batch=batch, n_heads=n_heads, head_dim=head_dim)
-    validate_bug(bug, "tp_attention")
+    resolve(WRONG, bug, "tp_attention")
     h = n_heads * head_dim
     check_heads(h, n_heads, t)
     if bug == "attn-heads-not-divided" and head_dim % t:

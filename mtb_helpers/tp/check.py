@@ -18,7 +18,8 @@ from functools import partial
 
 import torch
 
-from mtb_helpers.checking.bugs import validate_bug
+from mtb_helpers.checking.bug import resolve
+from mtb_helpers.tp.bugs import BUGS
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.checking.report import Report
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
@@ -84,7 +85,7 @@ def check_column_parallel(world_size: int = 2, in_features: int = 8, out_feature
     (all-gathered to ``[.., out]`` with ``gather_output``); f all-reduces dX in backward.
     """
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
-    validate_bug(bug, "column")
+    resolve(BUGS, bug, "column")
     if bug == "allgather-wrong-order" and not gather_output:
         raise ValueError("bug 'allgather-wrong-order' needs gather_output=True "
                          "(without it there is no all-gather to get wrong)")
@@ -128,7 +129,7 @@ def check_row_parallel(world_size: int = 2, in_features: int = 12, out_features:
     the partials and the full bias is added once, after the sum.
     """
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
-    validate_bug(bug, "row")
+    resolve(BUGS, bug, "row")
     batch = _sizes(batch_shape, in_features=in_features, out_features=out_features)
     check_divisible("in_features", in_features, t)
     (lin,), x, dy = draw_inputs(seed, batch, dtype, (in_features, out_features))
@@ -183,7 +184,7 @@ def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
     all-reduce forward (g), one backward (f).
     """
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
-    validate_bug(bug, "mlp")
+    resolve(BUGS, bug, "mlp")
     batch = _sizes(batch_shape, hidden=hidden, ffn_hidden=ffn_hidden)
     check_divisible("ffn_hidden", ffn_hidden, t)
     (fc1, fc2), x, dy = draw_inputs(seed, batch, dtype, (hidden, ffn_hidden), (ffn_hidden, hidden))

@@ -49,13 +49,13 @@ def _common(args: argparse.Namespace) -> dict:
 
 def run_check(args: argparse.Namespace) -> int:
     """Handler of ``minitrainbench tp check``: column then row; a bug goes to the layer it breaks."""
-    from mtb_helpers.checking.bugs import validate_bug
+    from mtb_helpers.checking.bug import resolve
     from mtb_helpers.tp.check import check_column_parallel, check_row_parallel
     from mtb_helpers.runtime.ranks import resolve_world_size
     from mtb_helpers.comm.sharding import check_divisible
-    from mtb_helpers.tp.bugs import COLUMN_BUGS, ROW_BUGS
+    from mtb_helpers.tp.bugs import BUGS, COLUMN_BUGS, ROW_BUGS
 
-    validate_bug(args.bug, COLUMN_BUGS + ROW_BUGS)
+    resolve(BUGS, args.bug, COLUMN_BUGS + ROW_BUGS)
     # both layers' shapes are checked before the column check starts any rank
     t = resolve_world_size(args.world_size)
     check_divisible("out_features", args.out_features, t)

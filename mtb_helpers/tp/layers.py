@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from mtb_helpers.comm.sharding import COLS, REPLICATED, check_divisible, shard_range
+from mtb_helpers.comm.sharding import Replicate, Shard, check_divisible, shard_range
 from mtb_helpers.comm.issue import group_rank, group_size
 from mtb_helpers.comm.regions import (copy_to_tensor_model_parallel_region,
                                       gather_from_tensor_model_parallel_region,
@@ -47,11 +47,12 @@ class ColumnParallelLinear(nn.Module):
     forward: ``x [.., in]`` (replicated on every rank) -> ``[.., out/t]`` (this rank's columns
     of Y), or ``[.., out]`` with ``gather_output=True``.
     """
-    input_layout = REPLICATED
+    input_layouts = Replicate()   # X [.., in] whole on every rank
 
     @property
-    def output_layout(self) -> str:
-        return REPLICATED if self.gather_output else COLS
+    def output_layouts(self) -> Replicate | Shard:
+        """``Shard(-1)``: this rank's columns ``[.., out/t]``; ``Replicate()`` after the all-gather."""
+        return Replicate() if self.gather_output else Shard(-1)
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, in_features: int,
                  out_features: int, gather_output: bool = False, group=None):
@@ -91,11 +92,12 @@ class RowParallelLinear(nn.Module):
     forward: ``x [.., in/t]`` (this rank's columns of X; with ``input_is_parallel=False`` the
     full ``[.., in]``, split here) -> ``[.., out]``, the same full Y on every rank.
     """
-    output_layout = REPLICATED
+    output_layouts = Replicate()   # Y [.., out], the same on every rank after g
 
     @property
-    def input_layout(self) -> str:
-        return COLS if self.input_is_parallel else REPLICATED
+    def input_layouts(self) -> Replicate | Shard:
+        """``Shard(-1)``: this rank's columns ``[.., in/t]``; ``Replicate()`` when split here."""
+        return Shard(-1) if self.input_is_parallel else Replicate()
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, in_features: int,
                  out_features: int, input_is_parallel: bool = True, group=None):
@@ -133,7 +135,7 @@ class ParallelMLP(nn.Module):
 
     The activation between them is ``[.., ffn/t]`` on each rank and is never communicated.
     """
-    input_layout = output_layout = REPLICATED
+    input_layouts = output_layouts = Replicate()
 
     def __init__(self, fc1: ColumnParallelLinear, fc2: RowParallelLinear):
         super().__init__()

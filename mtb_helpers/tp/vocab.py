@@ -13,6 +13,13 @@ Notation: ``V`` tokens in the vocabulary, ``t`` ranks; rank ``r`` owns tokens
   exponentials (all-reduce sum) and the target logit (all-reduce sum; only the owning rank
   contributes it). No rank ever holds ``[.., V]``. The backward is written by hand and needs no
   communication: ``dx = (softmax(x) - onehot(target)) * dloss`` on this rank's columns.
+
+Both assume ``t`` EQUAL shards (rank r's first token is ``r*V/t``), as Megatron does (it pads the
+vocabulary to a multiple of ``t``). Uneven shards (``torch.tensor_split`` of V = 10 over 4 ranks:
+3, 3, 2, 2) would put every later rank's tokens at the wrong ids and give a wrong loss, so they are
+refused with a ValueError on every rank. The loss learns the shard widths from ``vocab_size`` when
+given (no communication), else from one small all-reduce of every rank's width (an input check, not
+one of the loss's three all-reduces, so not recorded).
 """
 from __future__ import annotations
 
@@ -24,7 +31,7 @@ from torch import nn
 from mtb_helpers.comm.records import note
 from mtb_helpers.comm.issue import group_rank, group_size, issue
 from mtb_helpers.comm.regions import reduce_from_tensor_model_parallel_region
-from mtb_helpers.comm.sharding import COLS, REPLICATED, ROWS, check_divisible, shard_range
+from mtb_helpers.comm.sharding import Replicate, Shard, check_divisible, shard_range
 
 __all__ = ["VocabParallelEmbedding", "VocabParallelCrossEntropy", "vocab_parallel_cross_entropy",
            "REDUCTIONS"]
@@ -38,13 +45,18 @@ class VocabParallelEmbedding(nn.Module):
 
     forward: token ids ``[..]`` (replicated, any shape) -> ``[.., h]`` (replicated, after g).
     """
-    input_layout = output_layout = REPLICATED   # ids [..] in, [.., h] out
-    weight_layout = ROWS                        # [V/t, h]
+    input_layouts = output_layouts = Replicate()   # ids [..] in, [.., h] out
+    weight_layout = Shard(0)                       # [V/t, h]
 
     def __init__(self, weight: torch.Tensor, num_embeddings: int, group=None):
         super().__init__()
         self.num_embeddings, self.group = num_embeddings, group
         t, r = group_size(group), group_rank(group)
+        check_divisible(f"{type(self).__name__}: num_embeddings", num_embeddings, t)
+        if weight.shape[0] != num_embeddings // t:
+            raise ValueError(f"weight has {weight.shape[0]} rows; num_embeddings={num_embeddings} "
+                             f"on {t} ranks gives each rank {num_embeddings}/{t} = "
+                             f"{num_embeddings // t} rows")
         self.vocab_start, self.vocab_end = shard_range(num_embeddings, t, r)
         self.weight = nn.Parameter(weight.detach().clone().contiguous())
 
@@ -120,14 +132,37 @@ class VocabParallelCrossEntropy(nn.Module):
     forward: ``logits [.., V/t]`` (sharded on the last dim), ``target [..]`` (global token ids,
     replicated) -> the loss (replicated): a scalar, or ``[..]`` with ``reduction="none"``.
     """
-    input_layout = COLS            # logits [.., V/t]
-    output_layout = REPLICATED     # the loss
+    input_layouts = (Shard(-1), Replicate())   # logits [.., V/t], target [..] (one per argument)
+    output_layouts = Replicate()               # the loss
 
-    def __init__(self, reduction: str = "mean", group=None):
+    def __init__(self, reduction: str = "mean", group=None, vocab_size: int | None = None):
         super().__init__()
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-        self.reduction, self.group = reduction, group
+        if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
+                                       or vocab_size < 1):
+            raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
+        self.reduction, self.group, self.vocab_size = reduction, group, vocab_size
+
+    def check_equal_shards(self, width: int) -> None:
+        """ValueError (on every rank alike) unless every rank holds ``V/t`` logit columns."""
+        t = group_size(self.group)
+        if self.vocab_size is not None:
+            check_divisible("vocab_size", self.vocab_size, t)
+            if width != self.vocab_size // t:
+                raise ValueError(f"vocab_size={self.vocab_size} on {t} rank(s) needs logits "
+                                 f"[.., {self.vocab_size // t}] on every rank; this rank holds "
+                                 f"[.., {width}]")
+            return
+        if t == 1:
+            return
+        widths = torch.zeros(t, dtype=torch.int64)         # [t]: rank r writes its width at r
+        widths[group_rank(self.group)] = width
+        dist.all_reduce(widths, group=self.group)          # input check only: not recorded
+        if len(set(widths.tolist())) > 1:
+            raise ValueError(f"the logits' vocabulary shards have widths {widths.tolist()} on the "
+                             f"{t} ranks; they must be equal (V/t each, rank r holding tokens "
+                             f"[r*V/t, (r+1)*V/t)): pad the vocabulary to a multiple of {t}")
 
     def combine_max(self, local_max: torch.Tensor) -> torch.Tensor:
         """``[..]`` -> all-reduce (max) -> ``[..]``, the max over the whole vocabulary."""
@@ -152,6 +187,7 @@ class VocabParallelCrossEntropy(nn.Module):
         if tuple(target.shape) != tuple(logits.shape[:-1]):
             raise ValueError(f"target {list(target.shape)} must have the leading shape of the "
                              f"logits {list(logits.shape)}")
+        self.check_equal_shards(logits.shape[-1])
         vocab = logits.shape[-1] * group_size(self.group)
         if target.numel() and (int(target.min()) < 0 or int(target.max()) >= vocab):
             raise ValueError(f"target ids must lie in [0, {vocab}), got "
@@ -160,8 +196,11 @@ class VocabParallelCrossEntropy(nn.Module):
 
 
 def vocab_parallel_cross_entropy(logits_shard: torch.Tensor, target: torch.Tensor,
-                                 reduction: str = "mean", group=None) -> torch.Tensor:
+                                 reduction: str = "mean", group=None,
+                                 vocab_size: int | None = None) -> torch.Tensor:
     """``F.cross_entropy(full_logits, target, reduction=...)`` from this rank's ``[.., V/t]``
     columns (class dim last); ``target [..]`` holds global token ids, the same on every rank.
-    Every token counts: there is no ``ignore_index`` (ids outside ``[0, V)`` are refused)."""
-    return VocabParallelCrossEntropy(reduction, group)(logits_shard, target)
+    Every token counts: there is no ``ignore_index`` (ids outside ``[0, V)`` are refused).
+    Shards must be equal (ValueError otherwise); ``vocab_size=V`` lets each rank check its own
+    width without the extra exchange of widths."""
+    return VocabParallelCrossEntropy(reduction, group, vocab_size)(logits_shard, target)

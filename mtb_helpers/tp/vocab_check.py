@@ -17,8 +17,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from mtb_helpers.checking.bug import swap
-from mtb_helpers.checking.bugs import validate_bug
+from mtb_helpers.checking.bug import resolve, swap
+from mtb_helpers.tp.attention_bugs import BUGS as WRONG
 from mtb_helpers.checking.report import Report
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
 from mtb_helpers.checking.trace import StepSpec as S, build_rows, build_steps
@@ -88,7 +88,7 @@ def _vocab_on_rank(inputs: dict, reduction: str, bug: str | None) -> dict:
     t = dist.get_world_size() if dist.is_initialized() else 1
     r = dist.get_rank() if dist.is_initialized() else 0
     emb = swap(wrong, VocabParallelEmbedding).from_full(inputs["embedding"])
-    ce = swap(wrong, VocabParallelCrossEntropy)(reduction)
+    ce = swap(wrong, VocabParallelCrossEntropy)(reduction, vocab_size=inputs["logits"].shape[-1])
     logits = inputs["logits"].chunk(t, dim=-1)[r].clone().requires_grad_(True)   # [.., V/t]
     with record(keep_tensors=True) as rec:
         out = emb(inputs["ids"])
@@ -153,7 +153,7 @@ def check_vocab_parallel(world_size: int = 2, vocab: int = 12, hidden: int = 4,
     positive_sizes(vocab=vocab, hidden=hidden, **{f"tokens[{i}]": n for i, n in enumerate(tokens)})
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    validate_bug(bug, "vocab_parallel")
+    resolve(WRONG, bug, "vocab_parallel")
     check_divisible("vocab", vocab, t)
     inputs = draw_vocab_inputs(seed, vocab, hidden, tokens, reduction, dtype)
     results = run(_vocab_on_rank, inputs, reduction, bug, world_size=t, timeout=timeout)

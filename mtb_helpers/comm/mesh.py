@@ -1,0 +1,134 @@
+"""The rank mesh: named dims, a rank's coordinates, a process group per dim, as ``init_device_mesh``.
+
+A group can also span several dims flattened into one. Ranks are numbered as PyTorch's
+``init_device_mesh`` numbers them.
+
+``Mesh(pp=2, dp=2, cp=1, tp=2)`` names its dims slowest-varying first, like
+``init_device_mesh("cpu", (2, 2, 1, 2), mesh_dim_names=("pp", "dp", "cp", "tp"))``: ranks fill
+the mesh in row-major order, so the last dim varies fastest,
+
+    rank = ((pp_i * dp + dp_i) * cp + cp_i) * tp + tp_i
+
+which is also Megatron-LM's order (``tp-cp-dp-pp``): tensor-parallel ranks are neighbours because
+they talk inside every layer, the pipeline the least (Narayanan et al., SC 2021). A group of dim
+``d`` holds the ranks that differ only in their ``d`` coordinate; a flattened group of dims
+``("dp", "cp")`` those that differ only in those two (``mesh["dp", "cp"]._flatten()`` in PyTorch),
+e.g. the ranks a gradient is averaged over under context parallelism.
+
+The tensor-x-data grid of notebook 08 is ``Mesh(dp=dp, tp=tp)``; the capstone's 4-D grid
+``Mesh(pp=pp, dp=dp, cp=cp, tp=tp)``; tests/test_mesh.py shows the groups equal to
+``init_device_mesh``'s on real ranks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import product
+
+import torch.distributed as dist
+
+__all__ = ["Mesh", "MeshGroups"]
+
+
+class Mesh:
+    """Named dims and their sizes, slowest first: ``Mesh(dp=2, tp=2)``. Pure arithmetic: no rank,
+    no process group (``MeshGroups.build`` makes those, inside the ranks)."""
+
+    def __init__(self, **sizes: int):
+        if not sizes:
+            raise ValueError("a mesh needs at least one dim, e.g. Mesh(tp=2)")
+        for name, n in sizes.items():
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise ValueError(f"mesh dim {name} must be a positive integer, got {n!r}")
+        self.names: tuple[str, ...] = tuple(sizes)
+        self.shape: tuple[int, ...] = tuple(sizes.values())
+        self.sizes: dict[str, int] = dict(sizes)
+        self.size = 1
+        for n in self.shape:
+            self.size *= n
+
+    def __repr__(self) -> str:
+        return "Mesh(" + ", ".join(f"{d}={n}" for d, n in self.sizes.items()) + ")"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Mesh) and self.sizes == other.sizes and self.names == other.names
+
+    def _check_dims(self, dims) -> None:
+        unknown = [d for d in dims if d not in self.sizes]
+        if unknown or len(set(dims)) != len(dims):
+            raise ValueError(f"dims {tuple(dims)} must be distinct dims of {self!r}")
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """``{dim: index}`` of ``rank``, in the mesh's dim order."""
+        if not 0 <= rank < self.size:
+            raise ValueError(f"rank {rank} is not on {self!r} ({self.size} ranks)")
+        out = {}
+        for name, n in reversed(self.sizes.items()):   # the last dim varies fastest
+            rank, out[name] = divmod(rank, n)
+        return {d: out[d] for d in self.names}
+
+    def rank_of(self, **index: int) -> int:
+        """The rank at ``index`` (a dim left out is at 0): ``Mesh(dp=2, tp=2).rank_of(dp=1) == 2``."""
+        self._check_dims(tuple(index))
+        rank = 0
+        for name, n in self.sizes.items():
+            i = index.get(name, 0)
+            if not 0 <= i < n:
+                raise ValueError(f"index {name}={i} is outside mesh dim {name} of size {n}")
+            rank = rank * n + i
+        return rank
+
+    def group_ranks(self, *dims: str) -> list[list[int]]:
+        """Every group along ``dims`` (several dims: flattened into one group), each in rank order,
+        the groups ordered by the other dims' coordinates (slowest first)."""
+        self._check_dims(dims)
+        others = [d for d in self.names if d not in dims]
+        groups = []
+        for fixed in product(*(range(self.sizes[d]) for d in others)):
+            base = dict(zip(others, fixed))
+            ranks = [self.rank_of(**base, **dict(zip(dims, v)))
+                     for v in product(*(range(self.sizes[d]) for d in dims))]
+            groups.append(sorted(ranks))
+        return groups
+
+    def group_of(self, rank: int, *dims: str) -> list[int]:
+        """The ranks of ``rank``'s group along ``dims``."""
+        return next(g for g in self.group_ranks(*dims) if rank in g)
+
+
+@dataclass
+class MeshGroups:
+    """This rank's place on a mesh and a process group per dim (and per flattened dims, named
+    ``"dp_cp"`` for ``("dp", "cp")`` as ``DeviceMesh._flatten`` names it). Build inside a rank."""
+    mesh: Mesh
+    rank: int
+    index: dict[str, int]
+    groups: dict = field(default_factory=dict)           # name -> this rank's process group
+    members: dict[str, list[int]] = field(default_factory=dict)   # name -> its ranks
+    created: list = field(default_factory=list)          # every group made, to free them after
+
+    @classmethod
+    def build(cls, mesh: Mesh, flatten: tuple[tuple[str, ...], ...] = (), **extra) -> "MeshGroups":
+        """Create every group of every dim, then of every flattened tuple of dims, in the same order
+        on every rank (``dist.new_group`` is collective: a rank skipping a group it is not in would
+        hang the others). Without an initialised process group: rank 0, no groups (one process)."""
+        on = dist.is_initialized()
+        if on and dist.get_world_size() != mesh.size:
+            raise ValueError(f"{mesh!r} has {mesh.size} ranks but the world has "
+                             f"{dist.get_world_size()}")
+        rank = dist.get_rank() if on else 0
+        out = cls(mesh, rank, mesh.coords(rank), **extra)
+        for dims in [(d,) for d in mesh.names] + [tuple(f) for f in flatten]:
+            name = "_".join(dims)
+            for ranks in mesh.group_ranks(*dims):
+                group = dist.new_group(ranks) if on else None
+                out.created.append(group)
+                if rank in ranks:
+                    out.groups[name], out.members[name] = group, ranks
+        return out
+
+    def destroy(self) -> None:
+        """Free the groups (the rank pool is reused: every run would otherwise leak some)."""
+        for group in self.created:
+            if group is not None and group != dist.GroupMember.NON_GROUP_MEMBER:
+                dist.destroy_process_group(group)
+        self.created.clear()

@@ -1,0 +1,194 @@
+"""The α-β model: how long a collective takes on a link of latency α and bandwidth β.
+
+    from mtb_helpers.cost import Link, predict, busbw
+    link = Link(alpha=5e-6, bandwidth=50e9)                     # 5 µs per message, 50 GB/s
+    predict("all-reduce", 64 * 2**20, 8, link)                  # seconds, ring: 2(p-1)α + 2(p-1)/p n/β
+
+Every algorithm costs ``T = a·α + b·n/β`` for a count of messages ``a`` on its critical path and
+a fraction ``b`` of the size ``n`` that crosses the busiest link; ``coefficients`` holds the one
+table of ``(a, b)`` (Thakur, Rabenseifner & Gropp 2005, "Optimization of collective communication
+operations in MPICH", IJHPCA 19(1); γ, the reduction's arithmetic, is left out: on these sizes it
+is memory-bound and small next to β). ``p`` ranks, ``L = ⌈lg p⌉``, ``p' = 2^⌊lg p⌋``:
+
+    collective      algorithm  a (messages)          b (fraction of n)         n ("size", nccl-tests)
+    all-reduce      ring       2(p-1)                2(p-1)/p                  each rank's buffer
+                    tree       2 lg p' (+2)          2(p'-1)/p' (+2)           recursive halving + doubling
+                    naive      2(p-1)                2(p-1)                    reduce to rank 0, broadcast
+    broadcast       ring       L + p-1               2(p-1)/p                  the root's buffer
+                    tree       L                     L                         binomial tree
+                    naive      p-1                   p-1                       the root sends p-1 times
+    all-gather      ring       p-1                   (p-1)/p                   the gathered output (p x input)
+                    tree       L                     (p-1)/p                   recursive doubling / Bruck
+    reduce-scatter  ring       p-1                   (p-1)/p                   the full input (p x output)
+                    tree       lg p' (+2)            (p'-1)/p' (+1 + 1/p)      recursive halving
+    all-to-all      ring       p-1                   (p-1)/p                   each rank's send buffer
+    send/recv       ring       1                     1                         the message
+
+(+...) is TRG's fold for a ``p`` that is not a power of two: the ``p - p'`` extra ranks hand their
+whole vector to a partner first (one message of n) and get their result back last. The ring
+broadcast is van de Geijn's scatter + ring all-gather (TRG's long-message broadcast); the ring
+all-to-all is the pairwise exchange (step k: send to rank r+k, receive from r-k). One rank
+(``p == 1``) sends nothing and takes no time.
+
+``algbw`` and ``busbw`` are nccl-tests' (doc/PERFORMANCE.md): algbw = S/t with S the size above;
+busbw = algbw x 2(p-1)/p (all-reduce), (p-1)/p (all-gather, reduce-scatter, all-to-all), 1
+(broadcast, send/recv). For the ring algorithms busbw tends to β as n grows: that is its point.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["Link", "COLLECTIVES", "ALGORITHMS", "normalize", "coefficients", "predict",
+           "algbw", "busbw", "busbw_factor", "n_half"]
+
+COLLECTIVES = ("broadcast", "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send/recv")
+ALGORITHMS: dict[str, tuple[str, ...]] = {
+    "broadcast": ("ring", "tree", "naive"), "all-reduce": ("ring", "tree", "naive"),
+    "all-gather": ("ring", "tree"), "reduce-scatter": ("ring", "tree"),
+    "all-to-all": ("ring",), "send/recv": ("ring",)}
+# torch.distributed's and comm/records' spellings of the same collectives
+_ALIASES = {"allreduce": "all-reduce", "allgather": "all-gather", "reducescatter": "reduce-scatter",
+            "alltoall": "all-to-all", "send": "send/recv", "recv": "send/recv",
+            "sendrecv": "send/recv", "send-recv": "send/recv", "p2p": "send/recv"}
+
+
+def _positive(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link between ranks: ``alpha`` seconds per message, ``bandwidth`` bytes per second.
+
+    A message of n bytes takes ``alpha + n / bandwidth``. ``Link(5e-6, 50e9)`` is NVLink-like,
+    ``Link(50e-6, 1e9)`` a slow network. Refuses a non-finite, zero or negative value (ValueError
+    naming it)."""
+    alpha: float
+    bandwidth: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "alpha", _positive("alpha", self.alpha))
+        object.__setattr__(self, "bandwidth", _positive("bandwidth", self.bandwidth))
+
+    @property
+    def n_half(self) -> float:
+        """Bytes at which one message spends as long on α as on bytes: ``α·β``. Smaller messages
+        are latency-bound, larger ones bandwidth-bound."""
+        return self.alpha * self.bandwidth
+
+    def time(self, collective: str, nbytes: int, world_size: int, algorithm: str = "ring") -> float:
+        """``predict(collective, nbytes, world_size, self, algorithm)``: what the runtime asks."""
+        return predict(collective, nbytes, world_size, self, algorithm)
+
+    def describe(self) -> str:
+        """E.g. ``'α = 5 µs, β = 50 GB/s'`` (for titles and tables)."""
+        return f"α = {_si(self.alpha, 's')}, β = {_si(self.bandwidth, 'B/s')}"
+
+
+def _si(value: float, unit: str) -> str:
+    for factor, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""), (1e-3, "m"),
+                           (1e-6, "µ"), (1e-9, "n")):
+        if value >= factor:
+            return f"{value / factor:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+def normalize(collective: str) -> str:
+    """The model's name for ``collective`` ("all_reduce", "allreduce", "send" -> "all-reduce",
+    "all-reduce", "send/recv"); ValueError naming the known ones."""
+    if not isinstance(collective, str):
+        raise ValueError(f"collective must be a string, got {collective!r}")
+    name = collective.strip().lower().replace("_", "-")
+    name = _ALIASES.get(name.replace("-", ""), _ALIASES.get(name, name))
+    if name not in COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r}; expected one of {', '.join(COLLECTIVES)}")
+    return name
+
+
+def _world_size(world_size: object) -> int:
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    return world_size
+
+
+def coefficients(collective: str, world_size: int, algorithm: str = "ring") -> tuple[float, float]:
+    """``(a, b)`` with ``T = a·α + b·n/β`` (the table in this module's docstring)."""
+    name, p = normalize(collective), _world_size(world_size)
+    if algorithm not in ALGORITHMS[name]:
+        raise ValueError(f"unknown algorithm {algorithm!r} for {name}; expected one of "
+                         f"{', '.join(ALGORITHMS[name])}")
+    if name == "send/recv":
+        if p < 2:
+            raise ValueError("send/recv needs world_size >= 2 (a sender and a receiver)")
+        return 1.0, 1.0
+    if p == 1:
+        return 0.0, 0.0
+    lg = math.ceil(math.log2(p))
+    low = 2 ** int(math.floor(math.log2(p)))   # p': the power of two the tree runs on
+    fold = 0 if low == p else 1                 # TRG: extra ranks fold in first and out last
+    table = {
+        ("all-reduce", "ring"): (2 * (p - 1), 2 * (p - 1) / p),
+        ("all-reduce", "tree"): (2 * math.log2(low) + 2 * fold, 2 * (low - 1) / low + 2 * fold),
+        ("all-reduce", "naive"): (2 * (p - 1), 2 * (p - 1)),
+        ("broadcast", "ring"): (lg + p - 1, 2 * (p - 1) / p),
+        ("broadcast", "tree"): (lg, lg),
+        ("broadcast", "naive"): (p - 1, p - 1),
+        ("all-gather", "ring"): (p - 1, (p - 1) / p),
+        ("all-gather", "tree"): (lg, (p - 1) / p),
+        ("reduce-scatter", "ring"): (p - 1, (p - 1) / p),
+        ("reduce-scatter", "tree"): (math.log2(low) + 2 * fold,
+                                     (low - 1) / low + fold * (1 + 1 / p)),
+        ("all-to-all", "ring"): (p - 1, (p - 1) / p),
+    }
+    a, b = table[(name, algorithm)]
+    return float(a), float(b)
+
+
+def _nbytes(nbytes: object) -> float:
+    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)):
+        raise ValueError(f"nbytes must be a number of bytes, got {nbytes!r}")
+    if not math.isfinite(nbytes) or nbytes < 0:
+        raise ValueError(f"nbytes must be finite and >= 0, got {nbytes!r}")
+    return float(nbytes)
+
+
+def predict(collective: str, nbytes: int, world_size: int, link: Link,
+            algorithm: str = "ring") -> float:
+    """Seconds ``collective`` takes on ``world_size`` ranks joined by ``link`` for size ``nbytes``
+    (nccl-tests' S: see the table above for what it counts), by ``algorithm``."""
+    if not isinstance(link, Link):
+        raise ValueError(f"link must be a Link(alpha, bandwidth), got {link!r}")
+    a, b = coefficients(collective, world_size, algorithm)
+    return a * link.alpha + b * _nbytes(nbytes) / link.bandwidth
+
+
+def n_half(collective: str, world_size: int, link: Link, algorithm: str = "ring") -> float:
+    """The size n at which the latency term equals the bandwidth term, ``(a/b)·α·β``: α·β for one
+    message, p·α·β for the ring all-reduce (whose n is p times a ring step's); inf with one rank."""
+    a, b = coefficients(collective, world_size, algorithm)
+    return math.inf if b == 0 else a / b * link.n_half
+
+
+def busbw_factor(collective: str, world_size: int) -> float:
+    """nccl-tests' correction from algbw to busbw for ``collective`` on ``world_size`` ranks."""
+    name, p = normalize(collective), _world_size(world_size)
+    if name == "all-reduce":
+        return 2 * (p - 1) / p
+    if name in ("all-gather", "reduce-scatter", "all-to-all"):
+        return (p - 1) / p
+    return 1.0
+
+
+def algbw(nbytes: int, seconds: float) -> float:
+    """nccl-tests' algorithm bandwidth ``S / t`` in bytes per second."""
+    return _nbytes(nbytes) / _positive("seconds", seconds)
+
+
+def busbw(collective: str, nbytes: int, seconds: float, world_size: int) -> float:
+    """nccl-tests' bus bandwidth: ``algbw`` x ``busbw_factor`` (bytes per second)."""
+    return algbw(nbytes, seconds) * busbw_factor(collective, world_size)

@@ -1,0 +1,148 @@
+"""What the hiding-communication wrappers share: their checks at construction, the process group,
+the three collectives in both torch spellings, and the per-rank timeline of a step.
+
+``OverlappedDDP`` (overlap.py), ``ShardedOptimizer`` (sharded_optimizer.py) and ``FSDP``
+(fsdp_wrapper.py) are built inside a rank, under whatever process group the script made: the
+course's ``run()``, torchrun, or ``torch.multiprocessing.spawn`` + ``init_process_group("gloo")``.
+Each event of a timeline is plain data, ``Event(kind, name, start, end, nbytes)`` with ``kind``
+``"compute"`` or ``"comm"`` and times in seconds from the start of the step on this rank's clock
+(``time.perf_counter``), so a figure can draw a compute lane and a comm lane per rank.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+__all__ = ["Event", "Timeline", "check_bucket_cap", "check_module", "check_group", "broadcast_",
+           "all_gather_async", "reduce_scatter_async", "group_source", "WRAPPED_ATTR"]
+
+# Set on a module when a wrapper takes it: wrapping it again is refused (two wrappers would both
+# reduce its gradients, or one would shard what the other expects whole).
+WRAPPED_ATTR = "_mtb_wrapped_by"
+_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # 2.13 renamed it
+_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+@dataclass(frozen=True)
+class Event:
+    """One interval on one rank: ``kind`` "compute" or "comm", seconds from the step's start."""
+    kind: str
+    name: str
+    start: float
+    end: float
+    nbytes: int = 0
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+class Timeline:
+    """Collects one step's events; ``comm`` ends arrive from gloo's thread (a future callback),
+    which is why ends are stored by index and not appended in order."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.events: list[Event] = []
+        self._open: dict[int, tuple[str, str, float, int]] = {}
+        self._ends: dict[int, float] = {}
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def add(self, kind: str, name: str, start: float, end: float, nbytes: int = 0) -> None:
+        self.events.append(Event(kind, name, start, end, nbytes))
+
+    def comm(self, name: str, work, nbytes: int) -> int:
+        """Note an asynchronous collective just issued; its end is taken when gloo completes it
+        (a future callback), or, for ops whose work has no future (gloo's reduce-scatter), when
+        the caller waited for it (``waited``). Returns the key ``waited`` takes."""
+        key = len(self._open)
+        self._open[key] = ("comm", name, self.now(), nbytes)
+        try:
+            work.get_future().then(lambda _f, key=key: self._ends.setdefault(key, self.now()))
+        except (RuntimeError, AttributeError):     # no future (gloo's reduce-scatter, a link's handle)
+            pass
+        return key
+
+    def waited(self, key: int) -> None:
+        """The caller has just waited for collective ``key``: it ended by now at the latest."""
+        self._ends.setdefault(key, self.now())
+
+    def close(self) -> list[Event]:
+        """Every event, comm ones with their completion time (call after waiting for them)."""
+        done = [Event(kind, name, start, self._ends.get(key, self.now()), nbytes)
+                for key, (kind, name, start, nbytes) in self._open.items()]
+        return sorted(self.events + done, key=lambda e: (e.start, e.kind))
+
+
+def check_bucket_cap(bucket_cap_mb) -> float:
+    """The cap in bytes (MiB as PyTorch's DDP counts them: 1 MiB = 2**20 B)."""
+    if (isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float))
+            or not math.isfinite(bucket_cap_mb) or bucket_cap_mb < 0):
+        raise ValueError(f"bucket_cap_mb must be a finite number >= 0 (MiB per gradient bucket; "
+                         f"0 = one all-reduce per parameter), got {bucket_cap_mb!r}")
+    return float(bucket_cap_mb) * 2 ** 20
+
+
+def check_group(process_group) -> tuple[int, int]:
+    """``(world size, rank)`` in ``process_group`` (None = the default group); refuses a missing one."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("no process group: build the wrapper inside a rank (mtb_helpers.run, "
+                           "torchrun, or after torch.distributed.init_process_group('gloo'))")
+    if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
+        raise ValueError(f"process_group must be a torch.distributed.ProcessGroup or None, got "
+                         f"{type(process_group).__name__}")
+    return dist.get_world_size(process_group), dist.get_rank(process_group)
+
+
+def check_module(module, wrapper: str) -> None:
+    """Refuse what no wrapper can take: not a module, a module already wrapped (by this wrapper,
+    another of the course's, or PyTorch's DDP), parameters on several devices."""
+    if not isinstance(module, nn.Module):
+        raise ValueError(f"{wrapper}: module must be a torch.nn.Module, got {type(module).__name__}")
+    from torch.nn.parallel import DistributedDataParallel
+    for sub in module.modules():
+        owner = getattr(sub, WRAPPED_ATTR, None)
+        if owner is not None or isinstance(sub, DistributedDataParallel):
+            raise ValueError(f"{wrapper}: module {type(sub).__name__} is already wrapped by "
+                             f"{owner or 'DistributedDataParallel'}; wrap a module once (two "
+                             "wrappers would both synchronise its gradients)")
+    devices = {p.device for p in module.parameters()} | {b.device for b in module.buffers()}
+    if len(devices) > 1:
+        raise ValueError(f"{wrapper}: module's parameters are on different devices "
+                         f"({', '.join(sorted(map(str, devices)))}); move it to one device first")
+
+
+def group_source(process_group) -> int:
+    """The global rank of the group's rank 0 (``broadcast`` names its source globally)."""
+    return 0 if process_group is None else dist.get_global_rank(process_group, 0)
+
+
+def broadcast_(tensors: list[torch.Tensor], process_group) -> None:
+    """Give every rank the group's rank 0 values, one broadcast per dtype (flat, in place)."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    for group in by_dtype.values():
+        flat = torch.cat([t.detach().reshape(-1) for t in group])
+        dist.broadcast(flat, src=group_source(process_group), group=process_group)
+        with torch.no_grad():
+            for t, v in zip(group, flat.split([t.numel() for t in group])):
+                t.copy_(v.view_as(t))
+
+
+def all_gather_async(out: torch.Tensor, shard: torch.Tensor, process_group):
+    """``shard [n/t]`` of every rank -> ``out [n]`` in rank order; returns the work handle."""
+    return _GATHER(out, shard, group=process_group, async_op=True)
+
+
+def reduce_scatter_async(out: torch.Tensor, full: torch.Tensor, process_group):
+    """``full [n]`` summed over ranks, this rank's ``out [n/t]`` of it; returns the work handle."""
+    return _SCATTER(out, full, group=process_group, async_op=True)

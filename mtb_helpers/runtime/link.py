@@ -1,0 +1,201 @@
+"""Emulated links on real ranks: ``run(fn, world_size=4, link=Link(5e-6, 50e9), time_scale=100)``.
+
+Inside the call every collective and message a rank issues through ``torch.distributed`` (the
+student's own code included) runs on the rank's comm stream and takes the link's modelled time
+(:mod:`mtb_helpers.runtime.link_ops`), and ``with padded("fc1.fwd", seconds):`` makes a block of
+computation take a modelled time too, so a timeline follows the model rather than this machine's
+cores. Results are gloo's, unchanged: a link changes when things finish, never what they compute.
+
+``time_scale=N`` multiplies every modelled time (communication and padded compute) by N, keeping
+their ratios: an NVLink's microseconds are far under what gloo needs on loopback, so such a link
+is refused at N = 1, with the smallest N that works. The floor is measured once per rank pool
+(:func:`measure_floor`): a collective costs the ranks' agreement plus a tiny gloo op, and gloo's
+loopback bandwidth caps β. The caller gets ``RunResults`` (the per-rank results) with
+``.timeline`` (see :mod:`mtb_helpers.runtime.timeline`). The link is duck-typed (``alpha``,
+``bandwidth``, ``time(collective, nbytes, world_size)``): ``mtb_helpers.cost.Link`` is one, and
+the runtime imports no topic.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from mtb_helpers.runtime import link_ops
+from mtb_helpers.runtime.comm_thread import CommStream
+from mtb_helpers.runtime.timeline import Event, RunResults, Timeline
+
+__all__ = ["padded", "validate_link", "measure_floor", "Floor", "run_linked", "LinkedCall",
+           "active_time_scale"]
+
+OVERRUN_WARNING = 2e-3   # seconds beyond the model before the caller is told the machine lagged
+
+_ACTIVE: "Emulation | None" = None   # the emulation of the call running on this rank, if any
+
+
+class Emulation:
+    """One call's emulated link on one rank: the comm stream, the events, the patches."""
+
+    def __init__(self, link: Any, time_scale: float):
+        self.link, self.scale = link, time_scale
+        self.events: list[Event] = []
+        self.p2p: list = []
+        self.free_at = 0.0   # when the stream's last collective ends (perf_counter seconds)
+        self.stream = CommStream()
+        self.restore = link_ops.install(self)
+
+    def modelled(self, collective: str, nbytes: int, p: int) -> float:
+        return self.link.time(collective, nbytes, p) * self.scale
+
+    def bypass(self) -> bool:
+        """True on the stream's own thread: its real ops must not be emulated twice."""
+        return threading.current_thread() is self.stream.thread
+
+    def finish(self) -> None:
+        """Wait for every queued operation; complete the messages that have arrived."""
+        self.stream.drain()
+        for handle in self.p2p:
+            if not handle.finished and handle.is_completed():
+                handle.wait()
+
+    def close(self) -> None:
+        self.restore()
+        self.stream.close()
+
+
+def active_time_scale() -> float:
+    """The time scale of the emulated link this rank runs under (1.0 without one)."""
+    return _ACTIVE.scale if _ACTIVE is not None else 1.0
+
+
+@contextlib.contextmanager
+def padded(name: str, seconds: float) -> Iterator[None]:
+    """Make the block take ``seconds`` (x the time scale under a link), like a GPU kernel of fixed
+    duration; under a link it is recorded as a ``"compute"`` event named ``name``. A block that
+    already took longer is not shortened (its event shows the overrun)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or \
+            not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"padded({name!r}): seconds must be finite and >= 0, got {seconds!r}")
+    em = _ACTIVE
+    modelled = seconds * (em.scale if em is not None else 1.0)
+    start = time.perf_counter()
+    yield
+    link_ops.sleep_until(start + modelled)
+    if em is not None:
+        em.events.append(Event("compute", name, 0, start, time.perf_counter(), modelled))
+
+
+class LinkedCall:
+    """What a rank runs for ``run(fn, ..., link=...)``: ``fn`` under the emulated link. Returns
+    ``{"result", "events", "zero"}``. ``__wrapped__`` lets the owner find ``fn``'s source."""
+
+    def __init__(self, fn: Callable, link: Any, time_scale: float):
+        self.__wrapped__ = fn
+        self.link, self.time_scale = link, time_scale
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+        global _ACTIVE
+        em = Emulation(self.link, self.time_scale)
+        _ACTIVE = em
+        try:
+            if dist.get_world_size() > 1:
+                link_ops.ORIG["barrier"]()   # one zero for every rank's clock
+            zero = time.perf_counter()
+            result = self.__wrapped__(*args, **kwargs)
+            em.finish()
+            return {"result": result, "events": em.events, "zero": zero}
+        finally:
+            _ACTIVE = None
+            em.close()
+
+
+def validate_link(link: Any, time_scale: object) -> None:
+    """ValueError before any rank starts: not a link, or a time scale that is not a finite > 0."""
+    if not all(hasattr(link, a) for a in ("alpha", "bandwidth", "time")):
+        raise ValueError(f"link must be a Link(alpha, bandwidth) from mtb_helpers.cost, got {link!r}")
+    if isinstance(time_scale, bool) or not isinstance(time_scale, (int, float)) or \
+            not math.isfinite(time_scale) or time_scale <= 0:
+        raise ValueError(f"time_scale must be a finite number > 0, got {time_scale!r}")
+
+
+@dataclass(frozen=True)
+class Floor:
+    """What gloo needs on this machine at best: ``latency`` seconds per emulated collective (the
+    ranks' agreement and a tiny op) and ``bandwidth`` bytes/s (its busbw on a 1 MiB all-reduce)."""
+    latency: float
+    bandwidth: float
+
+    def refusal(self, link: Any, time_scale: float) -> str | None:
+        """Why ``link`` at ``time_scale`` cannot be emulated honestly here, or None."""
+        alpha, beta = link.alpha * time_scale, link.bandwidth / time_scale
+        if alpha >= self.latency and beta <= self.bandwidth:
+            return None
+        need = max(self.latency / link.alpha, link.bandwidth / self.bandwidth)
+        need = float(f"{need * 1.5:.1g}")   # a margin for a busier moment, rounded
+        return (f"link={link!r} cannot be emulated at time_scale={time_scale:g}: at that scale "
+                f"α = {alpha * 1e6:.3g} µs and β = {beta / 1e9:.3g} GB/s, but gloo on this "
+                f"machine needs {self.latency * 1e6:.0f} µs per collective and moves at most "
+                f"{self.bandwidth / 1e9:.3g} GB/s. Use time_scale >= {need:g} (every modelled "
+                "time stretched by that factor, ratios kept) or a slower link.")
+
+
+def _probe() -> tuple[float, float]:
+    """On every rank, no link: the time of (agreement + a tiny all-reduce), and of a 1 MiB one."""
+    all_reduce, barrier = link_ops.ORIG["all_reduce"], link_ops.ORIG["barrier"]
+    tiny, big = torch.zeros(1, dtype=torch.float64), torch.zeros(2**18)
+    small, large = [], []
+    for i in range(9):
+        barrier()
+        t0 = time.perf_counter()
+        all_reduce(tiny, op=dist.ReduceOp.MAX)
+        all_reduce(tiny)
+        small.append(time.perf_counter() - t0)
+        if i % 3 == 0:
+            barrier()
+            t0 = time.perf_counter()
+            all_reduce(big)
+            large.append(time.perf_counter() - t0)
+    # the best case: what gloo needs at all here (a busy moment costs more, and is reported as an
+    # overrun of the model, not refused in advance)
+    return min(small[2:]), min(large)
+
+
+def measure_floor(pool: Any, timeout: float) -> Floor:
+    """The pool's floor, measured on its first linked call and kept on the pool."""
+    if pool.link_floor is None:
+        p = pool.world_size
+        replies = pool.call(_probe, (), {}, timeout)
+        latency = max(r[0] for r in replies)
+        big = max(r[1] for r in replies)
+        busbw = 2 * (p - 1) / p * 2**20 / max(big - latency / 2, 1e-6)
+        pool.link_floor = Floor(latency, busbw)
+    return pool.link_floor
+
+
+def run_linked(pool: Any, fn: Callable, args: tuple, kwargs: dict, timeout: float, link: Any,
+               time_scale: float) -> RunResults:
+    """``pool.call`` under ``link`` (the floor checked first); results with their timeline."""
+    if pool.world_size > 1:
+        problem = measure_floor(pool, timeout).refusal(link, time_scale)
+        if problem:
+            raise ValueError(problem)
+    replies = pool.call(LinkedCall(fn, link, time_scale), args, kwargs, timeout)
+    zero = min(r["zero"] for r in replies)
+    ranks = [[Event(e.kind, e.name, e.bytes, e.start - zero, e.end - zero, e.modelled)
+              for e in r["events"]] for r in replies]
+    timeline = Timeline(ranks, link, float(time_scale))
+    late = [e for e in timeline.events() if e.overrun > OVERRUN_WARNING]
+    if late:
+        worst = max(late, key=lambda e: e.overrun)
+        print(f"[mtb] emulated link: {len(late)} of {len(timeline.events())} operations took "
+              f"longer than modelled (worst: {worst.name}, {worst.seconds * 1e3:.1f} ms for "
+              f"{worst.modelled * 1e3:.1f} ms modelled): this machine did not keep up; a larger "
+              "time_scale or a slower link gives honest times.", file=sys.stderr, flush=True)
+    return RunResults([r["result"] for r in replies], timeline)

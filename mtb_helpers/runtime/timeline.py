@@ -1,0 +1,90 @@
+"""What each rank did, and when, under an emulated link: compute and communication events.
+
+``run(fn, world_size=p, link=Link(...))`` returns a :class:`RunResults`: the usual list of
+per-rank results, plus ``.timeline``, a :class:`Timeline` whose ``ranks[r]`` lists rank r's
+:class:`Event` s in the order they ended. Times are seconds of this machine's clock from one zero
+shared by every rank (taken right after a barrier at the start of the call), so events of
+different ranks can be drawn on one axis. Under ``time_scale=N`` every modelled time was
+stretched N times: divide by N (``Timeline.in_model_time()``) to read the link's own seconds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+__all__ = ["Event", "Timeline", "RunResults"]
+
+
+@dataclass(frozen=True)
+class Event:
+    """One interval on one rank.
+
+    ``kind``: ``"compute"`` (a ``padded`` block) or ``"comm"`` (a collective or a message).
+    ``name``: the padded block's name (``"fc1.fwd"``) or the torch.distributed function
+    (``"all_reduce"``, ``"all_gather_into_tensor"``, ``"send"``, ``"recv"``, ``"barrier"``).
+    ``bytes``: for comm, nccl-tests' size S of the operation (see ``mtb_helpers.cost.model``:
+    all-gather counts the gathered output, reduce-scatter the full input); 0 for compute.
+    ``start``/``end``: seconds from the call's zero. A collective starts when every rank of its
+    group has reached it (the ranks agree on it first); a receive starts when its message left the
+    sender (or when it was posted, if later). ``modelled``: the seconds the model asked for,
+    time scale included; ``end - start`` exceeds it only when the real work overran it.
+    """
+    kind: str
+    name: str
+    bytes: int
+    start: float
+    end: float
+    modelled: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+    @property
+    def overrun(self) -> float:
+        """Seconds beyond the modelled time (0 when the model was honoured)."""
+        return max(0.0, self.seconds - self.modelled)
+
+
+@dataclass
+class Timeline:
+    """Every rank's events of one ``run(..., link=...)`` call: ``ranks[r]`` is rank r's list.
+    ``link`` is the emulated link, ``time_scale`` the stretch factor every modelled time got."""
+    ranks: list[list[Event]]
+    link: Any
+    time_scale: float = 1.0
+
+    def events(self, rank: int | None = None, kind: str | None = None,
+               name: str | None = None) -> list[Event]:
+        """Events matching every filter given, rank by rank."""
+        ranks = range(len(self.ranks)) if rank is None else [rank]
+        return [e for r in ranks for e in self.ranks[r]
+                if (kind is None or e.kind == kind) and (name is None or e.name == name)]
+
+    @property
+    def makespan(self) -> float:
+        """Seconds from the zero to the last event's end (0 without events)."""
+        return max((e.end for evs in self.ranks for e in evs), default=0.0)
+
+    def in_model_time(self) -> "Timeline":
+        """The same timeline with every time divided by ``time_scale`` (the link's own seconds)."""
+        s = self.time_scale
+        return Timeline([[replace(e, start=e.start / s, end=e.end / s, modelled=e.modelled / s)
+                          for e in evs] for evs in self.ranks], self.link, 1.0)
+
+    def label(self) -> str:
+        """For figure titles: ``'emulated link α = 5 µs, β = 50 GB/s, 100× slower than real
+        time'`` (the last part only when time_scale != 1)."""
+        text = f"emulated link {self.link.describe()}" if hasattr(self.link, "describe") \
+            else f"emulated link {self.link!r}"
+        if self.time_scale != 1:
+            text += f", {self.time_scale:g}× slower than real time"
+        return text
+
+
+class RunResults(list):
+    """``run``'s list of per-rank results, with the call's ``timeline`` attached."""
+
+    def __init__(self, results: list, timeline: Timeline):
+        super().__init__(results)
+        self.timeline = timeline
