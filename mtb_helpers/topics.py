@@ -78,6 +78,7 @@ TOPICS: tuple[Topic, ...] = (
     Topic("cost", group="cost",
           group_help="time: the α-β model's predictions and this machine's calibration",
           bugs=(), layers=("model", "algorithms")),
+    Topic("plan", checks=("check_plan",), layers=("specs", "memory", "budget", "steptime", "search")),
 )
 
 

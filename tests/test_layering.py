@@ -191,6 +191,7 @@ STABLE_IMPORTS = {   # DESIGN.md's stable entry points and issue 10's "keep work
     "mtb_helpers.tp": "ColumnParallelLinear RowParallelLinear ParallelMLP shard_range "
                       "ParallelSelfAttention VocabParallelEmbedding vocab_parallel_cross_entropy",
     "mtb_helpers.sp": "SequenceParallelMLPBlock",
+    "mtb_helpers.plan": "model_state_bytes activation_bytes_per_layer plan",
     "mtb_helpers.pp": "schedule simulate pipeline_step",
     "mtb_helpers.cp": "shard_sequence unshard_sequence ring_attention allgather_attention",
     "mtb_helpers.check": "check_column_parallel check_row_parallel check_tp_mlp "

@@ -321,7 +321,9 @@ def test_every_layer_that_declares_a_layout_is_checked_here():
     covered = {c for t in (2,) for name, (mods, *_rest) in _cases(t).items() if name != "_zig"
                for c in type(_build(name, mods, 1)).__mro__}
     from mtb_helpers.capstone import layers as cap
-    covered |= {cap.ContextParallelCore, cap.ParallelEmbedding, cap.ParallelBlock, cap.ParallelHead}
+    from mtb_helpers.comm.regions import Region   # every row: test_every_region_is_the_redistribution...
+    covered |= {cap.ContextParallelCore, cap.ParallelEmbedding, cap.ParallelBlock, cap.ParallelHead,
+                Region}
     missing = {f"{c.__module__}.{c.__name__}" for c in _declaring_classes() - covered}
     assert not missing, f"layers whose layouts no test feeds: {sorted(missing)}"
 
@@ -405,3 +407,39 @@ def test_local_piece_and_from_pieces_refuse_what_does_not_fit():
     parts = {r: local_piece(x, Partial(), r, 4) for r in range(4)}
     assert torch.equal(from_pieces(parts, Partial(), 4), x)
     assert repr(layout) == "on_mesh(cp=Shard(0), tp=Shard(0))"
+
+
+def _regions_on_rank(full: torch.Tensor) -> dict:
+    """Each region's forward next to DTensor's ``redistribute`` between the region's layouts."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    from mtb_helpers.comm import regions
+    t, r = dist.get_world_size(), dist.get_rank()
+    mesh = init_device_mesh("cpu", (t,), mesh_dim_names=("tp",))
+    try:
+        out = {}
+        for name, region in regions.REGIONS.items():
+            x = local_piece(full, region.input_layouts, r, t).contiguous()
+            theirs = DTensor.from_local(x, mesh, [region.input_layouts], run_check=False)
+            out[name] = (getattr(regions, name)(x.clone()).detach(),
+                         theirs.redistribute(mesh, [region.output_layouts]).to_local())
+        return out
+    finally:
+        group = mesh.get_group("tp")
+        if group != dist.distributed_c10d._get_default_group():
+            dist.destroy_process_group(group)
+
+
+@pytest.mark.parametrize("t", [2, 3])
+def test_every_region_is_the_redistribution_between_its_layouts(t):
+    """f, g and the other regions of comm/regions.py: forward takes ``input_layouts`` to
+    ``output_layouts`` as DTensor's ``redistribute`` does, on the same ranks, fp64."""
+    from mtb_helpers.comm.regions import REGIONS
+    full = torch.randn(6, 4, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    per_rank = run(_regions_on_rank, full, world_size=t)
+    assert {r.input_layouts for r in REGIONS.values()} == {Replicate(), Partial(), Shard(-1), Shard(0)}
+    for r, res in enumerate(per_rank):
+        for name, (ours, theirs) in res.items():
+            _close(ours, theirs, f"{name} vs redistribute r{r}")
+            _close(ours, local_piece(full, REGIONS[name].output_layouts, r, t), f"{name} r{r}")

@@ -21,6 +21,10 @@ Read down a column pair and each backward is the transpose of its forward: the t
 "copy to every rank" is "sum from every rank", of "all-gather" is "reduce-scatter" (or a plain
 split when the incoming grad is already the full sum on every rank), of "split" is "all-gather".
 
+In DTensor's words each forward is a redistribution from ``input_layouts`` to ``output_layouts``
+(``x.redistribute(mesh, [output_layouts])``): g is ``Partial() -> Replicate()``, the sequence
+gather ``Shard(0) -> Replicate()``, the reduce-scatter ``Partial() -> Shard(0)``.
+
 Every region takes ``group=None`` (the whole world) or a process group, and performs its
 collectives through ``issue()``, so ``with record() as rec:`` records them.
 """
@@ -32,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from mtb_helpers.comm.issue import issue
+from mtb_helpers.comm.sharding import Partial, Placement, Replicate, Shard
 
 __all__ = ["Region", "REGIONS", "allreduce_grad",
            "copy_to_tensor_model_parallel_region", "reduce_from_tensor_model_parallel_region",
@@ -43,12 +48,15 @@ __all__ = ["Region", "REGIONS", "allreduce_grad",
 
 class Region(NamedTuple):
     """One row of the table: ``forward`` and ``backward`` are ops of ``issue()`` or
-    ``"identity"``; ``operator`` is the paper's name (``f``, ``g``) or what the row carries."""
+    ``"identity"``; ``operator`` is the paper's name (``f``, ``g``) or what the row carries;
+    the forward takes ``input_layouts`` to ``output_layouts``."""
     name: str
     forward: str
     backward: str
     dim: int
     operator: str = ""
+    input_layouts: Placement = Replicate()
+    output_layouts: Placement = Replicate()
 
 
 SCATTER_SP = "scatter_to_sequence_parallel_region"
@@ -57,13 +65,17 @@ REDUCE_SCATTER_SP = "reduce_scatter_to_sequence_parallel_region"
 GRAD_ALLREDUCE_SP = "allreduce_sequence_parallel_grad"
 
 REGIONS: dict[str, Region] = {r.name: r for r in (
-    Region("copy_to_tensor_model_parallel_region", "identity", "all_reduce", -1, "f"),
-    Region("reduce_from_tensor_model_parallel_region", "all_reduce", "identity", -1, "g"),
-    Region("gather_from_tensor_model_parallel_region", "all_gather", "split", -1),
-    Region("scatter_to_tensor_model_parallel_region", "split", "all_gather", -1),
-    Region(SCATTER_SP, "split", "all_gather", 0),
-    Region(GATHER_SP, "all_gather", "reduce_scatter", 0),
-    Region(REDUCE_SCATTER_SP, "reduce_scatter", "all_gather", 0),
+    Region("copy_to_tensor_model_parallel_region", "identity", "all_reduce", -1, "f",
+           Replicate(), Replicate()),
+    Region("reduce_from_tensor_model_parallel_region", "all_reduce", "identity", -1, "g",
+           Partial(), Replicate()),
+    Region("gather_from_tensor_model_parallel_region", "all_gather", "split", -1, "",
+           Shard(-1), Replicate()),
+    Region("scatter_to_tensor_model_parallel_region", "split", "all_gather", -1, "",
+           Replicate(), Shard(-1)),
+    Region(SCATTER_SP, "split", "all_gather", 0, "", Replicate(), Shard(0)),
+    Region(GATHER_SP, "all_gather", "reduce_scatter", 0, "", Shard(0), Replicate()),
+    Region(REDUCE_SCATTER_SP, "reduce_scatter", "all_gather", 0, "", Partial(), Shard(0)),
 )}
 
 

@@ -1,0 +1,175 @@
+"""What one rank holds under a layout: its parameters, their model states, its activations.
+
+    stages = memory_per_rank(model, layout)       # one StageMemory per pipeline stage
+    stages[0].terms    {"parameters": bytes, ..., "activations": bytes, ...}
+    stages[0].total    bytes on each rank of stage 0 (every tp/cp/dp rank of a stage is alike)
+
+A pipeline stage of ``L_r`` layers on a tensor-parallel rank holds each layer's weights split by
+``tp`` (column/row splits, heads, the MLP width, the vocabulary rows) except what Megatron-LM
+keeps whole on every tensor rank: the norms and the biases added after a row-parallel layer (the
+capstone does the same: ``capstone/layers.py``). The first stage holds the input embedding (and
+learned positions), the last the final norm and the output layer (a copy of the tied embedding
+when ``pp > 1``, as Megatron-LM keeps one). Experts are split over ``ep`` and then ``tp``.
+
+Activations: ``MemoryModel.activation_terms`` per layer and micro-batch on a sequence of
+``seq_len / cp``, times the layers of the stage, times the micro-batches the schedule keeps in
+flight on that stage (``mtb_helpers.pp.simulate``'s ``peak_memory``: p - r for 1F1B's stage r, m
+for GPipe, more for interleaved on the first stages). The last stage also keeps the final norm's
+and the output layer's inputs and the fp32 logits ``4 s b V/t`` (Korthikanti et al. sec. 4.3),
+the first stage the embedding's dropout mask. Full recompute rebuilds one layer's activations
+during its backward: that layer's full set is added once ("recompute working set"). ZeRO-3
+gathers a layer's parameters before use and prefetches the next: two layers' 16-bit weights.
+Not counted: the CUDA context, NCCL's buffers, the allocator's fragmentation (a few GB on a real
+GPU; the planner's ``reserve`` leaves room for them).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from mtb_helpers.plan.memory import MemoryModel
+from mtb_helpers.plan.specs import NORMS, Layout, ModelSpec, stage_layers
+from mtb_helpers.pp.schedules import schedule as make_schedule
+from mtb_helpers.pp.simulator import simulate
+
+__all__ = ["StageMemory", "layer_params", "stage_params", "total_params", "memory_per_rank",
+           "inflight", "extrapolated", "OPTIMIZER_BYTES", "MEMORY_TERMS"]
+
+# Optimizer bytes per parameter with Adam: mixed precision keeps fp32 master weights, momentum and
+# variance (K = 12, the ZeRO paper); one-dtype training keeps momentum and variance only.
+OPTIMIZER_BYTES = {"bf16": 12, "fp16": 12, "fp32": 8, "fp64": 16}
+MEMORY_TERMS = ("parameters", "gradients", "optimizer states", "ZeRO-3 gathered layers",
+                "activations", "recompute working set", "embedding and output activations")
+
+
+@dataclass
+class StageMemory:
+    """Bytes on each rank of one pipeline stage, by term, and the parameter counts behind them."""
+    stage: int
+    layers: int
+    params: dict[str, float]          # {"dense": per-rank count, "experts": per-rank count}
+    inflight: float                   # micro-batches (whole stages) of activations held at peak
+    terms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return sum(self.terms.values())
+
+
+def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1) -> dict[str, float]:
+    """Parameters of one layer on one rank (``MemoryModel.layer_params``)."""
+    return MemoryModel().layer_params(model, tp, ep)
+
+
+def _vocab_rows(model: ModelSpec, tp: int) -> int:
+    return -(-model.vocab // tp)               # Megatron pads the vocabulary to split it evenly
+
+
+def stage_params(model: ModelSpec, layout: Layout, stage: int,
+                 memory_model: MemoryModel | None = None) -> dict[str, float]:
+    """Parameters on one rank of pipeline ``stage`` (rank ``stage`` when interleaved: it holds
+    virtual stages stage, stage + pp, ...)."""
+    n = rank_layers(model, layout)[stage]
+    per = (memory_model or MemoryModel()).layer_params(model, layout.tp, layout.ep)
+    out = {"dense": n * per["dense"], "experts": n * per["experts"]}
+    h, rows = model.hidden, _vocab_rows(model, layout.tp)
+    if stage == 0:
+        out["dense"] += rows * h + (model.seq_len * h if model.learned_positions else 0)
+    if stage == layout.pp - 1:
+        out["dense"] += NORMS[model.norm] * h
+        if not (model.tied_embeddings and layout.pp == 1):
+            out["dense"] += rows * h
+    return out
+
+
+def total_params(model: ModelSpec) -> float:
+    """Every parameter of the model once (tied embeddings once)."""
+    p = stage_params(model, Layout(), 0)
+    return p["dense"] + p["experts"]
+
+
+def rank_layers(model: ModelSpec, layout: Layout) -> list[int]:
+    """Layers on each pipeline rank (the sum over its chunks when interleaved)."""
+    per_virtual = stage_layers(model.layers, layout.pp * layout.chunks)
+    if per_virtual is None:
+        raise ValueError(f"layers={model.layers} do not split over pp*chunks = "
+                         f"{layout.pp}*{layout.chunks} stages")
+    return [sum(per_virtual[c * layout.pp + r] for c in range(layout.chunks))
+            for r in range(layout.pp)]
+
+
+def extrapolated(measure, name: str, pp: int, m: int, chunks: int = 1):
+    """``measure(schedule ops)`` (a number or a tuple of numbers) for ``m`` micro-batches. Beyond
+    ``3 pp`` the schedules are periodic (each further group of ``pp`` micro-batches adds the same
+    amount everywhere: 1F1B's steady state, GPipe's longer fill), so the simulator runs at
+    ``2 pp`` and ``3 pp`` and the line through them is extended (tests compare it with a direct
+    run): a 16-stage, 512-micro-batch pipeline costs as much as a 48-micro-batch one."""
+    def at(k: int):
+        ops = make_schedule(name, pp, k, chunks if name == "interleaved" else None)
+        return measure(ops)
+    if m <= 3 * pp:
+        return at(m)
+    lo, hi = at(2 * pp), at(3 * pp)
+    scale = (m - 2 * pp) / pp
+    if isinstance(lo, tuple):
+        return tuple(a + (b - a) * scale for a, b in zip(lo, hi))
+    return lo + (hi - lo) * scale
+
+
+def _peaks(ops) -> tuple[float, ...]:
+    return tuple(simulate(ops).peak_memory)
+
+
+@lru_cache(maxsize=512)
+def inflight(name: str, pp: int, microbatches: int, chunks: int = 1) -> tuple[float, ...]:
+    """Per pipeline rank: whole-stage micro-batches of activations held at the peak, from the
+    course's simulator (``Timeline.peak_memory``)."""
+    return extrapolated(_peaks, name, pp, microbatches, chunks)
+
+
+def _activation_args(model: ModelSpec, layout: Layout, recompute: str) -> tuple:
+    return ((model.seq_len // layout.cp, layout.microbatch, model.hidden, model.heads, layout.tp,
+             layout.sequence_parallel, recompute),
+            dict(kv_heads=model.kv_heads, ffn_hidden=model.ffn_hidden, gated_mlp=model.gated_mlp,
+                 dropout=model.dropout, top_k=model.top_k, dtype_bytes=layout.dtype_bytes))
+
+
+def memory_per_rank(model: ModelSpec, layout: Layout,
+                    memory_model: MemoryModel | None = None) -> list[StageMemory]:
+    """One ``StageMemory`` per pipeline stage (see the module docstring for every term)."""
+    mm = memory_model or MemoryModel()
+    args, kw = _activation_args(model, layout, layout.recompute)
+    per_layer = sum(mm.activation_terms(*args, **kw).values())
+    full_args, _ = _activation_args(model, layout, "none")
+    working = (sum(mm.activation_terms(*full_args, **kw).values())
+               if layout.recompute == "full" else 0.0)
+    held = inflight(layout.schedule, layout.pp, layout.grad_accum, layout.chunks)
+    layers = rank_layers(model, layout)
+    d = layout.dtype_bytes
+    k = OPTIMIZER_BYTES[layout.dtype]
+    n_dense = layout.dp * layout.cp                        # who shares a dense parameter's shard
+    n_expert = n_dense // layout.ep
+    s, b, rep = model.seq_len // layout.cp, layout.microbatch, (
+        layout.tp if layout.sequence_parallel else 1)
+    out = []
+    for r in range(layout.pp):
+        params = stage_params(model, layout, r, mm)
+        terms = {t: 0.0 for t in ("parameters", "gradients", "optimizer states")}
+        for kind, n in (("dense", n_dense), ("experts", n_expert)):
+            if params[kind]:
+                for t, v in mm.model_states(params[kind], n, layout.zero_stage, k, d, d,
+                                            pad=True).items():
+                    terms[t] += v
+        per = mm.layer_params(model, layout.tp, layout.ep)
+        terms["ZeRO-3 gathered layers"] = (2 * d * (per["dense"] + per["experts"])
+                                           if layout.zero_stage == 3 else 0.0)
+        terms["activations"] = held[r] * layers[r] * per_layer
+        terms["recompute working set"] = working
+        ends = 0.0
+        if r == 0 and model.dropout:
+            ends += s * b * model.hidden / rep               # embedding dropout mask
+        if r == layout.pp - 1:                               # final norm + output layer inputs,
+            ends += 2 * d * s * b * model.hidden / rep + 4 * s * b * _vocab_rows(model, layout.tp)
+        terms["embedding and output activations"] = held[r] * ends
+        out.append(StageMemory(r, layers[r], params, held[r], terms))
+    return out

@@ -1,0 +1,165 @@
+"""Memory per rank, term by term: model states (the ZeRO paper's accounting) and activations
+(Korthikanti et al. 2022's), for any layout. Arithmetic only.
+
+**Model states** (Rajbhandari et al. 2020, "ZeRO", sec. 3.1 and Figure 1): mixed-precision Adam
+keeps 2Ψ bytes of 16-bit parameters, 2Ψ of 16-bit gradients and KΨ of optimizer state (K = 12:
+fp32 master weights, momentum and variance). Over N data-parallel ranks::
+
+    stage 0 (DDP)   2Ψ + 2Ψ + KΨ          stage 2 (P_os+g)    2Ψ + (2 + K)Ψ/N
+    stage 1 (P_os)  2Ψ + 2Ψ + KΨ/N        stage 3 (P_os+g+p)  (2 + 2 + K)Ψ/N
+
+The paper's example: Ψ = 7.5e9, N = 64 -> 120 GB, 31.4, 16.6, 1.88 GB (decimal GB, 1e9 bytes:
+16 x 7.5e9 = 120e9 exactly). Implementations pad the flat buffer to a multiple of N so every
+rank's shard is equal (``pad=True``: ceil(Ψ/N) per rank; the course's ZeRO-1 does it too).
+
+**Activations** (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models", sec. 4, Table 2), per layer and micro-batch, 16-bit activations, 1-byte dropout masks,
+s sequence, b micro-batch, h hidden, a heads, t tensor-parallel ranks::
+
+    no parallelism                  sbh (34 + 5as/h)
+    tensor parallel                 sbh (10 + 24/t + 5as/(ht))
+    tensor + sequence parallel      sbh/t (34 + 5as/h)
+    tensor parallel + selective     sbh (10 + 24/t)
+    tensor + sequence + selective   sbh (34/t)
+    full recompute                  2sbh  (the layer's input only; /t under sequence parallelism)
+
+34 = attention 11 (QKV input 2, Q and K 4, V 2, projection input 2, dropout mask 1) + MLP 19 (fc1
+input 2, GeLU input 8, fc2 input 8, dropout mask 1) + two LayerNorm inputs 4; 5as^2b = softmax
+output 2, its dropout mask 1, dropout output 2. The terms below are those, written for any MLP
+width f, SwiGLU (gate, up and fc2 input: 3 x 2sbf), grouped-query K/V, no dropout, and experts
+(every token's MLP runs top_k times). With the defaults (f = 4h, MHA, dropout) they are the table.
+"""
+from __future__ import annotations
+
+import math
+
+from mtb_helpers.plan.specs import NORMS, RECOMPUTE, positive_int
+
+__all__ = ["MemoryModel", "model_state_bytes", "activation_bytes_per_layer", "ATTENTION_TERMS",
+           "MLP_TERMS", "STATE_TERMS"]
+
+ATTENTION_TERMS = ("ln1 input", "qkv input", "q and k", "v", "attention scores",
+                   "projection input", "attention dropout mask")
+MLP_TERMS = ("ln2 input", "fc1 input", "mlp hidden", "mlp dropout mask")
+STATE_TERMS = ("parameters", "gradients", "optimizer states")
+
+
+def _count(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+class MemoryModel:
+    """The formulas, as methods so that a deliberate mistake (``plan/bugs.py``) can override one.
+    ``memory.py``'s functions and the planner use ``MemoryModel()``."""
+
+    def layer_params(self, model, tp: int = 1, ep: int = 1) -> dict[str, float]:
+        """Parameters of one layer of ``model`` (a ``ModelSpec``) on one rank: ``{"dense",
+        "experts"}`` (the experts' share this rank holds; the router counts as dense). Split by
+        ``tp``: Q/K/V and the projection, the MLP, their column-split biases; whole on every
+        tensor rank (Megatron-LM, and the capstone's ``layers.py``): the norms and the biases
+        added after a row-parallel layer."""
+        h, f, kv, d = model.hidden, model.ffn_hidden, model.kv_heads, model.head_dim
+        qkv_out = (model.heads + 2 * kv) * d
+        attn = (h * qkv_out + model.heads * d * h) / tp
+        if model.bias:
+            attn += qkv_out / tp + h                # QKV bias split, projection bias whole
+        norms = 2 * NORMS[model.norm] * h
+        mlp = (3 if model.gated_mlp else 2) * h * f / tp
+        if model.bias:
+            mlp += (2 if model.gated_mlp else 1) * f / tp + h
+        if model.experts == 1:
+            return {"dense": attn + norms + mlp, "experts": 0.0}
+        return {"dense": attn + norms + h * model.experts, "experts": mlp * model.experts / ep}
+
+    def model_states(self, num_params: float, dp: int, zero_stage: int,
+                     optimizer_bytes_per_param: float = 12, param_bytes: float = 2,
+                     grad_bytes: float = 2, pad: bool = False) -> dict[str, float]:
+        """Bytes per rank ``{parameters, gradients, optimizer states}`` of ``num_params`` parameters
+        over ``dp`` ranks at ZeRO ``zero_stage``; ``pad``: shards are ``ceil(Ψ/N)`` (and the
+        unsharded flat buffers ``N ceil(Ψ/N)``), as implementations lay them out."""
+        psi = _count("num_params", num_params)
+        n = positive_int("dp", dp)
+        if zero_stage not in (0, 1, 2, 3) or isinstance(zero_stage, bool):
+            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+        for name, v in (("optimizer_bytes_per_param", optimizer_bytes_per_param),
+                        ("param_bytes", param_bytes), ("grad_bytes", grad_bytes)):
+            _count(name, v)
+        shard = math.ceil(psi / n) if pad and zero_stage else psi / n
+        full = shard * n if pad and zero_stage else psi
+        return {"parameters": param_bytes * (shard if zero_stage >= 3 else full),
+                "gradients": grad_bytes * (shard if zero_stage >= 2 else full),
+                "optimizer states": optimizer_bytes_per_param * (shard if zero_stage >= 1 else psi)}
+
+    def activation_terms(self, seq: int, batch: int, hidden: int, heads: int, tp: int = 1,
+                         sequence_parallel: bool = False, recompute: str = "none", *,
+                         kv_heads: int | None = None, ffn_hidden: int | None = None,
+                         gated_mlp: bool = False, dropout: bool = True, top_k: int = 1,
+                         dtype_bytes: int = 2) -> dict[str, float]:
+        """Bytes one layer keeps for backward per micro-batch on one tensor-parallel rank, by term
+        (``ATTENTION_TERMS + MLP_TERMS``, or ``{"layer input"}`` under full recompute)."""
+        s, b, h, a, t = (positive_int(n, v) for n, v in (("seq", seq), ("batch", batch),
+                                                          ("hidden", hidden), ("heads", heads),
+                                                          ("tp", tp)))
+        kv = a if kv_heads is None else positive_int("kv_heads", kv_heads)
+        f = 4 * h if ffn_hidden is None else positive_int("ffn_hidden", ffn_hidden)
+        positive_int("top_k", top_k)
+        positive_int("dtype_bytes", dtype_bytes)
+        if recompute not in RECOMPUTE:
+            raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+        if h % a:
+            raise ValueError(f"hidden={h} is not divisible by heads={a}")
+        if a % t or kv % t:
+            raise ValueError(f"heads={a} (kv_heads={kv}) is not divisible by tp={t}")
+        if sequence_parallel and s % t:
+            raise ValueError(f"seq={s} is not divisible by tp={t}: sequence parallelism splits it")
+        sbh, d = s * b * h, dtype_bytes
+        rep = t if sequence_parallel else 1      # what the sequence-split terms divide by
+        if recompute == "full":
+            return {"layer input": d * sbh / rep}
+        mask = 1 if dropout else 0
+        scores = (2 * d + 1 if dropout else d) * a * s * s * b
+        return {
+            "ln1 input": d * sbh / rep,
+            "qkv input": d * sbh / rep,
+            "q and k": d * sbh * (1 + kv / a) / t,
+            "v": d * sbh * kv / a / t,
+            "attention scores": 0.0 if recompute == "selective" else scores / t,
+            "projection input": d * sbh / t,
+            "attention dropout mask": mask * sbh / rep,
+            "ln2 input": d * sbh / rep,
+            "fc1 input": top_k * d * sbh / rep,
+            "mlp hidden": top_k * (3 if gated_mlp else 2) * d * s * b * f / t,
+            "mlp dropout mask": mask * sbh / rep,
+        }
+
+
+def model_state_bytes(num_params: float, dp: int, zero_stage: int,
+                      optimizer_bytes_per_param: float = 12) -> float:
+    """Parameters + gradients + optimizer state per rank in mixed-precision training, bytes: the
+    ZeRO paper's ``(2 + 2 + K)Ψ`` split over ``dp`` ranks by stage (see the module docstring).
+
+    >>> model_state_bytes(7.5e9, dp=64, zero_stage=3)    # the paper's 1.88 GB
+    1875000000.0
+    """
+    return sum(MemoryModel().model_states(num_params, dp, zero_stage,
+                                          optimizer_bytes_per_param).values())
+
+
+def activation_bytes_per_layer(seq: int, batch: int, hidden: int, heads: int, tp: int = 1,
+                               sequence_parallel: bool = False, recompute: str = "none",
+                               **details) -> float:
+    """Korthikanti et al.'s activation bytes of one transformer layer per micro-batch on one
+    tensor-parallel rank (16-bit activations): ``sbh(34 + 5as/h)`` without parallelism, and the
+    table's other rows for ``tp``, ``sequence_parallel`` and ``recompute`` ("selective" drops the
+    attention scores, "full" keeps the layer input only). ``details``: ``kv_heads``,
+    ``ffn_hidden``, ``gated_mlp``, ``dropout``, ``top_k``, ``dtype_bytes`` (see
+    ``MemoryModel.activation_terms``) for models the paper's defaults do not describe.
+
+    >>> activation_bytes_per_layer(2048, 1, 12288, 96)   # GPT-3: sbh (34 + 80)
+    2868903936.0
+    """
+    return sum(MemoryModel().activation_terms(seq, batch, hidden, heads, tp, sequence_parallel,
+                                              recompute, **details).values())

@@ -1,0 +1,161 @@
+"""``plan``: every layout of a model on a cluster, which fit in memory, ranked by predicted step
+time, each with its breakdown, and a reason for every one refused.
+
+    result = plan(model("llama3-8b"), cluster("h100", gpus=64), global_batch=1024, seq_len=8192)
+    result.ranked[0].layout, result.ranked[0].time.step, result.ranked[0].peak_bytes
+    result.rejected[:3]      # [(layout, ["tp=16 exceeds 8 GPUs per node", ...]), ...]
+
+Tried: every tp x pp x cp x dp whose product is the GPU count (tp over every divisor, so that a
+tensor group wider than a node is refused with its reason), ep over the divisors of dp that
+divide the experts, each micro-batch size in ``microbatches`` that divides the replica's batch,
+each ZeRO stage, recompute mode and schedule asked for. A layout is refused when a size does not
+divide (``layout_problems``) or when its busiest rank needs more than ``cluster.memory_bytes`` -
+``reserve`` ("needs 93 GiB > 80 GiB").
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from itertools import product
+
+from mtb_helpers.plan.budget import StageMemory, memory_per_rank
+from mtb_helpers.plan.presets import GIB
+from mtb_helpers.plan.specs import (ClusterSpec, Layout, ModelSpec, layout_problems, positive_int,
+                                    positive_number)
+from mtb_helpers.plan.steptime import StepTime, step_time
+
+__all__ = ["Candidate", "PlanResult", "plan", "divisors"]
+
+
+@dataclass
+class Candidate:
+    """A layout that fits: its memory per pipeline stage and its predicted step time."""
+    layout: Layout
+    memory: list[StageMemory]
+    time: StepTime
+
+    @property
+    def peak_bytes(self) -> float:
+        return max(s.total for s in self.memory)
+
+    def to_dict(self) -> dict:
+        worst = max(self.memory, key=lambda s: s.total)
+        return {"layout": self.layout.__dict__ | {}, "short": self.layout.short(),
+                "step_seconds": self.time.step, "tokens_per_second": self.time.tokens_per_second,
+                "mfu": self.time.mfu, "bubble_fraction": self.time.bubble_fraction,
+                "time_terms": self.time.terms, "hidden_by_overlap": self.time.hidden,
+                "peak_bytes": self.peak_bytes, "peak_stage": worst.stage,
+                "memory_terms": worst.terms,
+                "per_stage_bytes": [s.total for s in self.memory]}
+
+
+@dataclass
+class PlanResult:
+    model: ModelSpec
+    cluster: ClusterSpec
+    global_batch: int
+    ranked: list[Candidate] = field(default_factory=list)
+    rejected: list[tuple[Layout, list[str]]] = field(default_factory=list)
+
+    def reasons(self) -> dict[str, int]:
+        """How many layouts each kind of reason refused (its words, numbers as N)."""
+        out: dict[str, int] = {}
+        for _, why in self.rejected:
+            for w in why:
+                out[_kind(w)] = out.get(_kind(w), 0) + 1
+        return out
+
+    def table(self, top: int = 10) -> str:
+        """The ``top`` fastest layouts, one line each, then how many were refused and why."""
+        lines = [f"{self.model.name or 'model'} on {self.cluster.name or 'cluster'}, global batch "
+                 f"{self.global_batch} x {self.model.seq_len} tokens: {len(self.ranked)} layouts "
+                 f"fit, {len(self.rejected)} refused", "",
+                 f"{'#':>3}  {'layout':<58} {'step s':>8} {'tok/s':>10} {'MFU':>5} "
+                 f"{'GiB':>6}"]
+        if not self.ranked:
+            lines.append("  no layout fits: more GPUs, a smaller batch or more memory per GPU")
+        for i, c in enumerate(self.ranked[:top]):
+            lines.append(f"{i + 1:>3}  {c.layout.short():<58} {c.time.step:>8.3f} "
+                         f"{c.time.tokens_per_second:>10.4g} {c.time.mfu:>5.1%} "
+                         f"{c.peak_bytes / GIB:>6.1f}")
+        if self.rejected:
+            lines += ["", "refused, e.g.:"]
+            seen = set()
+            for layout, why in self.rejected:
+                key = _kind(why[0])
+                if key not in seen:
+                    seen.add(key)
+                    lines.append(f"  {layout.short()}: {why[0]}")
+        return "\n".join(lines)
+
+    def to_dict(self, top: int | None = None) -> dict:
+        return {"model": self.model.__dict__ | {}, "cluster": self.cluster.name,
+                "gpus": self.cluster.gpus, "memory_bytes": self.cluster.memory_bytes,
+                "global_batch": self.global_batch, "fit": len(self.ranked),
+                "refused": len(self.rejected),
+                "ranked": [c.to_dict() for c in self.ranked[:top]],
+                "refusals": [{"layout": l.short(), "reasons": why}
+                             for l, why in self.rejected[:top]]}
+
+
+def _kind(reason: str) -> str:
+    return re.sub(r"[0-9.]+", "N", reason.split(" (")[0])
+
+
+def divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def plan(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: int | None = None, *,
+         mfu: float = 0.5, microbatches: tuple[int, ...] = (1, 2, 4),
+         zero_stages: tuple[int, ...] = (0, 1, 2, 3),
+         recomputes: tuple[str, ...] = ("none", "selective", "full"),
+         schedules: tuple[str, ...] = ("1f1b",), cp_sizes: tuple[int, ...] | None = None,
+         reserve: float = 0.0, overlap: bool = True, dtype: str = "bf16") -> PlanResult:
+    """Every layout of ``model`` (trained on ``seq_len``, its own by default) on ``cluster`` for
+    ``global_batch`` sequences per step: the ones that fit ranked by predicted step time, the
+    others with their reasons. ``cp_sizes``: context-parallel sizes to try (every divisor when
+    None). ``reserve``: bytes per GPU left for the CUDA context, NCCL and fragmentation."""
+    positive_int("global_batch", global_batch)
+    positive_number("mfu", mfu)
+    if reserve < 0 or reserve != reserve:
+        raise ValueError(f"reserve must be >= 0 bytes, got {reserve!r}")
+    if seq_len is not None:
+        model = model.with_(seq_len=positive_int("seq_len", seq_len))
+    budget = cluster.memory_bytes - reserve
+    result = PlanResult(model, cluster, global_batch)
+    n = cluster.gpus
+    for tp, pp, cp in product(divisors(n), divisors(n), cp_sizes or divisors(n)):
+        if n % (tp * pp * cp):
+            continue
+        dp = n // (tp * pp * cp)
+        eps = [e for e in divisors(dp) if model.experts % e == 0] if model.experts > 1 else [1]
+        for ep, mb, zero, rc, sched in product(eps, microbatches, zero_stages, recomputes,
+                                               schedules):
+            m, rest = divmod(global_batch, dp * mb)
+            if rest or m == 0:
+                if mb == microbatches[0] and zero == zero_stages[0] and rc == recomputes[0]:
+                    result.rejected.append((Layout(tp, pp, dp, cp, ep, mb), [
+                        f"global batch {global_batch} is not divisible by dp*microbatch = "
+                        f"{dp}*{mb}"]))
+                continue
+            layout = Layout(tp, pp, dp, cp, ep, mb, m, sched, zero, rc,
+                            dtype, chunks=2 if sched == "interleaved" else 1)
+            problems = layout_problems(model, cluster, layout, global_batch)
+            if problems:
+                result.rejected.append((layout, problems))
+                continue
+            memory = memory_per_rank(model, layout)
+            peak = max(s.total for s in memory)
+            if peak > budget:
+                worst = max(memory, key=lambda s: s.total)
+                result.rejected.append((layout, [
+                    f"needs {math.ceil(peak / GIB * 10) / 10:.1f} GiB > {budget / GIB:.4g} GiB (stage {worst.stage}: "
+                    + ", ".join(f"{k} {v / GIB:.1f}" for k, v in worst.terms.items() if v)
+                    + ")"]))
+                continue
+            result.ranked.append(Candidate(layout, memory, step_time(model, cluster, layout,
+                                                                     mfu, overlap)))
+    result.ranked.sort(key=lambda c: (c.time.step, c.peak_bytes))
+    return result

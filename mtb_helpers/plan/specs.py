@@ -1,0 +1,259 @@
+"""What the planner reasons about: a model (``ModelSpec``), a cluster (``ClusterSpec``) and a way
+to lay the model out on it (``Layout``). Plain numbers only: nothing here allocates a tensor, so a
+405B-parameter model costs the same microseconds as the capstone's tiny GPT.
+
+Every size is checked when the object is made (a positive integer, a finite positive number, a
+known name), and ``layout_problems`` lists, in words, every reason a layout cannot run a model on
+a cluster; ``check_layout`` raises a ValueError with them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+__all__ = ["ModelSpec", "ClusterSpec", "Layout", "DTYPE_BYTES", "RECOMPUTE", "SCHEDULES",
+           "layout_problems", "check_layout", "stage_layers", "positive_int", "positive_number"]
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
+NORMS = {"layernorm": 2, "rmsnorm": 1}   # parameters per feature: LayerNorm has a weight and a bias
+
+
+def positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def positive_number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer: ``layers`` blocks of width ``hidden`` with ``heads`` query heads
+    of ``hidden / heads`` features, ``kv_heads`` key/value heads (grouped-query attention when
+    fewer), an MLP of width ``ffn_hidden`` (SwiGLU's three matrices when ``gated_mlp``), a
+    vocabulary of ``vocab``, trained on sequences of ``seq_len``. ``experts`` > 1 makes every MLP
+    a mixture of experts of which each token uses ``top_k``."""
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn_hidden: int
+    vocab: int
+    seq_len: int
+    experts: int = 1
+    top_k: int = 1
+    gated_mlp: bool = False
+    bias: bool = False            # biases on every linear layer except the output layer
+    norm: str = "rmsnorm"
+    tied_embeddings: bool = False
+    learned_positions: bool = False
+    dropout: bool = False         # dropout masks are activations too (1 byte per element)
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        for f in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
+                  "experts", "top_k"):
+            positive_int(f, getattr(self, f))
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden={self.hidden} is not divisible by heads={self.heads}: "
+                             "each head has hidden/heads features")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads={self.heads} is not divisible by kv_heads={self.kv_heads}: "
+                             "grouped-query attention shares each K/V head among heads/kv_heads")
+        if self.top_k > self.experts:
+            raise ValueError(f"top_k={self.top_k} exceeds experts={self.experts}")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {tuple(NORMS)}, got {self.norm!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def with_(self, **changes) -> "ModelSpec":
+        """A copy with some sizes changed (checked again)."""
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """``nodes`` nodes of ``gpus_per_node`` GPUs, each with ``memory_bytes`` of memory and
+    ``peak_flops`` dense 16-bit FLOP/s. ``intra_node`` and ``inter_node`` are
+    ``mtb_helpers.cost.Link``s (α seconds per message, β bytes per second per GPU and direction):
+    a group whose ranks sit in one node talks over the first, any other over the second."""
+    gpus_per_node: int
+    nodes: int
+    memory_bytes: float
+    peak_flops: float
+    intra_node: Any
+    inter_node: Any
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        positive_int("gpus_per_node", self.gpus_per_node)
+        positive_int("nodes", self.nodes)
+        positive_number("memory_bytes", self.memory_bytes)
+        positive_number("peak_flops", self.peak_flops)
+        for f in ("intra_node", "inter_node"):
+            link = getattr(self, f)
+            if not (hasattr(link, "alpha") and hasattr(link, "bandwidth")):
+                raise ValueError(f"{f} must be a Link(alpha, bandwidth), got {link!r}")
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    def with_(self, **changes) -> "ClusterSpec":
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the model is split: ``tp`` (tensor), ``pp`` (pipeline), ``dp`` (data), ``cp``
+    (context) and ``ep`` (expert; carved out of the data-parallel ranks, Megatron-LM's rule) ranks.
+    Each data-parallel replica runs ``grad_accum`` micro-batches of ``microbatch`` sequences per
+    step, so the global batch is ``dp * microbatch * grad_accum``. ``schedule`` is a pipeline
+    schedule of ``mtb_helpers.pp`` (``chunks`` model chunks per rank when interleaved),
+    ``zero_stage`` 0 (DDP) to 3 shards model states over the ``dp * cp`` ranks, ``recompute``
+    none / selective / full, ``dtype`` of parameters and activations, ``sequence_parallel``
+    (Korthikanti et al. 2022) defaults to on whenever ``tp > 1``."""
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    microbatch: int = 1
+    grad_accum: int = 1
+    schedule: str = "1f1b"
+    zero_stage: int = 1
+    recompute: str = "none"
+    dtype: str = "bf16"
+    sequence_parallel: bool | None = None
+    chunks: int = 1
+
+    def __post_init__(self) -> None:
+        for f in ("tp", "pp", "dp", "cp", "ep", "microbatch", "grad_accum", "chunks"):
+            positive_int(f, getattr(self, f))
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if (self.schedule == "interleaved") != (self.chunks > 1):
+            raise ValueError(f"chunks={self.chunks} with schedule={self.schedule!r}: the "
+                             "interleaved schedule needs chunks >= 2, every other exactly 1")
+        if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
+            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"recompute must be one of {RECOMPUTE}, got {self.recompute!r}")
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"dtype must be one of {tuple(DTYPE_BYTES)}, got {self.dtype!r}")
+        if self.sequence_parallel is None:
+            object.__setattr__(self, "sequence_parallel", self.tp > 1)
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def global_batch(self) -> int:
+        return self.dp * self.microbatch * self.grad_accum
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    def short(self) -> str:
+        """``tp=8 pp=16 dp=64 mb=1 ...``: the dimensions, and the rest only where not default."""
+        text = f"tp={self.tp} pp={self.pp} dp={self.dp}"
+        for f in fields(self)[3:]:
+            v = getattr(self, f.name)
+            if f.name == "sequence_parallel" or v == f.default:
+                continue
+            text += f" {dict(microbatch='mb', grad_accum='m', zero_stage='zero').get(f.name, f.name)}={v}"
+        return text
+
+    def with_(self, **changes) -> "Layout":
+        return replace(self, **changes)
+
+
+def stage_layers(layers: int, stages: int) -> list[int] | None:
+    """Blocks on each of ``stages`` (virtual) pipeline stages, or None if they do not split.
+    Equal when ``stages`` divides ``layers``; otherwise Llama 3's balancing (Dubey et al. 2024,
+    sec. 3.3.2: 126 layers on 16 stages, "one Transformer layer less on the first and the last
+    stage", which also hold the embedding and the output layer): ``ceil(L/stages)`` everywhere,
+    the first and the last stage one fewer, allowed when that makes up the whole remainder."""
+    per = -(-layers // stages)
+    short = per * stages - layers
+    if short == 0:
+        return [per] * stages
+    if short > 2 or stages < short or per < 2:
+        return None
+    out = [per] * stages
+    for i in range(short):
+        out[0 if i == 0 else -1] -= 1
+    return out
+
+
+def layout_problems(model: ModelSpec, cluster: ClusterSpec, layout: Layout,
+                    global_batch: int | None = None) -> list[str]:
+    """Every reason ``layout`` cannot train ``model`` on ``cluster`` (empty when it can), each a
+    sentence naming the sizes, in the order a reader would check them."""
+    L, t, p, d, c, e = layout, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep
+    out = []
+    if L.world_size != cluster.gpus:
+        out.append(f"tp*pp*dp*cp = {t}*{p}*{d}*{c} = {L.world_size} ranks, but the cluster has "
+                   f"{cluster.gpus} GPUs")
+    if t > cluster.gpus_per_node:
+        out.append(f"tp={t} exceeds {cluster.gpus_per_node} GPUs per node (tensor parallelism "
+                   "talks inside every layer: it stays on the node's fast links)")
+    elif cluster.gpus_per_node % t:
+        out.append(f"tp={t} does not divide {cluster.gpus_per_node} GPUs per node: a tensor "
+                   "group would straddle two nodes")
+    for what, size in (("heads", model.heads), ("kv_heads", model.kv_heads),
+                       ("ffn_hidden", model.ffn_hidden)):
+        if size % t:
+            out.append(f"{what}={size} is not divisible by tp={t}: each tensor-parallel rank "
+                       f"holds {what}/tp of them")
+    if stage_layers(model.layers, p * L.chunks) is None:
+        out.append(f"layers={model.layers} do not split over pp*chunks = {p}*{L.chunks} stages "
+                   "(equal stages, or the first and last one layer lighter)")
+    if model.seq_len % c:
+        out.append(f"seq_len={model.seq_len} is not divisible by cp={c}: each context-parallel "
+                   "rank holds seq_len/cp positions")
+    elif L.sequence_parallel and (model.seq_len // c) % t:
+        out.append(f"seq_len/cp = {model.seq_len // c} is not divisible by tp={t}: sequence "
+                   "parallelism splits each context chunk over the tensor group")
+    if L.sequence_parallel and t == 1:
+        out.append("sequence_parallel needs tp > 1 (it splits the sequence over the tensor group)")
+    if e > 1 and model.experts == 1:
+        out.append(f"ep={e} needs a mixture-of-experts model (experts=1)")
+    elif model.experts % e:
+        out.append(f"experts={model.experts} is not divisible by ep={e}: each expert-parallel "
+                   "rank holds experts/ep of them")
+    if d % e:
+        out.append(f"ep={e} does not divide dp={d}: expert-parallel groups are carved out of the "
+                   "data-parallel ranks (Megatron-LM)")
+    if global_batch is not None and L.global_batch != global_batch:
+        out.append(f"dp*microbatch*grad_accum = {d}*{L.microbatch}*{L.grad_accum} = "
+                   f"{L.global_batch} sequences, not the global batch {global_batch}")
+    if L.schedule == "interleaved" and L.grad_accum % p:
+        out.append(f"interleaved needs the micro-batches per step ({L.grad_accum}) divisible by "
+                   f"pp={p} (Megatron-LM)")
+    if p > 1 and L.zero_stage >= 2:
+        out.append(f"zero_stage={L.zero_stage} with pp={p}: ZeRO-2/3 shard the gradients that "
+                   "pipeline micro-batches accumulate (DeepSpeed's pipeline engine refuses it)")
+    return out
+
+
+def check_layout(model: ModelSpec, cluster: ClusterSpec, layout: Layout,
+                 global_batch: int | None = None) -> None:
+    """Raise ValueError naming every constraint ``layout`` breaks (see ``layout_problems``)."""
+    problems = layout_problems(model, cluster, layout, global_batch)
+    if problems:
+        raise ValueError(f"layout {layout.short()} cannot run {model.name or 'the model'} on "
+                         f"{cluster.name or 'the cluster'}: " + "; ".join(problems))

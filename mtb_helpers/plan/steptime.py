@@ -1,0 +1,162 @@
+"""Step time of a layout, predicted: compute from FLOPs at an MFU you choose, each dimension's
+communication from the α-β model (``mtb_helpers.cost.predict``) on the link its group spans, the
+pipeline's bubble from the course's simulator, and what overlap hides.
+
+FLOPs (Narayanan et al. 2021, sec. 5.1; PaLM's appendix B counts the same): a token costs
+``2N`` forward and ``4N`` backward on the ``N`` weights of the matmuls it passes (each layer's
+attention and MLP, its ``top_k`` experts, and the output layer; the input embedding is a lookup),
+plus attention's ``4·s·h`` per layer forward (QK^T and the weighted sum over ``s`` keys; causal
+masking is not subtracted, as in both papers) and twice that backward. Full recompute adds one
+forward of every layer, selective one forward of attention's score part. Model FLOPs (for MFU)
+leave recompute out: ``6N + 12·L·h·s`` per token.
+
+Communication per micro-batch (ring algorithms; ``d`` bytes per element, ``s' = s/cp``):
+
+    tp  per layer, forward 2 all-reduces of [s', b, h] (attention and MLP; with sequence
+        parallelism an all-gather + reduce-scatter each, the same ring bytes), backward 2 more,
+        +2 under full recompute. On the critical path (nothing to hide them behind).
+    cp  per layer (cp - 1) ring hops of this rank's K and V [s', b, kv·d_head/tp], forward once,
+        backward twice (K, V and their grads): hidden behind attention's own compute.
+    ep  per MoE layer, forward 2 all-to-alls (dispatch, combine) of [s'·b·top_k, h], backward 2.
+    pp  one send/recv of [s'/(tp if SP), b, h] per micro-batch and stage boundary, each way: the
+        simulator's ``latency``.
+    dp  once per step over the dp x cp ranks holding the same shard: ZeRO-0 all-reduce of the
+        gradients; ZeRO-1/2 reduce-scatter of the gradients + all-gather of the parameters (the
+        same ring bytes); ZeRO-3 per micro-batch two all-gathers of the parameters and one
+        reduce-scatter of the gradients. With ``overlap`` the gradient reduction hides behind the
+        last micro-batch's backward, the parameter gather behind the first forward (Megatron-LM's
+        overlap_grad_reduce / overlap_param_gather), ZeRO-3's behind each micro-batch's compute.
+
+A group whose ranks all sit in one node (ranks are numbered tp fastest, then cp, dp, pp, as in
+the capstone) uses ``cluster.intra_node``, any other ``cluster.inter_node``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from mtb_helpers.cost import predict
+from mtb_helpers.plan.budget import extrapolated, layer_params, rank_layers, stage_params
+from mtb_helpers.plan.specs import ClusterSpec, Layout, ModelSpec, positive_number
+from mtb_helpers.pp.simulator import simulate
+
+__all__ = ["StepTime", "step_time", "model_flops_per_token", "matmul_params", "group_link"]
+
+
+@dataclass
+class StepTime:
+    """Seconds of one training step on the busiest rank, and where they go."""
+    step: float
+    terms: dict[str, float] = field(default_factory=dict)     # exposed seconds by cause
+    hidden: dict[str, float] = field(default_factory=dict)    # seconds overlap hid
+    tokens_per_second: float = 0.0
+    mfu: float = 0.0
+    bubble_fraction: float = 0.0
+
+
+def matmul_params(model: ModelSpec, active: bool = True) -> float:
+    """Weights a token multiplies by in one layer (its ``top_k`` experts when ``active``)."""
+    h, f, d = model.hidden, model.ffn_hidden, model.head_dim
+    attn = h * (model.heads + 2 * model.kv_heads) * d + model.heads * d * h
+    mlp = (3 if model.gated_mlp else 2) * h * f
+    return attn + mlp * (model.top_k if active else model.experts)
+
+
+def model_flops_per_token(model: ModelSpec, seq_len: int | None = None) -> float:
+    """``6N + 12·L·h·s``: training FLOPs of one token without recompute (N: matmul weights a
+    token uses, output layer included)."""
+    s = seq_len or model.seq_len
+    n = model.layers * matmul_params(model) + model.vocab * model.hidden
+    return 6 * n + 12 * model.layers * model.hidden * s
+
+
+def group_link(cluster: ClusterSpec, span: int):
+    """The link of a group whose ranks lie within ``span`` consecutive ranks."""
+    return cluster.intra_node if span <= cluster.gpus_per_node else cluster.inter_node
+
+
+def _time(collective: str, nbytes: float, ranks: int, link) -> float:
+    return 0.0 if ranks == 1 or nbytes == 0 else predict(collective, nbytes, ranks, link)
+
+
+@lru_cache(maxsize=4096)
+def _pipeline(name: str, pp: int, m: int, chunks: int, ratio: float, lat: float):
+    """(makespan, bubble fraction) for forward 1, backward ``ratio``, latency ``lat`` (cached:
+    plan() asks the same shapes many times; times are rounded by the caller)."""
+    def measure(ops):
+        timeline = simulate(ops, forward=1.0, backward=ratio, latency=lat)
+        return timeline.makespan, sum(timeline.busy)
+    span, busy = extrapolated(measure, name, pp, m, chunks)
+    return span, 1 - busy / (pp * span)
+
+
+def step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout, mfu: float = 0.5,
+              overlap: bool = True) -> StepTime:
+    """Predicted seconds of one step (see the module docstring). ``mfu``: the fraction of
+    ``cluster.peak_flops`` the matmuls reach, your assumption; the returned ``mfu`` is what the
+    whole step achieves once bubble, communication and recompute are paid."""
+    mfu = positive_number("mfu", mfu)
+    if mfu > 1:
+        raise ValueError(f"mfu must be at most 1 (a fraction of peak), got {mfu}")
+    L, t, c, d = layout, layout.tp, layout.cp, layout.dtype_bytes
+    s, b, h = model.seq_len // c, layout.microbatch, model.hidden
+    tokens = s * b                                           # per micro-batch on one rank
+    rate = cluster.peak_flops * mfu
+    attn_f = 4 * model.seq_len * h * tokens / t              # scores + weighted sum, forward
+    layer_f = 2 * tokens * matmul_params(model) / t + attn_f
+    recompute_f = {"none": 0.0, "selective": attn_f, "full": layer_f}[L.recompute]
+    act_bytes = tokens * h * d
+    tp_link = group_link(cluster, t)
+    tp_ar = _time("all-reduce", act_bytes, t, tp_link)
+    tp_fwd, tp_bwd = 2 * tp_ar, (2 + (2 if L.recompute == "full" else 0)) * tp_ar
+    kv_bytes = 2 * tokens * model.kv_heads * model.head_dim / t * d
+    hop = _time("send/recv", kv_bytes, 2, group_link(cluster, t * c)) * (c - 1) if c > 1 else 0.0
+    cp_fwd = max(0.0, hop - attn_f / rate)
+    cp_bwd = max(0.0, 2 * hop - 2 * attn_f / rate)
+    a2a = _time("all-to-all", tokens * model.top_k * h * d, L.ep, group_link(cluster, t * c * L.ep)) \
+        if model.experts > 1 else 0.0
+    logits = 2 * tokens * model.vocab * h / t               # the output layer, last stage
+    per_layer_comm = (tp_fwd + cp_fwd + 2 * a2a, tp_bwd + cp_bwd + 2 * a2a)
+    stages = rank_layers(model, L)
+    # the slowest stage sets the pace of every stage (the simulator takes one time per op)
+    fwd_c = max(n * layer_f + (logits if r == L.pp - 1 else 0) for r, n in enumerate(stages)) / rate
+    bwd_c = max(n * (2 * layer_f + recompute_f) + (2 * logits if r == L.pp - 1 else 0)
+                for r, n in enumerate(stages)) / rate
+    layers = max(stages)
+    f, bwd = fwd_c + layers * per_layer_comm[0], bwd_c + layers * per_layer_comm[1]
+    p2p_bytes = tokens * h * d / (t if L.sequence_parallel else 1)
+    stride = t * c * L.dp                                    # pipeline neighbours are this far apart
+    p2p = _time("send/recv", p2p_bytes, 2, group_link(cluster, stride + 1)) if L.pp > 1 else 0.0
+    m = L.grad_accum
+    span, bubble = _pipeline(L.schedule, L.pp, m, L.chunks, round(bwd / f, 2),
+                             float(f"{p2p / f:.2g}"))
+    makespan = span * f
+    # data parallel: this rank's gradient / parameter bytes over the dp x cp ranks sharing them
+    per = layer_params(model, t, L.ep)
+    dense = max(stage_params(model, L, r)["dense"] for r in range(L.pp))
+    experts = layers * per["experts"]
+    n_dp, dp_link = L.dp * c, group_link(cluster, t * c * L.dp)
+    n_ep = max(1, n_dp // L.ep)
+    grads = "reduce-scatter" if L.zero_stage else "all-reduce"
+    reduce = _time(grads, dense * d, n_dp, dp_link) + _time(grads, experts * d, n_ep, dp_link)
+    gather = (_time("all-gather", dense * d, n_dp, dp_link)
+              + _time("all-gather", experts * d, n_ep, dp_link)) if L.zero_stage else 0.0
+    if L.zero_stage == 3:      # every micro-batch: gather for forward and backward, reduce grads
+        total = m * (2 * gather + reduce)
+        exposed = m * max(0.0, 2 * gather + reduce - (f + bwd)) if overlap else total
+    else:
+        total = reduce + gather
+        exposed = (max(0.0, reduce - bwd) + max(0.0, gather - f)) if overlap else total
+    step = makespan + exposed
+    terms = {"compute": m * (fwd_c + bwd_c),
+             "tensor parallel": m * layers * (tp_fwd + tp_bwd),
+             "context parallel": m * layers * (cp_fwd + cp_bwd),
+             "expert parallel": m * layers * 4 * a2a,
+             "pipeline bubble and p2p": makespan - m * (f + bwd),
+             "data parallel": exposed}
+    hidden = {"data parallel": total - exposed,
+              "context parallel": m * layers * 3 * hop - terms["context parallel"]}
+    global_tokens = L.global_batch * model.seq_len
+    achieved = model_flops_per_token(model) * global_tokens / (step * cluster.peak_flops
+                                                               * L.world_size)
+    return StepTime(step, terms, hidden, global_tokens / step, achieved, bubble)
