@@ -67,7 +67,7 @@ class Timeline:
         self._open[key] = ("comm", name, self.now(), nbytes)
         try:
             work.get_future().then(lambda _f, key=key: self._ends.setdefault(key, self.now()))
-        except RuntimeError:
+        except (RuntimeError, AttributeError):     # no future (gloo's reduce-scatter, a link's handle)
             pass
         return key
 

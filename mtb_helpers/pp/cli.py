@@ -12,7 +12,7 @@ import argparse
 import json
 import math
 
-from mtb_helpers.cli.common import is_primary, print_json
+from mtb_helpers.cli.common import is_primary, print_failure_json, print_json
 from mtb_helpers.pp.schedules import SCHEDULES, closed_form, schedule, simulate
 
 
@@ -175,7 +175,9 @@ def run_pipeline(args: argparse.Namespace) -> int:
                                 args.dtype, args.seed, args.bug, args.recompute, op_time,
                                 timeout=args.timeout)
     except RankTimeoutError as exc:   # a deadlock (e.g. --bug pp-blocking-send): a failed check
-        if is_primary():
+        if is_primary() and args.json:
+            print_failure_json(exc, "the pipeline step hung")
+        elif is_primary():
             print(f"FAILED: the pipeline step hung\n{exc}")
         return 1
     if not is_primary():   # under torchrun only rank 0 reports
