@@ -222,7 +222,8 @@ def _on_rank(pieces, x, target, loss_fn, ops, op_time, recompute, bug, status_di
 def pipeline_step(model: nn.Sequential, x: torch.Tensor, target: torch.Tensor,
                   loss_fn: Callable = torch.nn.functional.mse_loss, schedule: str = "1f1b",
                   stages: int = 4, microbatches: int = 8, chunks: int = 1, op_time=None,
-                  recompute: bool = False, bug=None, timeout: float = 60.0) -> PipelineResult:
+                  recompute: bool = False, bug=None, timeout: float = 60.0,
+                  link=None) -> PipelineResult:
     """One forward and backward of ``model`` on ``x`` [b, ...] run as a pipeline on ``stages``
     gloo ranks; ``loss_fn(out_k, target_k)`` must average over its micro-batch (the last stage
     divides it by ``microbatches``, so the losses add up to the whole batch's mean).
@@ -231,6 +232,7 @@ def pipeline_step(model: nn.Sequential, x: torch.Tensor, target: torch.Tensor,
     classes stand in for RankStage / P2P). Raises ValueError (before any rank starts) when the
     layer count does not divide into stages x chunks, the batch into micro-batches, or a size is
     bad; ``RankTimeoutError`` naming each rank's blocked p2p op and peer if the step hangs.
+    ``link=`` (``mtb_helpers.cost.Link``) makes every message take its modelled time too.
     """
     stages = int(os.environ["WORLD_SIZE"]) if in_launched_job() else stages
     ops, pieces = _validate(model, x, target, schedule, stages, microbatches, chunks)
@@ -242,7 +244,7 @@ def pipeline_step(model: nn.Sequential, x: torch.Tensor, target: torch.Tensor,
     status_dir = None if in_launched_job() else tempfile.mkdtemp(prefix="mtb-pp-")
     try:
         results = run(_on_rank, pieces, x.detach(), target.detach(), loss_fn, ops, op_time,
-                      recompute, bug, status_dir, world_size=stages, timeout=timeout)
+                      recompute, bug, status_dir, world_size=stages, timeout=timeout, link=link)
     except RankTimeoutError as exc:
         raise RankTimeoutError(str(exc) + _blocked_on(status_dir, exc), exc.finished,
                                exc.waiting) from None
