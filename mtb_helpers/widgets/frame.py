@@ -15,23 +15,19 @@ from typing import Callable, Sequence
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
-from IPython.display import Image, display
+from IPython.display import display
 from matplotlib.figure import Figure
 
 from mtb_helpers.plots.live import Png
 
-__all__ = ["as_png", "live_view", "ExplorerView"]
+__all__ = ["live_view", "ExplorerView"]
 
 TEXT_STYLE = "margin: 0; white-space: pre-wrap; font-size: 12px; line-height: 1.35"
 
 
-def as_png(fig: Figure) -> Image:
-    """The figure as a PNG, drawn once and closed: the inline backend's ``bbox_inches="tight"``
-    draws every figure twice (once to measure it). Light compression (zlib level 1)."""
-    return Image(_png_bytes(fig))
-
-
 def _png_bytes(fig: Figure) -> bytes:
+    """An ordinary figure as PNG, drawn once and closed: the inline backend's
+    ``bbox_inches="tight"`` draws every figure twice (once to measure it)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=fig.dpi, facecolor="white",
                 pil_kwargs={"compress_level": 1})
