@@ -79,7 +79,7 @@ TOPICS: tuple[Topic, ...] = (
     Topic("capstone", checks=("check_capstone",), layers=("model", "layers", "grid", "data")),
     Topic("cost", group="cost",
           group_help="time: the α-β model's predictions and this machine's calibration",
-          bugs=(), layers=("model",)),
+          bugs=(), layers=("model", "algorithms")),
     Topic("plan", checks=("check_plan",), layers=("specs", "memory", "budget", "steptime", "search")),
 )
 

@@ -141,6 +141,7 @@ def plot_cost(cost: dict[str, dict[str, list]], shard_label: str = "per rank") -
         ax.set_ylabel("bytes")
         ax.set_title(what, fontsize=11)
         ax.set_xticks(cost[next(iter(cost))]["t"])
+        ax.set_ylim(bottom=0)   # from zero, so a halving looks like a halving
         ax.legend(fontsize=8)
     fig.suptitle(f"Ring vs all-gather attention: communication and memory, {shard_label}",
                  fontsize=12)

@@ -107,6 +107,8 @@ def _axis_names(step) -> tuple[str, str]:
         return f"{name} rows (in features)", f"{name} columns (out features)"
     if name.lstrip("d").startswith("b"):
         return "", f"{name} (out features)"
+    if name in ("m", "S", "T", "L"):   # one number per token of the [s, b] ids, not features
+        return f"{name} rows (positions s)", f"{name} columns (sequences b)"
     return f"{name} rows (tokens)", f"{name} columns (features)"
 
 
@@ -136,9 +138,8 @@ def plot_step(report, step, figsize: tuple[float, float] | None = None) -> Figur
     fig.suptitle(title, fontsize=10, x=0.02, ha="left")
     fig.legend(handles=_legend_handles(t), loc="lower center", ncol=min(t + 3, 8), fontsize=8,
                frameon=False)
-    # Keep the panels below the title: ~0.19 in per 10 pt line, whatever the figure's height.
-    top = 1 - (0.19 * (title.count("\n") + 1) + 0.1) / fig.get_figheight()
-    fig.tight_layout(rect=(0, 0.1, 1, top))
+    top = 1 - (0.19 * (title.count("\n") + 1) + 0.1) / fig.get_figheight()   # inches: 0.19/line
+    fig.tight_layout(rect=(0, 0.42 / fig.get_figheight(), 1, top))   # the legend takes ~0.4 in
     return fig
 
 
