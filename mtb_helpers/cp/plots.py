@@ -16,7 +16,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
 from mtb_helpers.plots.palette import EMPTY_COLOR, rank_color, rank_legend_handles
-from mtb_helpers.tp.plots import plot_errors
+from mtb_helpers.plots.errors import plot_errors
 
 __all__ = ["plot_layout", "plot_ring_steps", "plot_work", "plot_cost", "plot_cp_errors"]
 
@@ -141,6 +141,7 @@ def plot_cost(cost: dict[str, dict[str, list]], shard_label: str = "per rank") -
         ax.set_ylabel("bytes")
         ax.set_title(what, fontsize=11)
         ax.set_xticks(cost[next(iter(cost))]["t"])
+        ax.set_ylim(bottom=0)   # from zero, so a halving looks like a halving
         ax.legend(fontsize=8)
     fig.suptitle(f"Ring vs all-gather attention: communication and memory, {shard_label}",
                  fontsize=12)

@@ -48,6 +48,7 @@ class Emulation:
         self.events: list[Event] = []
         self.p2p: list = []
         self.free_at = 0.0   # when the stream's last collective ends (perf_counter seconds)
+        self.out_free = self.in_free = 0.0   # when this rank's outgoing / incoming link is free
         self.stream = CommStream()
         self.restore = link_ops.install(self)
 

@@ -21,6 +21,7 @@ import threading
 
 from mtb_helpers.runtime.fork_helper import fork_helper, may_fork
 from mtb_helpers.runtime.mp_private import patched_start
+from mtb_helpers.runtime.signals import interrupts_deferred
 
 _start_lock = threading.Lock()
 
@@ -91,7 +92,7 @@ def start_forkserver() -> None:
         from multiprocessing import forkserver
 
         context()
-        with without_main_reimport():
+        with interrupts_deferred(), without_main_reimport():   # Ctrl-C: after the fork (pool.py)
             forkserver.ensure_running()
 
 
