@@ -14,7 +14,8 @@ from mtb_helpers.checking.bug import names_for
 from mtb_helpers.cp.bugs import BUGS
 from mtb_helpers.checking.report import Report
 from mtb_helpers.cp.check import check_context_parallel
-from mtb_helpers.cp.plots import plot_cp_errors, plot_ring_steps, plot_work
+from mtb_helpers.cp.plots import plot_ring_steps, plot_work
+from mtb_helpers.plots.errors import errors_png
 from mtb_helpers.widgets.frame import live_view
 
 __all__ = ["explore_context_parallel", "explore_balance", "summary"]
@@ -65,7 +66,7 @@ def explore_context_parallel(world_size: int = 4) -> widgets.VBox:
         items: list = [summary(report)]
         if variant.value == "ring":
             items.append(plot_ring_steps(report.extra["cp"]))
-        return items + [plot_cp_errors(report)]
+        return items + [errors_png(report, by="quantity")]
 
     return live_view([[size, variant, layout], [causal, bug]], render)
 
