@@ -108,3 +108,32 @@ def test_other_items_still_show(item):
     view = live_view([[widgets.IntSlider()]], lambda: [item])
     [shown] = view.children[-1].children
     assert isinstance(shown, widgets.Image if isinstance(item, Figure) else widgets.HTML)
+
+
+def test_a_setting_run_again_reuses_every_explorer_figures_static_layer():
+    """The key of each live figure names what its static layer draws: a second run of the same
+    setting (new timings, same picture) must find the layer the first one rendered."""
+    from mtb_helpers.check import check_grid, check_moe, check_sequence_parallel, check_tp_mlp
+    from mtb_helpers.grid.plots import LIVE_GRID
+    from mtb_helpers.moe.plots import LIVE_ROUTING, LIVE_TOKENS, _moe_error_figure
+    from mtb_helpers.plots.errors import ErrorFigure, error_figure
+    from mtb_helpers.sp.plots import _layout_data, _layout_key
+    from mtb_helpers.tp.plots import _steps_key
+
+    def keys(report) -> list:
+        found = [ErrorFigure.key(error_figure(report, "quantity"))]
+        if report.check == "tp_mlp":
+            found.append(_steps_key((report, [s for s in report.steps if s.phase == "forward"])))
+        if report.check == "sequence_parallel":
+            found.append(_layout_key(_layout_data(report, "forward", 10.0)))
+        if "grid" in report.extra:
+            found.append(LIVE_GRID.key((report, None)))
+        if "moe" in report.extra:
+            moe = report.extra["moe"]
+            found += [LIVE_ROUTING.key((moe, None)), LIVE_TOKENS.key(moe),
+                      ErrorFigure.key(_moe_error_figure(report))]
+        return found
+
+    for check, kwargs in ((check_tp_mlp, {}), (check_sequence_parallel, {}),
+                          (check_grid, {"tp": 2, "dp": 2}), (check_moe, {})):
+        assert keys(check(world_size=4, **kwargs)) == keys(check(world_size=4, **kwargs)), check

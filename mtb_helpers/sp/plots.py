@@ -85,7 +85,7 @@ def _layout_data(report, phase: str, width: float) -> tuple:
 def _layout_key(data) -> tuple:
     report, phase, width, steps = data
     return (phase, width, report.config["seq_len"], report.config["batch"], tuple(
-        (_label(s), s.global_shape, str(s.collective), tuple(
+        (_label(s), s.global_shape, (s.collective or {}).get("op"), tuple(
             (h.shape is None, h.rows, h.cols, h.partial) for h in s.holdings)) for s in steps))
 
 
