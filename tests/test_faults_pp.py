@@ -40,6 +40,16 @@ def test_an_empty_model_is_refused_naming_it(no_ranks):
         pipeline_step(nn.Sequential(), X, Y, stages=2, microbatches=2)
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(timeout=math.nan), r"timeout"), (dict(timeout=-1.0), r"timeout"),
+    (dict(x=[[1.0] * 4] * 8), r"x must be a tensor"), (dict(target=3.0), r"target must be a tensor"),
+])
+def test_bad_timeout_and_inputs_are_refused_naming_them(no_ranks, kwargs, message):
+    args = {"x": X, "target": Y, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        pipeline_step(_model(), args.pop("x"), args.pop("target"), stages=2, microbatches=2, **args)
+
+
 @pytest.mark.parametrize("op_time", ["inf,1", "1,nan", "1e9,1e9"])
 def test_pp_run_refuses_impossible_op_times_with_exit_2_and_one_line(no_ranks, capsys, op_time):
     assert main(["pp", "run", "--op-time", op_time]) == 2

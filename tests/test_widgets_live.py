@@ -113,7 +113,9 @@ def test_other_items_still_show(item):
 def test_a_setting_run_again_reuses_every_explorer_figures_static_layer():
     """The key of each live figure names what its static layer draws: a second run of the same
     setting (new timings, same picture) must find the layer the first one rendered."""
-    from mtb_helpers.check import check_grid, check_moe, check_sequence_parallel, check_tp_mlp
+    from mtb_helpers.check import (check_context_parallel, check_grid, check_moe,
+                                   check_sequence_parallel, check_tp_mlp)
+    from mtb_helpers.cp.plots import LIVE_RING
     from mtb_helpers.grid.plots import LIVE_GRID
     from mtb_helpers.moe.plots import LIVE_ROUTING, LIVE_TOKENS, _moe_error_figure
     from mtb_helpers.plots.errors import ErrorFigure, error_figure
@@ -128,6 +130,8 @@ def test_a_setting_run_again_reuses_every_explorer_figures_static_layer():
             found.append(_layout_key(_layout_data(report, "forward", 10.0)))
         if "grid" in report.extra:
             found.append(LIVE_GRID.key((report, None)))
+        if "cp" in report.extra:
+            found.append(LIVE_RING.key((report.extra["cp"], "")))
         if "moe" in report.extra:
             moe = report.extra["moe"]
             found += [LIVE_ROUTING.key((moe, None)), LIVE_TOKENS.key(moe),
@@ -135,5 +139,6 @@ def test_a_setting_run_again_reuses_every_explorer_figures_static_layer():
         return found
 
     for check, kwargs in ((check_tp_mlp, {}), (check_sequence_parallel, {}),
-                          (check_grid, {"tp": 2, "dp": 2}), (check_moe, {})):
+                          (check_grid, {"tp": 2, "dp": 2}), (check_moe, {}),
+                          (check_context_parallel, {"seq": 24, "dtype": "float64"})):
         assert keys(check(world_size=4, **kwargs)) == keys(check(world_size=4, **kwargs)), check

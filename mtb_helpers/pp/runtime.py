@@ -131,8 +131,11 @@ def op_durations(op_time, chunks: int, recompute: bool) -> dict[str, float] | No
 def _check_makespan(ops, op_time, recompute: bool, timeout: float) -> None:
     """ValueError unless padded ops can finish within ``timeout``: no step is shorter than its
     schedule's simulated makespan, and a longer one would only be reported as a hang."""
+    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+            or not 0 < timeout < math.inf):
+        raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
     d = op_durations(op_time, 1, recompute)
-    if d is None or not isinstance(timeout, (int, float)):
+    if d is None:
         return
     makespan = simulate(ops, d["F"], d["I"] + d["W"], input=d["I"], weight=d["W"]).makespan
     if makespan >= timeout:
@@ -152,6 +155,10 @@ def _validate(model, x, target, schedule, stages, microbatches, chunks) -> list:
                          "is 1f1b)")
     ops = make_schedule(schedule, stages, microbatches, chunks)
     pieces = split_model(model, stages * chunks)
+    for name, value in (("x", x), ("target", target)):
+        if not isinstance(value, torch.Tensor) or value.dim() < 1:
+            raise ValueError(f"{name} must be a tensor with a batch dim first, got "
+                             f"{type(value).__name__}")
     if x.shape[0] % microbatches:
         raise ValueError(f"the batch of {x.shape[0]} rows does not divide into microbatches="
                          f"{microbatches} equal micro-batches")
