@@ -32,7 +32,7 @@ from mtb_helpers.runtime import link_ops
 from mtb_helpers.runtime.comm_thread import CommStream
 from mtb_helpers.runtime.timeline import Event, RunResults, Timeline
 
-__all__ = ["padded", "validate_link", "measure_floor", "Floor", "run_linked", "LinkedCall",
+__all__ = ["padded", "pad_backward", "validate_link", "measure_floor", "Floor", "run_linked", "LinkedCall",
            "active_time_scale"]
 
 OVERRUN_WARNING = 2e-3   # seconds beyond the model before the caller is told the machine lagged
@@ -91,6 +91,30 @@ def padded(name: str, seconds: float) -> Iterator[None]:
     link_ops.sleep_until(start + modelled)
     if em is not None:
         em.events.append(Event("compute", name, 0, start, time.perf_counter(), modelled))
+
+
+class _PadBackward(torch.autograd.Function):
+    """Identity forward; backward takes ``seconds`` of padded compute named ``name``."""
+
+    @staticmethod
+    def forward(ctx, x, name, seconds):
+        ctx.name, ctx.seconds = name, seconds
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        with padded(ctx.name, ctx.seconds):
+            pass
+        return grad, None, None
+
+
+def pad_backward(x: torch.Tensor, name: str, seconds: float) -> torch.Tensor:
+    """``x`` unchanged; in backward, before the grad flows on to what produced ``x``, a padded
+    compute block of ``seconds`` named ``name`` (put it after a layer: its backward's time)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or \
+            not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"pad_backward({name!r}): seconds must be finite and >= 0, got {seconds!r}")
+    return _PadBackward.apply(x, name, seconds)
 
 
 class LinkedCall:
