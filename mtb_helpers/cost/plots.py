@@ -17,6 +17,13 @@ from mtb_helpers.plots.palette import RANK_COLORS
 __all__ = ["plot_calibration", "plot_predicted_vs_measured"]
 
 
+def _bytes(n: float) -> str:
+    for factor, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if n >= factor:
+            return f"{n / factor:.3g} {unit}"
+    return f"{n:.3g} B"
+
+
 def plot_calibration(cal: Calibration, collective: str = "all-reduce", title: str = "") -> Figure:
     """Measured median times (dots) and the fitted ``a·α + b·n/β`` (line) on log-log axes; the
     latency-bound sizes (left of the fitted n½ for this collective) and bandwidth-bound sizes
@@ -35,7 +42,7 @@ def plot_calibration(cal: Calibration, collective: str = "all-reduce", title: st
               label="measured (median of each size's runs)")
     if grid[0] < half < grid[-1]:
         ax.axvline(half, color=RANK_COLORS[5], linestyle="--",
-                   label=f"n½ = {half / 1e3:.3g} kB: latency term = bandwidth term")
+                   label=f"n½ = {_bytes(half)}: latency term = bandwidth term")
     ax.set_xlabel("size S in bytes (nccl-tests' convention)")
     ax.set_ylabel("time of one collective (s)")
     where = ("emulated link " + cal.link.describe()) if cal.link is not None else "this machine"
@@ -60,6 +67,7 @@ def plot_predicted_vs_measured(xs: Sequence, predicted: dict[str, Sequence[float
                 label=f"{name}: predicted")
         ax.plot(xs, [t * scale for t in measured[name]], "o", color=color, markersize=8,
                 markeredgecolor="black", label=f"{name}: measured")
+    ax.set_xticks(list(xs))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(f"time ({unit})")
     ax.set_title(title, fontsize=10)
