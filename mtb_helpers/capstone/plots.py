@@ -102,6 +102,8 @@ def plot_bytes(bytes_info: dict, title: str = "") -> Figure:
             bottom += kib
         total = sum(formula[r].values()) / 1024
         ax.plot([r - 0.4, r + 0.4], [total, total], color="black", linewidth=2)
+    highest = max(max(sum(sent.values()), sum(f.values())) for sent, f in zip(per_rank, formula))
+    ax.set_ylim(0, highest / 1024 * 1.08)   # room above the tallest bar and formula tick
     ax.set_xticks(range(len(per_rank)), [f"rank {r}" for r in range(len(per_rank))])
     for r, tick in enumerate(ax.get_xticklabels()):
         tick.set_color(rank_color(r))

@@ -98,19 +98,22 @@ def rank_layers(model: ModelSpec, layout: Layout) -> list[int]:
             for r in range(layout.pp)]
 
 
+@lru_cache(maxsize=256)
+def _ops(name: str, pp: int, m: int, chunks: int):
+    return make_schedule(name, pp, m, chunks if name == "interleaved" else None)
+
+
 def extrapolated(measure, name: str, pp: int, m: int, chunks: int = 1):
     """``measure(schedule ops)`` (a number or a tuple of numbers) for ``m`` micro-batches. Beyond
     ``3 pp`` the schedules are periodic (each further group of ``pp`` micro-batches adds the same
     amount everywhere: 1F1B's steady state, GPipe's longer fill), so the simulator runs at
-    ``2 pp`` and ``3 pp`` and the line through them is extended (tests compare it with a direct
-    run): a 16-stage, 512-micro-batch pipeline costs as much as a 48-micro-batch one."""
-    def at(k: int):
-        ops = make_schedule(name, pp, k, chunks if name == "interleaved" else None)
-        return measure(ops)
-    if m <= 3 * pp:
-        return at(m)
-    lo, hi = at(2 * pp), at(3 * pp)
-    scale = (m - 2 * pp) / pp
+    ``m1 = 2 pp + m mod pp`` and ``m1 + pp`` and the line through them is extended (tests compare
+    it with a direct run): a 16-stage, 512-micro-batch pipeline costs a 50-micro-batch one."""
+    m1 = 2 * pp + m % pp
+    if m <= m1 + pp:
+        return measure(_ops(name, pp, m, chunks))
+    lo, hi = measure(_ops(name, pp, m1, chunks)), measure(_ops(name, pp, m1 + pp, chunks))
+    scale = (m - m1) / pp
     if isinstance(lo, tuple):
         return tuple(a + (b - a) * scale for a, b in zip(lo, hi))
     return lo + (hi - lo) * scale

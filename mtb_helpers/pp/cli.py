@@ -159,8 +159,8 @@ def parse_op_time(text: str | None) -> tuple[float, ...] | None:
         values = tuple(float(part) for part in text.split(","))
     except ValueError:
         values = ()
-    if len(values) not in (2, 3) or any(not v >= 0 for v in values):
-        raise ValueError(f"--op-time must be F,B or F,I,W seconds >= 0, got {text!r}")
+    if len(values) not in (2, 3) or any(not 0 <= v < math.inf for v in values):
+        raise ValueError(f"--op-time must be F,B or F,I,W finite seconds >= 0, got {text!r}")
     return values
 
 

@@ -19,6 +19,7 @@ count. With ``recompute=True`` a backward (or I) also pays one forward: F + B.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import shutil
 import tempfile
@@ -34,7 +35,7 @@ from torch import nn
 from mtb_helpers.comm.records import CollectiveRecord, record
 from mtb_helpers.pp.p2p import P2P
 from mtb_helpers.pp.schedules import SCHEDULES, Op, schedule as make_schedule
-from mtb_helpers.pp.simulator import Event, Timeline
+from mtb_helpers.pp.simulator import Event, Timeline, simulate
 from mtb_helpers.pp.stage import RankStage, pad
 from mtb_helpers.runtime.errors import RankTimeoutError
 from mtb_helpers.runtime.ranks import in_launched_job, run
@@ -95,6 +96,8 @@ def split_model(model: nn.Sequential, pieces: int) -> list[nn.Sequential]:
         raise ValueError(f"model must be an nn.Sequential (its layers are cut into stages), got "
                          f"{type(model).__name__}")
     n = len(model)
+    if n == 0:
+        raise ValueError("model is an empty nn.Sequential: it has no layers to cut into stages")
     if n % pieces:
         raise ValueError(f"the model has {n} layers, which do not divide into stages x chunks = "
                          f"{pieces} pieces of equal length")
@@ -111,17 +114,33 @@ def op_durations(op_time, chunks: int, recompute: bool) -> dict[str, float] | No
     if op_time is None:
         return None
     try:
-        values = [float(t) for t in op_time]
-    except TypeError:
+        values = [] if isinstance(op_time, (str, bytes)) else [float(t) for t in op_time]
+    except (TypeError, ValueError):
         values = []
-    if len(values) not in (2, 3) or any(not t >= 0 for t in values) or not (
+    if len(values) not in (2, 3) or any(not 0 <= t < math.inf for t in values) or not (
             values[0] > 0 and sum(values[1:]) > 0):
-        raise ValueError(f"op_time must be (F, B) or (F, I, W) seconds >= 0, with F and the "
-                         f"backward > 0, got {op_time!r}")
+        raise ValueError(f"op_time must be (F, B) or (F, I, W) finite seconds >= 0, with F and "
+                         f"the backward > 0, got {op_time!r}")
     f, i, w = (values[0], values[1] / 2, values[1] / 2) if len(values) == 2 else values
     extra = f if recompute else 0.0
     return {"F": f / chunks, "B": (i + w + extra) / chunks, "I": (i + extra) / chunks,
             "W": w / chunks}
+
+
+def _check_makespan(ops, op_time, recompute: bool, timeout: float) -> None:
+    """ValueError unless padded ops can finish within ``timeout``: no step is shorter than its
+    schedule's simulated makespan, and a longer one would only be reported as a hang."""
+    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+            or not 0 < timeout < math.inf):
+        raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
+    d = op_durations(op_time, 1, recompute)
+    if d is None:
+        return
+    makespan = simulate(ops, d["F"], d["I"] + d["W"], input=d["I"], weight=d["W"]).makespan
+    if makespan >= timeout:
+        raise ValueError(f"op_time={tuple(op_time)!r} cannot finish within timeout={timeout:g} s: "
+                         f"padded ops alone take {makespan:g} s (the schedule's simulated "
+                         f"makespan); lower op_time or raise timeout")
 
 
 def _validate(model, x, target, schedule, stages, microbatches, chunks) -> list:
@@ -135,6 +154,10 @@ def _validate(model, x, target, schedule, stages, microbatches, chunks) -> list:
                          "is 1f1b)")
     ops = make_schedule(schedule, stages, microbatches, chunks)
     pieces = split_model(model, stages * chunks)
+    for name, value in (("x", x), ("target", target)):
+        if not isinstance(value, torch.Tensor) or value.dim() < 1:
+            raise ValueError(f"{name} must be a tensor with a batch dim first, got "
+                             f"{type(value).__name__}")
     if x.shape[0] % microbatches:
         raise ValueError(f"the batch of {x.shape[0]} rows does not divide into microbatches="
                          f"{microbatches} equal micro-batches")
@@ -223,7 +246,7 @@ def pipeline_step(model: nn.Sequential, x: torch.Tensor, target: torch.Tensor,
     if bug is not None and not hasattr(bug, "replaces"):
         raise ValueError(f"bug must be a Bug object from mtb_helpers.pp.bugs.BUGS, got {bug!r} "
                          "(check_pipeline takes the names)")
-    op_durations(op_time, chunks, recompute)
+    _check_makespan(ops, op_time, recompute, timeout)
     pieces = [copy.deepcopy(piece) for piece in pieces]   # the caller's model stays untouched
     status_dir = None if in_launched_job() else tempfile.mkdtemp(prefix="mtb-pp-")
     try:

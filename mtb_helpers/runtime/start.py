@@ -22,6 +22,7 @@ from multiprocessing import spawn as mp_spawn
 from multiprocessing import util as mp_util
 
 from mtb_helpers.runtime.fork_helper import fork_helper, may_fork
+from mtb_helpers.runtime.signals import interrupts_deferred
 
 _start_lock = threading.Lock()
 
@@ -105,7 +106,7 @@ def start_forkserver() -> None:
         from multiprocessing import forkserver
 
         context()
-        with without_main_reimport():
+        with interrupts_deferred(), without_main_reimport():   # Ctrl-C: after the fork (pool.py)
             forkserver.ensure_running()
 
 
