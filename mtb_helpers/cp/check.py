@@ -92,7 +92,7 @@ def check_context_parallel(world_size: int = 2, seq: int = 16, heads: int = 2,
                            head_dim: int = 4, causal: bool = True, variant: str = "ring",
                            layout: str = "contiguous", dtype=torch.float32, seed: int = 0,
                            bug: str | None = None, batch: int = 1,
-                           timeout: float = 30.0) -> Report:
+                           timeout: float = 30.0, link=None) -> Report:
     """Context-parallel attention on ``world_size`` ranks against SDPA on one process.
 
     Shards ``[batch, heads, seq/t, head_dim]``; ``variant`` "ring" or "allgather"; ``layout``
@@ -105,7 +105,7 @@ def check_context_parallel(world_size: int = 2, seq: int = 16, heads: int = 2,
     layer_cls = swap(bug_obj, VARIANTS[variant])
     q, k, v, dout = make_cp_inputs(batch, heads, seq, head_dim, dtype, seed)
     results = run(_on_rank, layer_cls, q, k, v, dout, causal, layout, world_size=t,
-                  timeout=timeout)
+                  timeout=timeout, link=link)   # link=: an emulated link (cost/)
     ref = reference_attention(q, k, v, dout, causal)
     ref64 = reference_attention(*(x.double() for x in (q, k, v, dout)), causal)
     rows = [compare(name, r, res[name], shard_sequence(ref[name], t, r, layout),

@@ -166,7 +166,7 @@ def _validate(strategy, batch, hidden, ffn_hidden, lr, weight_decay, t, bug, ste
 def check_data_parallel(world_size: int = 2, strategy: str = "ddp", batch: int = 8, hidden: int = 8,
                         ffn_hidden: int = 32, lr: float = 1e-2, weight_decay: float = 0.0,
                         dtype=torch.float32, seed: int = 0, bug: str | None = None,
-                        timeout: float = 30.0, steps: int = 3) -> Report:
+                        timeout: float = 30.0, steps: int = 3, link=None) -> Report:
     """``steps`` Adam steps of ``strategy`` on ``world_size`` ranks against one process on the
     whole batches, compared after every step.
 
@@ -184,7 +184,7 @@ def check_data_parallel(world_size: int = 2, strategy: str = "ddp", batch: int =
     for p, v in zip(model.parameters(), _split(start["params"], model)):
         p.data = v
     results = run(_on_rank, strategy, model, start, batches, adam, resolve(BUGS, bug, DP_BUGS),
-                  world_size=t, timeout=timeout)
+                  world_size=t, timeout=timeout, link=link)   # link=: an emulated link (cost/)
     refs = reference_steps(model, batches, adam, start)
     refs64 = reference_steps(copy.deepcopy(model).double(),
                              [tuple(v.double() for v in b) for b in batches], adam,

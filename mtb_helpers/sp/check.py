@@ -146,7 +146,8 @@ def _on_rank(build, layers: tuple, x: torch.Tensor, dy: torch.Tensor, specs: lis
 def check_sequence_parallel(world_size: int = 2, seq_len: int = 8, batch: int = 2, hidden: int = 8,
                             ffn_hidden: int = 32, dropout_p: float = 0.1, dtype=torch.float32,
                             seed: int = 0, bug: str | None = None, timeout: float = 30.0,
-                            memory_variants: tuple[str, ...] = tuple(VARIANTS)) -> Report:
+                            memory_variants: tuple[str, ...] = tuple(VARIANTS),
+                            link=None) -> Report:
     """``SequenceParallelMLPBlock`` on ``world_size`` ranks: ``y = x + dropout(fc2(gelu(fc1(LN(x)))))``.
 
     X ``[seq_len, batch, hidden]`` is split along the sequence, ``[s/t, b, h]`` per rank; fc1
@@ -171,7 +172,8 @@ def check_sequence_parallel(world_size: int = 2, seq_len: int = 8, batch: int = 
     ln, fc1, fc2, x, dy = make_block_inputs(seq_len, batch, hidden, ffn_hidden, dtype, seed)
     build = partial(build_block, dropout_p=dropout_p, seed=seed, bug=bug)
     results = run(_on_rank, build, (ln, fc1, fc2), x, dy, SP_SPECS, dropout_p, seed,
-                  tuple(memory_variants), bug is None, world_size=t, timeout=timeout)
+                  tuple(memory_variants), bug is None, world_size=t, timeout=timeout,
+                  link=link)   # link=: an emulated link (cost/)
     refs = _reference(ln, fc1, fc2, x, dy, t, dropout_p, seed)
     refs64 = _reference(*(copy.deepcopy(m).double() for m in (ln, fc1, fc2)), x.double(), dy.double(),
                         t, dropout_p, seed)

@@ -43,10 +43,10 @@ def _sizes(batch_shape, **dims: int) -> tuple[int, ...]:
 
 
 def _finish(name: str, config: dict, build, layers, x, dy, specs, quantities,
-            reference, timeout: float) -> Report:
+            reference, timeout: float, link=None) -> Report:
     t, dtype = config["world_size"], x.dtype
     results = run(trace_on_rank, build, layers, x, dy, specs,
-                  world_size=t, timeout=timeout)
+                  world_size=t, timeout=timeout, link=link)
     refs = reference(tuple(cast_linear(lin, dtype) for lin in layers), x, dy, t)
     refs64 = reference(tuple(cast_linear(lin, torch.float64) for lin in layers), x.double(),
                        dy.double(), t)
@@ -176,8 +176,9 @@ def check_row_parallel(world_size: int = 2, in_features: int = 12, out_features:
 
 def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
                  batch_shape: tuple[int, ...] = (2, 3), dtype=torch.float32, seed: int = 0,
-                 bug: str | None = None, timeout: float = 30.0) -> Report:
+                 bug: str | None = None, timeout: float = 30.0, link=None) -> Report:
     """``ParallelMLP`` on ``world_size`` ranks: ``Y = gelu(X @ W1 + b1) @ W2 + b2``.
+    ``link=`` (``mtb_helpers.cost.Link``): the same check under an emulated link.
 
     X ``[*batch_shape, hidden]`` is replicated; W1 ``[hidden, ffn]`` is split on its columns and
     W2 ``[ffn, hidden]`` on its rows, so the activation ``[.., ffn/t]`` stays on its rank: one
@@ -221,4 +222,4 @@ def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
     config = check_config(t, dtype, seed, bug, hidden=hidden, ffn_hidden=ffn_hidden,
                      batch_shape=list(batch))
     return _finish("tp_mlp", config, partial(_build_mlp, bug=bug), (fc1, fc2), x, dy, specs,
-                   quantities, mlp_reference, timeout)
+                   quantities, mlp_reference, timeout, link=link)
