@@ -34,6 +34,7 @@ given a modelled duration with::
     from mtb_helpers.cost import padded
     with padded("fc1.fwd", seconds):   # inside a rank: the block takes seconds x time_scale
         y = fc1(x)
+    y = pad_backward(y, "fc1.bwd", seconds_bwd)   # identity; its backward takes seconds_bwd
 
 Each ``Event`` is ``(kind, name, bytes, start, end, modelled)``: kind "compute" (a padded block)
 or "comm"; name the padded block's or the torch.distributed function's ("all_reduce", "send",
@@ -48,8 +49,9 @@ C++: those are not emulated.
 from mtb_helpers.cost.calibrate import Calibration, Fit, calibrate
 from mtb_helpers.cost.model import (ALGORITHMS, COLLECTIVES, Link, algbw, busbw, busbw_factor,
                                     coefficients, n_half, normalize, predict)
-from mtb_helpers.runtime.link import padded
+from mtb_helpers.runtime.link import pad_backward, padded
 from mtb_helpers.runtime.timeline import Event, RunResults, Timeline
 
-__all__ = ["Link", "predict", "calibrate", "Calibration", "Fit", "padded", "Event", "Timeline", "RunResults", "algbw", "busbw",
-           "busbw_factor", "coefficients", "n_half", "normalize", "COLLECTIVES", "ALGORITHMS"]
+__all__ = ["Link", "predict", "calibrate", "Calibration", "Fit", "padded", "pad_backward", "Event",
+           "Timeline", "RunResults", "algbw", "busbw", "busbw_factor", "coefficients", "n_half",
+           "normalize", "COLLECTIVES", "ALGORITHMS"]

@@ -160,17 +160,21 @@ def _validate(world_size: int, sizes, collectives, k: int, warmup: int) -> tuple
 
 
 def calibrate(world_size: int = 2, sizes=None, collectives=None, k: int = 5, warmup: int = 2,
-              link: Link | None = None, timeout: float = 120.0) -> Calibration:
+              link: Link | None = None, time_scale: float | str = 1.0,
+              timeout: float = 120.0) -> Calibration:
     """Time ``collectives`` (default: all six) at ``sizes`` (bytes S, default 1 KiB..4 MiB) on
-    ``world_size`` ranks and fit α, β to each; ValueError on bad input before any rank starts."""
+    ``world_size`` ranks and fit α, β to each; ValueError on bad input before any rank starts.
+    Under ``link`` with a ``time_scale`` (or "auto"), times are divided back by the scale used."""
     p = resolve_world_size(world_size)
     names, sizes = _validate(p, sizes, collectives, k, warmup)
     plan = [(c, _elements(c, s, p)) for c in names for s in sizes]
-    per_rank = run(_time_on_ranks, plan, warmup, k, world_size=p, timeout=timeout, link=link)
+    per_rank = run(_time_on_ranks, plan, warmup, k, world_size=p, timeout=timeout, link=link,
+                   time_scale=time_scale)
+    stretch = per_rank.timeline.time_scale if link is not None else 1.0
     cal = Calibration(p, link=link)
     for i, (collective, n) in enumerate(plan):
         nbytes = 4 * (n * p if collective == "all-gather" else n)
-        runs = [max(rank[i][j] for rank in per_rank) for j in range(k)]
+        runs = [max(rank[i][j] for rank in per_rank) / stretch for j in range(k)]
         seconds = statistics.median(runs)
         cal.rows.append({"collective": collective, "bytes": nbytes, "seconds": seconds,
                          "samples": runs, "busbw": busbw(collective, nbytes, seconds,

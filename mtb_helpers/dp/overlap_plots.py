@@ -25,7 +25,7 @@ def plot_lanes(events: Sequence[Sequence[tuple]], title: str, predicted: Sequenc
     rows = ([("predicted", PREDICTED, predicted)] if predicted is not None else []) + \
         [(f"rank {r}", rank_color(r), evs) for r, evs in enumerate(events)]
     if ax is None:
-        fig, ax = plt.subplots(figsize=(10, 0.9 + 0.75 * len(rows)))
+        fig, ax = plt.subplots(figsize=(10, 1.6 + 0.75 * len(rows)))
     else:
         fig = ax.figure
     labels, y = [], 0
@@ -33,7 +33,8 @@ def plot_lanes(events: Sequence[Sequence[tuple]], title: str, predicted: Sequenc
         for lane, kind in ((0, "comm"), (1, "compute")):
             spans = [((e[2]) / unit, (e[3] - e[2]) / unit) for e in evs if e[0] == kind]
             ax.broken_barh(spans, (y + lane - 0.38, 0.76), facecolors=color if kind == "compute" else "white",
-                           edgecolors=color, hatch=None if kind == "compute" else "////", linewidth=1)
+                           edgecolors="white" if kind == "compute" else color,
+                           hatch=None if kind == "compute" else "////", linewidth=1)
             labels.append(f"{name} {kind}")
         y += 2
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
@@ -41,7 +42,8 @@ def plot_lanes(events: Sequence[Sequence[tuple]], title: str, predicted: Sequenc
     ax.set_title(title, fontsize=10)
     ax.legend(handles=[Patch(facecolor="#BBBBBB", edgecolor="black", label="compute (padded)"),
                        Patch(facecolor="white", edgecolor="black", hatch="////",
-                             label="communication")], loc="lower right", fontsize=8)
+                             label="communication")], loc="upper left", bbox_to_anchor=(1.0, 1.0),
+              fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return fig
@@ -62,28 +64,29 @@ def plot_step_times(names: Sequence[str], predicted: Sequence[float], measured: 
     ax.set_xticks(list(xs), names, fontsize=8)
     ax.set_ylabel("step time (ms)")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
-    ax.margins(y=0.15)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.margins(y=0.25)
     fig.tight_layout()
     return fig
 
 
 def plot_bucket_curve(caps: Sequence[float], predicted: Sequence[float], measured: Sequence[float] | None,
-                      no_overlap: float, title: str, unit: float = 1e-3) -> Figure:
-    """Step time against ``bucket_cap_mb`` (log axis): the prediction, the measurement, and the step
-    without overlap as a line; the predicted minimum marked."""
+                      no_overlap: float, title: str, buckets: Sequence[int] | None = None,
+                      unit: float = 1e-3) -> Figure:
+    """Step time against ``bucket_cap_mb`` (one tick per cap, with its number of buckets): the
+    prediction, the measurement, the step without overlap as a line, the predicted minimum starred."""
     fig, ax = plt.subplots(figsize=(7, 3.8))
-    xs = [max(c, 1e-4) for c in caps]
+    xs = list(range(len(caps)))
     ax.plot(xs, [p / unit for p in predicted], "o--", color=PREDICTED, label="predicted")
     if measured is not None:
         ax.plot(xs, [m / unit for m in measured], "s-", color=rank_color(0), label="measured")
-    ax.axhline(no_overlap / unit, color=rank_color(5), linestyle=":",
-               label="no overlap (predicted)")
-    best = min(range(len(caps)), key=lambda i: predicted[i])
-    ax.annotate("predicted minimum", (xs[best], predicted[best] / unit), textcoords="offset points",
-                xytext=(0, -18), ha="center", fontsize=8)
-    ax.set_xscale("log")
-    ax.set_xlabel("bucket_cap_mb (MiB; 0 drawn at 1e-4: one bucket per parameter)")
+    ax.axhline(no_overlap / unit, color="black", linestyle=":", label="no overlap (predicted)")
+    best = min(xs, key=lambda i: predicted[i])
+    ax.plot([best], [predicted[best] / unit], "*", color="black", markersize=14,
+            label="predicted minimum")
+    ax.set_xticks(xs, [f"{c:g}" + (f"\n{n} bucket{'s' if n > 1 else ''}" if buckets else "")
+                       for c, n in zip(caps, buckets or caps)], fontsize=8)
+    ax.set_xlabel("bucket_cap_mb (MiB)")
     ax.set_ylabel("step time (ms)")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)

@@ -25,7 +25,7 @@ from torch import nn
 from mtb_helpers.cost import Link, padded
 from mtb_helpers.dp.fsdp_wrapper import FSDP
 from mtb_helpers.dp.overlap import OverlappedDDP
-from mtb_helpers.dp.overlap_model import predict_ddp, predict_fsdp
+from mtb_helpers.dp.overlap_model import bucket_plan, predict_ddp, predict_fsdp
 from mtb_helpers.dp.sharded_optimizer import ShardedOptimizer, partition_by_size
 from mtb_helpers.runtime.ranks import run
 
@@ -209,7 +209,9 @@ def bucket_curve(caps, world_size: int = 2, link: Link = DEFAULT_LINK, measure: 
     layer_bytes = [[int(spec["hidden"]) ** 2 * 4, int(spec["hidden"]) * 4]] * int(spec["layers"])
     pred = lambda cap, ov: predict_ddp(layer_bytes, spec["t_fwd"], spec["t_bwd"], link, world_size,
                                        cap, ov, spec["t_opt"]).step
+    params = [n for layer in layer_bytes for n in layer]
     return {"caps": list(caps), "predicted": [pred(c, True) for c in caps],
+            "buckets": [len(bucket_plan(params, c * 2 ** 20)) for c in caps],
             "measured": ([measure_ddp(world_size, link, c, steps=steps, **sizes)["measured"]
                           for c in caps] if measure else None),
             "no_overlap": pred(max(caps), False)}

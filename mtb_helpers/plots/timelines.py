@@ -58,13 +58,14 @@ def plot_timeline(timeline: Timeline, title: str = "", ax: plt.Axes | None = Non
     ax.set_ylim(-0.7, (p - 1) * 2.4 + 1.7)
     ax.set_yticks(ticks, labels, fontsize=8)
     stretched = f"; the run took {timeline.time_scale:g}× longer" if timeline.time_scale != 1 else ""
-    ax.set_xlabel(f"time ({unit} of the modelled link{stretched})")
+    shown = "µs" if unit == "us" else unit
+    ax.set_xlabel(f"time ({shown} of the modelled link{stretched})")
     head = f"{title}\n" if title else ""
-    ax.set_title(f"{head}{timeline.label()}: makespan {span:.3g} {unit}", fontsize=10)
+    ax.set_title(f"{head}{timeline.label()}: makespan {span:.3g} {shown}", fontsize=10)
     ax.legend(handles=[Patch(facecolor="#999999", edgecolor="black", label="compute (padded)"),
                        Patch(facecolor="white", edgecolor="#555555", hatch="///",
                              label="communication")],
-              loc="upper right", fontsize=8, framealpha=0.9)
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, framealpha=0.9)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return fig

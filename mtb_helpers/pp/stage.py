@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from mtb_helpers.pp.p2p import ACTIVATION, GRAD, P2P, Message
+from mtb_helpers.runtime.link import active_time_scale
 
 __all__ = ["RankStage", "Stash", "held_bytes"]
 
@@ -125,7 +126,7 @@ class RankStage:
         if self.pace is not None:
             self.pace()
 
-    # ---- the pieces a deliberate mistake overrides ---------------------------------------------
+    # ---- the pieces a deliberate bug overrides -------------------------------------------------
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """loss_k / m: the sum over the m micro-batches is then the whole batch's mean."""
@@ -215,8 +216,10 @@ def held_bytes(tensors: list[torch.Tensor], exclude: set[int] = frozenset()) -> 
 
 
 def pad(start: float, seconds: float | None) -> None:
-    """Hold the op until ``seconds`` after ``start`` (a fixed op time, as a GPU kernel has)."""
+    """Hold the op until ``seconds`` after ``start`` (a fixed op time, as a GPU kernel has),
+    stretched by the time scale of an emulated link (``run(..., link=, time_scale=)``) like
+    every other modelled time."""
     if seconds:
-        remaining = start + seconds - time.perf_counter()
+        remaining = start + seconds * active_time_scale() - time.perf_counter()
         if remaining > 0:
             time.sleep(remaining)
