@@ -27,7 +27,8 @@ def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubPar
                     "α-β prediction. Times are the modelled link's (compute is padded).")
     parser.add_argument("--world-size", type=int, default=2, help="ranks (2)")
     parser.add_argument("--bucket-cap-mb", type=float, default=0.5,
-                        help="DDP bucket cap in MiB (0.5: two layers per bucket, the predicted best here; 0.25: one layer; 0: one per parameter)")
+                        help="DDP bucket cap in MiB (0.5: two layers per bucket, the predicted best here; "
+                             "0.25: one layer; 0: one per parameter)")
     parser.add_argument("--alpha", type=float, default=1e-3, help="link latency, seconds (1e-3)")
     parser.add_argument("--bandwidth", type=float, default=2.5e8, help="link bandwidth, B/s (2.5e8)")
     parser.add_argument("--time-scale", type=float, default=20.0,
