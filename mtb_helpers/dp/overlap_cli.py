@@ -2,7 +2,7 @@
 and without prefetch) measured on real ranks under an emulated link, next to the α-β prediction.
 
     minitrainbench dp overlap [--bucket-cap-mb 0.5] [--alpha 1e-3] [--bandwidth 2.5e8]
-                              [--world-size 2] [--time-scale 10] [--layers 8] [--hidden 256] [--json]
+                              [--world-size 2] [--time-scale 20] [--layers 8] [--hidden 256] [--json]
 
 First the wrappers' correctness (``check_overlap`` for ddp, zero1 and fsdp, float64), then the
 table of step times (the link's seconds: padded compute, emulated communication). Exit 0 when the
@@ -31,8 +31,8 @@ def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubPar
                              "0.25: one layer; 0: one per parameter)")
     parser.add_argument("--alpha", type=float, default=1e-3, help="link latency, seconds (1e-3)")
     parser.add_argument("--bandwidth", type=float, default=2.5e8, help="link bandwidth, B/s (2.5e8)")
-    parser.add_argument("--time-scale", type=float, default=10.0,
-                        help="every modelled time stretched by this factor (10)")
+    parser.add_argument("--time-scale", type=float, default=20.0,
+                        help="every modelled time stretched by this factor (20)")
     parser.add_argument("--layers", type=int, default=8, help="layers (8)")
     parser.add_argument("--hidden", type=int, default=256, help="layer width h (256)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per configuration (3)")
