@@ -1,41 +1,60 @@
 """How long a student waits after moving an explorer's main slider, measured in a real kernel.
 
-For each explorer: start a fresh Jupyter kernel (jupyter_client), build and display the explorer
-at 4 ranks, then move its world-size slider (the grid shape for the tp x dp explorer) back and
-forth by setting the widget's value from the kernel, as the front end's comm message would. The
-observer re-runs the check on real ranks and redraws the Output; the time is from sending the
-change to the kernel reporting idle again, after the Output's new figures were sent. The table
-reports the median over the moves that land on 4 ranks (the first move, which may start a
-pool, is not counted).
+For each explorer: start a fresh Jupyter kernel (jupyter_client), import the explorer's module
+(as a notebook's import cell does, no pool started), build and display the explorer at 4 ranks
+("first": the cold pool starts, the check runs, the figures are drawn), then move its world-size
+slider (the grid shape for the tp x dp explorer) back and forth by setting the widget's value
+from the kernel, as the front end's comm message would. The observer re-runs the check on real
+ranks and redraws; the time is from sending the change to the kernel reporting idle again, after
+the new figures were sent (as display data or as an image widget's new value). "new setting" is
+the first move to the other value (its figures drawn for the first time, its pool started
+before by a warm-up call); "median" is over the moves back to 4 ranks.
 
-    python benchmarks/explorer_redraw.py                  # every explorer, 6 moves to 4 ranks
-    python benchmarks/explorer_redraw.py --only tp-mlp --moves 8 --profile
+    taskset -c 0 python benchmarks/explorer_redraw.py                  # every explorer, this tree
+    taskset -c 0 python benchmarks/explorer_redraw.py --baseline /work/wt/_base   # before and after
+    taskset -c 0 python benchmarks/explorer_redraw.py --only tp-mlp --moves 8 --profile
+
+``--baseline DIR`` measures each explorer twice, one kernel importing the package from DIR (an
+untouched checkout of an older commit) and one importing it from this tree, alternately, so that
+both see the same machine; the table gains the ratio of the medians.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
-# name -> (code that leaves the explorer in ``w``; how to find its main control; values to
-# alternate between, the first one being the 4-rank setting that is timed)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# name -> (the import cell, the cell that builds the explorer in ``w`` at 4 ranks, how to find its
+# main control, values to alternate between: the first is the 4-rank setting that is timed)
 EXPLORERS = {
-    "tp-mlp": ("from mtb_helpers.tp.widget import tp_explorer\nw = tp_explorer('mlp', world_size=4)",
+    "tp-mlp": ("from mtb_helpers.tp.widget import tp_explorer", "w = tp_explorer('mlp', world_size=4)",
                "world size", (4, 3)),
-    "tp-column": ("from mtb_helpers.tp.widget import tp_explorer\n"
+    "tp-column": ("from mtb_helpers.tp.widget import tp_explorer",
                   "w = tp_explorer('column', world_size=4)", "world size", (4, 3)),
-    "tp-row": ("from mtb_helpers.tp.widget import tp_explorer\nw = tp_explorer('row', world_size=4)",
-               "world size", (4, 3)),
-    "collectives": ("from mtb_helpers.collectives.widget import collectives_explorer\n"
+    "tp-row": ("from mtb_helpers.tp.widget import tp_explorer",
+               "w = tp_explorer('row', world_size=4)", "world size", (4, 3)),
+    "collectives": ("from mtb_helpers.collectives.widget import collectives_explorer",
                     "w = collectives_explorer(world_size=4)", "world size", (4, 3)),
-    "sp": ("from mtb_helpers.sp.widget import explore_sequence_parallel\n"
+    "sp": ("from mtb_helpers.sp.widget import explore_sequence_parallel",
            "w = explore_sequence_parallel(world_size=4)", "world size", (4, 2)),
-    "dp": ("from mtb_helpers.dp.widget import explore_data_parallel\n"
+    "dp": ("from mtb_helpers.dp.widget import explore_data_parallel",
            "w = explore_data_parallel(world_size=4)", "world size", (4, 3)),
-    "moe": ("from mtb_helpers.moe.widget import explore_moe\nw = explore_moe(world_size=4)",
+    "moe": ("from mtb_helpers.moe.widget import explore_moe", "w = explore_moe(world_size=4)",
             "world size", (4, 2)),
-    "grid": ("from mtb_helpers.grid.widget import grid_explorer\nw = grid_explorer(world_size=4)",
-             "grid", None),
+    "grid": ("from mtb_helpers.grid.widget import grid_explorer", "w = grid_explorer(world_size=4)",
+             "grid", ("tp=2 x dp=2", "tp=1 x dp=4")),
+    "cp": ("from mtb_helpers.cp.widget import explore_context_parallel",
+           "w = explore_context_parallel(world_size=4)", "world size", (4, 3)),
+    "cp-balance": ("from mtb_helpers.cp.widget import explore_balance",
+                   "w = explore_balance(world_size=4)", "world size", (4, 3)),
+    "pp-ranks": ("from mtb_helpers.pp.widget import explore_pipeline_on_ranks",
+                 "w = explore_pipeline_on_ranks('1f1b', stages=4, microbatches=8)", "stages", (4, 3)),
+    "capstone": ("from mtb_helpers.capstone.widget import explore_capstone",
+                 "w = explore_capstone(layout='tp=2 pp=2 dp=1 cp=1', steps=3)", "layout",
+                 ("tp=2 pp=2 dp=1 cp=1", "tp=2 pp=1 dp=2 cp=1")),
 }
 
 FIND = """
@@ -46,13 +65,14 @@ def _controls(widget):
         yield from _controls(child)
 _main = next(c for c in _controls(w) if isinstance(c, (_widgets.IntSlider, _widgets.Dropdown))
              and str(c.description).startswith({prefix!r}))
-_values = {values!r} or tuple(o if isinstance(o, str) else o[1] for o in _main.options)[:2]
+_values = {values!r}
 """
 
 
 def _execute(kc, code: str, timeout: float = 300.0, figures: int = 0) -> float:
     """Run ``code``; return seconds until the kernel is idle again. Raise on an error, or if
-    fewer than ``figures`` PNG images were displayed (a redraw that only printed an error)."""
+    fewer than ``figures`` PNG images were sent (a redraw that only printed an error): as display
+    data (an Output) or as an image widget's new value (a comm message carrying a buffer)."""
     start = time.perf_counter()
     msg_id = kc.execute(code, store_history=False)
     error, images, text = None, 0, []
@@ -60,13 +80,20 @@ def _execute(kc, code: str, timeout: float = 300.0, figures: int = 0) -> float:
         msg = kc.get_iopub_msg(timeout=timeout)
         if msg["parent_header"].get("msg_id") != msg_id:
             continue
-        if msg["msg_type"] == "error":
+        kind = msg["msg_type"]
+        if kind == "error":
             error = "\n".join(msg["content"]["traceback"][-3:])
-        if msg["msg_type"] in ("display_data", "update_display_data"):
+        if kind in ("display_data", "update_display_data"):
             images += "image/png" in msg["content"]["data"]
-        if msg["msg_type"] == "stream":
+        if kind == "comm_msg" and msg.get("buffers"):
+            images += 1
+        if kind == "stream":
             text.append(msg["content"]["text"])
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+        if kind == "comm_msg":
+            state = msg["content"].get("data", {}).get("state", {})
+            if isinstance(state.get("value"), str) and state["value"].startswith("<pre"):
+                text.append(state["value"])
+        if kind == "status" and msg["content"]["execution_state"] == "idle":
             elapsed = time.perf_counter() - start
             break
     if error:
@@ -76,16 +103,21 @@ def _execute(kc, code: str, timeout: float = 300.0, figures: int = 0) -> float:
     return elapsed
 
 
-def measure(name: str, moves: int, profile: bool) -> dict:
+def measure(name: str, moves: int, profile: bool, tree: str) -> dict:
+    """Time one explorer in a fresh kernel importing the package from ``tree``."""
     from jupyter_client.manager import start_new_kernel
 
-    setup, prefix, values = EXPLORERS[name]
-    km, kc = start_new_kernel(kernel_name="python3")
+    imports, build, prefix, values = EXPLORERS[name]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [tree, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]))
+    km, kc = start_new_kernel(kernel_name="python3", env=env)
     try:
-        _execute(kc, "%matplotlib inline\nfrom IPython.display import display\n" + setup
-                 + "\ndisplay(w)")
+        _execute(kc, "%matplotlib inline\nfrom IPython.display import display\n" + imports)
+        first = _execute(kc, build + "\ndisplay(w)", figures=1)
         _execute(kc, FIND.format(prefix=prefix, values=values))
-        _execute(kc, "_main.value = _values[1]")  # warms the other pool too
+        _execute(kc, "import mtb_helpers as _m\nif isinstance(_values[1], int) and _values[1] > 1:\n"
+                     "    _m.run(int, world_size=_values[1])")   # its pool warm, not its figures
+        new = _execute(kc, "_main.value = _values[1]", figures=1)
         times = []
         for _ in range(moves):
             code = "_main.value = _values[0]"
@@ -94,31 +126,47 @@ def measure(name: str, moves: int, profile: bool) -> dict:
                         + "\n_p.disable(); pstats.Stats(_p).sort_stats('cumtime')"
                           ".dump_stats('/tmp/explorer_redraw.prof')")
             times.append(_execute(kc, code, figures=1))
-            _execute(kc, "_main.value = _values[1]")
+            _execute(kc, "_main.value = _values[1]", figures=1)
         return {"explorer": name, "median_ms": 1000 * statistics.median(times),
-                "min_ms": 1000 * min(times), "max_ms": 1000 * max(times), "moves": len(times)}
+                "min_ms": 1000 * min(times), "max_ms": 1000 * max(times), "moves": len(times),
+                "first_ms": 1000 * first, "new_ms": 1000 * new}
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def _cells(row: dict | None) -> str:
+    if row is None:
+        return "failed | | |"
+    return (f"{row['median_ms']:,.0f} ms ({row['min_ms']:,.0f}-{row['max_ms']:,.0f}) | "
+            f"{row['new_ms']:,.0f} ms | {row['first_ms']:,.0f} ms")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", choices=list(EXPLORERS), default=list(EXPLORERS))
     parser.add_argument("--moves", type=int, default=6, help="timed moves to 4 ranks (>= 6)")
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="also measure the package imported from DIR (an older checkout)")
     parser.add_argument("--profile", action="store_true",
                         help="cProfile the last move into /tmp/explorer_redraw.prof")
     args = parser.parse_args()
-    print("| explorer | median redraw at 4 ranks | min | max | moves |")
-    print("|---|---:|---:|---:|---:|")
+    trees = ([("before", os.path.abspath(args.baseline))] if args.baseline else []) + [("now", ROOT)]
+    head = " | ".join(f"{label}: median redraw at 4 ranks (min-max) | {label}: new setting | "
+                      f"{label}: first (cold pool)" for label, _ in trees)
+    print(f"| explorer | {head} |" + (" now / before |" if args.baseline else ""))
+    print("|---|" + "---:|---:|---:|" * len(trees) + ("---:|" if args.baseline else ""))
     for name in args.only:
-        try:
-            row = measure(name, args.moves, args.profile)
-        except Exception as exc:  # noqa: BLE001  (one broken explorer must not hide the others)
-            print(f"| {name} | failed: {str(exc).splitlines()[-1][:120]} | | | |", flush=True)
-            continue
-        print(f"| {row['explorer']} | {row['median_ms']:,.0f} ms | {row['min_ms']:,.0f} | "
-              f"{row['max_ms']:,.0f} | {row['moves']} |", flush=True)
+        rows = []
+        for _, tree in trees:
+            try:
+                rows.append(measure(name, args.moves, args.profile, tree))
+            except Exception as exc:  # noqa: BLE001  (one broken explorer must not hide the others)
+                print(f"<!-- {name} in {tree}: {str(exc).splitlines()[-1][:200]} -->", flush=True)
+                rows.append(None)
+        ratio = (f" {rows[1]['median_ms'] / rows[0]['median_ms']:.2f} |"
+                 if args.baseline and None not in rows else (" |" if args.baseline else ""))
+        print(f"| {name} | " + " | ".join(_cells(r) for r in rows) + " |" + ratio, flush=True)
 
 
 if __name__ == "__main__":

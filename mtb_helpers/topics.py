@@ -12,7 +12,7 @@ widgets) imports a topic; the topics are found here by name, when the top of the
           bugs=("bugs", "overlap_bugs"),              # each module holds BUGS: dict[str, Bug]
           layers=("strategies", "fsdp"))              # modules that must not import upwards
 
-A topic with no deliberate mistakes says ``bugs=()``; a topic that adds commands to another
+A topic with no deliberate bugs says ``bugs=()``; a topic that adds commands to another
 topic's group (sp adds ``tp sequence``) or only top-level commands (``minitrainbench train``) says
 no ``group``.
 """
@@ -66,7 +66,9 @@ TOPICS: tuple[Topic, ...] = (
           checks=("check_grid",)),
     Topic("dp", group="dp",
           group_help="data parallelism: DDP, ZeRO-1/2, ZeRO-3/FSDP against one process, step by step",
-          checks=("check_data_parallel",), layers=("strategies", "fsdp")),
+          checks=("check_data_parallel", "overlap_check.check_overlap"),
+          bugs=("bugs", "overlap_bugs"),
+          layers=("strategies", "fsdp", "overlap", "sharded_optimizer", "fsdp_wrapper", "fsdp_units")),
     Topic("moe", group="moe",
           group_help="expert parallelism: token dispatch and combine with all-to-all",
           checks=("check_moe",)),
@@ -77,8 +79,8 @@ TOPICS: tuple[Topic, ...] = (
     Topic("capstone", checks=("check_capstone",), layers=("model", "layers", "grid", "data")),
     Topic("cost", group="cost",
           group_help="time: the α-β model's predictions and this machine's calibration",
-          bugs=(), layers=("model",)),
-    Topic("plan", bugs=(), layers=("specs", "memory", "budget", "steptime", "search")),
+          bugs=(), layers=("model", "algorithms")),
+    Topic("plan", checks=("check_plan",), layers=("specs", "memory", "budget", "steptime", "search")),
 )
 
 

@@ -244,10 +244,15 @@ def _screenshot(page, name: str) -> None:
     page.set_viewport_size(size)
 
 
+# The shared explorer frame (mtb_helpers/widgets/frame.py) shows its figures as Image widgets
+# and its texts as HTML widgets, updated in place.
+FIGURE = "img.widget-image"
+SUMMARY = ".widget-html-content"
+
+
 def _explorer_state(explorer) -> tuple[str | None, str]:
-    img = explorer.locator(".widget-output img")
-    text = explorer.locator(
-        ".widget-output .jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stdout']")
+    img = explorer.locator(FIGURE)
+    text = explorer.locator(SUMMARY)
     return (img.first.get_attribute("src") if img.count() else None,
             "\n".join(text.all_text_contents()))
 
@@ -255,7 +260,7 @@ def _explorer_state(explorer) -> tuple[str | None, str]:
 def _move_a_slider(page, name: str) -> None:
     """Press an arrow key on the explorer's first slider; the figure and the summary must change."""
     explorer = page.locator(f"{PANEL} .jp-OutputArea-output").filter(
-        has=page.locator(".widget-slider")).filter(has=page.locator(".widget-output img")).first
+        has=page.locator(".widget-slider")).filter(has=page.locator(FIGURE)).first
     assert explorer.count(), f"{name}: no explorer with a slider and a figure"
     src0, text0 = _explorer_state(explorer)
     assert src0 and text0.strip(), f"{name}: the explorer shows no figure or no summary text"
@@ -265,12 +270,12 @@ def _move_a_slider(page, name: str) -> None:
     handle.press("ArrowLeft" if at_max else "ArrowRight")
     try:
         page.wait_for_function(
-            """([el, src0, text0]) => {
-              const img = el.querySelector('.widget-output img');
-              const text = [...el.querySelectorAll('.widget-output .jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stdout"]')]
-                           .map(e => e.textContent).join('\\n');
+            """([el, src0, text0, figure, summary]) => {
+              const img = el.querySelector(figure);
+              const text = [...el.querySelectorAll(summary)].map(e => e.textContent).join('\\n');
               return img && img.src !== src0 && text.trim() && text !== text0;
-            }""", arg=[explorer.element_handle(), src0, text0], timeout=60_000, polling=250)
+            }""", arg=[explorer.element_handle(), src0, text0, FIGURE, SUMMARY], timeout=60_000,
+            polling=250)
     except Exception as exc:  # say what did and did not change
         src1, text1 = _explorer_state(explorer)
         raise AssertionError(

@@ -97,19 +97,26 @@ def test_figures_have_titles_labels_legends_and_rank_colours():
     import matplotlib.pyplot as plt
 
     from mtb_helpers.capstone.check import check_capstone, grid_table
-    from mtb_helpers.capstone.plots import plot_bytes, plot_losses, plot_rank_grid
+    from mtb_helpers.capstone.plots import plot_bytes, plot_drift, plot_losses, plot_rank_grid
     from mtb_helpers.plots.palette import rank_color
 
     layout = Layout(tp=2, pp=2, dp=2, cp=1)
     fig = plot_rank_grid(grid_table(layout, GPTConfig(), 8), layout.sizes())
     ax = fig.axes[0]
     assert "tp=2 pp=2 dp=2 cp=1" in ax.get_title() and ax.get_xlabel() and ax.get_legend()
-    assert [p.get_edgecolor()[:3] for p in ax.patches[:8]] == [matplotlib.colors.to_rgb(rank_color(r)) for r in range(8)]
+    assert [p.get_edgecolor()[:3] for p in ax.patches[:8]] == [matplotlib.colors.to_rgb(rank_color(r))
+                                                                 for r in range(8)]
     report = check_capstone(1, 1, 1, 1, steps=2).to_dict()
     fig = plot_losses(report["losses"]["parallel"], report["losses"]["reference"])
     assert all(a.get_ylabel() and a.get_legend() for a in fig.axes) and fig.axes[0].get_title()
     fig = plot_bytes(report["bytes"])
     assert fig.axes[0].get_legend() and fig.axes[0].get_ylabel() == "KiB sent per training step"
+    ax = fig.axes[0]   # the formulas' total tick stays inside the axes
+    assert max(line.get_ydata()[0] for line in ax.lines) < ax.get_ylim()[1]
+    fig = plot_drift(report["drift"])
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log" and ax.get_legend() and ax.get_title()
+    assert [list(line.get_xdata()) for line in ax.lines[:2]] == [report["drift"]["steps"]] * 2
     plt.close("all")
 
 

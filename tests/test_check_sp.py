@@ -161,7 +161,22 @@ def test_explorer_summary_and_controls():
     assert "FAILED" in text and "fails: ln.weight_grad on ranks 0, 1" in text
     assert "saved for backward per rank: TP only" in text and "collectives on rank 0" in text
     widget = explore_sequence_parallel(world_size=2, seq_len=8)
-    controls = {c.description: c for c in widget.children[:-1]}
+    controls = {c.description: c for row in widget.children[:-1] for c in row.children}
     assert set(controls) == {"world size t", "sequence length s", "dropout p", "bug", "show"}
     assert controls["bug"].options == ("none", *SP_BUGS)
     assert list(controls["show"].options) == list(VIEWS)
+
+
+def test_the_traced_run_counts_as_the_sp_variant_and_measures_the_same():
+    """Without a bug the traced block is the SP variant: its saved bytes and collectives are taken
+    from the traced run (one block run fewer); they must equal a separate measurement."""
+    from mtb_helpers.sp.memory import measure_activation_memory
+
+    separate = measure_activation_memory((2,), ffn_hidden=32)[0]["variants"]
+    for bug in (None, "sp-no-layernorm-grad-allreduce"):
+        shared = check_sequence_parallel(world_size=2, bug=bug).extra["activation_memory"]
+        assert shared["variants"] == separate, bug
+    only = check_sequence_parallel(world_size=2, memory_variants=("tp", "sp"))
+    assert set(only.extra["activation_memory"]["variants"]) == {"tp", "sp"} and only.passed
+    with pytest.raises(ValueError, match="memory_variants"):
+        check_sequence_parallel(world_size=2, memory_variants=("tp", "zero"))

@@ -70,7 +70,7 @@ def test_bug_provenance_shows_where_values_came_from():
     ({"seed": -1}, "seed"),
     ({"bug": "no-such-bug"}, "unknown bug"),
     ({"bug": "bias-before-allreduce"}, "does not apply"),
-    ({"bug": "allgather-rank-order", "collectives": ("broadcast",)}, "not checked"),
+    ({"bug": "allgather-rank-order", "collectives": ("broadcast",)}, "among the collectives checked"),
     ({"bug": "allgather-rank-order", "world_size": 1, "numel": 4}, "cannot show"),
     ({"bug": "alltoall-wrong-split", "numel": 2}, "cannot show"),
     ({"collectives": ("all-scatter",)}, "unknown collective"),
@@ -172,8 +172,8 @@ def test_figures_and_explorer_draw_the_report(monkeypatch):
             for r, f in enumerate(formula_bytes(c, t, 64))]
     assert len(plot_bytes(rows).axes) == len(COLLECTIVES)
     assert len(plot_decomposition(cc.all_reduce_as_reduce_scatter_all_gather(2, 4)).axes) == 3
-    fig, text = explorer_module.render(3, "all-to-all", 2, inject_bug=True)
-    assert text.startswith("FAIL") and "alltoall-wrong-split" in text
+    png, text = explorer_module.render(3, "all-to-all", 2, inject_bug=True)
+    assert text.startswith("FAIL") and "alltoall-wrong-split" in text and png.startswith(b"\x89PNG")
     calls = []
     monkeypatch.setattr(explorer_module, "render",
                         lambda *args: calls.append(args) or (matplotlib.figure.Figure(), "line"))

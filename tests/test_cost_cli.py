@@ -32,3 +32,21 @@ def test_cost_predict_refuses_bad_input_with_exit_2(capsys, bad, match):
     options.update(zip(bad[::2], bad[1::2]))
     assert main(["cost", "predict", *(x for kv in options.items() for x in kv)]) == 2
     assert match in capsys.readouterr().err
+
+
+def test_cost_calibrate_prints_a_fit_as_json(capsys):
+    argv = ["cost", "calibrate", "--world-size", "2", "--collective", "all-reduce",
+            "--sizes", "1024,65536", "--k", "1", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    fit = out["fits"]["all-reduce"]
+    assert out["world_size"] == 2 and [r["bytes"] for r in out["rows"]] == [1024, 65536]
+    assert fit["alpha"] > 0 and fit["bandwidth"] > 0 and len(fit["residuals"]) == 2
+
+
+@pytest.mark.parametrize("bad, match", [(["--sizes", "1e13,1e3"], "use smaller sizes"),
+                                        (["--sizes", "abc"], "--sizes must be"),
+                                        (["--k", "0"], "k must be")])
+def test_cost_calibrate_refuses_bad_input_before_any_rank_starts(no_ranks, capsys, bad, match):
+    assert main(["cost", "calibrate", *bad]) == 2
+    assert match in capsys.readouterr().err

@@ -8,8 +8,6 @@ be within a few ms: on a busy shared machine a thread can wait for a core longer
 such a lag is shown (``Event.overrun``, a warning), never hidden."""
 from __future__ import annotations
 
-import os
-import statistics
 import time
 
 import pytest
@@ -258,3 +256,18 @@ def test_padded_refuses_a_bad_duration_and_pads_outside_a_link_too():
     with padded("x", 0.02):
         pass
     assert time.perf_counter() - t0 >= 0.02
+
+
+def test_time_scale_auto_stretches_a_too_fast_link_just_enough():
+    def job():
+        x = torch.ones(1000, dtype=torch.float64)
+        dist.all_reduce(x)
+        return x[0].item()
+    nvlink = Link(alpha=2e-6, bandwidth=150e9)        # far under gloo's floor at scale 1
+    results = run(job, world_size=2, link=nvlink, time_scale="auto", timeout=120)
+    tl = results.timeline
+    assert list(results) == [2.0, 2.0]
+    assert tl.time_scale >= 100 and str(int(tl.time_scale))[0] in "125"   # 1, 2, 5 x 10^k
+    reduce = tl.events(rank=0, name="all_reduce")[0]
+    assert reduce.modelled == pytest.approx(tl.time_scale * predict("all-reduce", 8000, 2, nvlink))
+    assert f"{tl.time_scale:g}× slower than real time" in tl.label()

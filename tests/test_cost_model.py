@@ -137,3 +137,33 @@ def test_bad_links_are_refused_naming_the_field(alpha, bandwidth, name):
 def test_bad_arguments_are_refused_with_a_clear_message(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_a_step_is_predicted_from_its_record_event_by_event():
+    from mtb_helpers.comm.records import CollectiveEvent, CollectiveRecord
+    from mtb_helpers.cost.step import predict_step_time
+
+    def ev(op, nbytes, t=4):
+        return CollectiveEvent(op, "r", "", "forward", (1,), (1,), "float32", nbytes, 0, t)
+    rank0 = CollectiveRecord([ev("all_gather", 1000), ev("split", 4000), ev("all_reduce", N),
+                              ev("send", 2000), ev("recv", 2000), ev("all_to_all", 800)])
+    rank1 = CollectiveRecord([ev("all_gather", 1000), ev("split", 4000), ev("all_reduce", N),
+                              ev("send", 2000), ev("recv", 2000), ev("all_to_all", 4000)])
+    expected = (3 * A + 0.75 * 4000 / 1e9          # all-gather: S = 4 x 1000 B, the output
+                + 6 * A + 1.5 * NB                 # all-reduce of 4 MB
+                + A + 2000 / 1e9                   # one message; its recv overlaps (full duplex)
+                + 3 * A + 0.75 * 4000 / 1e9)       # all-to-all: the larger send buffer (rank 1)
+    assert predict_step_time([rank0, rank1], LINK, compute=0.5) == pytest.approx(0.5 + expected)
+    with pytest.raises(ValueError, match="differ in length"):
+        predict_step_time([rank0, CollectiveRecord([ev("all_reduce", 8)])], LINK)
+
+
+def test_a_pipeline_step_is_the_simulators_makespan_with_alpha_beta_messages():
+    from mtb_helpers.cost.step import predict_pipeline_step_time
+    from mtb_helpers.pp import schedule, simulate
+
+    t = predict_pipeline_step_time("gpipe", 2, 2, (1.0, 2.0), 10**9, LINK)
+    # GPipe, 2 stages, 2 micro-batches; every hop between the stages takes α + 1 GB/β
+    ops = schedule("gpipe", 2, 2)
+    assert t == pytest.approx(simulate(ops, 1.0, 2.0, latency=A + 1.0).makespan)
+    assert t > simulate(ops, 1.0, 2.0).makespan + 2 * (A + 1.0) - 1e-9   # two hops on the path

@@ -82,6 +82,12 @@ def test_a_bug_fails_at_the_step_it_breaks(bug, layout, first_bad_loss):
     assert max(report.extra["drift"]["anchored"]["params"][:1]) > 1e-6
 
 
+def test_capstone_refuses_heads_that_do_not_split_the_width(no_ranks):
+    from mtb_helpers.capstone.model import GPTConfig
+    with pytest.raises(ValueError, match=r"hidden=30 is not divisible by heads=4"):
+        check_capstone(tp=2, cfg=GPTConfig(hidden=30))
+
+
 def test_capstone_refuses_non_finite_numbers_before_any_rank(no_ranks):
     for kwargs, name in ((dict(lr=float("nan")), "lr"), (dict(lr=0.0), "lr"),
                          (dict(weight_decay=float("inf")), "weight_decay"),

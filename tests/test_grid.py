@@ -102,17 +102,24 @@ def test_grid_figure_names_each_group_and_flags_the_wrong_one():
     plt.close(fig)
 
 
-def test_explorer_choices_summary_and_redraw(capsys):
+def _shown(explorer) -> str:
+    """The texts the explorer shows now (the shared frame's HTML widgets, below the controls)."""
+    import html
+    return "\n".join(html.unescape(w.value) for w in explorer.children[-1].children
+                     if isinstance(getattr(w, "value", None), str))
+
+
+def test_explorer_choices_summary_and_redraw():
     assert grid_choices(4) == [("tp=1 x dp=4", (1, 4)), ("tp=2 x dp=2", (2, 2)),
                                ("tp=4 x dp=1", (4, 1))]
     report = check_grid(tp=4, dp=1)
     assert grid_summary(report).startswith("PASS: tp=4 x dp=1")
     assert "ranks [0, 1, 2, 3] (768 B sent)" in grid_summary(report)
     explorer = grid_explorer(4)
-    assert "PASS: tp=2 x dp=2" in capsys.readouterr().out
+    assert "PASS: tp=2 x dp=2" in _shown(explorer)
     shape, dtype, bug = explorer.children[0].children
     shape.value = "tp=1 x dp=4"
-    assert "PASS: tp=1 x dp=4" in capsys.readouterr().out
+    assert "PASS: tp=1 x dp=4" in _shown(explorer)
     bug.value = "grid-no-dp-allreduce"
-    assert "FAIL (fc1.weight_grad" in capsys.readouterr().out
+    assert "FAIL (fc1.weight_grad" in _shown(explorer)
     plt.close("all")

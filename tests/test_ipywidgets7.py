@@ -3,8 +3,9 @@
 ipywidgets 7.7.1 (Colab's pin) is pip-installed once into a cached folder under the temporary
 directory and put first on PYTHONPATH of a fresh Python process. There, under an IPython shell
 with the inline matplotlib backend (what a Colab kernel has), every explorer builder is built and
-each of its controls is moved and moved back while the displayed output is captured: nothing may
-raise, every move must show something, and some move must redraw both the figure and the text.
+each of its controls is moved and moved back while what it shows is read (the displayed output,
+and the text and image widgets the shared frame updates in place): nothing may raise, every move
+must show something, and some move must redraw both the figure and the text.
 
 Builders are discovered, not listed: every public function of a ``mtb_helpers/<topic>/widget.py``
 module whose return annotation is an ipywidgets widget, called with its defaults.
@@ -76,13 +77,28 @@ HARNESS = textwrap.dedent(r'''
             control.value = old + step if old + step <= control.max else old - step
         return lambda: setattr(control, "value", old)
 
-    def shown(action):
+    def state(widget):
+        """What the explorer itself shows: its HTML widgets' text and its Image widgets' PNGs
+        (the shared frame updates them in place instead of displaying new outputs)."""
+        texts, images = [], []
+        if isinstance(widget, ipywidgets.Image):
+            images.append(bytes(widget.value))
+        elif isinstance(widget, ipywidgets.HTML):
+            texts.append(widget.value)
+        for child in getattr(widget, "children", ()):
+            more = state(child)
+            texts += more[0]
+            images += more[1]
+        return texts, images
+
+    def shown(action, root):
         with capture_output() as cap:
             action()
         images = [o.data["image/png"] for o in cap.outputs if "image/png" in o.data]
         html = [o.data["text/html"] for o in cap.outputs if "text/html" in o.data]
-        return {"text": CLEAR.sub("", cap.stdout) + "".join(html), "stderr": cap.stderr,
-                "images": images}
+        texts, pngs = state(root)
+        return {"text": CLEAR.sub("", cap.stdout) + "".join(html) + "".join(texts),
+                "stderr": cap.stderr, "images": images + pngs}
 
     result = {"version": ipywidgets.__version__, "explorers": []}
     for module_name in sys.argv[2:]:
@@ -91,13 +107,13 @@ HARNESS = textwrap.dedent(r'''
             entry = {"name": f"{module_name}.{name}", "moves": []}
             result["explorers"].append(entry)
             try:
-                shown(lambda: entry.__setitem__("widget", build()))
-                widget = entry.pop("widget")
+                with capture_output():
+                    widget = build()
                 entry["type"] = type(widget).__name__
                 for control in controls(widget):
                     undo = []
-                    there = shown(lambda: undo.append(moved(control)))
-                    back = shown(undo[0])
+                    there = shown(lambda: undo.append(moved(control)), widget)
+                    back = shown(undo[0], widget)
                     entry["moves"].append({
                         "control": f"{type(control).__name__} {control.description!r}",
                         "there": there, "back": back,

@@ -201,7 +201,10 @@ def _accumulate(micro: list, ref_grads: list) -> dict:
                     ddp.finish_gradient_synchronization()     # inside no_sync: does nothing
         counts.append(rec.count("all_reduce"))
     err = max((p.grad - g).abs().max().item() for p, g in zip(model.parameters(), ref_grads))
-    return {"counts": counts, "err": err, "buckets": ddp.buckets}
+    comm = [e.name for e in ddp.timeline if e.kind == "comm"]
+    compute = [e for e in ddp.timeline if e.kind == "compute"]
+    return {"counts": counts, "err": err, "buckets": ddp.buckets, "comm": comm,
+            "ordered": all(e.end >= e.start for e in ddp.timeline) and len(compute) == 4}
 
 
 def test_no_sync_accumulates_locally_and_the_next_backward_reduces_the_sum():
@@ -217,6 +220,8 @@ def test_no_sync_accumulates_locally_and_the_next_backward_reduces_the_sum():
         assert res["counts"] == [0, 0, 4]                  # 4 buckets of one parameter, once
         assert res["err"] < 1e-14
         assert res["buckets"] == [["2.bias"], ["2.weight"], ["0.bias"], ["0.weight"]]
+        # .timeline: the last synchronised backward, one all-reduce per bucket in reduce order
+        assert res["comm"] == [f"all-reduce bucket {k}" for k in range(4)] and res["ordered"]
 
 
 def _fsdp_memory() -> dict:
@@ -243,3 +248,101 @@ def test_fsdp_holds_one_shard_frees_what_it_gathers_and_prefetches_the_next_unit
     assert got["names"].count("all-gather 2 (prefetch)") == 1      # during 0's forward
     assert got["names"].count("all-gather 0 (prefetch)") == 1      # during 2's backward
     assert all(got["grads"])
+
+
+def _in_subgroups() -> dict:
+    """4 ranks as two data-parallel groups {0, 1} and {2, 3}; each trains the same model on the
+    same batches inside its own group (process_group=...), and reports its state_dict too."""
+    import torch.distributed as dist
+    r = dist.get_rank()
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    g, me = groups[r // 2], r % 2
+    gen = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(4, 3, generator=gen, dtype=torch.float64),
+                torch.randn(4, 2, generator=gen, dtype=torch.float64)) for _ in range(3)]
+    out = {}
+    for kind in ("ddp", "zero1", "fsdp"):
+        torch.manual_seed(r)                      # different starts: the broadcast must fix them
+        model = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 2)).double()
+        net = (FSDP(model, process_group=g) if kind == "fsdp"
+               else OverlappedDDP(model, bucket_cap_mb=0, process_group=g))
+        opt = (ShardedOptimizer(net.parameters(), torch.optim.AdamW, process_group=g, lr=0.05)
+               if kind == "zero1" else torch.optim.AdamW(net.parameters(), lr=0.05))
+        for x, y in batches:
+            opt.zero_grad()
+            F.mse_loss(net(x[me * 2:(me + 1) * 2]), y[me * 2:(me + 1) * 2]).backward()
+            net.finish_gradient_synchronization()
+            opt.step()
+        params = (net.gather_full_params() if kind == "fsdp"
+                  else dict(net.module.named_parameters()))
+        out[kind] = {k: v.detach().clone() for k, v in params.items()}
+        if kind == "zero1":
+            out["state"] = opt.state_dict()
+    return out
+
+
+def test_the_wrappers_work_inside_subgroups_and_zero1_state_dict_is_the_unsharded_one():
+    res = run(_in_subgroups, world_size=4, timeout=120)
+    gen = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(4, 3, generator=gen, dtype=torch.float64),
+                torch.randn(4, 2, generator=gen, dtype=torch.float64)) for _ in range(3)]
+    torch.manual_seed(0)                          # rank 0 of group {0, 1} started from this
+    ref0 = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 2)).double()
+    torch.manual_seed(2)                          # rank 2 leads group {2, 3}
+    ref2 = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 2)).double()
+    states = []
+    for ref in (ref0, ref2):
+        opt = torch.optim.AdamW(ref.parameters(), lr=0.05)
+        for x, y in batches:
+            opt.zero_grad()
+            F.mse_loss(ref(x), y).backward()
+            opt.step()
+        states.append((dict(ref.named_parameters()), opt.state_dict()))
+    for r, got in enumerate(res):
+        want, want_state = states[r // 2]
+        for kind in ("ddp", "zero1", "fsdp"):
+            assert max((got[kind][k] - want[k]).abs().max().item() for k in want) < 1e-12, (r, kind)
+        assert got["state"]["param_groups"][0]["params"] == want_state["param_groups"][0]["params"]
+        for i, s in want_state["state"].items():
+            for key in ("exp_avg", "exp_avg_sq"):
+                assert (got["state"]["state"][i][key] - s[key]).abs().max() < 1e-12
+
+
+def _resume() -> float:
+    """ShardedOptimizer: 2 steps, state_dict, a fresh optimizer loads it, 2 more steps; against 4
+    uninterrupted steps."""
+    import torch.distributed as dist
+    r = dist.get_rank()
+    gen = torch.Generator().manual_seed(7)
+    batches = [(torch.randn(4, 3, generator=gen, dtype=torch.float64),
+                torch.randn(4, 2, generator=gen, dtype=torch.float64)) for _ in range(4)]
+
+    def steps(ddp, opt, bs):
+        for x, y in bs:
+            opt.zero_grad()
+            F.mse_loss(ddp(x[r * 2:(r + 1) * 2]), y[r * 2:(r + 1) * 2]).backward()
+            ddp.finish_gradient_synchronization()
+            opt.step()
+
+    def fresh():
+        torch.manual_seed(0)
+        ddp = OverlappedDDP(nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 2)).double())
+        return ddp, ShardedOptimizer(ddp.parameters(), torch.optim.AdamW, lr=0.05)
+
+    ddp, opt = fresh()
+    steps(ddp, opt, batches)
+    straight = [p.detach().clone() for p in ddp.parameters()]
+    ddp, opt = fresh()
+    steps(ddp, opt, batches[:2])
+    saved, params = opt.state_dict(), [p.detach().clone() for p in ddp.parameters()]
+    ddp2, opt2 = fresh()
+    with torch.no_grad():
+        for p, v in zip(ddp2.parameters(), params):
+            p.copy_(v)
+    opt2.load_state_dict(saved)
+    steps(ddp2, opt2, batches[2:])
+    return max((a - b).abs().max().item() for a, b in zip(ddp2.parameters(), straight))
+
+
+def test_sharded_optimizer_resumes_from_its_state_dict():
+    assert all(err < 1e-14 for err in run(_resume, world_size=2))

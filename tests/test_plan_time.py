@@ -135,3 +135,14 @@ def test_cli_ranks_and_exits_by_verdict(capsys):
     assert "no layout fits" in capsys.readouterr().out
     assert main(["plan", "--model", "llama-3-8b", "--gpus", "8", "--global-batch", "8"]) == 2
     assert "unknown model 'llama-3-8b'" in capsys.readouterr().err
+
+
+def test_experts_are_split_over_ep_and_pay_all_to_alls():
+    mixtral, c = model("mixtral-8x7b"), cluster("h100", gpus=64)
+    from mtb_helpers.plan import stage_params
+    one = stage_params(mixtral, Layout(tp=2, dp=32), 0)
+    eight = stage_params(mixtral, Layout(tp=2, dp=32, ep=8), 0)
+    assert one["experts"] == 8 * eight["experts"] and one["dense"] == eight["dense"]
+    st = step_time(mixtral, c, Layout(tp=2, dp=32, ep=8, grad_accum=4))
+    assert st.terms["expert parallel"] > 0
+    assert step_time(mixtral, c, Layout(tp=2, dp=32, grad_accum=4)).terms["expert parallel"] == 0

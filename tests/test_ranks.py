@@ -39,6 +39,26 @@ def test_closures_lambdas_and_tensors_travel_both_ways():
     assert run(lambda: dist.get_rank() * 10, world_size=3) == [0, 10, 20]
 
 
+def test_returned_tensors_keep_values_dtypes_and_shapes_whichever_way_they_travel():
+    """Replies carry plain tensors as numpy arrays (fast); what numpy cannot hold keeps torch's
+    pickling. Either way the owner gets equal tensors of the same dtype and shape."""
+    def make():
+        base = torch.arange(24, dtype=torch.float64).reshape(4, 6)
+        return {"t": base.T, "slice": base[1:3, ::2], "scalar": torch.tensor(3.5),
+                "bool": base > 10, "int": base.long(), "half": base.half(),
+                "bf16": base.bfloat16(), "grad": base.clone().requires_grad_(True),
+                "param": torch.nn.Parameter(base.float()), "empty": torch.empty(0, 3)}
+
+    [got] = run(make, world_size=1)
+    for name, want in make().items():
+        assert type(got[name]) is type(want), name
+        assert got[name].dtype == want.dtype and got[name].shape == want.shape, name
+        assert torch.equal(got[name].detach(), want.detach()), name
+    assert got["grad"].requires_grad and got["param"].requires_grad
+    from mtb_helpers.runtime.worker import _dumps
+    assert b"_rebuild_tensor" not in _dumps(("ok", 0, make()["t"]))   # the numpy route
+
+
 def test_pool_is_reused_across_calls():
     first = run(os.getpid, world_size=2)
     second = run(os.getpid, world_size=2)

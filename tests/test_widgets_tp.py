@@ -16,17 +16,27 @@ def _controls(explorer):
     return size, per_rank, other, dtype, bug
 
 
+def _shown(explorer) -> tuple[str, list[bytes]]:
+    """The summary line and the PNGs the explorer shows now (the check table is the 2nd HTML)."""
+    summary, table, *figures = explorer.children[-1].children
+    assert "<table" in table.value
+    return summary.value, [bytes(f.value) for f in figures]
+
+
 @pytest.mark.parametrize("kind", ["column", "row", "mlp"])
-def test_explorer_redraws_on_every_control(kind, capsys):
+def test_explorer_redraws_on_every_control(kind):
     explorer = tp_explorer(kind, world_size=2)
-    assert "PASS" in capsys.readouterr().out
+    text, figures = _shown(explorer)
+    assert "PASS" in text and len(figures) == 2
     size, per_rank, _, _, bug = _controls(explorer)
     size.value = 3
-    assert "on 3 rank(s)" in capsys.readouterr().out
+    text, at_3 = _shown(explorer)
+    assert "on 3 rank(s)" in text and all(a != b for a, b in zip(at_3, figures))
     assert bug.value == "none" and bug.index == 0  # shown selected, not blank
     bug.value = bug.options[1]
-    out = capsys.readouterr().out
-    assert "FAIL (" in out and f"bug={bug.options[1]}" in out
+    text, broken = _shown(explorer)
+    assert "FAIL (" in text and f"bug={bug.options[1]}" in text
+    assert broken[1] != at_3[1]   # the error figure shows the failure
 
 
 def test_summary_counts_the_mlps_two_all_reduces_and_names_failing_quantities():

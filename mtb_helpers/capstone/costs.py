@@ -29,12 +29,12 @@ _SP_REGIONS = (SCATTER_SP, GATHER_SP, REDUCE_SCATTER_SP, GRAD_ALLREDUCE_SP)
 FORMULAS = {
     "tp": "per micro-batch: blocks 8(t-1)/t·A each without SP; embedding g 2(t-1)/t·A; "
           "head f 2(t-1)/t·A without SP; cross-entropy 3·2(t-1)/t·A/h",
-    "sp": "per micro-batch: blocks 8(t-1)/t·A + 6·2(t-1)/t·hd each; embedding split (t-1)/t·A; "
-          "head 2(t-1)/t·A + 2·2(t-1)/t·hd",
+    "sp": "per micro-batch: blocks 8(t-1)/t·A + 6·2(t-1)/t·h·e each; embedding split (t-1)/t·A; "
+          "head 2(t-1)/t·A + 2·2(t-1)/t·h·e",
     "pp": "per micro-batch: A/t (A without SP) to the next stage, A/t back to the previous one",
     "cp": "per micro-batch and block, N = A/t bytes of this rank's K (or V): forward 2(c-1)N, "
           "backward 4(c-1)N + 2N (K, V, dK, dV around the ring, dK and dV home)",
-    "dp": "2(g-1)/g·Ψ_r·d (DDP all-reduce; ZeRO-1 reduce-scatter + all-gather of Ψ_r padded)",
+    "dp": "2(g-1)/g·Ψ_r·e (DDP all-reduce; ZeRO-1 reduce-scatter + all-gather of Ψ_r padded)",
 }
 
 

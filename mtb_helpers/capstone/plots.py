@@ -1,5 +1,6 @@
 """The capstone's figures: the rank grid (who holds what), the loss curves of the parallel run and
-of one process, and the bytes each rank sends per step by group against the formulas.
+of one process, how two correct runs drift apart, and the bytes each rank sends per step by group
+against the formulas.
 
 Plots draw plain data (a report's ``to_dict()`` parts or the lists a check returns); every rank is
 drawn in ``rank_color(r)``, as everywhere in the course.
@@ -14,7 +15,7 @@ from matplotlib.ticker import MaxNLocator
 
 from mtb_helpers.plots.palette import rank_color, rank_legend_handles
 
-__all__ = ["plot_rank_grid", "plot_losses", "plot_bytes", "GROUP_COLORS"]
+__all__ = ["plot_rank_grid", "plot_losses", "plot_bytes", "plot_drift", "GROUP_COLORS"]
 
 # Group colours are greys and hatches, so that colour keeps meaning "rank" in every figure.
 GROUP_COLORS = {"tp": "#4D4D4D", "sp": "#8C8C8C", "pp": "#BDBDBD", "cp": "#FFFFFF", "dp": "#E0E0E0"}
@@ -102,6 +103,8 @@ def plot_bytes(bytes_info: dict, title: str = "") -> Figure:
             bottom += kib
         total = sum(formula[r].values()) / 1024
         ax.plot([r - 0.4, r + 0.4], [total, total], color="black", linewidth=2)
+    highest = max(max(sum(sent.values()), sum(f.values())) for sent, f in zip(per_rank, formula))
+    ax.set_ylim(0, highest / 1024 * 1.08)   # room above the tallest bar and formula tick
     ax.set_xticks(range(len(per_rank)), [f"rank {r}" for r in range(len(per_rank))])
     for r, tick in enumerate(ax.get_xticklabels()):
         tick.set_color(rank_color(r))
@@ -112,5 +115,28 @@ def plot_bytes(bytes_info: dict, title: str = "") -> Figure:
                      label=GROUP_LABEL[g]) for g in groups]
     handles.append(Line2D([], [], color="black", linewidth=2, label="formulas' total"))
     ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    return fig
+
+
+def plot_drift(drift: dict, title: str = "") -> Figure:
+    """Largest parameter error per step on a log scale: the parallel run against one process
+    running on its own (free: rounding compounds through AdamW) and against one process
+    re-anchored on the parallel run's state before each step (each step judged alone).
+    ``drift`` is a capstone report's ``extra["drift"]``; zeros are drawn at 1e-17."""
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    steps = drift["steps"]
+    floor = lambda values: [max(v, 1e-17) if v is not None else float("nan") for v in values]  # noqa: E731
+    for kind, style, label in (("free", "-o", "free-running: the two runs drift apart"),
+                               ("anchored", "--s", "re-anchored before each step")):
+        ax.semilogy(steps, floor(drift[kind]["params"]), style, color="black" if kind == "free"
+                    else "#777777", markersize=4, label=label)
+    ax.axhline(drift["tolerance"]["params"], color="#D55E00", linestyle=":",
+               label=f"the check's tolerance {drift['tolerance']['params']:.0e}")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step")
+    ax.set_ylabel("largest parameter error\nvs one process")
+    ax.set_title(title or "Rounding compounds through AdamW; each step on its own agrees")
+    ax.legend(fontsize=8, loc="center left")
     fig.tight_layout()
     return fig

@@ -45,6 +45,9 @@ def validate(layout: Layout, cfg: GPTConfig, run: TrainConfig, microbatches: int
     if strategy not in DP_STRATEGIES:
         raise ValueError(f"strategy must be one of {', '.join(DP_STRATEGIES)}, got {strategy!r}")
     t = layout.tp
+    if cfg.hidden % cfg.heads:
+        raise ValueError(f"hidden={cfg.hidden} is not divisible by heads={cfg.heads}: every head "
+                         f"needs the same number of features")
     for what, size in (("heads", cfg.heads), ("vocab", cfg.vocab), ("ffn", cfg.ffn)):
         if size % t:
             raise ValueError(f"{what}={size} is not divisible by tp={t}: tensor parallelism gives "

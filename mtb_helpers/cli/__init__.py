@@ -1,7 +1,9 @@
 """The ``minitrainbench`` command: the course's checks, headless, for terminals and CI.
 
 Exit status: 0 when every check passes, 1 when one fails, 2 on bad arguments (argparse's own
-convention, which ValueErrors raised by the checks' validation follow too).
+convention, which ValueErrors raised by the checks' validation follow too), 130 when interrupted
+(Ctrl-C: one line, no traceback). With --json stdout is one JSON document whatever the outcome
+(cli/common.py: run_command).
 
 Each topic of the manifest (:mod:`mtb_helpers.topics`) registers its commands with its
 ``cli.register(top, groups)``; ``groups`` maps a group name ("tp", "pp", ...) to the sub-parsers
@@ -32,13 +34,18 @@ def build_parser(topics: tuple[Topic, ...] | None = None) -> argparse.ArgumentPa
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    from mtb_helpers.cli.common import print_failure_json, run_command
+    argv = sys.argv[1:] if argv is None else list(argv)
+    as_json = "--json" in argv
     try:
-        return int(args.func(args))
-    except ValueError as exc:  # bad input found by a check's validation, before any rank started
-        print(f"minitrainbench: error: {exc}", file=sys.stderr)
-        return 2
+        args = run_command(lambda: build_parser().parse_args(argv), as_json)
+    except SystemExit as exc:   # argparse: usage on stderr, exit 2 (0 after --help)
+        if as_json and exc.code == 2:
+            print_failure_json(None, "bad arguments: argparse's message is on stderr")
+        raise
+    if isinstance(args, int):   # interrupted while the commands were being loaded
+        return args
+    return int(run_command(lambda: args.func(args), as_json))
 
 
 if __name__ == "__main__":

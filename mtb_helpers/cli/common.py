@@ -1,9 +1,15 @@
-"""Options and output shared by the check commands."""
+"""Options and output shared by the check commands, and how a command ends whatever happens.
+
+Exit status: 0 every check passed, 1 a check failed (a rank raised or hung included), 2 bad
+arguments, 130 interrupted (Ctrl-C). With ``--json`` stdout holds exactly one JSON document in
+every one of these cases: ``{"passed": ..., "checks": [...]}``, plus ``"error": {"type",
+"diagnosis", "message"}`` when the command did not get as far as a report."""
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import sys
 from typing import Callable
 
 from mtb_helpers.runtime.ranks import MAX_WORLD_SIZE
@@ -17,7 +23,7 @@ def add_check_options(parser: argparse.ArgumentParser, world_size: int = 2) -> N
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bug", default=None,
-                        help="inject a deliberate mistake (see `python -c 'import mtb_helpers; "
+                        help="inject a deliberate bug (see `python -c 'import mtb_helpers; "
                              "print(mtb_helpers.BUGS)'`); the check must then fail")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -32,6 +38,42 @@ def print_json(reports: list) -> None:
     strict JSON (no NaN), one document however many checks ran."""
     print(json.dumps({"passed": all(r.passed for r in reports),
                       "checks": [r.to_dict() for r in reports]}, allow_nan=False))
+
+
+def failure_document(exc: BaseException | None, diagnosis: str) -> dict:
+    """The --json document of a command that ended without a report: what happened and why."""
+    return {"passed": False, "checks": [],
+            "error": {"type": type(exc).__name__ if exc is not None else None,
+                      "diagnosis": diagnosis, "message": str(exc) if exc is not None else ""}}
+
+
+def print_failure_json(exc: BaseException | None, diagnosis: str) -> None:
+    print(json.dumps(failure_document(exc, diagnosis)), flush=True)
+
+
+def run_command(func: Callable[[], object], as_json: bool):
+    """``func()``'s result; what ends it early becomes one stderr line (and, with ``--json``, one
+    JSON document on stdout) and the documented exit status (an int), never a traceback."""
+    from mtb_helpers.runtime.errors import RankError, RankTimeoutError
+    try:
+        return func()
+    except KeyboardInterrupt as exc:
+        outcome = (exc, "interrupted (Ctrl-C): every rank was stopped", 130)
+    except ValueError as exc:   # bad input found by a check's validation, before any rank started
+        outcome = (exc, "bad arguments: refused before any rank started", 2)
+    except RankTimeoutError as exc:
+        outcome = (exc, "the ranks stopped answering (a hang); see the message for who waits where",
+                   1)
+    except RankError as exc:
+        outcome = (exc, f"rank {exc.rank} failed; its traceback is in the message", 1)
+    exc, diagnosis, status = outcome
+    if status == 130:
+        print("minitrainbench: interrupted", file=sys.stderr, flush=True)
+    else:
+        print(f"minitrainbench: error: {exc}", file=sys.stderr, flush=True)
+    if as_json and is_primary():
+        print_failure_json(exc, diagnosis)
+    return status
 
 
 def emit(reports: list, as_json: bool, details: Callable[[object], str] | None = None) -> int:

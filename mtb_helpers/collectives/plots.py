@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
+from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import EMPTY_COLOR, FAIL_COLOR, rank_color, rank_legend_handles
 
 WHAT_IT_DOES = {
@@ -96,20 +97,29 @@ def _legend(fig: Figure, world_size: int, striped: bool, wrong: bool) -> None:
                frameon=False, bbox_to_anchor=(0.5, 0.0))
 
 
-def plot_collective(report, collective: str) -> Figure:
-    """Every rank's buffer before and after ``collective``, from a check report (or its dict).
-
-    One row per rank; a cell's colour is the rank its value came from; thick lines separate the
-    n/t chunks; a value that differs from the single-process reference has a dark-orange border."""
+def _collective_data(report, collective: str) -> tuple:
     data = report.to_dict() if hasattr(report, "to_dict") else report
     rows = [v for v in data["values"] if v["collective"] == collective]
     if not rows:
         raise ValueError(f"the report has no rows for {collective!r}")
+    return collective, rows
+
+
+def _collective_key(data) -> tuple:
+    """Every value drawn: the buffers are the picture (only the verdict line is drawn over it)."""
+    collective, rows = data
+    return (collective, tuple((tuple(r["before"]), tuple(r["after"]), tuple(r["expected"]),
+                               tuple(map(tuple, r["sources"]))) for r in rows))
+
+
+def _build_collective(new_figure, data):
+    """The static layer: both panels of buffers, the legend."""
+    collective, rows = data
     t = len(rows)
     n_before, n_after = len(rows[0]["before"]), len(rows[0]["after"])
-    fig, (ax_b, ax_a) = plt.subplots(
-        1, 2, figsize=(min(10, 2.2 + 0.55 * (max(n_before, 3) + max(n_after, 3))), 1.9 + 0.55 * t),
-        gridspec_kw={"width_ratios": [max(n_before, 3), max(n_after, 3)], "wspace": 0.25})
+    fig = new_figure((min(10, 2.2 + 0.55 * (max(n_before, 3) + max(n_after, 3))), 1.9 + 0.55 * t))
+    grid = fig.add_gridspec(1, 2, width_ratios=[max(n_before, 3), max(n_after, 3)], wspace=0.25)
+    ax_b, ax_a = fig.add_subplot(grid[0]), fig.add_subplot(grid[1])
     # Thick lines mark the n/t chunks wherever a chunk is the unit that moves.
     chunks_before = t if collective in ("reduce-scatter", "all-to-all") else 1
     chunks_after = t if collective in ("all-gather", "all-to-all") else 1
@@ -118,15 +128,39 @@ def plot_collective(report, collective: str) -> Figure:
     draw_buffers(ax_a, [r["after"] for r in rows], [r["sources"] for r in rows],
                  f"after {collective}", chunks=chunks_after, expected=[r["expected"] for r in rows])
     ax_a.set_yticklabels([])
-    verdict = "matches" if all(r["passed"] for r in rows) else "DIFFERS from"
-    fig.suptitle(f"{collective} on {t} rank{'s' * (t > 1)}: {WHAT_IT_DOES[collective]}\n"
-                 f"(result {verdict} the single-process reference)", fontsize=11)
     striped = any(len(s) > 1 for r in rows for s in r["sources"])
-    wrong = not all(r["passed"] for r in rows)
+    wrong = not all(r["after"] == r["expected"] for r in rows)
     _legend(fig, t, striped, wrong)
     fig.subplots_adjust(top=1 - 0.75 / fig.get_figheight(), bottom=0.95 / fig.get_figheight(),
                         left=0.9 / fig.get_figwidth(), right=0.98)
-    return fig
+    fig.suptitle("", fontsize=11)   # the verdict: set by every update
+
+
+def _update_collective(fig: Figure, _, data) -> list:
+    """The value drawn over the buffers: the verdict of this run."""
+    collective, rows = data
+    t = len(rows)
+    verdict = "matches" if all(r["passed"] for r in rows) else "DIFFERS from"
+    fig.suptitle(f"{collective} on {t} rank{'s' * (t > 1)}: {WHAT_IT_DOES[collective]}\n"
+                 f"(result {verdict} the single-process reference)", fontsize=11)
+    return [fig._suptitle]
+
+
+LIVE_COLLECTIVE = LiveFigure(_collective_key, _build_collective, _update_collective)
+
+
+def plot_collective(report, collective: str) -> Figure:
+    """Every rank's buffer before and after ``collective``, from a check report (or its dict).
+
+    One row per rank; a cell's colour is the rank its value came from; thick lines separate the
+    n/t chunks; a value that differs from the single-process reference has a dark-orange border."""
+    return LIVE_COLLECTIVE.figure(_collective_data(report, collective))
+
+
+def collective_png(report, collective: str) -> Png:
+    """``plot_collective`` for an explorer: the buffers drawn once per set of values, the
+    verdict on every redraw."""
+    return LIVE_COLLECTIVE.png(_collective_data(report, collective))
 
 
 def plot_bytes(rows: Sequence[dict]) -> Figure:

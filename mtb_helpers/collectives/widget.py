@@ -3,19 +3,19 @@ on real ranks and the figure and the bytes line redraw. Core ipywidgets only."""
 from __future__ import annotations
 
 import ipywidgets as widgets
-from matplotlib.figure import Figure
 
 from mtb_helpers.collectives.bugs import COLLECTIVE_BUGS
 from mtb_helpers.collectives.ops import COLLECTIVES, FORMULAS
 from mtb_helpers.collectives.check import check_collectives
-from mtb_helpers.collectives.plots import plot_collective
+from mtb_helpers.collectives.plots import collective_png
+from mtb_helpers.plots.live import Png
 from mtb_helpers.widgets.frame import live_view
 
 MAX_EXPLORER_RANKS = 4   # Binder has 1 CPU and 2 GB; the figures are made for a few rows
 
 
 def render(world_size: int, collective: str, per_chunk: int,
-           inject_bug: bool = False) -> tuple[Figure, str]:
+           inject_bug: bool = False) -> tuple[Png, str]:
     """Run ``collective`` on ``world_size`` ranks with n = per_chunk·t elements; return its figure
     and a line comparing the bytes each rank sent with the formula."""
     bug = next((b for b, c in COLLECTIVE_BUGS.items() if c == collective), None) if inject_bug else None
@@ -30,7 +30,7 @@ def render(world_size: int, collective: str, per_chunk: int,
     text = (f"{'PASS' if report.passed else 'FAIL'}: {collective}, bug={bug}{note}. "
             f"V = {rows[0]['V_bytes']} B. Bytes sent per rank, measured: "
             f"{'n/a' if None in measured else measured}; formula {FORMULAS[collective]}: {formula}")
-    return plot_collective(report, collective), text
+    return collective_png(report, collective), text
 
 
 def collectives_explorer(world_size: int = 2, collective: str = "all-gather",

@@ -1,6 +1,8 @@
 """Time (notebook 13): what communication costs, predicted by the α-β model and measured on ranks.
 
-The model (:mod:`mtb_helpers.cost.model`, formulas and sources there)::
+The model (:mod:`mtb_helpers.cost.model`, formulas and sources there) and this machine's
+calibration (:mod:`mtb_helpers.cost.calibrate`: ``calibrate(world_size, sizes, collectives)``
+-> ``Calibration`` with ``.rows``, ``.fits[name].alpha/.bandwidth/.residuals``, ``.table()``)::
 
     from mtb_helpers.cost import Link, predict, busbw
     link = Link(alpha=5e-6, bandwidth=50e9)          # seconds per message, bytes per second
@@ -32,6 +34,7 @@ given a modelled duration with::
     from mtb_helpers.cost import padded
     with padded("fc1.fwd", seconds):   # inside a rank: the block takes seconds x time_scale
         y = fc1(x)
+    y = pad_backward(y, "fc1.bwd", seconds_bwd)   # identity; its backward takes seconds_bwd
 
 Each ``Event`` is ``(kind, name, bytes, start, end, modelled)``: kind "compute" (a padded block)
 or "comm"; name the padded block's or the torch.distributed function's ("all_reduce", "send",
@@ -43,10 +46,12 @@ than this machine's gloo at that time scale is refused (ValueError naming the sm
 that works) before ``fn`` starts. PyTorch's DDP, DTensor and FSDP2 issue their collectives from
 C++: those are not emulated.
 """
+from mtb_helpers.cost.calibrate import Calibration, Fit, calibrate
 from mtb_helpers.cost.model import (ALGORITHMS, COLLECTIVES, Link, algbw, busbw, busbw_factor,
                                     coefficients, n_half, normalize, predict)
-from mtb_helpers.runtime.link import padded
+from mtb_helpers.runtime.link import pad_backward, padded
 from mtb_helpers.runtime.timeline import Event, RunResults, Timeline
 
-__all__ = ["Link", "predict", "padded", "Event", "Timeline", "RunResults", "algbw", "busbw",
-           "busbw_factor", "coefficients", "n_half", "normalize", "COLLECTIVES", "ALGORITHMS"]
+__all__ = ["Link", "predict", "calibrate", "Calibration", "Fit", "padded", "pad_backward", "Event",
+           "Timeline", "RunResults", "algbw", "busbw", "busbw_factor", "coefficients", "n_half",
+           "normalize", "COLLECTIVES", "ALGORITHMS"]

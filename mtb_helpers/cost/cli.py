@@ -1,13 +1,16 @@
-"""``minitrainbench cost``: the α-β model's prediction for one collective, headless.
+"""``minitrainbench cost``: the α-β model's prediction for one collective, and this machine's
+calibration, headless.
 
     minitrainbench cost predict --collective all-reduce --bytes 1e8 --world-size 8 \
         --alpha 5e-6 --bandwidth 50e9 [--algorithm ring] [--json]
+    minitrainbench cost calibrate [--world-size 2] [--collective all-reduce ...] [--k 5] [--json]
 """
 from __future__ import annotations
 
 import argparse
 import json
 
+from mtb_helpers.cost.calibrate import DEFAULT_SIZES, calibrate
 from mtb_helpers.cost.model import ALGORITHMS, COLLECTIVES, Link, busbw, n_half, normalize, predict
 
 
@@ -28,6 +31,18 @@ def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubPar
                         help="ring (default), tree or naive where the collective has them")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=predict_command)
+    cal = groups["cost"].add_parser(
+        "calibrate", help="time the collectives on this machine's ranks and fit α and β",
+        description="Time each collective over log-spaced sizes (warm-up, median of k, a barrier "
+                    "before each run) and fit α and β by least squares, per collective.")
+    cal.add_argument("--world-size", type=int, default=2)
+    cal.add_argument("--collective", action="append", choices=COLLECTIVES, default=None,
+                     help="calibrate only this collective (repeatable; default: all six)")
+    cal.add_argument("--sizes", default=None,
+                     help=f"comma-separated sizes in bytes (default {','.join(map(str, DEFAULT_SIZES))})")
+    cal.add_argument("--k", type=int, default=5, help="timed runs per size (median taken)")
+    cal.add_argument("--json", action="store_true", help="print the table and fits as JSON")
+    cal.set_defaults(func=calibrate_command)
 
 
 def predict_command(args: argparse.Namespace) -> int:
@@ -51,4 +66,20 @@ def predict_command(args: argparse.Namespace) -> int:
             bound = "latency" if args.nbytes < row["n_half"] else "bandwidth"
             print(f"  n½ = {row['n_half']:.4g} B: this size is {bound}-bound; busbw "
                   f"{row['busbw'] / 1e9:.4g} GB/s" + (f"; other algorithms: {others}" if others else ""))
+    return 0
+
+
+def calibrate_command(args: argparse.Namespace) -> int:
+    """Handler of ``minitrainbench cost calibrate``; ValueError (exit 2) on bad input."""
+    try:
+        sizes = None if args.sizes is None else [int(float(s)) for s in args.sizes.split(",")]
+    except ValueError:
+        raise ValueError(f"--sizes must be comma-separated byte counts, got {args.sizes!r}") from None
+    cal = calibrate(args.world_size, sizes=sizes, collectives=args.collective, k=args.k)
+    if args.json:
+        print(json.dumps(cal.to_dict(), allow_nan=False))
+    else:
+        print(f"calibrated on {cal.world_size} gloo ranks of this machine (times move from machine "
+              "to machine, and with its load):")
+        print(cal.table())
     return 0

@@ -15,8 +15,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
+from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import EMPTY_COLOR, rank_color, rank_legend_handles
-from mtb_helpers.tp.plots import plot_errors
+from mtb_helpers.plots.errors import plot_errors
 
 __all__ = ["plot_layout", "plot_ring_steps", "plot_work", "plot_cost", "plot_cp_errors"]
 
@@ -48,10 +49,27 @@ def plot_ring_steps(cp: dict, title: str = "") -> Figure:
     """Left: rank (row) x step (column), each cell in the colour of the rank whose K/V block it
     holds; hatched grey when the causal mask hides that whole block. Right: the running max of
     each rank's last query row after each step (it can only grow; each growth rescales acc)."""
+    return LIVE_RING.figure((cp, title))
+
+
+def ring_steps_png(cp: dict, title: str = "") -> Png:
+    """``plot_ring_steps`` for an explorer: drawn once per picture (every value in it is in the
+    key: the same setting moved back to shows its kept pixels)."""
+    return LIVE_RING.png((cp, title))
+
+
+def _ring_key(data) -> tuple:
+    cp, title = data
+    return title, tuple(tuple((s["step"], s["source"], s["pairs"], tuple(s["running_max"]))
+                              for s in row) for row in cp["steps"])
+
+
+def _draw_ring_steps(new_figure, data) -> None:
+    cp, title = data
     steps = cp["steps"]
     t = len(steps)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 1.8 + 0.7 * t),
-                                      gridspec_kw={"width_ratios": [1.2, 1]})
+    fig = new_figure((12, 1.8 + 0.7 * t))
+    left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.2, 1]})
     for r, row in enumerate(steps):
         for s in row:
             skipped = s["pairs"] == 0
@@ -93,13 +111,26 @@ def plot_ring_steps(cp: dict, title: str = "") -> Figure:
                            markerfacecolor="white", label="unchanged")],
                  fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle(title or "Ring attention, step by step", fontsize=12)
-    fig.tight_layout()
-    return fig
+    fig.tight_layout()   # once per picture
+
+
+LIVE_RING = LiveFigure(_ring_key, _draw_ring_steps, lambda fig, ctx, data: [])
 
 
 def plot_work(work_by_layout: dict[str, list[int]], title: str = "") -> Figure:
     """Grouped bars: scores computed per rank, one group per layout, the group's mean dashed."""
-    fig, ax = plt.subplots(figsize=(8, 3.8))
+    return LIVE_WORK.figure((work_by_layout, title))
+
+
+def work_png(work_by_layout: dict[str, list[int]], title: str = "") -> Png:
+    """``plot_work`` for an explorer: drawn once per picture (every value is in the key)."""
+    return LIVE_WORK.png((work_by_layout, title))
+
+
+def _draw_work(new_figure, data) -> None:
+    work_by_layout, title = data
+    fig = new_figure((8, 3.8))
+    ax = fig.subplots()
     t = max(len(w) for w in work_by_layout.values())
     width = 0.8 / t
     for g, (name, work) in enumerate(work_by_layout.items()):
@@ -117,8 +148,11 @@ def plot_work(work_by_layout: dict[str, list[int]], title: str = "") -> Figure:
     ax.legend(handles=rank_legend_handles(t) + [Line2D([], [], color="black", linestyle="--",
                                                        label="mean")],
               loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    fig.tight_layout()
-    return fig
+    fig.tight_layout()   # once per picture
+
+
+LIVE_WORK = LiveFigure(lambda data: (tuple((k, tuple(v)) for k, v in data[0].items()), data[1]),
+                       _draw_work, lambda fig, ctx, data: [])
 
 
 def plot_cost(cost: dict[str, dict[str, list]], shard_label: str = "per rank") -> Figure:
@@ -141,6 +175,7 @@ def plot_cost(cost: dict[str, dict[str, list]], shard_label: str = "per rank") -
         ax.set_ylabel("bytes")
         ax.set_title(what, fontsize=11)
         ax.set_xticks(cost[next(iter(cost))]["t"])
+        ax.set_ylim(bottom=0)   # from zero, so a halving looks like a halving
         ax.legend(fontsize=8)
     fig.suptitle(f"Ring vs all-gather attention: communication and memory, {shard_label}",
                  fontsize=12)

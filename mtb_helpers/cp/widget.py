@@ -14,7 +14,8 @@ from mtb_helpers.checking.bug import names_for
 from mtb_helpers.cp.bugs import BUGS
 from mtb_helpers.checking.report import Report
 from mtb_helpers.cp.check import check_context_parallel
-from mtb_helpers.cp.plots import plot_cp_errors, plot_ring_steps, plot_work
+from mtb_helpers.cp.plots import ring_steps_png, work_png
+from mtb_helpers.plots.errors import errors_png
 from mtb_helpers.widgets.frame import live_view
 
 __all__ = ["explore_context_parallel", "explore_balance", "summary"]
@@ -64,8 +65,8 @@ def explore_context_parallel(world_size: int = 4) -> widgets.VBox:
                                         bug=None if bug.value == "none" else bug.value)
         items: list = [summary(report)]
         if variant.value == "ring":
-            items.append(plot_ring_steps(report.extra["cp"]))
-        return items + [plot_cp_errors(report)]
+            items.append(ring_steps_png(report.extra["cp"]))
+        return items + [errors_png(report, by="quantity")]
 
     return live_view([[size, variant, layout], [causal, bug]], render)
 
@@ -84,6 +85,6 @@ def explore_balance(world_size: int = 4, variant: str = "ring") -> widgets.VBox:
             work[layout] = report.extra["cp"]["work"]["forward"]
         return [f"s = {SEQ}, t = {t}: contiguous {work['contiguous']}, zigzag "
                 f"{work['zigzag']} scores per (batch, head)",
-                plot_work(work, title=f"Causal work per rank, {t} rank{'s' * (t > 1)}")]
+                work_png(work, title=f"Causal work per rank, {t} rank{'s' * (t > 1)}")]
 
     return live_view([[size]], render)

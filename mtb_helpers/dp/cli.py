@@ -37,6 +37,8 @@ def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubPar
                         help="training steps, each compared with one process (3: one step cannot "
                              "show gradients that are never cleared)")
     parser.set_defaults(func=run_check)
+    from mtb_helpers.dp.overlap_cli import register as register_overlap
+    register_overlap(top, groups)                 # minitrainbench dp overlap (notebook 14)
 
 
 def figures_text(report) -> str:

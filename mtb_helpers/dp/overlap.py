@@ -82,7 +82,7 @@ class OverlappedDDP(nn.Module):
     def _reset(self) -> None:
         self._ready: set[nn.Parameter] = set()
         self._next = 0                                   # the next bucket to start
-        self._pending: list[tuple[int, torch.Tensor, object]] = []
+        self._pending: list[tuple[int, torch.Tensor, object, int]] = []
         self._clock: Timeline | None = None
         self._started = False
 
@@ -130,9 +130,9 @@ class OverlappedDDP(nn.Module):
             parts.append(torch.tensor([float(p.grad is not None) for p in bucket], dtype=bucket[0].dtype))
         flat = torch.cat(parts)                       # [sum of numels (+ flags)], one dtype
         work = dist.all_reduce(flat, group=self.process_group, async_op=True)
-        clock.comm(f"all-reduce bucket {k}", work, flat.numel() * flat.element_size())
+        key = clock.comm(f"all-reduce bucket {k}", work, flat.numel() * flat.element_size())
         note("all_reduce", flat, flat, "dp-bucket", f"bucket {k}", "backward", self.world_size)
-        self._pending.append((k, flat, work))
+        self._pending.append((k, flat, work, key))
         self._next = k + 1
 
     # --- after backward -----------------------------------------------------------------------
@@ -145,8 +145,9 @@ class OverlappedDDP(nn.Module):
             self._clock = Timeline()
         while self._next < len(self._buckets):
             self._launch(self._next)
-        for k, flat, work in self._pending:
+        for k, flat, work, key in self._pending:
             self._wait(work)
+            self._clock.waited(key)
             self._write_back(k, flat)
         self.timeline = self._clock.close()
         self._reset()

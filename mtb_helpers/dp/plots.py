@@ -2,7 +2,7 @@
 (against the ZeRO paper's accounting) and the bytes it sends (against the formulas).
 
 They draw the data of ``check_data_parallel`` reports (``report.extra["memory"]``, ``["communication"]``);
-``plot_holdings`` needs only the strategy names. Errors per quantity reuse ``plots.tp.plot_errors``.
+``plot_holdings`` needs only the strategy names. Errors per quantity: the shared ``plots.errors.plot_errors``.
 They never start ranks.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from matplotlib.patches import Patch, Rectangle
 from mtb_helpers.dp.strategies import MEMORY_SHARDED, MEMORY_TERMS
 from mtb_helpers.dp.strategies import STRATEGIES
 from mtb_helpers.plots.palette import EMPTY_COLOR, rank_color, rank_legend_handles
-from mtb_helpers.tp.plots import plot_errors  # noqa: F401  (re-exported for notebook 06)
+from mtb_helpers.plots.errors import plot_errors  # noqa: F401  (re-exported for notebook 06)
 
 __all__ = ["plot_holdings", "plot_memory", "plot_communication", "plot_errors", "TERM_COLORS",
            "NAMES"]

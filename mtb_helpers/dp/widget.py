@@ -1,19 +1,19 @@
 """Data-parallel explorer: world size, strategy and a deliberate bug; the errors per quantity, the
 bytes each rank holds and sends, and a summary redraw on every change.
 
-Core ipywidgets only (interactive, IntSlider, Dropdown), so it runs on 7.7 and 8. Every change
-re-runs ``check_data_parallel`` on warm ranks.
+Core ipywidgets only (IntSlider, Dropdown, the shared frame ``widgets.frame.live_view``), so it
+runs on 7.7 and 8. Every change re-runs ``check_data_parallel`` on warm ranks.
 """
 from __future__ import annotations
 
 import ipywidgets as widgets
-from IPython.display import display
 
-from mtb_helpers.widgets.frame import as_png
+from mtb_helpers.plots.errors import errors_png
+from mtb_helpers.widgets.frame import live_view
 from mtb_helpers.dp.check import check_data_parallel
 from mtb_helpers.dp.strategies import STRATEGIES
 from mtb_helpers.dp.bugs import DP_BUGS
-from mtb_helpers.dp.plots import plot_communication, plot_errors, plot_holdings, plot_memory
+from mtb_helpers.dp.plots import plot_communication, plot_holdings, plot_memory
 from mtb_helpers.checking.report import Report
 
 __all__ = ["dp_summary", "explore_data_parallel"]
@@ -35,31 +35,26 @@ def dp_summary(report: Report) -> str:
 
 
 def explore_data_parallel(world_size: int = 2, strategy: str = "ddp",
-                          bug: str | None = None) -> widgets.interactive:
+                          bug: str | None = None) -> widgets.VBox:
     """The explorer widget; display it (it is the last expression of a notebook cell)."""
+    size = widgets.IntSlider(value=world_size, min=1, max=4, description="world size t",
+                             style={"description_width": "initial"}, continuous_update=False)
+    choose = widgets.Dropdown(options=list(STRATEGIES), value=strategy, description="strategy")
+    broken = widgets.Dropdown(options=["none", *DP_BUGS], value=bug or "none", description="bug")
+    view = widgets.Dropdown(options=list(VIEWS), value=VIEWS[0], description="show")
 
-    def draw(world_size: int, strategy: str, bug: str, view: str) -> None:
+    def render() -> list:
         try:
-            report = check_data_parallel(world_size=world_size, strategy=strategy, batch=12,
-                                         bug=None if bug == "none" else bug)
+            report = check_data_parallel(world_size=size.value, strategy=choose.value, batch=12,
+                                         bug=None if broken.value == "none" else broken.value)
         except ValueError as exc:   # e.g. a bug that does not apply to this strategy: say why
-            print(f"cannot run: {exc}")
-            return
-        if view == "errors per quantity":
-            fig = plot_errors(report, by="quantity")
-        elif view == "who holds what":
-            fig = plot_holdings(world_size, (strategy,))
+            return [f"cannot run: {exc}"]
+        if view.value == "errors per quantity":
+            fig = errors_png(report, by="quantity")
+        elif view.value == "who holds what":
+            fig = plot_holdings(size.value, (choose.value,))
         else:
-            fig = (plot_memory if view == "bytes held" else plot_communication)([report])
-        display(as_png(fig))  # drawn once, not twice as the inline backend does
-        print(dp_summary(report))
+            fig = (plot_memory if view.value == "bytes held" else plot_communication)([report])
+        return [fig, dp_summary(report)]
 
-    return widgets.interactive(
-        draw,
-        world_size=widgets.IntSlider(value=world_size, min=1, max=4, description="world size t",
-                                     style={"description_width": "initial"},
-                                     continuous_update=False),
-        strategy=widgets.Dropdown(options=list(STRATEGIES), value=strategy, description="strategy"),
-        bug=widgets.Dropdown(options=["none", *DP_BUGS], value=bug or "none", description="bug"),
-        view=widgets.Dropdown(options=list(VIEWS), value=VIEWS[0], description="show"),
-    )
+    return live_view([[size, choose], [broken, view]], render)

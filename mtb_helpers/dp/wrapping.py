@@ -25,8 +25,6 @@ __all__ = ["Event", "Timeline", "check_bucket_cap", "check_module", "check_group
 # Set on a module when a wrapper takes it: wrapping it again is refused (two wrappers would both
 # reduce its gradients, or one would shard what the other expects whole).
 WRAPPED_ATTR = "_mtb_wrapped_by"
-_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # 2.13 renamed it
-_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 @dataclass(frozen=True)
@@ -67,7 +65,7 @@ class Timeline:
         self._open[key] = ("comm", name, self.now(), nbytes)
         try:
             work.get_future().then(lambda _f, key=key: self._ends.setdefault(key, self.now()))
-        except RuntimeError:
+        except (RuntimeError, AttributeError):     # no future (gloo's reduce-scatter, a link's handle)
             pass
         return key
 
@@ -140,9 +138,13 @@ def broadcast_(tensors: list[torch.Tensor], process_group) -> None:
 
 def all_gather_async(out: torch.Tensor, shard: torch.Tensor, process_group):
     """``shard [n/t]`` of every rank -> ``out [n]`` in rank order; returns the work handle."""
-    return _GATHER(out, shard, group=process_group, async_op=True)
+    # looked up at each call: an emulated link replaces these functions while a call runs; torch
+    # 2.13 renamed them (the old names warn), Colab's older torch has only the old ones
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(out, shard, group=process_group, async_op=True)
 
 
 def reduce_scatter_async(out: torch.Tensor, full: torch.Tensor, process_group):
     """``full [n]`` summed over ranks, this rank's ``out [n/t]`` of it; returns the work handle."""
-    return _SCATTER(out, full, group=process_group, async_op=True)
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return scatter(out, full, group=process_group, async_op=True)

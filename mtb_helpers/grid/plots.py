@@ -13,10 +13,11 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
 
+from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import FAIL_COLOR, rank_color, rank_legend_handles
-from mtb_helpers.tp.plots import plot_errors
+from mtb_helpers.plots.errors import plot_errors
 
-__all__ = ["plot_grid", "plot_grid_bytes", "plot_grid_errors", "group_lines"]
+__all__ = ["plot_grid", "grid_png", "plot_grid_bytes", "plot_grid_errors", "group_lines"]
 
 TP_STYLE = {"edgecolor": "black", "linestyle": "--", "linewidth": 1.8}
 DP_STYLE = {"edgecolor": "#555555", "linestyle": ":", "linewidth": 2.2}
@@ -60,23 +61,28 @@ def _failing_ranks(report) -> set[int]:
     return {row.rank for row in report.failed()}
 
 
-def plot_grid(report, figsize: tuple[float, float] | None = None) -> Figure:
-    """The ``tp x dp`` grid of ``report``: ranks as cells in their colours, what each holds, the
-    TP groups (dashed rows) and DP groups (dotted columns), and each group's collectives."""
+def _grid_key(data) -> tuple:
+    report, figsize = data
+    grid, cfg = report.extra["grid"], report.config
+    return (grid["tp"], grid["dp"], cfg["batch"], cfg["ffn_hidden"], tuple(map(tuple, grid["coords"])),
+            tuple(group_lines(report)), figsize)
+
+
+def _build_grid(new_figure, data) -> dict:
+    """The static layer: the rank cells, the groups, each group's collectives, the legend."""
+    report, figsize = data
     grid, cfg = report.extra["grid"], report.config
     tp, dp = grid["tp"], grid["dp"]
     b, ffn = cfg["batch"], cfg["ffn_hidden"]
-    fig = plt.figure(figsize=figsize or (10, 2.3 + 1.1 * dp))
+    fig = new_figure(figsize or (10, 2.3 + 1.1 * dp))
     ax = fig.add_axes([0.02, 0.06, 0.44, 0.78])
     side = fig.add_axes([0.47, 0.06, 0.52, 0.78])
     side.axis("off")
-    failing = _failing_ranks(report)
     step = 1 + GAP
     for rank, (d, j) in enumerate(grid["coords"]):
         x0, y0 = j * step, d * step
-        ax.add_patch(Rectangle((x0, y0), 1, 1, facecolor=rank_color(rank),
-                               edgecolor=FAIL_COLOR if rank in failing else "white",
-                               linewidth=3 if rank in failing else 1))
+        ax.add_patch(Rectangle((x0, y0), 1, 1, facecolor=rank_color(rank), edgecolor="white",
+                               linewidth=1))
         text = (f"rank {rank}\nX rows {d * b // dp}:{(d + 1) * b // dp}\n"
                 f"ffn {j * ffn // tp}:{(j + 1) * ffn // tp}")
         ax.text(x0 + 0.5, y0 + 0.5, text, ha="center", va="center", fontsize=8.5 if tp < 4 else 7,
@@ -114,10 +120,37 @@ def plot_grid(report, figsize: tuple[float, float] | None = None) -> Figure:
     ax.text(-1.2, dp * step - GAP + 0.75, "X rows: the replica's slice of the batch\n"
             "ffn: the shard's columns of W1 = rows of W2", fontsize=7.5, va="top", ha="left")
     side.legend(handles=handles, loc="lower left", ncol=4, fontsize=8, frameon=False)
+    fig.suptitle("", fontsize=11)   # the verdict: set by every update
+    return {"ax": ax, "step": step}
+
+
+def _update_grid(fig: Figure, ctx: dict, data) -> list:
+    """The values: a red frame on every failing rank, the verdict."""
+    report, _ = data
+    grid, cfg = report.extra["grid"], report.config
+    failing = _failing_ranks(report)
+    drawn = [ctx["ax"].add_patch(Rectangle((j * ctx["step"], d * ctx["step"]), 1, 1, fill=False,
+                                           edgecolor=FAIL_COLOR, linewidth=3))
+             for rank, (d, j) in enumerate(grid["coords"]) if rank in failing]
     verdict = "PASSED" if report.passed else "FAILED"
-    fig.suptitle(f"tp={tp} x dp={dp} grid, rank = dp_index * tp + tp_index; "
+    fig.suptitle(f"tp={grid['tp']} x dp={grid['dp']} grid, rank = dp_index * tp + tp_index; "
                  f"bug={cfg.get('bug')}: check {verdict}", fontsize=11)
-    return fig
+    return drawn + [fig._suptitle]
+
+
+LIVE_GRID = LiveFigure(_grid_key, _build_grid, _update_grid)
+
+
+def plot_grid(report, figsize: tuple[float, float] | None = None) -> Figure:
+    """The ``tp x dp`` grid of ``report``: ranks as cells in their colours, what each holds, the
+    TP groups (dashed rows) and DP groups (dotted columns), and each group's collectives."""
+    return LIVE_GRID.figure((report, figsize))
+
+
+def grid_png(report) -> Png:
+    """``plot_grid`` for an explorer: the grid and its groups drawn once per shape, the red
+    frames and the verdict on every redraw."""
+    return LIVE_GRID.png((report, None))
 
 
 def plot_grid_bytes(report) -> Figure:
@@ -150,5 +183,5 @@ def plot_grid_bytes(report) -> Figure:
 
 
 def plot_grid_errors(report) -> Figure:
-    """Max abs error per quantity and rank against the tolerance (``plots.tp.plot_errors``)."""
+    """Max abs error per quantity and rank against the tolerance (``plots.errors.plot_errors``, shared)."""
     return plot_errors(report, by="quantity")

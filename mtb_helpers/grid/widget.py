@@ -7,10 +7,10 @@ Core ipywidgets only (Dropdown, Output, observe), so it runs on 7.7 and 8.
 from __future__ import annotations
 
 import ipywidgets as widgets
-from IPython.display import HTML
 
 from mtb_helpers.grid.check import GRID_BUGS, check_grid
-from mtb_helpers.grid.plots import plot_grid, plot_grid_errors
+from mtb_helpers.grid.plots import grid_png
+from mtb_helpers.plots.errors import errors_png
 from mtb_helpers.checking.report import Report
 from mtb_helpers.widgets.frame import live_view
 
@@ -44,7 +44,6 @@ def grid_explorer(world_size: int = 4) -> widgets.VBox:
         tp, dp = choices[shape.value]
         report = check_grid(world_size=world_size, tp=tp, dp=dp, dtype=dtype.value,
                             bug=None if bug.value == "none" else bug.value)
-        return [grid_summary(report), plot_grid(report), plot_grid_errors(report),
-                HTML(report._repr_html_())]
+        return [grid_summary(report), grid_png(report), errors_png(report, by="quantity"), report]
 
     return live_view([[shape, dtype, bug]], render)

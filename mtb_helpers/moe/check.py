@@ -23,7 +23,6 @@ from torch import nn
 
 from mtb_helpers.comm.issue import group_size
 from mtb_helpers.checking.bug import resolve
-from mtb_helpers.moe.bugs import BUGS
 from mtb_helpers.comm.records import record
 from mtb_helpers.moe.layers import COMBINE, COUNTS, DISPATCH, ROUTER_GRAD, Expert, moe_reference
 from mtb_helpers.moe.bugs import build_moe
@@ -154,7 +153,7 @@ def _validate(t: int, num_experts, top_k, tokens, hidden, ffn_hidden, capacity_f
 def check_moe(world_size: int = 2, num_experts: int = 4, top_k: int = 1, tokens: int = 16,
               hidden: int = 8, ffn_hidden: int = 16, capacity_factor: float | None = None,
               dtype=torch.float32, seed: int = 0, bug: str | None = None,
-              timeout: float = 30.0) -> Report:
+              timeout: float = 30.0, link=None) -> Report:
     """``ExpertParallelMoE`` on ``world_size`` ranks against ``moe_reference`` on one process.
 
     X ``[tokens, hidden]`` is split by tokens, ``[n/t, h]`` per rank; rank r owns experts
@@ -163,11 +162,11 @@ def check_moe(world_size: int = 2, num_experts: int = 4, top_k: int = 1, tokens:
     """
 
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
-    resolve(BUGS, bug, "moe")
+    wrong = resolve(bug, "moe")
     _validate(t, num_experts, top_k, tokens, hidden, ffn_hidden, capacity_factor)
     gate, experts, x, dy = make_moe_inputs(tokens, hidden, ffn_hidden, num_experts, dtype, seed)
-    results = run(_on_rank, gate, experts, x, dy, top_k, capacity_factor, bug,
-                  world_size=t, timeout=timeout)
+    results = run(_on_rank, gate, experts, x, dy, top_k, capacity_factor, wrong,
+                  world_size=t, timeout=timeout, link=link)   # link=: an emulated link (cost/)
     refs = _reference(gate, experts, x, dy, top_k, capacity_factor, t)
     refs64 = _reference(copy.deepcopy(gate).double(), [e.double() for e in copy.deepcopy(experts)],
                         x.double(), dy.double(), top_k, capacity_factor, t, chosen=refs["chosen"])

@@ -8,18 +8,18 @@ max error per quantity (expert grads grouped by expert) on the rank that holds i
 """
 from __future__ import annotations
 
-import math
-
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.collections import LineCollection
 from matplotlib.lines import Line2D
 from matplotlib.patches import FancyBboxPatch, Patch
 
-from mtb_helpers.plots.palette import FAIL_COLOR, PASS_COLOR, rank_color, rank_legend_handles
-from mtb_helpers.tp.plots import error_legend_handles
+from mtb_helpers.plots.errors import LIVE_ERRORS, error_figure
+from mtb_helpers.plots.live import LiveFigure, Png
+from mtb_helpers.plots.palette import rank_color, rank_legend_handles
 
-__all__ = ["plot_routing", "plot_tokens_per_expert", "plot_all_to_all_bytes", "plot_moe_errors"]
+__all__ = ["plot_routing", "plot_tokens_per_expert", "plot_all_to_all_bytes", "plot_moe_errors",
+           "routing_png", "tokens_per_expert_png", "moe_errors_png"]
 
 DROPPED = "#999999"
 
@@ -30,38 +30,34 @@ def _box(ax, x, y, w, h, color, text, text_color="black") -> None:
     ax.text(x, y, text, ha="center", va="center", fontsize=9, color=text_color, zorder=4)
 
 
-def plot_routing(moe: dict, title: str | None = None) -> Figure:
-    """Token -> expert -> rank. Each line is one choice, in the colour of the rank it travels
-    to; dashed for a second choice, grey dotted for a choice dropped by the capacity limit."""
-    experts, kept, owner = moe["experts"], moe["kept"], moe["owner"]
-    src, n, E = moe["source_rank"], len(moe["experts"]), len(moe["owner"])
+def _routing_key(data) -> tuple:
+    moe, title = data
+    return (tuple(moe["owner"]), tuple(moe["source_rank"]), moe["capacity"], title)
+
+
+def _geometry(moe: dict) -> tuple:
+    n, E, t = len(moe["experts"]), len(moe["owner"]), max(moe["owner"]) + 1
+    return ([n - 1 - i for i in range(n)], [(n - 1) * (1 - (e + 0.5) / E) for e in range(E)],
+            [(n - 1) * (1 - (r + 0.5) / t) for r in range(t)])
+
+
+def _build_routing(new_figure, data):
+    """The static layer: token, expert and rank boxes, expert -> owner lines, legend, title."""
+    moe, title = data
+    owner, src, n, E = moe["owner"], moe["source_rank"], len(moe["experts"]), len(moe["owner"])
     t = max(owner) + 1
-    fig, ax = plt.subplots(figsize=(10, max(4.5, 0.28 * n + 1.5)))
-    ty = [n - 1 - i for i in range(n)]
-    ey = [(n - 1) * (1 - (e + 0.5) / E) for e in range(E)]
-    ry = [(n - 1) * (1 - (r + 0.5) / t) for r in range(t)]
-    lines: dict[tuple, list] = {}  # (colour, style) -> segments: one LineCollection each
-    crosses = []
+    fig = new_figure((10, max(4.5, 0.28 * n + 1.5)))
+    height = fig.get_figheight()
+    # tight_layout's margins for this figure, fixed (no layout pass): legend on the right
+    ax = fig.add_axes((0.07, 0.55 / height, 0.76, 1 - 0.95 / height))
+    ty, ey, ry = _geometry(moe)
     for i in range(n):
         _box(ax, 0, ty[i], 0.55, 0.7, rank_color(src[i]), f"token {i}")
-        for j, e in enumerate(experts[i]):
-            ok = kept[i][j]
-            style = ("-" if j == 0 else "--") if ok else ":"
-            key = (rank_color(owner[e]) if ok else DROPPED, style)
-            lines.setdefault(key, []).append([(0.3, ty[i]), (1.7, ey[e])])
-            if not ok:
-                crosses.append((1.6, ey[e] + 0.85 * (ty[i] - ey[e]) / 14))
-    for (color, style), segments in lines.items():
-        ok = style != ":"
-        ax.add_collection(LineCollection(segments, colors=color, linestyles=style, zorder=2,
-                                         linewidths=1.6 if ok else 1.2, alpha=0.85 if ok else 1.0))
-    if crosses:
-        ax.plot(*zip(*crosses), linestyle="none", marker="x", color="black", markersize=6,
-                zorder=3)
     for e in range(E):
         _box(ax, 2, ey[e], 0.6, 1.0, rank_color(owner[e]), f"expert {e}")
-        ax.plot([2.3, 3.7], [ey[e], ry[owner[e]]], color=rank_color(owner[e]), linewidth=3,
-                zorder=2)
+    ax.add_collection(LineCollection([[(2.3, ey[e]), (3.7, ry[owner[e]])] for e in range(E)],
+                                     colors=[rank_color(owner[e]) for e in range(E)],
+                                     linewidths=3, zorder=2))
     for r in range(t):
         _box(ax, 4, ry[r], 0.6, 1.4, rank_color(r), f"rank {r}")
     ax.set_xlim(-0.45, 4.45)
@@ -78,31 +74,78 @@ def plot_routing(moe: dict, title: str | None = None) -> Figure:
     ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     cap = moe["capacity"]
     ax.set_title(title or f"Who goes where: {n} tokens, {E} experts on {t} rank(s), capacity "
-             f"{'unlimited' if cap is None else f'{cap} per expert per rank'}", fontsize=11)
-    fig.tight_layout()
-    return fig
+                 f"{'unlimited' if cap is None else f'{cap} per expert per rank'}", fontsize=11)
+    return ax
 
 
-def plot_tokens_per_expert(moe: dict) -> Figure:
-    """For each expert, one bar per source rank: kept choices in the source rank's colour,
-    dropped ones hatched grey on top; the dashed line is the capacity per expert per rank."""
-    kept, owner, t = moe["tokens_per_expert"], moe["owner"], len(moe["tokens_per_expert"])
-    E = len(owner)
-    dropped = [[0] * E for _ in range(t)]
-    n = moe["tokens_per_rank"]
+def _update_routing(fig, ax, data) -> list:
+    """The values: one line per choice (token -> expert), crosses on the dropped ones."""
+    moe, _ = data
+    experts, kept, owner = moe["experts"], moe["kept"], moe["owner"]
+    ty, ey, _ = _geometry(moe)
+    lines: dict[tuple, list] = {}  # (colour, style) -> segments: one LineCollection each
+    crosses, drawn = [], []
+    for i, choices in enumerate(experts):
+        for j, e in enumerate(choices):
+            ok = kept[i][j]
+            style = ("-" if j == 0 else "--") if ok else ":"
+            key = (rank_color(owner[e]) if ok else DROPPED, style)
+            lines.setdefault(key, []).append([(0.3, ty[i]), (1.7, ey[e])])
+            if not ok:
+                crosses.append((1.6, ey[e] + 0.85 * (ty[i] - ey[e]) / 14))
+    for (color, style), segments in lines.items():
+        ok = style != ":"
+        drawn.append(ax.add_collection(LineCollection(
+            segments, colors=color, linestyles=style, zorder=2, linewidths=1.6 if ok else 1.2,
+            alpha=0.85 if ok else 1.0)))
+    if crosses:
+        drawn += ax.plot(*zip(*crosses), linestyle="none", marker="x", color="black",
+                         markersize=6, zorder=3)
+    return drawn
+
+
+LIVE_ROUTING = LiveFigure(_routing_key, _build_routing, _update_routing)
+
+
+def plot_routing(moe: dict, title: str | None = None) -> Figure:
+    """Token -> expert -> rank. Each line is one choice, in the colour of the rank it travels
+    to; dashed for a second choice, grey dotted for a choice dropped by the capacity limit."""
+    return LIVE_ROUTING.figure((moe, title))
+
+
+def routing_png(moe: dict) -> Png:
+    """``plot_routing`` for an explorer: the boxes drawn once per layout, the choices each time."""
+    return LIVE_ROUTING.png((moe, None))
+
+
+def _dropped(moe: dict) -> list[list[int]]:
+    """``[source rank][expert]``: choices dropped by the capacity limit."""
+    t, n = len(moe["tokens_per_expert"]), moe["tokens_per_rank"]
+    dropped = [[0] * len(moe["owner"]) for _ in range(t)]
     for i, choices in enumerate(moe["experts"]):
         for j, e in enumerate(choices):
             if not moe["kept"][i][j]:
                 dropped[i // n][e] += 1
-    fig, ax = plt.subplots(figsize=(9, 3.8))
-    width = 0.8 / t
-    for r in range(t):
-        x = [e + (r - (t - 1) / 2) * width for e in range(E)]
-        ax.bar(x, kept[r], width, color=rank_color(r), edgecolor="black", linewidth=0.6)
-        ax.bar(x, dropped[r], width, bottom=kept[r], color="white", edgecolor=DROPPED,
-               hatch="///", linewidth=0.6)
-    if moe["capacity"] is not None:
-        ax.axhline(moe["capacity"], color="black", linestyle="--", linewidth=1.2)
+    return dropped
+
+
+def _tokens_key(moe: dict) -> tuple:
+    most = max(k + d for kr, dr in zip(moe["tokens_per_expert"], _dropped(moe))
+               for k, d in zip(kr, dr))
+    top = max(most, moe["capacity"] or 0)
+    return (tuple(moe["owner"]), len(moe["tokens_per_expert"]), moe["capacity"], top + 1 + top // 8)
+
+
+def _build_tokens(new_figure, moe: dict):
+    """The static layer: axes up to a whole number over the tallest bar, experts, legend."""
+    owner, t, capacity, top = _tokens_key(moe)
+    E = len(owner)
+    fig = new_figure((9, 3.8))
+    ax = fig.add_axes((0.08, 0.2, 0.68, 0.72))
+    ax.set_xlim(-0.6, E - 0.4)
+    ax.set_ylim(0, top)
+    if capacity is not None:
+        ax.axhline(capacity, color="black", linestyle="--", linewidth=1.2)
     ax.set_xticks(range(E), [f"expert {e}\n(on rank {owner[e]})" for e in range(E)])
     for tick, e in zip(ax.get_xticklabels(), range(E)):
         tick.set_color(rank_color(owner[e]))
@@ -111,14 +154,38 @@ def plot_tokens_per_expert(moe: dict) -> Figure:
     handles = [Patch(facecolor=rank_color(r), edgecolor="black", label=f"kept, from rank {r}")
                for r in range(t)]
     handles.append(Patch(facecolor="white", edgecolor=DROPPED, hatch="///", label="dropped"))
-    if moe["capacity"] is not None:
+    if capacity is not None:
         handles.append(Line2D([], [], color="black", linestyle="--", label="capacity per rank"))
     ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    total = sum(map(sum, dropped))
-    ax.set_title(f"Tokens per expert: {sum(map(sum, kept))} choices kept, {total} dropped",
-                 fontsize=11)
-    fig.tight_layout()
-    return fig
+    return ax
+
+
+def _update_tokens(fig, ax, moe: dict) -> list:
+    """The values: kept bars in the source rank's colour, dropped ones hatched on top, title."""
+    kept, dropped, t = moe["tokens_per_expert"], _dropped(moe), len(moe["tokens_per_expert"])
+    width, drawn = 0.8 / t, []
+    for r in range(t):
+        x = [e + (r - (t - 1) / 2) * width for e in range(len(moe["owner"]))]
+        drawn += ax.bar(x, kept[r], width, color=rank_color(r), edgecolor="black", linewidth=0.6)
+        drawn += ax.bar(x, dropped[r], width, bottom=kept[r], color="white", edgecolor=DROPPED,
+                        hatch="///", linewidth=0.6)
+    ax.set_title(f"Tokens per expert: {sum(map(sum, kept))} choices kept, "
+                 f"{sum(map(sum, dropped))} dropped", fontsize=11)
+    return drawn + [ax.title]
+
+
+LIVE_TOKENS = LiveFigure(_tokens_key, _build_tokens, _update_tokens)
+
+
+def plot_tokens_per_expert(moe: dict) -> Figure:
+    """For each expert, one bar per source rank: kept choices in the source rank's colour,
+    dropped ones hatched grey on top; the dashed line is the capacity per expert per rank."""
+    return LIVE_TOKENS.figure(moe)
+
+
+def tokens_per_expert_png(moe: dict) -> Png:
+    """``plot_tokens_per_expert`` for an explorer: axes once per layout, the bars each time."""
+    return LIVE_TOKENS.png(moe)
 
 
 def _stacked_by_destination(ax, matrix: list[list[int]], row_bytes: int, title: str) -> None:
@@ -175,52 +242,28 @@ def plot_all_to_all_bytes(moe: dict) -> Figure:
     return fig
 
 
+def _expert_group(quantity: str) -> str:
+    """An expert's four grads share one column: ``experts.1.fc1.weight_grad`` -> ``experts.1 grads``."""
+    return ".".join(quantity.split(".")[:2]) + " grads" if quantity.startswith("experts.") else quantity
+
+
+def _moe_error_figure(report):
+    t, bug = report.config["world_size"], report.config.get("bug")
+    verdict = "passed" if report.passed else "FAILED"
+    return error_figure(
+        report, "quantity", group=_expert_group,
+        title=f"MoE check ({report.config['dtype']}, {t} rank(s){', bug ' + bug if bug else ''})"
+              f": {verdict}",
+        xlabel="quantity (expert grads: fc1/fc2 weight and bias, on the owning rank)")
+
+
 def plot_moe_errors(report) -> Figure:
     """Max abs error vs one process on a log scale, one point per (quantity, rank) in the rank's
-    colour; the four grads of an expert share one position; red frames fail, a cross is missing."""
-    groups: dict[str, list] = {}
-    for row in report.rows:
-        key = ".".join(row.quantity.split(".")[:2]) + " grads" if row.quantity.startswith(
-            "experts.") else row.quantity
-        groups.setdefault(key, []).append(row)
-    labels = list(groups)
-    finite = [r.max_abs_err for r in report.rows if r.max_abs_err and not math.isinf(r.max_abs_err)]
-    finite += [r.tolerance for r in report.rows]
-    floor = 10 ** math.floor(math.log10(min(finite)) - 2)
-    top = 10 ** math.ceil(math.log10(max(finite)) + 1)
-    t = report.config["world_size"]
-    fig, ax = plt.subplots(figsize=(10, 4))
-    points: dict[tuple, list] = {}  # (rank, missing, passed) -> [(x, y)]: one scatter each
-    for i, key in enumerate(labels):
-        rows = groups[key]
-        ax.plot([i - 0.4, i + 0.4], [max(r.tolerance for r in rows)] * 2, color="black", lw=1.5)
-        for r in rows:
-            x = i + (r.rank - (t - 1) / 2) * 0.6 / max(t, 2) if not key.startswith("experts") else i
-            missing = math.isinf(r.max_abs_err)
-            y = top / 3 if missing else max(r.max_abs_err, floor)
-            points.setdefault((r.rank, missing, r.passed), []).append((x, y))
-        if not all(r.passed for r in rows):
-            ax.axvspan(i - 0.5, i + 0.5, color=FAIL_COLOR, alpha=0.12, linewidth=0)
-    for (rank, missing, passed), xy in points.items():
-        ax.scatter(*zip(*xy), s=60, color=rank_color(rank), marker="X" if missing else "o",
-                   edgecolor=PASS_COLOR if passed else FAIL_COLOR,
-                   linewidth=0.5 if passed else 2.0, zorder=3)
-    ax.set_yscale("log")
-    ax.set_ylim(floor / 3, top)
-    ax.axhline(floor, color="grey", linestyle=":", linewidth=1)
-    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
-    for tick, key in zip(ax.get_xticklabels(), labels):
-        tick.set_color("black" if all(r.passed for r in groups[key]) else FAIL_COLOR)
-    ticks = ax.get_yticks()
-    ax.set_yticks([floor] + [v for v in ticks if floor < v <= top],
-                  ["0 (exact)"] + [f"1e{round(math.log10(v))}" for v in ticks if floor < v <= top])
-    ax.minorticks_off()
-    ax.set_ylabel("max abs error vs one process")
-    ax.set_xlabel("quantity (expert grads: fc1/fc2 weight and bias, on the owning rank)")
-    verdict = "passed" if report.passed else "FAILED"
-    bug = report.config.get("bug")
-    ax.set_title(f"MoE check ({report.config['dtype']}, {t} rank(s){', bug ' + bug if bug else ''})"
-                 f": {verdict}", fontsize=11)
-    ax.legend(handles=error_legend_handles(t), fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    return fig
+    colour; the four grads of an expert share one position; red frames fail, a cross is missing
+    (the shared ``plots.errors`` figure)."""
+    return LIVE_ERRORS.figure(_moe_error_figure(report))
+
+
+def moe_errors_png(report) -> Png:
+    """``plot_moe_errors`` for an explorer (see ``plots.errors``)."""
+    return LIVE_ERRORS.png(_moe_error_figure(report))

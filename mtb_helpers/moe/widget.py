@@ -11,7 +11,7 @@ import ipywidgets as widgets
 
 from mtb_helpers.moe.check import check_moe
 from mtb_helpers.moe.bugs import MOE_BUGS
-from mtb_helpers.moe.plots import plot_moe_errors, plot_routing, plot_tokens_per_expert
+from mtb_helpers.moe.plots import moe_errors_png, routing_png, tokens_per_expert_png
 from mtb_helpers.checking.report import Report
 from mtb_helpers.widgets.frame import live_view
 
@@ -48,7 +48,7 @@ def explore_moe(world_size: int = 2, num_experts: int = 4) -> widgets.VBox:
         report = check_moe(world_size=size.value, num_experts=experts.value, top_k=top_k.value,
                            capacity_factor=capacity.value, bug=bug.value)
         moe = report.extra["moe"]
-        return [summary(report), plot_routing(moe), plot_tokens_per_expert(moe),
-                plot_moe_errors(report)]
+        return [summary(report), routing_png(moe), tokens_per_expert_png(moe),
+                moe_errors_png(report)]
 
     return live_view([[size, experts, top_k], [capacity, bug]], render)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from mtb_helpers.plan.memory import MemoryModel
-from mtb_helpers.plan.specs import DTYPE_BYTES, NORMS, Layout, ModelSpec, stage_layers
+from mtb_helpers.plan.specs import NORMS, Layout, ModelSpec, stage_layers
 from mtb_helpers.pp.schedules import schedule as make_schedule
 from mtb_helpers.pp.simulator import simulate
 
@@ -57,31 +57,20 @@ class StageMemory:
 
 
 def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1) -> dict[str, float]:
-    """Parameters of one layer on one rank: ``{"dense": ..., "experts": ...}`` (the experts'
-    share that this rank holds; the router counts as dense)."""
-    h, f, kv, d = model.hidden, model.ffn_hidden, model.kv_heads, model.head_dim
-    qkv_out = (model.heads + 2 * kv) * d
-    attn = (h * qkv_out + model.heads * d * h) / tp
-    if model.bias:
-        attn += qkv_out / tp + h                # QKV bias split, projection bias whole
-    norms = 2 * NORMS[model.norm] * h
-    mlp = (3 if model.gated_mlp else 2) * h * f / tp
-    if model.bias:
-        mlp += (2 if model.gated_mlp else 1) * f / tp + h
-    if model.experts == 1:
-        return {"dense": attn + norms + mlp, "experts": 0.0}
-    return {"dense": attn + norms + h * model.experts, "experts": mlp * model.experts / ep}
+    """Parameters of one layer on one rank (``MemoryModel.layer_params``)."""
+    return MemoryModel().layer_params(model, tp, ep)
 
 
 def _vocab_rows(model: ModelSpec, tp: int) -> int:
     return -(-model.vocab // tp)               # Megatron pads the vocabulary to split it evenly
 
 
-def stage_params(model: ModelSpec, layout: Layout, stage: int) -> dict[str, float]:
+def stage_params(model: ModelSpec, layout: Layout, stage: int,
+                 memory_model: MemoryModel | None = None) -> dict[str, float]:
     """Parameters on one rank of pipeline ``stage`` (rank ``stage`` when interleaved: it holds
     virtual stages stage, stage + pp, ...)."""
     n = rank_layers(model, layout)[stage]
-    per = layer_params(model, layout.tp, layout.ep)
+    per = (memory_model or MemoryModel()).layer_params(model, layout.tp, layout.ep)
     out = {"dense": n * per["dense"], "experts": n * per["experts"]}
     h, rows = model.hidden, _vocab_rows(model, layout.tp)
     if stage == 0:
@@ -109,19 +98,22 @@ def rank_layers(model: ModelSpec, layout: Layout) -> list[int]:
             for r in range(layout.pp)]
 
 
+@lru_cache(maxsize=256)
+def _ops(name: str, pp: int, m: int, chunks: int):
+    return make_schedule(name, pp, m, chunks if name == "interleaved" else None)
+
+
 def extrapolated(measure, name: str, pp: int, m: int, chunks: int = 1):
     """``measure(schedule ops)`` (a number or a tuple of numbers) for ``m`` micro-batches. Beyond
     ``3 pp`` the schedules are periodic (each further group of ``pp`` micro-batches adds the same
     amount everywhere: 1F1B's steady state, GPipe's longer fill), so the simulator runs at
-    ``2 pp`` and ``3 pp`` and the line through them is extended (tests compare it with a direct
-    run): a 16-stage, 512-micro-batch pipeline costs as much as a 48-micro-batch one."""
-    def at(k: int):
-        ops = make_schedule(name, pp, k, chunks if name == "interleaved" else None)
-        return measure(ops)
-    if m <= 3 * pp:
-        return at(m)
-    lo, hi = at(2 * pp), at(3 * pp)
-    scale = (m - 2 * pp) / pp
+    ``m1 = 2 pp + m mod pp`` and ``m1 + pp`` and the line through them is extended (tests compare
+    it with a direct run): a 16-stage, 512-micro-batch pipeline costs a 50-micro-batch one."""
+    m1 = 2 * pp + m % pp
+    if m <= m1 + pp:
+        return measure(_ops(name, pp, m, chunks))
+    lo, hi = measure(_ops(name, pp, m1, chunks)), measure(_ops(name, pp, m1 + pp, chunks))
+    scale = (m - m1) / pp
     if isinstance(lo, tuple):
         return tuple(a + (b - a) * scale for a, b in zip(lo, hi))
     return lo + (hi - lo) * scale
@@ -164,14 +156,14 @@ def memory_per_rank(model: ModelSpec, layout: Layout,
         layout.tp if layout.sequence_parallel else 1)
     out = []
     for r in range(layout.pp):
-        params = stage_params(model, layout, r)
+        params = stage_params(model, layout, r, mm)
         terms = {t: 0.0 for t in ("parameters", "gradients", "optimizer states")}
         for kind, n in (("dense", n_dense), ("experts", n_expert)):
             if params[kind]:
                 for t, v in mm.model_states(params[kind], n, layout.zero_stage, k, d, d,
                                             pad=True).items():
                     terms[t] += v
-        per = layer_params(model, layout.tp, layout.ep)
+        per = mm.layer_params(model, layout.tp, layout.ep)
         terms["ZeRO-3 gathered layers"] = (2 * d * (per["dense"] + per["experts"])
                                            if layout.zero_stage == 3 else 0.0)
         terms["activations"] = held[r] * layers[r] * per_layer

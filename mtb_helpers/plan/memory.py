@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 
-from mtb_helpers.plan.specs import RECOMPUTE, positive_int
+from mtb_helpers.plan.specs import NORMS, RECOMPUTE, positive_int
 
 __all__ = ["MemoryModel", "model_state_bytes", "activation_bytes_per_layer", "ATTENTION_TERMS",
            "MLP_TERMS", "STATE_TERMS"]
@@ -52,8 +52,27 @@ def _count(name: str, value) -> float:
 
 
 class MemoryModel:
-    """The formulas, as methods so that a deliberate mistake (``plan/bugs.py``) can override one.
+    """The formulas, as methods so that a deliberate bug (``plan/bugs.py``) can override one.
     ``memory.py``'s functions and the planner use ``MemoryModel()``."""
+
+    def layer_params(self, model, tp: int = 1, ep: int = 1) -> dict[str, float]:
+        """Parameters of one layer of ``model`` (a ``ModelSpec``) on one rank: ``{"dense",
+        "experts"}`` (the experts' share this rank holds; the router counts as dense). Split by
+        ``tp``: Q/K/V and the projection, the MLP, their column-split biases; whole on every
+        tensor rank (Megatron-LM, and the capstone's ``layers.py``): the norms and the biases
+        added after a row-parallel layer."""
+        h, f, kv, d = model.hidden, model.ffn_hidden, model.kv_heads, model.head_dim
+        qkv_out = (model.heads + 2 * kv) * d
+        attn = (h * qkv_out + model.heads * d * h) / tp
+        if model.bias:
+            attn += qkv_out / tp + h                # QKV bias split, projection bias whole
+        norms = 2 * NORMS[model.norm] * h
+        mlp = (3 if model.gated_mlp else 2) * h * f / tp
+        if model.bias:
+            mlp += (2 if model.gated_mlp else 1) * f / tp + h
+        if model.experts == 1:
+            return {"dense": attn + norms + mlp, "experts": 0.0}
+        return {"dense": attn + norms + h * model.experts, "experts": mlp * model.experts / ep}
 
     def model_states(self, num_params: float, dp: int, zero_stage: int,
                      optimizer_bytes_per_param: float = 12, param_bytes: float = 2,

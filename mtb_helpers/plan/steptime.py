@@ -15,8 +15,10 @@ Communication per micro-batch (ring algorithms; ``d`` bytes per element, ``s' = 
     tp  per layer, forward 2 all-reduces of [s', b, h] (attention and MLP; with sequence
         parallelism an all-gather + reduce-scatter each, the same ring bytes), backward 2 more,
         +2 under full recompute. On the critical path (nothing to hide them behind).
-    cp  per layer (cp - 1) ring hops of this rank's K and V [s', b, kv·d_head/tp], forward once,
-        backward twice (K, V and their grads): hidden behind attention's own compute.
+    cp  per layer (cp - 1) ring hops of this rank's K and V [s', b, kv·d_head/tp] forward; backward
+        (cp - 1) hops of K, V, dK, dV together and one more of dK, dV home (the course's ring,
+        ``cp/ring.py``): hidden behind attention's own compute (with
+        ``overlap``; the course's ring attention waits for each hop, so without it).
     ep  per MoE layer, forward 2 all-to-alls (dispatch, combine) of [s'·b·top_k, h], backward 2.
     pp  one send/recv of [s'/(tp if SP), b, h] per micro-batch and stage boundary, each way: the
         simulator's ``latency``.
@@ -40,7 +42,7 @@ from mtb_helpers.plan.budget import extrapolated, layer_params, rank_layers, sta
 from mtb_helpers.plan.specs import ClusterSpec, Layout, ModelSpec, positive_number
 from mtb_helpers.pp.simulator import simulate
 
-__all__ = ["StepTime", "step_time", "model_flops_per_token", "matmul_params", "group_link"]
+__all__ = ["StepTime", "step_time", "stage_compute", "model_flops_per_token", "matmul_params", "group_link"]
 
 
 @dataclass
@@ -90,6 +92,21 @@ def _pipeline(name: str, pp: int, m: int, chunks: int, ratio: float, lat: float)
     return span, 1 - busy / (pp * span)
 
 
+def stage_compute(model: ModelSpec, layout: Layout, rate: float) -> list[tuple[float, float]]:
+    """Per pipeline stage: seconds of computation of one micro-batch's forward and backward at
+    ``rate`` FLOP/s (its layers, the output layer on the last stage, recompute's extra forward)."""
+    t, h = layout.tp, model.hidden
+    tokens = model.seq_len // layout.cp * layout.microbatch
+    attn_f = 4 * model.seq_len * h * tokens / t
+    layer_f = 2 * tokens * matmul_params(model) / t + attn_f
+    extra = {"none": 0.0, "selective": attn_f, "full": layer_f}[layout.recompute]
+    logits = 2 * tokens * model.vocab * h / t               # the output layer, last stage
+    last = layout.pp - 1
+    return [((n * layer_f + (logits if r == last else 0)) / rate,
+             (n * (2 * layer_f + extra) + (2 * logits if r == last else 0)) / rate)
+            for r, n in enumerate(rank_layers(model, layout))]
+
+
 def step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout, mfu: float = 0.5,
               overlap: bool = True) -> StepTime:
     """Predicted seconds of one step (see the module docstring). ``mfu``: the fraction of
@@ -103,34 +120,36 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout, mfu: float
     tokens = s * b                                           # per micro-batch on one rank
     rate = cluster.peak_flops * mfu
     attn_f = 4 * model.seq_len * h * tokens / t              # scores + weighted sum, forward
-    layer_f = 2 * tokens * matmul_params(model) / t + attn_f
-    recompute_f = {"none": 0.0, "selective": attn_f, "full": layer_f}[L.recompute]
     act_bytes = tokens * h * d
     tp_link = group_link(cluster, t)
     tp_ar = _time("all-reduce", act_bytes, t, tp_link)
     tp_fwd, tp_bwd = 2 * tp_ar, (2 + (2 if L.recompute == "full" else 0)) * tp_ar
-    kv_bytes = 2 * tokens * model.kv_heads * model.head_dim / t * d
-    hop = _time("send/recv", kv_bytes, 2, group_link(cluster, t * c)) * (c - 1) if c > 1 else 0.0
-    cp_fwd = max(0.0, hop - attn_f / rate)
-    cp_bwd = max(0.0, 2 * hop - 2 * attn_f / rate)
+    kv_bytes = 2 * tokens * model.kv_heads * model.head_dim / t * d     # this rank's K and V
+    cp_link = group_link(cluster, t * c)
+    hop = _time("send/recv", kv_bytes, 2, cp_link) * (c - 1) if c > 1 else 0.0
+    # backward: K, V, dK, dV in one message per hop, then the finished dK, dV go home
+    hop_b = (_time("send/recv", 2 * kv_bytes, 2, cp_link) * (c - 1)
+             + _time("send/recv", kv_bytes, 2, cp_link)) if c > 1 else 0.0
+    hide = attn_f / rate if overlap else 0.0                 # ring hops run beside attention
+    cp_fwd, cp_bwd = max(0.0, hop - hide), max(0.0, hop_b - 2 * hide)
     a2a = _time("all-to-all", tokens * model.top_k * h * d, L.ep, group_link(cluster, t * c * L.ep)) \
         if model.experts > 1 else 0.0
-    logits = 2 * tokens * model.vocab * h / t               # the output layer, last stage
     per_layer_comm = (tp_fwd + cp_fwd + 2 * a2a, tp_bwd + cp_bwd + 2 * a2a)
     stages = rank_layers(model, L)
     # the slowest stage sets the pace of every stage (the simulator takes one time per op)
-    fwd_c = max(n * layer_f + (logits if r == L.pp - 1 else 0) for r, n in enumerate(stages)) / rate
-    bwd_c = max(n * (2 * layer_f + recompute_f) + (2 * logits if r == L.pp - 1 else 0)
-                for r, n in enumerate(stages)) / rate
+    fwd_c, bwd_c = (max(x) for x in zip(*stage_compute(model, L, rate)))
     layers = max(stages)
     f, bwd = fwd_c + layers * per_layer_comm[0], bwd_c + layers * per_layer_comm[1]
     p2p_bytes = tokens * h * d / (t if L.sequence_parallel else 1)
     stride = t * c * L.dp                                    # pipeline neighbours are this far apart
     p2p = _time("send/recv", p2p_bytes, 2, group_link(cluster, stride + 1)) if L.pp > 1 else 0.0
     m = L.grad_accum
-    span, bubble = _pipeline(L.schedule, L.pp, m, L.chunks, round(bwd / f, 2),
-                             float(f"{p2p / f:.2g}"))
-    makespan = span * f
+    # ratios rounded so that plan()'s layouts share simulations (a 1 % change of the backward's
+    # share, a latency to one significant digit: far below what the MFU assumption moves)
+    ratio = round(bwd / f, 2)
+    span, bubble = _pipeline(L.schedule, L.pp, m, L.chunks, ratio, float(f"{p2p / f:.1g}"))
+    # the rounding's own error put back: every stage runs m backwards of bwd, not ratio * f
+    makespan = span * f + m * (bwd - ratio * f) if L.pp > 1 else m * (f + bwd)
     # data parallel: this rank's gradient / parameter bytes over the dp x cp ranks sharing them
     per = layer_params(model, t, L.ep)
     dense = max(stage_params(model, L, r)["dense"] for r in range(L.pp))
@@ -155,7 +174,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout, mfu: float
              "pipeline bubble and p2p": makespan - m * (f + bwd),
              "data parallel": exposed}
     hidden = {"data parallel": total - exposed,
-              "context parallel": m * layers * 3 * hop - terms["context parallel"]}
+              "context parallel": m * layers * (hop + hop_b) - terms["context parallel"]}
     global_tokens = L.global_batch * model.seq_len
     achieved = model_flops_per_token(model) * global_tokens / (step * cluster.peak_flops
                                                                * L.world_size)

@@ -12,7 +12,7 @@ import argparse
 import json
 import math
 
-from mtb_helpers.cli.common import is_primary, print_json
+from mtb_helpers.cli.common import is_primary, print_failure_json, print_json
 from mtb_helpers.pp.schedules import SCHEDULES, closed_form, schedule, simulate
 
 
@@ -140,7 +140,7 @@ def register_run(groups: dict[str, argparse._SubParsersAction]) -> None:
                         help="keep only stage inputs and re-run the forward in backward")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--bug", default=None, help="inject a deliberate pipeline mistake "
+    parser.add_argument("--bug", default=None, help="inject a deliberate pipeline bug "
                         "(pp-loss-not-scaled, pp-input-grad-not-sent, pp-wrong-stash, "
                         "pp-blocking-send); the check must then fail")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds before a hung step "
@@ -159,8 +159,8 @@ def parse_op_time(text: str | None) -> tuple[float, ...] | None:
         values = tuple(float(part) for part in text.split(","))
     except ValueError:
         values = ()
-    if len(values) not in (2, 3) or any(not v >= 0 for v in values):
-        raise ValueError(f"--op-time must be F,B or F,I,W seconds >= 0, got {text!r}")
+    if len(values) not in (2, 3) or any(not 0 <= v < math.inf for v in values):
+        raise ValueError(f"--op-time must be F,B or F,I,W finite seconds >= 0, got {text!r}")
     return values
 
 
@@ -175,7 +175,9 @@ def run_pipeline(args: argparse.Namespace) -> int:
                                 args.dtype, args.seed, args.bug, args.recompute, op_time,
                                 timeout=args.timeout)
     except RankTimeoutError as exc:   # a deadlock (e.g. --bug pp-blocking-send): a failed check
-        if is_primary():
+        if is_primary() and args.json:
+            print_failure_json(exc, "the pipeline step hung")
+        elif is_primary():
             print(f"FAILED: the pipeline step hung\n{exc}")
         return 1
     if not is_primary():   # under torchrun only rank 0 reports

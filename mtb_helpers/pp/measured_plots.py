@@ -16,7 +16,27 @@ from mtb_helpers.pp.plots import plot_gantt
 from mtb_helpers.pp.simulator import Timeline
 
 __all__ = ["plot_measured_vs_simulated", "plot_measured_bubble", "plot_stashed",
-           "plot_trip"]
+           "plot_trip", "TOLERANCE", "against_prediction"]
+
+# What notebook 09's text promises for a measurement against simulate() with the same op times:
+# a makespan within 10 % of the simulated one (relative), a bubble fraction within 5 points
+# (0.05, absolute: a small bubble makes any delay a large relative one). tests/test_saved_claims.py
+# reads these tables back from the saved notebook and checks the same bounds.
+TOLERANCE = {"makespan": ("%", 10.0), "bubble": ("pt", 5.0)}
+
+
+def against_prediction(rows: Sequence[tuple[str, str, float, float]]) -> str:
+    """A table of measurements beside their predictions, one ``| what | quantity | measured |
+    predicted | gap | allowed | within |`` line per ``(what, quantity, measured, predicted)``;
+    ``quantity`` is "makespan" (seconds, gap in %) or "bubble" (fraction, gap in points)."""
+    lines = ["| what | quantity | measured | predicted | gap | allowed | within |",
+             "|---|---|---|---|---|---|---|"]
+    for what, quantity, measured, predicted in rows:
+        unit, allowed = TOLERANCE[quantity]
+        gap = (measured - predicted) / predicted * 100 if unit == "%" else (measured - predicted) * 100
+        lines.append(f"| {what} | {quantity} | {measured:.4f} | {predicted:.4f} | {gap:+.1f} {unit} "
+                     f"| {allowed:g} {unit} | {'yes' if abs(gap) <= allowed else 'NO'} |")
+    return "\n".join(lines)
 
 
 def plot_measured_vs_simulated(measured: Timeline, simulated: Timeline, name: str,
@@ -33,7 +53,10 @@ def plot_measured_vs_simulated(measured: Timeline, simulated: Timeline, name: st
                      f"{measured.bubble_fraction:.1%} (idle / (p x makespan))", fontsize=10)
     bottom.get_legend().remove()
     top.set_xlabel("")
-    bottom.set_xlabel(f"time ({unit} for the simulation, seconds on the ranks' clock)")
+    v = measured.chunks
+    bottom.set_xlabel(f"time ({unit} for the simulation, seconds on the ranks' clock)" + (
+        f"\nsame time axis as whole stages: each box is one chunk of 1/{v} stage, so it lasts "
+        f"F/{v} or B/{v}" if v > 1 else ""))
     span = max(measured.makespan, simulated.makespan)
     bottom.set_xlim(-span * 0.05, span * 1.01)
     fig.tight_layout()

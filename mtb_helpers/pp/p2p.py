@@ -15,10 +15,13 @@ from it) can never be matched to the wrong receive, whatever order they are post
 Each send and receive is noted in the rank's collective record (op "send" / "recv", bytes,
 ``region`` naming what and which peer), and each wait for a receive is a "recv" event of the
 timeline. Before blocking, a rank writes what it waits for into ``status_file`` (when given), so
-that the owner can say which p2p op and peer each rank was stuck in if the step times out.
+that the owner can say which p2p op and peer each rank was stuck in if the step times out; once
+the op completes the file is removed, so a rank stuck elsewhere (a stalled forward) is never
+reported as blocked in a receive it finished long ago.
 """
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 
@@ -82,6 +85,14 @@ class P2P:
                 f.write(f"{text}, called at mtb_helpers/{where}:{caller.f_lineno} "
                         f"({caller.f_code.co_name})")
 
+    def done_waiting(self) -> None:
+        """The op this rank blocked on (if any) has completed: nothing is pending any more."""
+        if self.status_file is not None:
+            try:
+                os.remove(self.status_file)
+            except FileNotFoundError:
+                pass
+
     def send(self, tensor: torch.Tensor, msg: Message) -> None:
         """Post the send and return: the peer receives it whenever its schedule gets there."""
         start = self.clock()
@@ -116,8 +127,10 @@ class P2P:
             self.waiting_for("waiting for its sends to be received at the end of the step")
             work.wait()
         self.pending.clear()
+        self.done_waiting()
 
     def _note(self, op: str, tensor: torch.Tensor, msg: Message, start: float) -> None:
+        self.done_waiting()   # called once the op is over (a receive's wait() has returned)
         self.events.append((op, msg, start, self.clock()))
         peer = msg.dst if op == "send" else msg.src
         arrow = "->" if op == "send" else "<-"

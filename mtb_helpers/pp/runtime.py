@@ -19,6 +19,7 @@ count. With ``recompute=True`` a backward (or I) also pays one forward: F + B.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import shutil
 import tempfile
@@ -31,10 +32,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mtb_helpers.checking.bug import resolve, swap
 from mtb_helpers.comm.records import CollectiveRecord, record
 from mtb_helpers.pp.p2p import P2P
 from mtb_helpers.pp.schedules import SCHEDULES, Op, schedule as make_schedule
-from mtb_helpers.pp.simulator import Event, Timeline
+from mtb_helpers.pp.simulator import Event, Timeline, simulate
 from mtb_helpers.pp.stage import RankStage, pad
 from mtb_helpers.runtime.errors import RankTimeoutError
 from mtb_helpers.runtime.ranks import in_launched_job, run
@@ -95,6 +97,8 @@ def split_model(model: nn.Sequential, pieces: int) -> list[nn.Sequential]:
         raise ValueError(f"model must be an nn.Sequential (its layers are cut into stages), got "
                          f"{type(model).__name__}")
     n = len(model)
+    if n == 0:
+        raise ValueError("model is an empty nn.Sequential: it has no layers to cut into stages")
     if n % pieces:
         raise ValueError(f"the model has {n} layers, which do not divide into stages x chunks = "
                          f"{pieces} pieces of equal length")
@@ -111,17 +115,33 @@ def op_durations(op_time, chunks: int, recompute: bool) -> dict[str, float] | No
     if op_time is None:
         return None
     try:
-        values = [float(t) for t in op_time]
-    except TypeError:
+        values = [] if isinstance(op_time, (str, bytes)) else [float(t) for t in op_time]
+    except (TypeError, ValueError):
         values = []
-    if len(values) not in (2, 3) or any(not t >= 0 for t in values) or not (
+    if len(values) not in (2, 3) or any(not 0 <= t < math.inf for t in values) or not (
             values[0] > 0 and sum(values[1:]) > 0):
-        raise ValueError(f"op_time must be (F, B) or (F, I, W) seconds >= 0, with F and the "
-                         f"backward > 0, got {op_time!r}")
+        raise ValueError(f"op_time must be (F, B) or (F, I, W) finite seconds >= 0, with F and "
+                         f"the backward > 0, got {op_time!r}")
     f, i, w = (values[0], values[1] / 2, values[1] / 2) if len(values) == 2 else values
     extra = f if recompute else 0.0
     return {"F": f / chunks, "B": (i + w + extra) / chunks, "I": (i + extra) / chunks,
             "W": w / chunks}
+
+
+def _check_makespan(ops, op_time, recompute: bool, timeout: float) -> None:
+    """ValueError unless padded ops can finish within ``timeout``: no step is shorter than its
+    schedule's simulated makespan, and a longer one would only be reported as a hang."""
+    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+            or not 0 < timeout < math.inf):
+        raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
+    d = op_durations(op_time, 1, recompute)
+    if d is None:
+        return
+    makespan = simulate(ops, d["F"], d["I"] + d["W"], input=d["I"], weight=d["W"]).makespan
+    if makespan >= timeout:
+        raise ValueError(f"op_time={tuple(op_time)!r} cannot finish within timeout={timeout:g} s: "
+                         f"padded ops alone take {makespan:g} s (the schedule's simulated "
+                         f"makespan); lower op_time or raise timeout")
 
 
 def _validate(model, x, target, schedule, stages, microbatches, chunks) -> list:
@@ -135,6 +155,10 @@ def _validate(model, x, target, schedule, stages, microbatches, chunks) -> list:
                          "is 1f1b)")
     ops = make_schedule(schedule, stages, microbatches, chunks)
     pieces = split_model(model, stages * chunks)
+    for name, value in (("x", x), ("target", target)):
+        if not isinstance(value, torch.Tensor) or value.dim() < 1:
+            raise ValueError(f"{name} must be a tensor with a batch dim first, got "
+                             f"{type(value).__name__}")
     if x.shape[0] % microbatches:
         raise ValueError(f"the batch of {x.shape[0]} rows does not divide into microbatches="
                          f"{microbatches} equal micro-batches")
@@ -168,10 +192,9 @@ def _on_rank(pieces, x, target, loss_fn, ops, op_time, recompute, bug, status_di
     mine = {c: pieces[c * p + r] for c in range(v)}
     for piece in mine.values():
         piece.zero_grad(set_to_none=True)
-    swap = (lambda cls: cls) if bug is None else (lambda cls: bug.replaces.get(cls, cls))
     status = None if status_dir is None else os.path.join(status_dir, f"rank{r}.p2p")
-    p2p = swap(P2P)(p * v, m, time.perf_counter, status)
-    stage = swap(RankStage)(r, p, m, mine, list(x.chunk(m)), list(target.chunk(m)), loss_fn, p2p,
+    p2p = swap(bug, P2P)(p * v, m, time.perf_counter, status)
+    stage = swap(bug, RankStage)(r, p, m, mine, list(x.chunk(m)), list(target.chunk(m)), loss_fn, p2p,
                             _boundary_inputs(pieces, x.chunk(m)[0]), recompute)
     run_op = {"F": stage.forward, "B": stage.backward, "I": stage.input_grad, "W": stage.weight_grad}
     durations = op_durations(op_time, v, recompute)
@@ -206,27 +229,27 @@ def _on_rank(pieces, x, target, loss_fn, ops, op_time, recompute, bug, status_di
 def pipeline_step(model: nn.Sequential, x: torch.Tensor, target: torch.Tensor,
                   loss_fn: Callable = torch.nn.functional.mse_loss, schedule: str = "1f1b",
                   stages: int = 4, microbatches: int = 8, chunks: int = 1, op_time=None,
-                  recompute: bool = False, bug=None, timeout: float = 60.0) -> PipelineResult:
+                  recompute: bool = False, bug=None, timeout: float = 60.0,
+                  link=None) -> PipelineResult:
     """One forward and backward of ``model`` on ``x`` [b, ...] run as a pipeline on ``stages``
     gloo ranks; ``loss_fn(out_k, target_k)`` must average over its micro-batch (the last stage
     divides it by ``microbatches``, so the losses add up to the whole batch's mean).
 
-    ``bug`` is a deliberate mistake from ``mtb_helpers.pp.bugs.BUGS`` (a ``Bug``; its wrong
-    classes stand in for RankStage / P2P). Raises ValueError (before any rank starts) when the
+    ``bug`` names a deliberate bug of ``mtb_helpers.pp.bugs`` (its wrong classes stand in for
+    RankStage / P2P). Raises ValueError (before any rank starts) when the
     layer count does not divide into stages x chunks, the batch into micro-batches, or a size is
     bad; ``RankTimeoutError`` naming each rank's blocked p2p op and peer if the step hangs.
+    ``link=`` (``mtb_helpers.cost.Link``) makes every message take its modelled time too.
     """
     stages = int(os.environ["WORLD_SIZE"]) if in_launched_job() else stages
     ops, pieces = _validate(model, x, target, schedule, stages, microbatches, chunks)
-    if bug is not None and not hasattr(bug, "replaces"):
-        raise ValueError(f"bug must be a Bug object from mtb_helpers.pp.bugs.BUGS, got {bug!r} "
-                         "(check_pipeline takes the names)")
-    op_durations(op_time, chunks, recompute)
+    bug = resolve(bug, "pipeline")
+    _check_makespan(ops, op_time, recompute, timeout)
     pieces = [copy.deepcopy(piece) for piece in pieces]   # the caller's model stays untouched
     status_dir = None if in_launched_job() else tempfile.mkdtemp(prefix="mtb-pp-")
     try:
         results = run(_on_rank, pieces, x.detach(), target.detach(), loss_fn, ops, op_time,
-                      recompute, bug, status_dir, world_size=stages, timeout=timeout)
+                      recompute, bug, status_dir, world_size=stages, timeout=timeout, link=link)
     except RankTimeoutError as exc:
         raise RankTimeoutError(str(exc) + _blocked_on(status_dir, exc), exc.finished,
                                exc.waiting) from None

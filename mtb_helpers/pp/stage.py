@@ -12,8 +12,11 @@ piece s maps ``[b/m, h] -> [b/m, h]``; the last virtual stage ends with the loss
              stash
 
 With ``recompute=True`` F runs under ``no_grad`` and stashes only x_k; B (or I) re-runs the piece
-forward with grad enabled first (activation checkpointing). The bytes autograd saves are measured
-with ``torch.autograd.graph.saved_tensors_hooks`` (each storage counted once per micro-batch).
+forward with grad enabled first (activation checkpointing). The bytes a micro-batch adds to a stage
+are measured with ``torch.autograd.graph.saved_tensors_hooks``: every tensor autograd saves, by
+the bytes that tensor itself spans (a ``chunk`` view of the batch counts its rows, not the batch),
+bytes shared by several saved tensors once, the piece's parameters not at all (they are held
+whatever the schedule). Recompute's stashed x_k is counted by the same rule (``held_bytes``).
 """
 from __future__ import annotations
 
@@ -25,8 +28,9 @@ import torch
 from torch import nn
 
 from mtb_helpers.pp.p2p import ACTIVATION, GRAD, P2P, Message
+from mtb_helpers.runtime.link import active_time_scale
 
-__all__ = ["RankStage", "Stash"]
+__all__ = ["RankStage", "Stash", "held_bytes"]
 
 
 @dataclass
@@ -77,7 +81,7 @@ class RankStage:
         if self.recompute:
             with torch.no_grad():
                 out = self.apply(c, k, inp)   # nothing saved for backward: it re-runs this
-            nbytes = _nbytes(inp)
+            nbytes = held_bytes([inp])
         else:
             out, nbytes = self.run_piece(c, k, inp)
         self.computed()
@@ -122,7 +126,7 @@ class RankStage:
         if self.pace is not None:
             self.pace()
 
-    # ---- the pieces a deliberate mistake overrides ---------------------------------------------
+    # ---- the pieces a deliberate bug overrides -------------------------------------------------
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """loss_k / m: the sum over the m micro-batches is then the whole batch's mean."""
@@ -146,16 +150,18 @@ class RankStage:
 
     def run_piece(self, c: int, k: int, inp: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Piece c on x_k with autograd on (plus the scaled loss on the last virtual stage);
-        returns the output and the bytes autograd saved for backward (each storage once)."""
-        seen: dict[int, int] = {}
+        returns the output and the bytes autograd saved for backward (``held_bytes``: each
+        saved tensor by the bytes it spans, shared bytes once, parameters excluded)."""
+        saved: list[torch.Tensor] = []
 
         def pack(t: torch.Tensor) -> torch.Tensor:
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            saved.append(t)
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = self.apply(c, k, inp)
-        return out, sum(seen.values())
+        params = {p.untyped_storage().data_ptr() for p in self.pieces[c].parameters()}
+        return out, held_bytes(saved, exclude=params)
 
     def apply(self, c: int, k: int, inp: torch.Tensor) -> torch.Tensor:
         out = self.pieces[c](inp)   # [b/m, h] -> piece s -> [b/m, h]
@@ -186,13 +192,34 @@ class RankStage:
         self.held -= st.nbytes
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+def held_bytes(tensors: list[torch.Tensor], exclude: set[int] = frozenset()) -> int:
+    """Bytes ``tensors`` hold: each tensor by the bytes of its storage it spans (a view counts
+    its own elements, not its base's), bytes spanned by several tensors once, and nothing for a
+    storage whose address is in ``exclude`` (the parameters)."""
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for t in tensors:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in exclude or t.numel() == 0:
+            continue
+        size = t.element_size()
+        start = t.storage_offset() * size
+        extent = (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) * size
+        spans.setdefault(ptr, []).append((start, start + extent))
+    total = 0
+    for intervals in spans.values():   # union of [start, end) byte ranges per storage
+        end = -1
+        for a, b in sorted(intervals):
+            if b > end:
+                total += b - max(a, end)
+                end = b
+    return total
 
 
 def pad(start: float, seconds: float | None) -> None:
-    """Hold the op until ``seconds`` after ``start`` (a fixed op time, as a GPU kernel has)."""
+    """Hold the op until ``seconds`` after ``start`` (a fixed op time, as a GPU kernel has),
+    stretched by the time scale of an emulated link (``run(..., link=, time_scale=)``) like
+    every other modelled time."""
     if seconds:
-        remaining = start + seconds - time.perf_counter()
+        remaining = start + seconds * active_time_scale() - time.perf_counter()
         if remaining > 0:
             time.sleep(remaining)

@@ -1,15 +1,15 @@
 """Pipeline explorer: pick a schedule, stages, micro-batches, chunks and the backward/forward time
 ratio; see the Gantt chart and the numbers next to the closed form. Pure simulation, no ranks.
 
-Core ipywidgets only (interactive, IntSlider, FloatSlider, Dropdown), so it runs on 7.7 and 8.
+Core ipywidgets only (IntSlider, FloatSlider, Dropdown, the shared frame ``live_view``): 7.7 and 8.
 """
 from __future__ import annotations
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
 
 from mtb_helpers.pp.plots import plot_gantt
 from mtb_helpers.pp.schedules import SCHEDULES, closed_form, schedule, simulate
+from mtb_helpers.widgets.frame import live_view
 
 __all__ = ["pipeline_numbers", "explore_pipeline", "explore_pipeline_on_ranks"]
 
@@ -39,34 +39,28 @@ def pipeline_numbers(name: str, stages: int, microbatches: int, chunks: int = 2,
 
 
 def explore_pipeline(name: str = "1f1b", stages: int = 4, microbatches: int = 8, chunks: int = 2,
-                     ratio: float = 2.0) -> widgets.interactive:
+                     ratio: float = 2.0) -> widgets.VBox:
     """The explorer widget; display it (it is the last expression of a notebook cell)."""
-
-    def draw(schedule_name: str, stages: int, microbatches: int, chunks: int, ratio: float) -> None:
-        try:
-            text, timeline = pipeline_numbers(schedule_name, stages, microbatches, chunks, ratio)
-        except ValueError as exc:  # a setting this schedule refuses: say why instead of a traceback
-            print(f"cannot simulate: {exc}")
-            return
-        fig = plot_gantt(timeline, schedule_name, width=9.5)
-        plt.show()
-        plt.close(fig)
-        print(text)
-
-    style = {"description_width": "initial"}
     # redraw on release, not on every pixel of a drag: a p=8, m=32 chart takes a moment to draw
-    slider = dict(style=style, continuous_update=False)
-    return widgets.interactive(
-        draw,
-        schedule_name=widgets.Dropdown(options=list(SCHEDULES), value=name, description="schedule"),
-        stages=widgets.IntSlider(value=stages, min=1, max=8, description="stages p", **slider),
-        microbatches=widgets.IntSlider(value=microbatches, min=1, max=32,
-                                       description="micro-batches m", **slider),
-        chunks=widgets.IntSlider(value=chunks, min=2, max=4, description="chunks v (interleaved)",
-                                 **slider),
-        ratio=widgets.FloatSlider(value=ratio, min=0.5, max=4.0, step=0.5,
-                                  description="backward / forward", **slider),
-    )
+    slider = dict(style={"description_width": "initial"}, continuous_update=False)
+    schedule_box = widgets.Dropdown(options=list(SCHEDULES), value=name, description="schedule")
+    stages_box = widgets.IntSlider(value=stages, min=1, max=8, description="stages p", **slider)
+    micro_box = widgets.IntSlider(value=microbatches, min=1, max=32,
+                                  description="micro-batches m", **slider)
+    chunks_box = widgets.IntSlider(value=chunks, min=2, max=4,
+                                   description="chunks v (interleaved)", **slider)
+    ratio_box = widgets.FloatSlider(value=ratio, min=0.5, max=4.0, step=0.5,
+                                    description="backward / forward", **slider)
+
+    def render() -> list:
+        try:
+            text, timeline = pipeline_numbers(schedule_box.value, stages_box.value,
+                                              micro_box.value, chunks_box.value, ratio_box.value)
+        except ValueError as exc:  # a setting this schedule refuses: say why instead of a traceback
+            return [f"cannot simulate: {exc}"]
+        return [plot_gantt(timeline, schedule_box.value, width=9.5), text]
+
+    return live_view([[schedule_box, stages_box, micro_box], [chunks_box, ratio_box]], render)
 
 
 def explore_pipeline_on_ranks(name: str = "1f1b", stages: int = 4, microbatches: int = 8,
@@ -76,7 +70,6 @@ def explore_pipeline_on_ranks(name: str = "1f1b", stages: int = 4, microbatches:
     the measured against the simulated bubble. Ops are padded to ``op_time`` = (F, B) seconds."""
     from mtb_helpers.pp.check import check_pipeline, simulated_for
     from mtb_helpers.pp.measured_plots import plot_measured_vs_simulated
-    from mtb_helpers.widgets.frame import live_view
 
     slider = dict(style={"description_width": "initial"}, continuous_update=False)
     schedule_box = widgets.Dropdown(options=list(SCHEDULES), value=name, description="schedule")

@@ -8,9 +8,9 @@ cores. Results are gloo's, unchanged: a link changes when things finish, never w
 
 ``time_scale=N`` multiplies every modelled time (communication and padded compute) by N, keeping
 their ratios: an NVLink's microseconds are far under what gloo needs on loopback, so such a link
-is refused at N = 1, with the smallest N that works. The floor is measured once per rank pool
-(:func:`measure_floor`): a collective costs the ranks' agreement plus a tiny gloo op, and gloo's
-loopback bandwidth caps β. The caller gets ``RunResults`` (the per-rank results) with
+is refused at N = 1, with the smallest N that works (``time_scale="auto"`` picks it). The floor
+is measured once per rank pool (:func:`measure_floor`): a collective costs the ranks' agreement
+plus a tiny gloo op, and gloo's loopback bandwidth caps β. The caller gets ``RunResults`` (the per-rank results) with
 ``.timeline`` (see :mod:`mtb_helpers.runtime.timeline`). The link is duck-typed (``alpha``,
 ``bandwidth``, ``time(collective, nbytes, world_size)``): ``mtb_helpers.cost.Link`` is one, and
 the runtime imports no topic.
@@ -32,7 +32,7 @@ from mtb_helpers.runtime import link_ops
 from mtb_helpers.runtime.comm_thread import CommStream
 from mtb_helpers.runtime.timeline import Event, RunResults, Timeline
 
-__all__ = ["padded", "validate_link", "measure_floor", "Floor", "run_linked", "LinkedCall",
+__all__ = ["padded", "pad_backward", "validate_link", "measure_floor", "Floor", "run_linked", "LinkedCall",
            "active_time_scale"]
 
 OVERRUN_WARNING = 2e-3   # seconds beyond the model before the caller is told the machine lagged
@@ -48,6 +48,7 @@ class Emulation:
         self.events: list[Event] = []
         self.p2p: list = []
         self.free_at = 0.0   # when the stream's last collective ends (perf_counter seconds)
+        self.out_free = self.in_free = 0.0   # when this rank's outgoing / incoming link is free
         self.stream = CommStream()
         self.restore = link_ops.install(self)
 
@@ -92,6 +93,30 @@ def padded(name: str, seconds: float) -> Iterator[None]:
         em.events.append(Event("compute", name, 0, start, time.perf_counter(), modelled))
 
 
+class _PadBackward(torch.autograd.Function):
+    """Identity forward; backward takes ``seconds`` of padded compute named ``name``."""
+
+    @staticmethod
+    def forward(ctx, x, name, seconds):
+        ctx.name, ctx.seconds = name, seconds
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        with padded(ctx.name, ctx.seconds):
+            pass
+        return grad, None, None
+
+
+def pad_backward(x: torch.Tensor, name: str, seconds: float) -> torch.Tensor:
+    """``x`` unchanged; in backward, before the grad flows on to what produced ``x``, a padded
+    compute block of ``seconds`` named ``name`` (put it after a layer: its backward's time)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or \
+            not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"pad_backward({name!r}): seconds must be finite and >= 0, got {seconds!r}")
+    return _PadBackward.apply(x, name, seconds)
+
+
 class LinkedCall:
     """What a rank runs for ``run(fn, ..., link=...)``: ``fn`` under the emulated link. Returns
     ``{"result", "events", "zero"}``. ``__wrapped__`` lets the owner find ``fn``'s source."""
@@ -117,9 +142,12 @@ class LinkedCall:
 
 
 def validate_link(link: Any, time_scale: object) -> None:
-    """ValueError before any rank starts: not a link, or a time scale that is not a finite > 0."""
+    """ValueError before any rank starts: not a link, or a time scale that is neither "auto" nor
+    a finite number > 0."""
     if not all(hasattr(link, a) for a in ("alpha", "bandwidth", "time")):
         raise ValueError(f"link must be a Link(alpha, bandwidth) from mtb_helpers.cost, got {link!r}")
+    if time_scale == "auto":
+        return
     if isinstance(time_scale, bool) or not isinstance(time_scale, (int, float)) or \
             not math.isfinite(time_scale) or time_scale <= 0:
         raise ValueError(f"time_scale must be a finite number > 0, got {time_scale!r}")
@@ -131,6 +159,15 @@ class Floor:
     ranks' agreement and a tiny op) and ``bandwidth`` bytes/s (its busbw on a 1 MiB all-reduce)."""
     latency: float
     bandwidth: float
+
+    def smallest_scale(self, link: Any) -> float:
+        """The smallest time scale from 1, 2, 5, 10, 20, 50, ... at which ``link`` is honoured
+        with a 1.5x margin (``time_scale="auto"``)."""
+        need = 1.5 * max(self.latency / link.alpha, link.bandwidth / self.bandwidth)
+        scale = 1.0
+        while scale < need:
+            scale *= 2.5 if str(int(scale)).startswith("2") else 2.0
+        return scale
 
     def refusal(self, link: Any, time_scale: float) -> str | None:
         """Why ``link`` at ``time_scale`` cannot be emulated honestly here, or None."""
@@ -182,7 +219,9 @@ def measure_floor(pool: Any, timeout: float) -> Floor:
 def run_linked(pool: Any, fn: Callable, args: tuple, kwargs: dict, timeout: float, link: Any,
                time_scale: float) -> RunResults:
     """``pool.call`` under ``link`` (the floor checked first); results with their timeline."""
-    if pool.world_size > 1:
+    if time_scale == "auto":   # the smallest stretch this machine can honour right now
+        time_scale = measure_floor(pool, timeout).smallest_scale(link) if pool.world_size > 1 else 1.0
+    elif pool.world_size > 1:
         problem = measure_floor(pool, timeout).refusal(link, time_scale)
         if problem:
             raise ValueError(problem)

@@ -17,7 +17,9 @@ What each replacement does, on the rank's comm stream (``comm_thread.CommStream`
   (a link is full-duplex, and gloo's isend/irecv pairs must not wait on each other). The sender
   sends a 3-number header ``[start, modelled, sender]`` before the payload; the receiver's
   ``wait()`` returns at the sender's start + modelled, on the clock every rank of this machine
-  shares (CLOCK_MONOTONIC).
+  shares (CLOCK_MONOTONIC). Each rank has one outgoing and one incoming link: its sends leave
+  one after another, and messages arriving together are received one after another (in the
+  order the rank waits for them), so a root that talks to p-1 ranks pays p-1 messages.
 
 Anything a rank issues without these functions (PyTorch's DDP, DTensor and FSDP2 call C++
 directly) is not emulated and takes this machine's time.
@@ -150,8 +152,11 @@ class P2PHandle(Handle):
         group, tag = self.a.get("group"), self.a.get("tag", 0)
         self.posted_at = max(self.issued, self.em.free_at)   # after the stream's earlier ops
         if self.sending:
-            self.start = self.posted_at
+            # one outgoing link: a rank's messages leave one after another (a root sending to
+            # p-1 ranks pays p-1 messages), while a send and a receive overlap (full duplex)
+            self.start = max(self.posted_at, self.em.out_free)
             self.modelled = self.em.modelled("send/recv", _b(self.tensor), 2)
+            self.em.out_free = self.start + self.modelled
             header = torch.tensor([self.start, self.modelled, dist.get_rank()], dtype=torch.float64)
             self.works = [ORIG["isend"](t, group=group, tag=tag, **self._peer())
                           for t in (header, self.tensor)]
@@ -166,8 +171,9 @@ class P2PHandle(Handle):
         if not self.sending and not hasattr(self, "start"):
             sent, self.modelled, source = self.header.tolist()
             self.source = int(source)
-            self.start = max(sent, self.posted_at)
-            self.arrival = sent + self.modelled
+            # one incoming link too: messages arriving together are received one after another
+            self.start = max(sent, self.em.in_free)
+            self.arrival = self.em.in_free = self.start + self.modelled
             if len(self.works) == 1:
                 self.works.append(ORIG["irecv"](self.tensor, group=self.a.get("group"),
                                                 tag=self.a.get("tag", 0), src=self.source))
@@ -181,9 +187,11 @@ class P2PHandle(Handle):
                 arrival = self._arrival()
                 for work in self.works[1:]:
                     work.wait()
+                late = time.perf_counter() > arrival   # waited after it had arrived
                 sleep_until(arrival)
                 self.em.events.append(Event("comm", "send" if self.sending else "recv",
-                                            _b(self.tensor), self.start, time.perf_counter(),
+                                            _b(self.tensor), self.start,
+                                            arrival if late else time.perf_counter(),
                                             self.modelled))
                 self.finished = True
                 self._finish(True)

@@ -64,7 +64,10 @@ class Pool:
                                args=(rank, self.world_size, self.workdir, theirs, life_r))
             self.procs.append(proc)  # before start: kill() must find it if start is interrupted
             try:
-                with without_main_reimport():
+                # Ctrl-C waits until start() returns: interrupted half-way, a forked rank had no
+                # pid here (so kill() missed it and it printed its traceback once its work dir
+                # was gone), or the forkserver's fork swallowed it in an at-fork hook
+                with interrupts_deferred(), without_main_reimport():
                     proc.start()
             finally:
                 theirs.close()
@@ -245,7 +248,7 @@ class Pool:
             stream.flush()
 
     def stop(self) -> None:
-        """Ask ranks to leave the group and exit; kill whoever does not within a second."""
+        """Ask ranks to leave the group and exit; kill whoever has not within two seconds."""
         if not self.broken:
             for conn in self.conns:
                 try:

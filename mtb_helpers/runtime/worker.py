@@ -10,8 +10,10 @@ This module is preloaded into the forkserver, so it must stay cheap to import be
 """
 from __future__ import annotations
 
+import copyreg
 import ctypes
 import faulthandler
+import io
 import os
 import pickle
 import signal
@@ -21,15 +23,10 @@ import traceback
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 
-# One intra-op thread per rank: 4 ranks on a 2-core laptop oversubscribe badly otherwise. Set
-# before torch is imported in the forkserver so OpenMP never starts a larger team.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("MKL_NUM_THREADS", "1")
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402  (after the thread settings on purpose)
-import torch.distributed as dist  # noqa: E402
-
-from mtb_helpers.runtime import allocator  # noqa: E402
+from mtb_helpers.runtime import allocator
 
 # Collectives the owner waits on are bounded by the call's own timeout; the process group's
 # timeout only has to stop a rank that somehow outlives its owner's watch.
@@ -57,6 +54,9 @@ def main(rank: int, world_size: int, workdir: str, conn: Connection, lifeline: C
     if hasattr(signal, "SIGUSR1"):  # the owner's "where are you waiting?" question
         stack_file = open(os.path.join(workdir, f"rank{rank}.stack"), "a")
         faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    # One intra-op thread per rank (4 ranks on 2 cores oversubscribe otherwise), set here, in the
+    # rank, before it computes anything: importing the package leaves the owner's threads alone.
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     allocator.tune()
     iface = loopback_interface()
@@ -91,7 +91,7 @@ def _execute(call_id: int, payload: bytes) -> bytes:
     try:
         fn, args, kwargs = pickle.loads(payload)
         result = fn(*args, **kwargs)
-        reply = pickle.dumps(("ok", call_id, result))
+        reply = _dumps(("ok", call_id, result))
     except BaseException as exc:  # noqa: BLE001  (everything goes back to the owner)
         frames = [(f.filename, f.lineno, f.name, f.line) for f in
                   traceback.extract_tb(exc.__traceback__)[1:]]  # drop this frame
@@ -100,6 +100,32 @@ def _execute(call_id: int, payload: bytes) -> bytes:
     finally:
         _flush()
     return reply
+
+
+# Tensors go back as numpy arrays (the owner unpickles them with torch.from_numpy): torch's own
+# pickling writes every storage in torch.save's format, ~0.3 ms a tensor each way, and a check
+# returns ~25 tensors per rank, ~50 ms of a slider move on 4 ranks sharing one CPU. Anything
+# numpy cannot hold exactly (bfloat16, a tensor needing grad, a subclass such as Parameter)
+# keeps torch's pickling. The copy is contiguous: values, dtype and shape are kept, strides not.
+_AS_NUMPY = {torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
+             torch.int8, torch.uint8, torch.bool}
+
+
+def _reduce_tensor(t: torch.Tensor):
+    if (t.dtype in _AS_NUMPY and t.layout is torch.strided and t.device.type == "cpu"
+            and not t.requires_grad and not t.is_conj() and not t.is_neg()):
+        return torch.from_numpy, (t.numpy(),)
+    return t.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
+
+
+class _ReplyPickler(pickle.Pickler):
+    dispatch_table = {**copyreg.dispatch_table, torch.Tensor: _reduce_tensor}
+
+
+def _dumps(reply: tuple) -> bytes:
+    buf = io.BytesIO()
+    _ReplyPickler(buf).dump(reply)
+    return buf.getvalue()
 
 
 def _safe_str(exc: BaseException) -> str:

@@ -15,22 +15,21 @@ with TP only and with TP + SP (``sp/memory.py``). ``bug=`` swaps in a broken par
 from __future__ import annotations
 
 import copy
+from contextlib import ExitStack
 from functools import partial
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
-from mtb_helpers.comm.issue import group_size
 from mtb_helpers.checking.bug import resolve
-from mtb_helpers.sp.bugs import BUGS
 from mtb_helpers.comm.regions import GATHER_SP, REDUCE_SCATTER_SP
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
 from mtb_helpers.checking.report import Report
 from mtb_helpers.sp.layers import position_keyed_dropout
 from mtb_helpers.sp.bugs import build_block
-from mtb_helpers.sp.memory import make_block_inputs, measure_on_rank, memory_figures
+from mtb_helpers.sp.memory import (VARIANTS, counting_saved, make_block_inputs, measure_on_rank,
+                                   memory_figures)
 from mtb_helpers.comm.sharding import check_divisible, shard_range
 from mtb_helpers.checking.trace import StepSpec as S, build_rows, build_steps, trace_on_rank
 
@@ -121,28 +120,44 @@ def _reference(ln, fc1, fc2, x, dy, t: int, dropout_p: float, seed: int) -> dict
 
 
 def _on_rank(build, layers: tuple, x: torch.Tensor, dy: torch.Tensor, specs: list, dropout_p: float,
-             seed: int) -> dict:
-    """Run on every rank: the traced block on this rank's sequence rows, then the memory figures."""
-    t = group_size()
-    r = dist.get_rank() if dist.is_initialized() else 0
-    lo, hi = shard_range(x.shape[0], t, r)
-    result = trace_on_rank(build, layers, x, dy, specs)   # the block's layouts cut the rows
-    result["memory"] = measure_on_rank(*layers, x, dy, dropout_p, seed)
+             seed: int, variants: tuple[str, ...], traced_is_sp: bool) -> dict:
+    """Run on every rank: the traced block on this rank's sequence rows, then the memory figures.
+    ``traced_is_sp`` (no bug: the traced block is the SP variant): the traced run's saved bytes
+    and collectives are the SP variant's, so it is not run a second time (on 4 ranks sharing one
+    CPU every gloo all-reduce or reduce-scatter costs ~6 ms)."""
+    saved: dict[str, dict] = {}
+    with ExitStack() as counting:
+        def build_counted(*parts):
+            module = build(*parts)
+            saved["sp"] = counting.enter_context(counting_saved(module, x.shape[-1]))
+            return module
+
+        share = traced_is_sp and "sp" in variants
+        # the block's layouts cut the rows
+        result = trace_on_rank(build_counted if share else build, layers, x, dy, specs)
+    result["memory"] = measure_on_rank(*layers, x, dy, dropout_p, seed,
+                                       tuple(v for v in variants if not (share and v == "sp")))
+    if share:
+        result["memory"]["sp"] = {"saved": saved["sp"], "record": result["record"].to_list()}
     return result
 
 
 def check_sequence_parallel(world_size: int = 2, seq_len: int = 8, batch: int = 2, hidden: int = 8,
                             ffn_hidden: int = 32, dropout_p: float = 0.1, dtype=torch.float32,
-                            seed: int = 0, bug: str | None = None, timeout: float = 30.0) -> Report:
+                            seed: int = 0, bug: str | None = None, timeout: float = 30.0,
+                            memory_variants: tuple[str, ...] = tuple(VARIANTS),
+                            link=None) -> Report:
     """``SequenceParallelMLPBlock`` on ``world_size`` ranks: ``y = x + dropout(fc2(gelu(fc1(LN(x)))))``.
 
     X ``[seq_len, batch, hidden]`` is split along the sequence, ``[s/t, b, h]`` per rank; fc1
     ``[hidden, ffn]`` is split on its columns, fc2 on its rows. Refuses (ValueError, before any
     rank starts) a ``seq_len`` or ``ffn_hidden`` the world size does not divide.
+    ``memory_variants``: the block variants whose activation memory is measured too (``VARIANTS``).
     """
 
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
-    resolve(BUGS, bug, "sequence")
+    if not set(memory_variants) <= set(VARIANTS):
+        raise ValueError(f"memory_variants must be among {tuple(VARIANTS)}, got {memory_variants!r}")
     positive_sizes(seq_len=seq_len, batch=batch, hidden=hidden, ffn_hidden=ffn_hidden)
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0 <= dropout_p < 1:
         raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
@@ -150,12 +165,12 @@ def check_sequence_parallel(world_size: int = 2, seq_len: int = 8, batch: int = 
         raise ValueError(f"seq_len={seq_len} is not divisible by the world size {t}: sequence "
                          f"parallelism splits the sequence into {t} equal shards")
     check_divisible("ffn_hidden", ffn_hidden, t)
-    if bug == "sp-same-dropout-mask" and dropout_p == 0:
-        raise ValueError("bug 'sp-same-dropout-mask' needs dropout_p > 0 (no mask otherwise)")
+    wrong = resolve(bug, "sequence", dropout_p=dropout_p)
     ln, fc1, fc2, x, dy = make_block_inputs(seq_len, batch, hidden, ffn_hidden, dtype, seed)
-    build = partial(build_block, dropout_p=dropout_p, seed=seed, bug=bug)
+    build = partial(build_block, dropout_p=dropout_p, seed=seed, bug=wrong)
     results = run(_on_rank, build, (ln, fc1, fc2), x, dy, SP_SPECS, dropout_p, seed,
-                  world_size=t, timeout=timeout)
+                  tuple(memory_variants), bug is None, world_size=t, timeout=timeout,
+                  link=link)   # link=: an emulated link (cost/)
     refs = _reference(ln, fc1, fc2, x, dy, t, dropout_p, seed)
     refs64 = _reference(*(copy.deepcopy(m).double() for m in (ln, fc1, fc2)), x.double(), dy.double(),
                         t, dropout_p, seed)

@@ -24,6 +24,8 @@ leaves out; they are reported as "LayerNorm stats".
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
@@ -34,7 +36,8 @@ from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.sp.layers import SequenceParallelMLPBlock, TensorParallelMLPBlock
 from mtb_helpers.comm.sharding import check_divisible, shard_range
 
-__all__ = ["TERMS", "STATS", "VARIANTS", "make_block_inputs", "saved_bytes", "measure_on_rank",
+__all__ = ["TERMS", "STATS", "VARIANTS", "make_block_inputs", "counting_saved", "saved_bytes",
+           "measure_on_rank",
            "activation_model", "communication_summary", "memory_figures", "measure_activation_memory",
            "memory_table"]
 
@@ -64,9 +67,12 @@ def make_block_inputs(seq_len: int, batch: int, hidden: int, ffn_hidden: int,
     return ln, fc1, fc2, x, dy
 
 
-def saved_bytes(module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, int]]:
-    """``(module(x), {term: bytes})``: the bytes autograd saved for backward during the forward,
-    by the submodule (``ln``, ``fc1``, ``act``, ``fc2``, ``dropout``) that saved them."""
+@contextmanager
+def counting_saved(module: nn.Module, hidden: int):
+    """Inside this context, the bytes autograd saves for backward during ``module``'s forwards
+    add up, by the submodule (``ln``, ``fc1``, ``act``, ``fc2``, ``dropout``) that saved them, in
+    the ``{term: bytes}`` dict it yields. ``hidden``: the block's width (LayerNorm's stats are
+    the saved tensors of width 1)."""
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}
     found: dict[str, int] = {t: 0 for t in (*TERMS, STATS)}
     seen: set[tuple] = set()
@@ -89,29 +95,37 @@ def saved_bytes(module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, dict[
         if ptr not in params and key not in seen:   # views of one buffer are one buffer
             seen.add(key)
             label = current[-1]
-            if label == "LayerNorm input" and t.shape[-1] == 1 and x.shape[-1] != 1:
+            if label == "LayerNorm input" and t.shape[-1] == 1 and hidden != 1:
                 label = STATS                        # mean and 1/std, [.., 1]
             found[label] = found.get(label, 0) + t.numel() * t.element_size()
         return t
 
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            y = module(x)
+            yield found
     finally:
         for h in handles:
             h.remove()
+
+
+def saved_bytes(module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, int]]:
+    """``(module(x), {term: bytes})``: the bytes autograd saved for backward during the forward,
+    by the submodule (``ln``, ``fc1``, ``act``, ``fc2``, ``dropout``) that saved them."""
+    with counting_saved(module, x.shape[-1]) as found:
+        y = module(x)
     return y, found
 
 
 def measure_on_rank(ln: nn.LayerNorm, fc1: nn.Linear, fc2: nn.Linear, x: torch.Tensor,
-                    dy: torch.Tensor, dropout_p: float, seed: int) -> dict:
-    """Run on every rank: each variant of the block forward (bytes saved) and backward (collective
-    record) on this rank's input: the full ``x [s, b, h]`` for TP only, rows ``[s/t, b, h]`` for SP.
-    Returns ``{variant: {"saved": {term: bytes}, "record": [event dicts]}}``."""
+                    dy: torch.Tensor, dropout_p: float, seed: int,
+                    variants: tuple[str, ...] = tuple(VARIANTS)) -> dict:
+    """Run on every rank: each of ``variants`` of the block forward (bytes saved) and backward
+    (collective record) on this rank's input: the full ``x [s, b, h]`` for TP only, rows
+    ``[s/t, b, h]`` for SP. Returns ``{variant: {"saved": {term: bytes}, "record": [events]}}``."""
     t, r = group_size(), group_rank()
     lo, hi = shard_range(x.shape[0], t, r)
     out = {}
-    for variant in VARIANTS:
+    for variant in variants:
         if variant == "tp":
             block, x_in, dy_in = TensorParallelMLPBlock.from_full(ln, fc1, fc2, dropout_p, seed), x, dy
         else:
@@ -161,6 +175,8 @@ def memory_figures(results: list[dict], seq_len: int, batch: int, hidden: int, f
                "batch": batch, "hidden": hidden, "ffn_hidden": ffn_hidden, "dropout_p": dropout_p,
                "unit": "bytes saved for backward per rank", "terms": [*TERMS, STATS], "variants": {}}
     for variant, label in VARIANTS.items():
+        if variant not in results[0]:   # an explorer measures only what it shows
+            continue
         measured = results[0][variant]["saved"]
         model = activation_model(variant, seq_len, batch, hidden, ffn_hidden, t, d, dropout_p > 0)
         figures["variants"][variant] = {

@@ -5,7 +5,7 @@ inside it, one strip per rank, with the sequence running down: a cell is in the 
 the rank holds that sequence position. A strip only part as wide as the others holds only some
 feature columns of every position (fc1 and GeLU hold ``ffn/t`` columns); hatching marks a partial
 sum; grey is "not held"; a red frame marks a wrong or missing result. Errors per step reuse
-``plots.tp.plot_errors``. ``plot_activation_memory`` and ``plot_communication`` draw the figures of
+``plots.errors.plot_errors`` (shared). ``plot_activation_memory`` and ``plot_communication`` draw the figures of
 ``sp.memory.measure_activation_memory``. They never start ranks.
 """
 from __future__ import annotations
@@ -17,14 +17,17 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.collections import LineCollection
 from matplotlib.patches import Patch, Rectangle
+from matplotlib.text import Text
 
+from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import EMPTY_COLOR, FAIL_COLOR, rank_color, rank_legend_handles
-from mtb_helpers.tp.plots import plot_errors  # noqa: F401  (re-exported: notebook 04 draws it from here)
+from mtb_helpers.plots.errors import plot_errors  # noqa: F401  (re-exported: notebook 04 draws it from here)
 from mtb_helpers.sp.layers import keep_mask
 from mtb_helpers.sp.memory import VARIANT_LABELS
 
-__all__ = ["plot_sequence_layout", "plot_errors", "plot_dropout_masks", "plot_activation_memory",
+__all__ = ["plot_sequence_layout", "sequence_layout_png", "plot_errors", "plot_dropout_masks", "plot_activation_memory",
            "plot_communication", "TERM_COLORS"]
 
 COLLECTIVE_TEXT = {"all_gather": "all-gather", "reduce_scatter": "reduce-scatter",
@@ -40,9 +43,10 @@ def _activation_steps(steps, tokens: int) -> list:
     return [s for s in steps if s.global_shape[0] == tokens and not s.tensor.lstrip("d").startswith("W")]
 
 
-def _draw_column(ax: Axes, x0: float, step, batch: int, seq_len: int) -> None:
+def _draw_column(ax: Axes, x0: float, step, batch: int, seq_len: int) -> list:
+    """Draw one step's strips (static); return the frames of the strips, for the red marks."""
     t = len(step.holdings)
-    width = 0.8 / t
+    width, frames = 0.8 / t, []
     for r, h in enumerate(step.holdings):
         left = x0 + 0.1 + r * width
         ax.add_patch(Rectangle((left, 0), width * 0.9, seq_len, facecolor=EMPTY_COLOR,
@@ -56,11 +60,10 @@ def _draw_column(ax: Axes, x0: float, step, batch: int, seq_len: int) -> None:
         else:
             ax.text(left + width * 0.45, seq_len / 2, "missing", rotation=90, ha="center",
                     va="center", fontsize=7, color=FAIL_COLOR)
-        if not h.passed:
-            ax.add_patch(Rectangle((left, 0), width * 0.9, seq_len, fill=False,
-                                   edgecolor=FAIL_COLOR, linewidth=2.2))
-    for y in range(seq_len + 1):   # one line per sequence position
-        ax.plot([x0 + 0.1, x0 + 0.9], [y, y], color="white", linewidth=0.5)
+        frames.append((left, width * 0.9))
+    ax.add_collection(LineCollection([[(x0 + 0.1, y), (x0 + 0.9, y)] for y in range(seq_len + 1)],
+                                     colors="white", linewidths=0.5))  # one per sequence position
+    return frames
 
 
 def _label(step) -> str:
@@ -71,18 +74,32 @@ def _label(step) -> str:
     return name
 
 
-def plot_sequence_layout(report, phase: str = "forward", width: float = 10.0) -> Figure:
-    """One column per activation step of ``phase`` ("forward" or "backward"), one strip per rank,
-    sequence positions down the strip. Collective steps are named above their column."""
+def _layout_data(report, phase: str, width: float) -> tuple:
     seq_len, batch = report.config["seq_len"], report.config["batch"]
     steps = [s for s in _activation_steps(report.steps, seq_len * batch) if s.phase == phase]
     if not steps:
         raise ValueError(f"no {phase!r} activation steps in this report")
-    t = len(steps[0].holdings)
-    n = len(steps)
-    fig, ax = plt.subplots(figsize=(width, 2.9 + 0.16 * seq_len))
+    return report, phase, width, steps
+
+
+def _layout_key(data) -> tuple:
+    report, phase, width, steps = data
+    return (phase, width, report.config["seq_len"], report.config["batch"], tuple(
+        (_label(s), s.global_shape, (s.collective or {}).get("op"), tuple(
+            (h.shape is None, h.rows, h.cols, h.partial) for h in s.holdings)) for s in steps))
+
+
+def _build_layout(new_figure, data) -> dict:
+    """The static layer: every step's strips, the collectives, the axes and the legend."""
+    report, phase, width, steps = data
+    seq_len, batch = report.config["seq_len"], report.config["batch"]
+    t, n = len(steps[0].holdings), len(steps)
+    fig = new_figure((width, 2.9 + 0.16 * seq_len))
+    height = fig.get_figheight()
+    # the margins tight_layout found for this figure, fixed: no layout pass per redraw
+    ax = fig.add_axes((0.6 / width, 1.25 / height, 1 - 0.75 / width, 1 - 1.7 / height))
+    frames = [_draw_column(ax, i, s, batch, seq_len) for i, s in enumerate(steps)]
     for i, s in enumerate(steps):
-        _draw_column(ax, i, s, batch, seq_len)
         c = s.collective
         if c and not c.get("missing"):
             ax.annotate(COLLECTIVE_TEXT.get(c["op"], c["op"]), (i + 0.5, -0.4), ha="center",
@@ -92,17 +109,11 @@ def plot_sequence_layout(report, phase: str = "forward", width: float = 10.0) ->
     ax.set_xlim(0, n)
     ax.set_ylim(seq_len, -1.6)
     ax.set_xticks([i + 0.5 for i in range(n)], [_label(s) for s in steps], fontsize=7.5)
-    for tick, s in zip(ax.get_xticklabels(), steps):
-        tick.set_color("black" if s.passed else FAIL_COLOR)
     ax.set_yticks(range(seq_len), [str(p) for p in range(seq_len)], fontsize=7, va="top")
     ax.set_ylabel("sequence position")
     for side in ("top", "right", "bottom"):
         ax.spines[side].set_visible(False)
     ax.tick_params(axis="x", length=0)
-    verdict = "" if report.passed else " - FAILED"
-    bug = report.config.get("bug")
-    ax.set_title(f"Who holds which sequence rows, {phase} ({t} ranks, s={seq_len}, b={batch}"
-                 f"{', bug ' + bug if bug else ''}){verdict}", fontsize=11)
     handles = [*rank_legend_handles(t),
                Patch(facecolor="white", edgecolor="black", label="narrow: only ffn/t columns"),
                Patch(facecolor="white", edgecolor="black", hatch="///", label="partial sum"),
@@ -110,8 +121,44 @@ def plot_sequence_layout(report, phase: str = "forward", width: float = 10.0) ->
                Patch(facecolor="white", edgecolor=FAIL_COLOR, linewidth=2, label="wrong / missing")]
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8,
                frameon=False)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
-    return fig
+    return {"ax": ax, "frames": frames}
+
+
+def _update_layout(fig: Figure, ctx: dict, data) -> list:
+    """The values: red frames on wrong strips, failing step names in red, the verdict."""
+    report, phase, _, steps = data
+    ax, drawn = ctx["ax"], []
+    seq_len, batch = report.config["seq_len"], report.config["batch"]
+    for tick, s, frames in zip(ax.get_xticklabels(), steps, ctx["frames"]):
+        tick.set_color("black" if s.passed else FAIL_COLOR)
+        if not s.passed:
+            drawn.append(fig.add_artist(Text(
+                *tick.get_position(), tick.get_text(), transform=tick.get_transform(),
+                ha=tick.get_ha(), va=tick.get_va(), fontsize=tick.get_fontsize(),
+                color=FAIL_COLOR, clip_on=False)))
+        drawn += [ax.add_patch(Rectangle((left, 0), w, seq_len, fill=False, edgecolor=FAIL_COLOR,
+                                         linewidth=2.2))
+                  for (left, w), h in zip(frames, s.holdings) if not h.passed]
+    verdict = "" if report.passed else " - FAILED"
+    bug = report.config.get("bug")
+    ax.set_title(f"Who holds which sequence rows, {phase} ({len(steps[0].holdings)} ranks, "
+                 f"s={seq_len}, b={batch}{', bug ' + bug if bug else ''}){verdict}", fontsize=11)
+    return drawn + [ax.title]
+
+
+LIVE_LAYOUT = LiveFigure(_layout_key, _build_layout, _update_layout)
+
+
+def plot_sequence_layout(report, phase: str = "forward", width: float = 10.0) -> Figure:
+    """One column per activation step of ``phase`` ("forward" or "backward"), one strip per rank,
+    sequence positions down the strip. Collective steps are named above their column."""
+    return LIVE_LAYOUT.figure(_layout_data(report, phase, width))
+
+
+def sequence_layout_png(report, phase: str = "forward", width: float = 10.0) -> Png:
+    """``plot_sequence_layout`` for an explorer: the strips drawn once per shape, the red marks
+    and the verdict on every redraw."""
+    return LIVE_LAYOUT.png(_layout_data(report, phase, width))
 
 
 def plot_dropout_masks(seq_len: int = 8, batch: int = 2, hidden: int = 4, p: float = 0.3,

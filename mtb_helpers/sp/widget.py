@@ -1,17 +1,17 @@
 """Sequence-parallel explorer: world size, sequence length, dropout and a deliberate bug; see who
 holds which sequence rows, the errors, and the memory each rank saves.
 
-Core ipywidgets only (interactive, IntSlider, FloatSlider, Dropdown), so it runs on 7.7 and 8.
+Core ipywidgets only (IntSlider, FloatSlider, Dropdown, the shared frame ``live_view``): 7.7 and 8.
 Every change re-runs ``check_sequence_parallel`` on warm ranks (a fraction of a second).
 """
 from __future__ import annotations
 
 import ipywidgets as widgets
-from IPython.display import display
 
-from mtb_helpers.widgets.frame import as_png
+from mtb_helpers.plots.errors import errors_png
+from mtb_helpers.widgets.frame import live_view
 from mtb_helpers.sp.check import check_sequence_parallel
-from mtb_helpers.sp.plots import plot_errors, plot_sequence_layout
+from mtb_helpers.sp.plots import sequence_layout_png
 from mtb_helpers.checking.report import Report
 from mtb_helpers.sp.bugs import SP_BUGS
 
@@ -35,33 +35,29 @@ def sp_summary(report: Report) -> str:
 
 
 def explore_sequence_parallel(world_size: int = 2, seq_len: int = 8, dropout_p: float = 0.1,
-                              bug: str | None = None) -> widgets.interactive:
+                              bug: str | None = None) -> widgets.VBox:
     """The explorer widget; display it (it is the last expression of a notebook cell)."""
-
-    def draw(world_size: int, seq_len: int, dropout_p: float, bug: str, view: str) -> None:
-        try:
-            report = check_sequence_parallel(world_size=world_size, seq_len=seq_len,
-                                             ffn_hidden=24, hidden=8, dropout_p=dropout_p,
-                                             bug=None if bug == "none" else bug)
-        except ValueError as exc:   # a length the world size does not divide: say why
-            print(f"cannot run: {exc}")
-            return
-        if view.startswith("errors"):
-            fig = plot_errors(report, by="quantity" if "quantity" in view else "step")
-        else:
-            fig = plot_sequence_layout(report, "forward" if view.startswith("forward") else "backward")
-        display(as_png(fig))  # drawn once, not twice as the inline backend does
-        print(sp_summary(report))
-
     slider = dict(style={"description_width": "initial"}, continuous_update=False)
-    return widgets.interactive(
-        draw,
-        world_size=widgets.IntSlider(value=world_size, min=1, max=4, description="world size t",
-                                     **slider),
-        seq_len=widgets.IntSlider(value=seq_len, min=1, max=16, description="sequence length s",
-                                  **slider),
-        dropout_p=widgets.FloatSlider(value=dropout_p, min=0.0, max=0.5, step=0.05,
-                                      description="dropout p", **slider),
-        bug=widgets.Dropdown(options=["none", *SP_BUGS], value=bug or "none", description="bug"),
-        view=widgets.Dropdown(options=list(VIEWS), value=VIEWS[0], description="show"),
-    )
+    size = widgets.IntSlider(value=world_size, min=1, max=4, description="world size t", **slider)
+    length = widgets.IntSlider(value=seq_len, min=1, max=16, description="sequence length s",
+                               **slider)
+    dropout = widgets.FloatSlider(value=dropout_p, min=0.0, max=0.5, step=0.05,
+                                  description="dropout p", **slider)
+    broken = widgets.Dropdown(options=["none", *SP_BUGS], value=bug or "none", description="bug")
+    view = widgets.Dropdown(options=list(VIEWS), value=VIEWS[0], description="show")
+
+    def render() -> list:
+        try:
+            report = check_sequence_parallel(world_size=size.value, seq_len=length.value,
+                                             ffn_hidden=24, hidden=8, dropout_p=dropout.value,
+                                             bug=None if broken.value == "none" else broken.value,
+                                             memory_variants=("tp", "sp"))   # what sp_summary shows
+        except ValueError as exc:   # a length the world size does not divide: say why
+            return [f"cannot run: {exc}"]
+        if view.value.startswith("errors"):
+            fig = errors_png(report, by="quantity" if "quantity" in view.value else "step")
+        else:
+            fig = sequence_layout_png(report, view.value.split(":")[0])
+        return [fig, sp_summary(report)]
+
+    return live_view([[size, length, dropout], [broken, view]], render)

@@ -8,19 +8,17 @@ so in its title; a rank that fails the step gets a red frame.
 """
 from __future__ import annotations
 
-import math
-
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
-from matplotlib.ticker import NullLocator
 
-from mtb_helpers.plots.palette import EMPTY_COLOR, FAIL_COLOR, PASS_COLOR, rank_color, rank_legend_handles
+from mtb_helpers.plots.live import LiveFigure, Png
+from mtb_helpers.plots.errors import plot_errors  # noqa: F401  (the shared figure; notebooks import it from here)
+from mtb_helpers.plots.palette import EMPTY_COLOR, FAIL_COLOR, rank_color, rank_legend_handles
 
-__all__ = ["plot_step", "plot_steps", "plot_errors", "step_title"]
+__all__ = ["plot_step", "plot_steps", "plot_errors", "step_title", "steps_png"]
 
 LAYOUT_TEXT = {"rows": "split by rows", "cols": "split by columns",
                "replicated": "replicated: every rank holds all of it",
@@ -78,17 +76,24 @@ def _draw_holding(ax: Axes, step, holding, rank: int, extent: tuple[int, int]) -
             side.set_visible(False)
 
 
-def _holding_title(step, holding, rank: int) -> str:
-    """``rank 1: rows 4:8`` / ``err 0``: what a rank holds of ``step`` and how wrong it is."""
+def _holding_what(step, holding, rank: int) -> str:
+    """``rank 1: rows 4:8``: what a rank holds of ``step``."""
     rows, cols = step.global_shape
     if holding.shape is None:
-        return f"rank {rank}:\nnot produced\nerr missing"
+        return f"rank {rank}:\nnot produced"
     what = "partial sum" if holding.partial else (
         "all" if (holding.rows, holding.cols) == ((0, rows), (0, cols))
         else f"rows {holding.rows[0]}:{holding.rows[1]}" if holding.cols == (0, cols)
         else f"cols {holding.cols[0]}:{holding.cols[1]}")
+    return f"rank {rank}:{chr(10) if len(what) > 10 else ' '}{what}"
+
+
+def _holding_title(step, holding, rank: int) -> str:
+    """``rank 1: rows 4:8`` / ``err 0``: what a rank holds of ``step`` and how wrong it is."""
+    if holding.shape is None:
+        return _holding_what(step, holding, rank) + "\nerr missing"
     err = "0" if holding.max_abs_err == 0 else f"{holding.max_abs_err:.1e}"
-    return f"rank {rank}:{chr(10) if len(what) > 10 else ' '}{what}\nerr {err}"
+    return f"{_holding_what(step, holding, rank)}\nerr {err}"
 
 
 def _grid_segments(rows: int, cols: int, x0: float = 0, y0: float = 0, scale: float = 1) -> list:
@@ -107,6 +112,8 @@ def _axis_names(step) -> tuple[str, str]:
         return f"{name} rows (in features)", f"{name} columns (out features)"
     if name.lstrip("d").startswith("b"):
         return "", f"{name} (out features)"
+    if name in ("m", "S", "T", "L"):   # one number per token of the [s, b] ids, not features
+        return f"{name} rows (positions s)", f"{name} columns (sequences b)"
     return f"{name} rows (tokens)", f"{name} columns (features)"
 
 
@@ -136,9 +143,8 @@ def plot_step(report, step, figsize: tuple[float, float] | None = None) -> Figur
     fig.suptitle(title, fontsize=10, x=0.02, ha="left")
     fig.legend(handles=_legend_handles(t), loc="lower center", ncol=min(t + 3, 8), fontsize=8,
                frameon=False)
-    # Keep the panels below the title: ~0.19 in per 10 pt line, whatever the figure's height.
-    top = 1 - (0.19 * (title.count("\n") + 1) + 0.1) / fig.get_figheight()
-    fig.tight_layout(rect=(0, 0.1, 1, top))
+    top = 1 - (0.19 * (title.count("\n") + 1) + 0.1) / fig.get_figheight()   # inches: 0.19/line
+    fig.tight_layout(rect=(0, 0.42 / fig.get_figheight(), 1, top))   # the legend takes ~0.4 in
     return fig
 
 
@@ -148,13 +154,14 @@ def plot_steps(report, phase: str | None = None, steps: list | None = None,
     one column per rank. The overview of a check on one figure.
 
     ``one_axes=True`` draws the same picture on a single Axes (a few hundred artists instead of
-    one Axes per panel, no layout pass): what an explorer redraws on every slider move."""
+    one Axes per panel, no layout pass), without the per-panel errors (the check table and the
+    error figure have them): what an explorer shows, via ``steps_png``."""
     chosen = [_find_step(report.steps, s) for s in steps] if steps else [
         s for s in report.steps if phase in (None, s.phase)]
     t = len(report.steps[0].holdings)
     n = len(chosen)
     if one_axes:  # the same picture, a fraction of the drawing time
-        return _plot_steps_one_axes(report, chosen, t)
+        return LIVE_STEPS.figure((report, chosen))
     fig, axes = plt.subplots(n, t, figsize=(min(10.0, 3.6 + 1.7 * t), 0.8 + 1.35 * n),
                              squeeze=False)
     for i, s in enumerate(chosen):
@@ -179,22 +186,43 @@ def _step_label(s) -> str:
                     else "\n" + s.collective["op"])
 
 
-def _plot_steps_one_axes(report, chosen: list, t: int) -> Figure:
-    """plot_steps' grid on one Axes whose data units are inches (so squares stay square)."""
+def _steps_key(data) -> tuple:
+    """What the overview's static layer depends on: the check, the steps and who holds what."""
+    report, chosen = data
+    return (report.check, tuple((_step_label(s), s.global_shape, s.layout, tuple(
+        (h.shape is None, h.rows, h.cols, h.partial) for h in s.holdings)) for s in chosen))
+
+
+def _steps_geometry(chosen: list, t: int) -> dict:
+    """Inches on the one Axes: panel (step i, rank r) at origin (x0, y0) with cell size scale."""
     n, left, top, bottom = len(chosen), 1.75, 0.45, 0.5
     width, height = min(10.0, 3.6 + 1.7 * t), 0.8 + 1.35 * n
-    fig = plt.figure(figsize=(width, height))
-    ax = fig.add_axes((0, 0, 1, 1), xlim=(0, width), ylim=(height, 0))
-    ax.set_axis_off()
-    cw, ch, lines, texts = (width - left - 0.1) / t, (height - top - bottom) / n, [], []
+    cw, ch = (width - left - 0.1) / t, (height - top - bottom) / n
+    panels = {}
     for i, s in enumerate(chosen):
         (rows, cols), cy = s.global_shape, top + i * ch
-        ax.text(left - 0.12, cy + ch / 2, _step_label(s), ha="right", va="center", fontsize=8,
-                color="black" if s.passed else FAIL_COLOR)
         scale = min((cw - 0.45) / max(cols, 1), (ch - 0.62) / max(rows, 1))
+        for r in range(t):
+            panels[i, r] = (left + r * cw + 0.3 + (cw - 0.45 - cols * scale) / 2, cy + 0.48,
+                            cols * scale, rows * scale, scale)
+    return {"size": (width, height), "left": left, "ch": ch, "top": top, "panels": panels}
+
+
+def _build_steps(new_figure, data) -> dict:
+    """The static layer: every panel's shard layout, what each rank holds, the step names."""
+    report, chosen = data
+    t = len(chosen[0].holdings)
+    geo = _steps_geometry(chosen, t)
+    width, height = geo["size"]
+    fig = new_figure((width, height))
+    ax = fig.add_axes((0, 0, 1, 1), xlim=(0, width), ylim=(height, 0))
+    ax.set_axis_off()
+    lines, labels = [], []
+    for i, s in enumerate(chosen):
+        labels += [ax.text(geo["left"] - 0.12, geo["top"] + (i + 0.5) * geo["ch"], _step_label(s),
+                ha="right", va="center", fontsize=8)]
         for r, h in enumerate(s.holdings):
-            x0, y0 = left + r * cw + 0.3 + (cw - 0.45 - cols * scale) / 2, cy + 0.48
-            w, hgt = cols * scale, rows * scale
+            x0, y0, w, hgt, scale = geo["panels"][i, r]
             ax.add_patch(Rectangle((x0, y0), w, hgt, facecolor=EMPTY_COLOR, edgecolor="none"))
             if h.shape is not None:
                 (r0, r1), (c0, c1) = h.rows, h.cols
@@ -202,98 +230,42 @@ def _plot_steps_one_axes(report, chosen: list, t: int) -> Figure:
                                        (r1 - r0) * scale, facecolor=rank_color(r),
                                        edgecolor="white" if h.partial else "none",
                                        hatch="//" if h.partial else None, linewidth=0))
-            lines += _grid_segments(rows, cols, x0, y0, scale)
+            lines += _grid_segments(*s.global_shape, x0, y0, scale)
             ax.add_patch(Rectangle((x0, y0), w, hgt, fill=False, edgecolor="black", linewidth=0.8))
-            if not h.passed:
-                ax.add_patch(Rectangle((x0 - 0.03, y0 - 0.03), w + 0.06, hgt + 0.06, fill=False,
-                                       edgecolor=FAIL_COLOR, linewidth=2.5))
-            ax.text(x0 + w / 2, y0 - 0.08, _holding_title(s, h, r), ha="center", va="bottom",
-                    fontsize=7.5, color="black" if h.passed else FAIL_COLOR)
-            texts += [] if r else [(x0 - 0.08, y0, "0", "right", "center"),  # same in a row
-                      (x0 - 0.08, y0 + hgt, str(rows), "right", "center"),
-                      (x0, y0 + hgt + 0.07, "0", "center", "top"),
-                      (x0 + w, y0 + hgt + 0.07, str(cols), "center", "top")]
+            ax.text(x0 + w / 2, y0 - 0.08, _holding_what(s, h, r), ha="center", va="bottom",
+                    fontsize=7.5)
     ax.add_collection(LineCollection(lines, colors="white", linewidths=0.6))
-    for x, y, text, ha, va in texts:
-        ax.text(x, y, text, ha=ha, va=va, fontsize=6)
-    title = f"{report.check}: who holds what, step by step ({t} ranks)"
-    fig.suptitle(title + ("" if report.passed else " - FAILED"), fontsize=11, y=1 - 0.1 / height)
+    fig.suptitle("", fontsize=11, y=1 - 0.1 / height)   # the verdict: set by every update
     fig.legend(handles=_legend_handles(t), loc="lower center", ncol=min(t + 3, 7), fontsize=8,
                frameon=False)
-    return fig
+    return {"ax": ax, "geo": geo, "labels": labels}
 
 
-def error_legend_handles(world_size: int) -> list:
-    """The legend of every error-per-quantity figure: ranks, tolerance, fails, missing."""
-    return [*rank_legend_handles(world_size),
-            Line2D([], [], color="black", linewidth=1.5, label="tolerance"),
-            Line2D([], [], marker="o", linestyle="", markerfacecolor="white",
-                   markeredgecolor=FAIL_COLOR, markeredgewidth=2, label="fails"),
-            Line2D([], [], marker="X", linestyle="", color=FAIL_COLOR, label="missing")]
+def _update_steps(fig: Figure, ctx: dict, data) -> list:
+    """The values: a red frame on every panel whose rank is wrong, failing step names in red,
+    the title with the verdict (the errors themselves are in the check table and error figure)."""
+    report, chosen = data
+    ax, geo, drawn = ctx["ax"], ctx["geo"], []
+    for text, (i, s) in zip(ctx["labels"], enumerate(chosen)):
+        text.set_color("black" if s.passed else FAIL_COLOR)
+        if not s.passed:
+            drawn.append(ax.text(*text.get_position(), text.get_text(), ha="right", va="center",
+                                 fontsize=8, color=FAIL_COLOR))
+        for r, h in enumerate(s.holdings):
+            if not h.passed:
+                x0, y0, w, hgt, _ = geo["panels"][i, r]
+                drawn.append(ax.add_patch(Rectangle((x0 - 0.03, y0 - 0.03), w + 0.06, hgt + 0.06,
+                                                    fill=False, edgecolor=FAIL_COLOR, linewidth=2.5)))
+    t = len(chosen[0].holdings)
+    fig.suptitle(f"{report.check}: who holds what, step by step ({t} ranks)"
+                 + ("" if report.passed else " - FAILED"))
+    return drawn + [fig._suptitle]
 
 
-def plot_errors(report, by: str = "step", ax: Axes | None = None) -> Figure:
-    """Max abs error per rank on a log scale against the tolerance, red where it fails.
+LIVE_STEPS = LiveFigure(_steps_key, _build_steps, _update_steps)
 
-    ``by="step"``: one position per step of the trace; ``by="quantity"``: one per report row
-    quantity (forward output, input grad, ...). An exact 0 is drawn on the "0" line at the
-    bottom; a tensor a rank never produced is drawn as a red cross at the top.
-    """
-    if by == "step":
-        labels = [f"{s.index}. {s.name}" for s in report.steps]
-        errs = [[h.max_abs_err for h in s.holdings] for s in report.steps]
-        oks = [[h.passed for h in s.holdings] for s in report.steps]
-        tols = [s.tolerance for s in report.steps]
-    elif by == "quantity":
-        labels = report.quantities()
-        errs = [[None if math.isinf(r.max_abs_err) else r.max_abs_err
-                 for r in report.rows if r.quantity == q] for q in labels]
-        oks = [[r.passed for r in report.rows if r.quantity == q] for q in labels]
-        tols = [max(r.tolerance for r in report.rows if r.quantity == q) for q in labels]
-    else:
-        raise ValueError(f"by must be 'step' or 'quantity', got {by!r}")
-    t = len(errs[0])
-    finite = [e for row in errs for e in row if e] + tols
-    floor = 10 ** math.floor(math.log10(min(finite)) - 2)
-    top = 10 ** math.ceil(math.log10(max(finite)) + 1)
-    fig = ax.figure if ax is not None else plt.figure(figsize=(10, 4.2))
-    ax = ax or fig.add_subplot()
-    ax.add_collection(LineCollection([[(i - 0.4, tol), (i + 0.4, tol)] for i, tol in enumerate(tols)],
-                                     colors="black", linewidths=1.5))  # the tolerances, one artist
-    for r in range(t):  # one scatter per rank and marker: a few artists, not one per point
-        x = [i + (r - (t - 1) / 2) * 0.6 / max(t, 2) for i in range(len(errs))]
-        for missing in (False, True):
-            pts = [(xi, top / 3 if row[r] is None else max(row[r], floor), ok[r])
-                   for xi, row, ok in zip(x, errs, oks) if (row[r] is None) == missing]
-            if pts:
-                ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=60, color=rank_color(r),
-                           edgecolor=[PASS_COLOR if p[2] else FAIL_COLOR for p in pts],
-                           linewidth=[0.5 if p[2] else 2.0 for p in pts],
-                           marker="X" if missing else "o", zorder=3)
-    for i, ok in enumerate(oks):
-        if not all(ok):   # the whole column of a failing step or quantity turns red
-            ax.axvspan(i - 0.5, i + 0.5, color=FAIL_COLOR, alpha=0.12, linewidth=0)
-    ax.set_yscale("log")
-    ax.set_ylim(floor / 3, top)
-    ax.axhline(floor, color="grey", linestyle=":", linewidth=1)
-    lo, hi = round(math.log10(floor)), round(math.log10(top))
-    stride = max(1, math.ceil((hi - lo) / 7))
-    exps = list(range(hi, lo, -stride))[::-1]
-    ax.yaxis.set_minor_locator(NullLocator())
-    ax.set_yticks([floor] + [10.0 ** k for k in exps], ["0 (exact)"] + [f"1e{k}" for k in exps])
-    slant = by == "step" or len(labels) > 6   # long names like fc1.weight_grad run together
-    ax.set_xticks(range(len(labels)), labels, rotation=35 if slant else 0,
-                  ha="right" if slant else "center", fontsize=8)
-    for tick, ok in zip(ax.get_xticklabels(), oks):
-        tick.set_color("black" if all(ok) else FAIL_COLOR)
-    ax.set_xlim(-0.6, len(errs) - 0.4)
-    ax.set_ylabel("max abs error vs one process")
-    ax.set_xlabel("step of the trace" if by == "step" else "quantity")
-    verdict = "passed" if report.passed else "FAILED"
-    ax.set_title(f"{report.check} ({report.config.get('dtype')}, {t} rank{'s' * (t > 1)}): error per "
-                 f"{by}, {verdict}", fontsize=11)
-    # outside the axes: failing points sit high up, exactly where an inside legend would go
-    ax.legend(handles=error_legend_handles(t), fontsize=8, loc="upper left",
-              bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    return fig
+
+def steps_png(report, phase: str | None = None) -> Png:
+    """``plot_steps(report, phase, one_axes=True)`` as PNG for an explorer: the layouts are drawn
+    once per shape of the check, the red frames and the verdict on every redraw."""
+    return LIVE_STEPS.png((report, [s for s in report.steps if phase in (None, s.phase)]))

@@ -139,8 +139,8 @@ class VocabParallelCrossEntropy(nn.Module):
         super().__init__()
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-        if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
-                                       or vocab_size < 1):
+        if vocab_size is not None and (isinstance(vocab_size, bool)
+                                       or not isinstance(vocab_size, int) or vocab_size < 1):
             raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
         self.reduction, self.group, self.vocab_size = reduction, group, vocab_size
 

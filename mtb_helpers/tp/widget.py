@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 import torch
-from IPython.display import HTML
-
 from mtb_helpers.tp.check import check_column_parallel, check_row_parallel, check_tp_mlp
-from mtb_helpers.tp.plots import plot_errors, plot_steps
+from mtb_helpers.plots.errors import errors_png
+from mtb_helpers.tp.plots import steps_png
 from mtb_helpers.checking.report import Report
 from mtb_helpers.tp.bugs import COLUMN_BUGS, MLP_BUGS, ROW_BUGS
 from mtb_helpers.widgets.frame import live_view
@@ -65,8 +64,6 @@ def tp_explorer(kind: str = "mlp", world_size: int = 2) -> widgets.VBox:
     def render() -> list:
         report = run_explorer_check(kind, size.value, per_rank.value, other.value, dtype.value,
                                     None if bug.value == "none" else bug.value)
-        return [summary(report), HTML(report._repr_html_()),
-                plot_steps(report, phase="forward", one_axes=True),
-                plot_errors(report)]
+        return [summary(report), report, steps_png(report, phase="forward"), errors_png(report)]
 
     return live_view([[size, per_rank, other], [dtype, bug]], render)

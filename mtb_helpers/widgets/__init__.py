@@ -1,3 +1,4 @@
-"""ipywidgets explorers. Core widgets only (interact, sliders, dropdowns, Output), so they work on
-ipywidgets 7.7 (Colab) and 8 (JupyterLab 4, Binder). They call the pure functions and checks of the
-package and draw with ``mtb_helpers.plots``; one submodule per notebook."""
+"""ipywidgets explorers. Core widgets only (sliders, dropdowns, HTML, Image, Output), so they
+work on ipywidgets 7.7 (Colab) and 8 (JupyterLab 4, Binder). Every explorer is a
+``frame.live_view``: its controls, and below them its texts, tables and figures, updated in place
+on every change; each topic's ``widget.py`` says what to run and what to show."""

@@ -1,53 +1,101 @@
-"""The frame the rank-running explorers share: controls on top, one Output below that is filled
-again whenever a control changes. Core ipywidgets only (observe, Output), so 7.7 and 8 alike."""
+"""The frame every explorer shares: controls on top, below them one widget per item the explorer
+shows (a text, a table, a figure), updated in place whenever a control changes.
+
+In place, because a slider move used to clear an Output and display every figure again: the
+front end rebuilt the whole output area, and the kernel sent every PNG even when only one
+changed. Now a text is an ``HTML`` widget, a figure an ``Image`` widget, a table an ``HTML``
+widget, each keeping its place; a value equal to the last one is not sent again (traitlets only
+syncs changes). Core ipywidgets only (HTML, Image, Output, VBox, observe): 7.7 and 8 alike.
+"""
 from __future__ import annotations
 
+import html
 import io
 from typing import Callable, Sequence
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
-from IPython.display import Image, display
+from IPython.display import display
 from matplotlib.figure import Figure
 
+from mtb_helpers.plots.live import Png
 
-def as_png(fig: Figure) -> Image:
-    """The figure as a PNG, drawn once and closed: the inline backend's ``bbox_inches="tight"``
-    draws every figure twice (once to measure it), which a slider pays on every move. The
-    explorers' figures are laid out to fit their canvas, so nothing is cropped. Light compression:
-    zlib's default level took ~10 ms of a slider move per figure for a few KB less to send."""
+__all__ = ["live_view", "ExplorerView"]
+
+TEXT_STYLE = "margin: 0; white-space: pre-wrap; font-size: 12px; line-height: 1.35"
+
+
+def _png_bytes(fig: Figure) -> bytes:
+    """An ordinary figure as PNG, drawn once and closed: the inline backend's
+    ``bbox_inches="tight"`` draws every figure twice (once to measure it)."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=plt.rcParams["figure.dpi"], facecolor="white",
+    fig.savefig(buf, format="png", dpi=fig.dpi, facecolor="white",
                 pil_kwargs={"compress_level": 1})
     plt.close(fig)
-    return Image(buf.getvalue())
+    return buf.getvalue()
+
+
+def _kind(item: object) -> str:
+    if isinstance(item, str):
+        return "text"
+    if isinstance(item, (Png, Figure)):
+        return "image"
+    return "html" if hasattr(item, "_repr_html_") else "other"
+
+
+def _text_html(text: str) -> str:
+    return f'<pre style="{TEXT_STYLE}">{html.escape(text)}</pre>'
+
+
+class ExplorerView(widgets.VBox):
+    """The explorer: ``rows`` of controls, then one widget per item of ``render()`` (a str is
+    shown as text, a Figure or ``Png`` as an image, anything with ``_repr_html_`` as HTML (a
+    check report is its table), anything else displayed in an Output). Every control change
+    calls ``render`` again and updates those widgets in place; when the kinds of the items
+    change (another view), the widgets are made again. An exception (a setting a check
+    refuses, a rank error or timeout) is shown as one line and the explorer stays usable."""
+
+    def __init__(self, rows: Sequence[Sequence[widgets.Widget]],
+                 render: Callable[[], Sequence[object]]) -> None:
+        self.render = render
+        self.items = widgets.VBox()
+        self._kinds: tuple[str, ...] = ()
+        super().__init__([widgets.HBox(list(row)) for row in rows] + [self.items])
+        for row in rows:
+            for control in row:
+                control.observe(self.redraw, names="value")
+        self.redraw()
+
+    def redraw(self, *_) -> None:
+        try:
+            items = list(self.render())
+        except Exception as exc:  # noqa: BLE001  (say it, keep the explorer alive)
+            items = [f"{type(exc).__name__}: {exc}"]
+        kinds = tuple(_kind(item) for item in items)
+        if kinds != self._kinds or "other" in kinds:
+            self.items.children = [self._widget(kind) for kind in kinds]
+            self._kinds = kinds
+        for item, kind, widget in zip(items, kinds, self.items.children):
+            if kind == "text":
+                widget.value = _text_html(item)
+            elif kind == "image":
+                widget.value = item if isinstance(item, Png) else _png_bytes(item)
+            elif kind == "html":
+                widget.value = item._repr_html_()
+            else:
+                with widget:
+                    display(item)
+
+    @staticmethod
+    def _widget(kind: str) -> widgets.Widget:
+        if kind == "image":  # never wider than the notebook; the PNG keeps its aspect
+            return widgets.Image(format="png", layout=widgets.Layout(max_width="100%",
+                                                                     height="auto"))
+        return widgets.Output() if kind == "other" else widgets.HTML()
 
 
 def live_view(rows: Sequence[Sequence[widgets.Widget]],
-              render: Callable[[], Sequence[object]]) -> widgets.VBox:
-    """``rows`` of controls above an Output that shows ``render()``'s items in order: a string is
-    printed, a Figure shown as a PNG drawn once (``as_png``), anything else (an HTML table)
-    displayed. An exception
-    (a setting a check refuses, a rank error or timeout) is shown as one line, and the explorer
-    stays usable."""
-    out = widgets.Output()
-
-    def redraw(*_) -> None:
-        with out:
-            out.clear_output(wait=True)
-            try:
-                items = render()
-            except Exception as exc:  # noqa: BLE001  (say it, keep the explorer alive)
-                print(f"{type(exc).__name__}: {exc}")
-                return
-            for item in items:
-                if isinstance(item, str):
-                    print(item)
-                else:
-                    display(as_png(item) if isinstance(item, Figure) else item)
-
-    for row in rows:
-        for control in row:
-            control.observe(redraw, names="value")
-    redraw()
-    return widgets.VBox([widgets.HBox(list(row)) for row in rows] + [out])
+              render: Callable[[], Sequence[object]]) -> ExplorerView:
+    """``rows`` of controls above the items of ``render()``, redrawn in place on every change
+    (see ``ExplorerView``)."""
+    return ExplorerView(rows, render)

@@ -1,0 +1,155 @@
+"""The planner's predicted step time against the capstone's measured one, for every 8-rank layout,
+under an emulated link with padded compute (BENCHMARKS.md, "Choosing a layout: predicted vs
+measured"). A benchmark, not a test: run it on an idle machine.
+
+    python benchmarks/plan_vs_capstone.py [--alpha 2e-3] [--bandwidth 2e7] [--layer-ms 20]
+                                          [--time-scale 1] [--repeats 3] [--layouts N]
+                                          [--only TP,PP,DP,CP] [--json]
+
+For each (tp, pp, dp, cp) of 8 ranks the capstone accepts (a tiny GPT of 8 layers, h = 64, on
+32 tokens, 16 sequences in 4 micro-batches, sequence parallel, DDP): the prediction is made first,
+by ``mtb_helpers.plan.step_time`` on a one-node cluster whose every link is the emulated one,
+whose compute rate makes one layer's forward take ``--layer-ms``, without overlap (the course's
+layers wait for each collective; its DP strategy reduces after the last backward). Then the
+capstone's stage, pipeline schedule and DP strategy (its own classes) run the same step on real
+ranks under ``run(..., link=Link(alpha, bandwidth))``, each forward and backward of a stage padded
+(``mtb_helpers.runtime.link.padded``) to the planner's compute for it: compute is equal by
+construction, so the gap measures the planner's communication, pipeline and data-parallel model.
+The target is a gap within 15 % for every layout. What the planner leaves out and the capstone
+pays: the small collectives (LayerNorm and bias grads under sequence parallelism, the vocabulary-
+parallel cross-entropy's three all-reduces of [s, b]), the CPU's real compute under the pads.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from mtb_helpers import run, shutdown
+from mtb_helpers.capstone.data import batch_for_step, corpus, encode
+from mtb_helpers.capstone.grid import Grid, Layout as GridLayout
+from mtb_helpers.capstone.layers import build_stage
+from mtb_helpers.capstone.model import GPTConfig, make_model
+from mtb_helpers.capstone.parallel import GridP2P
+from mtb_helpers.capstone.reference import TrainConfig
+from mtb_helpers.capstone.validate import admissible_layouts
+from mtb_helpers.cost import Link
+from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
+from mtb_helpers.dp.strategies import flat
+from mtb_helpers.plan import ClusterSpec, Layout, step_time, tiny_gpt
+from mtb_helpers.plan.steptime import matmul_params, stage_compute
+from mtb_helpers.pp.schedules import schedule as make_schedule
+from mtb_helpers.pp.stage import RankStage
+from mtb_helpers.runtime.link import padded
+from mtb_helpers.tp.vocab import vocab_parallel_cross_entropy
+
+CFG = GPTConfig(vocab=64, seq=32, hidden=64, heads=8, ffn=256, layers=8)
+BATCH, MICRO = 16, 4
+
+
+def timed_steps(model, layout: GridLayout, pads: list, steps: int) -> list[float]:
+    """On every rank: ``steps`` training steps of the capstone's stage, each F / B op preceded by
+    its padded compute; the seconds of each step (barrier to barrier)."""
+    grid = Grid.build(layout)
+    try:
+        at, cfg = grid.index, model.cfg
+        tp_group = grid.tensor_group()
+        module = build_stage(model, at["pp"], layout.pp, True, tp_group, grid.context_group())
+        params = flat(module.parameters())
+        opt = STRATEGY_CLASSES["ddp"](module, {"params": params, "exp_avg": torch.zeros_like(params),
+                                               "exp_avg_sq": torch.zeros_like(params), "step": 0},
+                                      TrainConfig().adam(), group=grid.gradient_group(),
+                                      copy_model=False)
+        n, bd = cfg.seq // layout.cp, BATCH // layout.dp
+        rows = slice(at["cp"] * n, (at["cp"] + 1) * n)
+        cols = slice(at["dp"] * bd, (at["dp"] + 1) * bd)
+        boundary = (torch.Size([n // layout.tp, bd // MICRO, cfg.hidden]), params.dtype)
+        ops = make_schedule("1f1b", layout.pp, MICRO)[at["pp"]]
+        fwd, bwd = pads[at["pp"]]
+        tokens, out = encode(corpus()), []
+
+        def loss_fn(logits, target):
+            return vocab_parallel_cross_entropy(logits, target, "mean", group=tp_group,
+                                                vocab_size=cfg.vocab)
+
+        for step in range(steps):
+            ids, targets = batch_for_step(step, BATCH, cfg.seq, tokens)
+            x, y = ids[rows, cols], targets[rows, cols]
+            stage = RankStage(at["pp"], layout.pp, MICRO, {0: module}, list(x.chunk(MICRO, dim=1)),
+                              list(y.chunk(MICRO, dim=1)), loss_fn,
+                              GridP2P(grid.pipeline_ranks(), MICRO), [boundary] * layout.pp)
+            opt.zero_grad()
+            dist.barrier()
+            start = time.perf_counter()
+            for op in ops:
+                with padded(f"{op.kind}{op.microbatch}", fwd if op.kind == "F" else bwd):
+                    pass
+                (stage.forward if op.kind == "F" else stage.backward)(op.microbatch, op.chunk)
+            stage.p2p.finish()
+            opt.reduce_gradients()
+            opt.step()
+            dist.barrier()
+            out.append(time.perf_counter() - start)
+        return out
+    finally:
+        grid.destroy()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--alpha", type=float, default=2e-3, help="seconds per message (2e-3)")
+    parser.add_argument("--bandwidth", type=float, default=2e7, help="bytes per second (2e7)")
+    parser.add_argument("--layer-ms", type=float, default=20.0,
+                        help="padded forward of one layer per micro-batch, ms (20)")
+    parser.add_argument("--time-scale", type=float, default=1.0)
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps after one warm-up")
+    parser.add_argument("--layouts", type=int, default=None, help="only the first N layouts")
+    parser.add_argument("--only", default=None, metavar="TP,PP,DP,CP",
+                        help="one layout, e.g. 2,2,2,1")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    link = Link(args.alpha, args.bandwidth)
+    spec = tiny_gpt(CFG)
+    tokens = CFG.seq * BATCH // MICRO
+    rate = 2 * tokens * matmul_params(spec) / (args.layer_ms / 1e3)   # FLOP/s: one layer = layer-ms
+    machine = ClusterSpec(8, 1, 1e12, rate, link, link, name="emulated node")
+    rows = []
+    layouts = admissible_layouts((8,), CFG, BATCH, MICRO)[:args.layouts]
+    if args.only:
+        layouts = [GridLayout(*(int(v) for v in args.only.split(",")))]
+    for grid_layout in layouts:
+        t, p, d, c = grid_layout.tp, grid_layout.pp, grid_layout.dp, grid_layout.cp
+        layout = Layout(t, p, d, c, microbatch=BATCH // (d * MICRO), grad_accum=MICRO,
+                        zero_stage=0, dtype="fp64", sequence_parallel=True)
+        predicted = step_time(spec, machine, layout, mfu=1.0, overlap=False)  # written down first
+        pads = stage_compute(spec, layout, rate)
+        seconds = run(timed_steps, make_model(CFG), grid_layout, pads, args.repeats + 1,
+                      world_size=8, timeout=600.0, link=link, time_scale=args.time_scale)
+        measured = statistics.median(max(r[k] for r in seconds) for k in range(1, args.repeats + 1))
+        measured /= args.time_scale
+        gap = (measured - predicted.step) / predicted.step
+        rows.append({"layout": str(grid_layout), "predicted_s": predicted.step,
+                     "measured_s": measured, "gap": gap, "within_15pct": abs(gap) <= 0.15,
+                     "predicted_terms": predicted.terms})
+        if not args.json:
+            print(f"{str(grid_layout):<24} predicted {predicted.step * 1e3:8.1f} ms  measured "
+                  f"{measured * 1e3:8.1f} ms  gap {gap:+6.1%}  "
+                  f"{'ok' if abs(gap) <= 0.15 else 'OVER 15 %'}", flush=True)
+    shutdown()
+    summary = {"link": {"alpha": args.alpha, "bandwidth": args.bandwidth},
+               "layer_ms": args.layer_ms, "time_scale": args.time_scale,
+               "label": "emulated link, padded compute", "rows": rows,
+               "all_within_15pct": all(r["within_15pct"] for r in rows)}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"{sum(r['within_15pct'] for r in rows)}/{len(rows)} layouts within 15 % "
+              f"(emulated link {link.describe()}, padded compute)")
+
+
+if __name__ == "__main__":
+    main()

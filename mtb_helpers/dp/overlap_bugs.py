@@ -1,0 +1,105 @@
+"""Deliberately wrong communication hiding, for ``check_overlap(bug=...)``.
+
+Each bug is a subclass of a correct wrapper that overrides one method (marked ``# BUG``); the
+check builds ``swap(bug, OverlappedDDP)`` (or ``ShardedOptimizer``, ``FSDP``) where it would build
+the correct one. Each is a slip people make when they write these wrappers by hand.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+
+from mtb_helpers.checking.bug import Bug
+from mtb_helpers.dp.fsdp_units import FlatGroup
+from mtb_helpers.dp.fsdp_wrapper import FSDP
+from mtb_helpers.dp.overlap import OverlappedDDP
+from mtb_helpers.dp.sharded_optimizer import ShardedOptimizer
+
+__all__ = ["BUGS", "OVERLAP_BUGS", "WRAPPER_CLASSES", "bugs_for_wrapper"]
+
+
+class BucketTooEarly(OverlappedDDP):
+    """ddp-bucket-too-early: a bucket starts when its first gradient is ready, not its last."""
+
+    def _bucket_ready(self, k: int) -> bool:
+        return any(p in self._ready for p in self._buckets[k])     # BUG: any, not all
+
+
+class NoWait(OverlappedDDP):
+    """ddp-no-wait: the handles are never waited for: the buckets are read as they are."""
+
+    def _wait(self, work) -> None:
+        pass                                                        # BUG: no work.wait()
+
+
+class DoubleAverage(OverlappedDDP):
+    """ddp-double-average: the bucket is divided by t twice (e.g. the loss already divided by t)."""
+
+    def _average(self, summed: torch.Tensor) -> torch.Tensor:
+        return summed / self.world_size / self.world_size           # BUG: t twice
+
+
+class NoSyncCommunicates(OverlappedDDP):
+    """ddp-no-sync-communicates: ``no_sync`` that still reduces every micro-batch."""
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        yield                                                       # BUG: self._sync never cleared
+
+
+class PrefetchWrongModule(FSDP):
+    """fsdp-prefetch-wrong-module: prefetches the neighbour on the wrong side (the unit that just
+    ran), so the unit that runs next is gathered on demand, exposed."""
+
+    def _next_in(self, order: list[int], u: int, step: int) -> int | None:
+        return super()._next_in(order, u, -step)                    # BUG: the other direction
+
+
+class ReduceInComputeDtype(FSDP):
+    """fsdp-fp16-reduce: gradients reduced in the compute dtype (float16), whose sum overflows."""
+
+    def _reduce_dtype(self, g: FlatGroup) -> torch.dtype:
+        return g.compute_dtype                                      # BUG: not reduce_dtype
+
+
+class ForgetsToShare(ShardedOptimizer):
+    """zero1-no-broadcast: each rank steps its partition and never sends it to the others."""
+
+    def _share_partitions(self) -> None:
+        pass                                                        # BUG: no all-gather
+
+
+CHECK = "overlap"
+WRAPPER_CLASSES = {"ddp": OverlappedDDP, "zero1": ShardedOptimizer, "fsdp": FSDP}
+BUGS: dict[str, Bug] = {
+    "ddp-bucket-too-early": Bug(
+        "OverlappedDDP: a bucket's all-reduce starts when its first gradient is ready, so the "
+        "gradients that arrive later are reduced as zeros", (CHECK,), {OverlappedDDP: BucketTooEarly}),
+    "ddp-no-wait": Bug(
+        "OverlappedDDP: finish_gradient_synchronization does not wait for the handles, so a rank "
+        "ahead of the others reads its buckets before they are reduced", (CHECK,),
+        {OverlappedDDP: NoWait}),
+    "ddp-double-average": Bug(
+        "OverlappedDDP: every bucket divided by t twice, t times too small a gradient", (CHECK,),
+        {OverlappedDDP: DoubleAverage}),
+    "ddp-no-sync-communicates": Bug(
+        "OverlappedDDP: no_sync still all-reduces every micro-batch (the gradient comes out "
+        "right, the communication is repeated)", (CHECK,), {OverlappedDDP: NoSyncCommunicates}),
+    "fsdp-prefetch-wrong-module": Bug(
+        "FSDP: the prefetch gathers the unit on the wrong side, so the unit that runs next is "
+        "gathered on demand", (CHECK,), {FSDP: PrefetchWrongModule}),
+    "fsdp-fp16-reduce": Bug(
+        "FSDP: gradients reduce-scattered in float16 (the compute dtype) instead of reduce_dtype; "
+        "the sum over ranks overflows to inf", (CHECK,), {FSDP: ReduceInComputeDtype}),
+    "zero1-no-broadcast": Bug(
+        "ShardedOptimizer: each rank steps its partition and never shares it: the other ranks keep "
+        "stale parameters", (CHECK,), {ShardedOptimizer: ForgetsToShare}),
+}
+OVERLAP_BUGS = tuple(BUGS)
+
+
+def bugs_for_wrapper(wrapper: str) -> tuple[str, ...]:
+    """The bugs that replace ``wrapper``'s class."""
+    return tuple(n for n, b in BUGS.items() if WRAPPER_CLASSES[wrapper] in b.replaces)

@@ -1,0 +1,150 @@
+"""The α-β prediction of a data-parallel step that hides its communication (notebook 14).
+
+Two lanes per rank, as on a GPU: compute (one kernel at a time) and communication (one collective
+at a time, in the order they were issued; the comm stream). A step is a list of operations in
+program order; each compute op starts when the compute lane is free and what it waits for is done,
+each collective when it is issued and the comm lane is free, and takes ``cost.predict`` of its
+bytes on the link. The model of the step then says everything the notebook measures:
+
+* DDP (``predict_ddp``): layer ``i``'s backward takes ``t_bwd``, after which its gradients are
+  ready; a bucket's all-reduce is issued when its last gradient is ready (``overlap=True``) or all
+  of them after the backward (``overlap=False``). Step = forward + the later of the backward's end
+  and the last bucket's end (``max(compute, comm)`` plus the exposed tail, exactly).
+* ZeRO-1 (``zero1=True``): the optimizer's ``t_opt`` shrinks to ``t_opt / p`` and one all-gather of
+  the partitions (``p`` x the largest partition) follows it.
+* FSDP (``predict_fsdp``): each unit's all-gather before its forward and its backward, its
+  reduce-scatter after its backward; with ``prefetch`` the next unit's all-gather is issued while
+  the current one computes. All times in the link's seconds (no time scale).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Op", "Prediction", "simulate", "bucket_plan", "predict_ddp", "predict_fsdp"]
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation in program order: ``kind`` "compute" or "comm"; ``after``: names of the ops
+    it waits for (a compute op also waits for the compute lane, a collective for the comm lane)."""
+    kind: str
+    name: str
+    seconds: float
+    after: tuple[str, ...] = ()
+    nbytes: int = 0
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """``events``: ``(kind, name, start, end, nbytes)`` per op; ``step``: when the last ends;
+    ``compute`` and ``comm``: the busy time of each lane; ``exposed``: comm the compute did not hide."""
+    events: list[tuple[str, str, float, float, int]]
+    step: float
+    compute: float
+    comm: float
+
+    @property
+    def exposed(self) -> float:
+        return self.step - self.compute
+
+
+def simulate(ops: list[Op]) -> Prediction:
+    """Times of ``ops`` on the two lanes (see the module docstring)."""
+    end: dict[str, float] = {}
+    free = {"compute": 0.0, "comm": 0.0}
+    issued = 0.0                    # a collective is issued by the program when it reaches it
+    events = []
+    for op in ops:
+        ready = max([end[a] for a in op.after], default=0.0)
+        if op.kind == "compute":
+            start = max(free["compute"], ready)
+            issued = start + op.seconds
+        else:
+            start = max(free["comm"], ready, issued)
+        end[op.name] = start + op.seconds
+        free[op.kind] = end[op.name]
+        events.append((op.kind, op.name, start, end[op.name], op.nbytes))
+    busy = {k: sum(e[3] - e[2] for e in events if e[0] == k) for k in free}
+    return Prediction(events, max(end.values(), default=0.0), busy["compute"], busy["comm"])
+
+
+def bucket_plan(param_bytes: list[int], cap_bytes: float) -> list[list[int]]:
+    """PyTorch's bucketing (one dtype): parameter indices per bucket, last parameter first, a
+    bucket closing once it holds ``>= cap_bytes``."""
+    buckets, open_, size = [], [], 0
+    for i in reversed(range(len(param_bytes))):
+        open_.append(i)
+        size += param_bytes[i]
+        if size >= cap_bytes:
+            buckets.append(open_)
+            open_, size = [], 0
+    return buckets + ([open_] if open_ else [])
+
+
+def predict_ddp(layer_param_bytes: list[list[int]], t_fwd: float, t_bwd: float, link,
+                world_size: int, bucket_cap_mb: float, overlap: bool = True, t_opt: float = 0.0,
+                zero1: bool = False, largest_partition_bytes: int = 0) -> Prediction:
+    """One DDP step (forward, backward, the bucket all-reduces, the optimizer) on the two lanes.
+    ``layer_param_bytes[i]``: the bytes of layer ``i``'s parameters in registration order."""
+    from mtb_helpers.cost import predict
+    p = world_size
+    flat = [b for layer in layer_param_bytes for b in layer]
+    layer_of = [i for i, layer in enumerate(layer_param_bytes) for _ in layer]
+    ops = [Op("compute", f"forward {i}", t_fwd) for i in range(len(layer_param_bytes))]
+    buckets = bucket_plan(flat, bucket_cap_mb * 2 ** 20)
+    last_layer = [min(layer_of[j] for j in b) for b in buckets]   # backward goes last to first
+    reduces, k = [], 0
+    for i in reversed(range(len(layer_param_bytes))):
+        ops.append(Op("compute", f"backward {i}", t_bwd))
+        while overlap and k < len(buckets) and last_layer[k] == i:
+            reduces.append(k)
+            ops.append(_all_reduce(k, buckets[k], flat, p, link, predict))
+            k += 1
+    for k in range(k, len(buckets)):
+        ops.append(_all_reduce(k, buckets[k], flat, p, link, predict, after=("backward 0",)))
+    waits = tuple(f"all-reduce bucket {k}" for k in range(len(buckets)))
+    if t_opt:
+        ops.append(Op("compute", "optimizer", t_opt / p if zero1 else t_opt, waits))
+    if zero1:
+        gathered = p * largest_partition_bytes
+        ops.append(Op("comm", "all-gather partitions", predict("all-gather", gathered, p, link),
+                      ("optimizer",) if t_opt else waits, gathered))
+    return simulate(ops)
+
+
+def _all_reduce(k, bucket, flat, p, link, predict, after=()) -> Op:
+    nbytes = sum(flat[j] for j in bucket)
+    return Op("comm", f"all-reduce bucket {k}", predict("all-reduce", nbytes, p, link), after, nbytes)
+
+
+def predict_fsdp(unit_bytes: list[int], t_fwd: float, t_bwd: float, link, world_size: int,
+                 prefetch: bool = True, gather_itemsize_ratio: float = 1.0) -> Prediction:
+    """Forward and backward of FSDP units (``unit_bytes``: each unit's full parameters in bytes,
+    padded; the all-gather fills that many, times ``gather_itemsize_ratio`` under a compute dtype
+    of other width; the reduce-scatter takes the full gradient in the master dtype)."""
+    from mtb_helpers.cost import predict
+    p, n = world_size, len(unit_bytes)
+    gather = lambda u, tag: Op("comm", f"all-gather {u} {tag}", predict(
+        "all-gather", int(unit_bytes[u] * gather_itemsize_ratio), p, link), (),
+        int(unit_bytes[u] * gather_itemsize_ratio))
+    ops = [gather(0, "fwd")]
+    for u in range(n):
+        if prefetch and u + 1 < n:
+            ops.append(gather(u + 1, "fwd"))
+        elif not prefetch and u > 0:
+            ops.append(_after(gather(u, "fwd"), f"forward {u - 1}"))
+        ops.append(Op("compute", f"forward {u}", t_fwd, (f"all-gather {u} fwd",)))
+    ops.append(_after(gather(n - 1, "bwd"), f"forward {n - 1}"))
+    for u in reversed(range(n)):
+        if prefetch and u > 0:
+            ops.append(gather(u - 1, "bwd"))
+        elif not prefetch and u < n - 1:
+            ops.append(_after(gather(u, "bwd"), f"backward {u + 1}"))
+        ops.append(Op("compute", f"backward {u}", t_bwd, (f"all-gather {u} bwd",)))
+        ops.append(Op("comm", f"reduce-scatter {u}", predict("reduce-scatter", unit_bytes[u], p, link),
+                      (f"backward {u}",), unit_bytes[u]))
+    return simulate(ops)
+
+
+def _after(op: Op, name: str) -> Op:
+    return Op(op.kind, op.name, op.seconds, op.after + (name,), op.nbytes)

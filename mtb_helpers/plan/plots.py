@@ -1,0 +1,87 @@
+"""The planner's figures, from plain numbers: memory per rank as stacked bars (one bar per pipeline
+stage, or per step of a walk-through) against the GPU's memory, and where a step's time goes for
+the fastest layouts. The series are memory terms and time causes, not ranks, so they take Paul
+Tol's colour-blind-safe "muted" scheme instead of the rank palette (which stays for ranks)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from mtb_helpers.plan.budget import MEMORY_TERMS, StageMemory
+from mtb_helpers.plan.presets import GIB
+
+__all__ = ["TERM_COLORS", "plot_stacked_memory", "plot_stage_memory", "plot_step_times"]
+
+_MUTED = ("#332288", "#88CCEE", "#44AA99", "#117733", "#999933", "#DDCC77", "#CC6677",
+          "#882255", "#AA4499", "#DDDDDD")
+TERM_COLORS = dict(zip(MEMORY_TERMS + ("layer input",), _MUTED))
+TIME_COLORS = dict(zip(("compute", "tensor parallel", "context parallel", "expert parallel",
+                        "pipeline bubble and p2p", "data parallel"), _MUTED))
+
+
+def plot_stacked_memory(columns: Sequence[tuple[str, dict[str, float]]], limit: float | None = None,
+                        title: str = "Memory per rank", xlabel: str = "",
+                        ax=None) -> Figure:
+    """One stacked bar per ``(label, {term: bytes})``, in GiB; ``limit`` (bytes) drawn as a line."""
+    fig = ax.figure if ax is not None else plt.figure(figsize=(9, 4.2))
+    ax = ax if ax is not None else fig.add_subplot(111)
+    terms = [t for t in TERM_COLORS if any(c[1].get(t, 0) for c in columns)]
+    bottoms = [0.0] * len(columns)
+    for term in terms:
+        heights = [c[1].get(term, 0.0) / GIB for c in columns]
+        ax.bar(range(len(columns)), heights, bottom=bottoms, color=TERM_COLORS[term],
+               edgecolor="black", linewidth=0.4, label=term)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    for i, total in enumerate(bottoms):
+        ax.text(i, total, f"{total:.1f}", ha="center", va="bottom", fontsize=8)
+    if limit is not None:
+        ax.axhline(limit / GIB, color="black", linestyle="--", linewidth=1)
+        ax.text(len(columns) - 0.5, limit / GIB, f" GPU memory {limit / GIB:.0f} GiB",
+                va="bottom", ha="right", fontsize=8)
+    ax.set_xticks(range(len(columns)))
+    ax.set_xticklabels([c[0] for c in columns], fontsize=8)
+    ax.set_ylabel("GiB per rank")
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    top = max(bottoms + [limit / GIB if limit else 0.0])
+    ax.set_ylim(0, top * 1.15 if top > 0 else 1)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="held for",
+              title_fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_stage_memory(memory: Sequence[StageMemory], layout_text: str, limit: float | None = None,
+                      ranks_per_stage: int | None = None, ax=None) -> Figure:
+    """The bytes on each rank, one bar per pipeline stage (every rank of a stage holds the same)."""
+    step = max(1, len(memory) // 16)          # at most 16 bars, the first and the last stage kept
+    shown = sorted(set(range(0, len(memory), step)) | {len(memory) - 1})
+    columns = [(str(r), memory[r].terms) for r in shown]
+    each = "" if ranks_per_stage is None else f" (each of its {ranks_per_stage} ranks holds the same)"
+    return plot_stacked_memory(columns, limit, f"Memory per rank: {layout_text}",
+                               f"pipeline stage{each}", ax)
+
+
+def plot_step_times(rows: Sequence[tuple[str, dict[str, float]]], title: str = "Predicted step time",
+                    ax=None) -> Figure:
+    """Horizontal stacked bars: for each ``(layout, {cause: seconds})``, where the step goes."""
+    fig = ax.figure if ax is not None else plt.figure(figsize=(9, 0.45 * len(rows) + 1.6))
+    ax = ax if ax is not None else fig.add_subplot(111)
+    causes = [c for c in TIME_COLORS if any(r[1].get(c, 0) for r in rows)]
+    lefts = [0.0] * len(rows)
+    for cause in causes:
+        widths = [r[1].get(cause, 0.0) for r in rows]
+        ax.barh(range(len(rows)), widths, left=lefts, color=TIME_COLORS[cause],
+                edgecolor="black", linewidth=0.4, label=cause)
+        lefts = [a + w for a, w in zip(lefts, widths)]
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([r[0] for r in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds per step (predicted)")
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="time spent on",
+              title_fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,71 @@
+"""Gantt lanes of an emulated-link run: per rank a compute lane and a communication lane.
+
+    fig = plot_timeline(results.timeline, title="TP MLP forward + backward")
+
+Drawn as notebook 09's charts are: one row per lane, rank r's colour band left of time 0, one
+box per event (compute solid in the rank's colour, communication hatched in it), its name inside
+when it fits. Times are the modelled link's (the run's clock divided by the time scale), and the
+title says the link is emulated and, when stretched, how many times slower than real time it ran.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch, Rectangle
+
+from mtb_helpers.plots.palette import rank_color
+from mtb_helpers.runtime.timeline import Timeline
+
+__all__ = ["plot_timeline", "LANES"]
+
+LANES = ("compute", "comm")
+_LABEL = {"compute": "compute", "comm": "comm"}
+
+
+def plot_timeline(timeline: Timeline, title: str = "", ax: plt.Axes | None = None,
+                  width: float = 10.0, unit: str = "ms") -> Figure:
+    """Two lanes per rank (compute above comm), rank 0 on top, in the link's own time."""
+    model = timeline.in_model_time()
+    scale = {"ms": 1e3, "s": 1.0, "us": 1e6}[unit]
+    p = len(model.ranks)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(width, 1.2 + 0.75 * p))
+    fig = ax.figure
+    span = max(model.makespan * scale, 1e-12)
+    band = span * 0.02
+    axes_inches = fig.get_figwidth() * ax.get_position().width
+    ticks, labels = [], []
+    for r, events in enumerate(model.ranks):
+        for lane, kind in enumerate(LANES):
+            y = (p - 1 - r) * 2.4 + (1 - lane) * 1.0
+            ticks.append(y)
+            labels.append(f"rank {r} {_LABEL[kind]}")
+            ax.add_patch(Rectangle((-band * 1.6, y - 0.4), band, 0.8, color=rank_color(r)))
+            for e in (e for e in events if e.kind == kind):
+                start, length = e.start * scale, (e.end - e.start) * scale
+                solid = kind == "compute"
+                ax.add_patch(Rectangle((start, y - 0.4), length, 0.8,
+                                       facecolor=rank_color(r) if solid else "white",
+                                       edgecolor="black" if solid else rank_color(r),
+                                       hatch=None if solid else "///", linewidth=0.8))
+                points = length / (span + 2 * band) * axes_inches * 72
+                size = min(8.0, points / (0.62 * len(e.name) + 0.3))
+                if size >= 5.0:   # too small to read is worse than no label
+                    ax.text(start + length / 2, y, e.name, ha="center", va="center",
+                            fontsize=size, bbox={"facecolor": "white", "edgecolor": "none",
+                                                 "pad": 0.5, "alpha": 0.8})
+    ax.set_xlim(-band * 2, span * 1.02)
+    ax.set_ylim(-0.7, (p - 1) * 2.4 + 1.7)
+    ax.set_yticks(ticks, labels, fontsize=8)
+    stretched = f"; the run took {timeline.time_scale:g}× longer" if timeline.time_scale != 1 else ""
+    shown = "µs" if unit == "us" else unit
+    ax.set_xlabel(f"time ({shown} of the modelled link{stretched})")
+    head = f"{title}\n" if title else ""
+    ax.set_title(f"{head}{timeline.label()}: makespan {span:.3g} {shown}", fontsize=10)
+    ax.legend(handles=[Patch(facecolor="#999999", edgecolor="black", label="compute (padded)"),
+                       Patch(facecolor="white", edgecolor="#555555", hatch="///",
+                             label="communication")],
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, framealpha=0.9)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
