@@ -38,8 +38,9 @@ def plot_stacked_memory(columns: Sequence[tuple[str, dict[str, float]]], limit: 
         ax.text(i, total, f"{total:.1f}", ha="center", va="bottom", fontsize=8)
     if limit is not None:
         ax.axhline(limit / GIB, color="black", linestyle="--", linewidth=1)
-        ax.text(-0.45, limit / GIB, f"GPU memory {limit / GIB:.0f} GiB", va="bottom",
-                ha="left", fontsize=8)
+        ax.text(max(len(columns), 3) - 0.55, limit / GIB, f"GPU memory {limit / GIB:.0f} GiB",
+                va="bottom", ha="right", fontsize=8,
+                bbox=dict(facecolor="white", edgecolor="none", pad=1))
     ax.set_xlim(-0.5, max(len(columns), 3) - 0.5)
     ax.set_xticks(range(len(columns)))
     ax.set_xticklabels([c[0] for c in columns], fontsize=8)
