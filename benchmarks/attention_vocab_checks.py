@@ -28,7 +28,7 @@ def main() -> None:
         "check_vocab_parallel (V=12, h=4, 4x2 tokens)": lambda dtype: check_vocab_parallel(
             world_size=t, dtype=dtype),
     }
-    print(f"| check | dtype | first call (pool start) | warm median | warm min |")
+    print("| check | dtype | first call (pool start) | warm median | warm min |")
     print("|---|---|---:|---:|---:|")
     for name, check in checks.items():
         for dtype in ("float32", "float64"):

@@ -1,7 +1,7 @@
 """Hiding communication (notebook 14): step times measured under an emulated link against the α-β
 prediction, and the bucket-size curve.
 
-    python benchmarks/overlap.py [--world-size 2] [--time-scale 20] [--steps 5]
+    python benchmarks/overlap.py [--world-size 2] [--time-scale 30] [--steps 5]
                                  [--alpha 1e-3] [--bandwidth 2.5e8]
 
 The padded 8-layer model of ``dp.overlap_time`` (each layer 0.5 ms forward, 2 ms backward; the
@@ -24,7 +24,7 @@ CAPS = (0.0, 0.25, 0.5, 1.0, 2.0)   # 16, 8, 4, 2 and 1 buckets
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--time-scale", type=float, default=20.0)
+    parser.add_argument("--time-scale", type=float, default=30.0)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--alpha", type=float, default=1e-3)
     parser.add_argument("--bandwidth", type=float, default=2.5e8)

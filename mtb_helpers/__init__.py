@@ -8,7 +8,7 @@ from mtb_helpers.runtime.ranks import (MAX_WORLD_SIZE, RankError, RankTimeoutErr
                                shutdown, warm_up)
 from mtb_helpers.topics import bug_registry
 
-# {name: one-line description} of every deliberate mistake a check's ``bug=`` can inject, from the
+# {name: one-line description} of every deliberate bug a check's ``bug=`` can inject, from the
 # bug modules the manifest (topics.py) names; building it registers each topic's bugs once.
 BUGS: dict[str, str] = {name: bug.description for name, bug in bug_registry().items()}
 

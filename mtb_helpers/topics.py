@@ -12,7 +12,7 @@ widgets) imports a topic; the topics are found here by name, when the top of the
           bugs=("bugs", "overlap_bugs"),              # each module holds BUGS: dict[str, Bug]
           layers=("strategies", "fsdp"))              # modules that must not import upwards
 
-A topic with no deliberate mistakes says ``bugs=()``; a topic that adds commands to another
+A topic with no deliberate bugs says ``bugs=()``; a topic that adds commands to another
 topic's group (sp adds ``tp sequence``) or only top-level commands (``minitrainbench train``) says
 no ``group``.
 """

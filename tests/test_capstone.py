@@ -104,7 +104,8 @@ def test_figures_have_titles_labels_legends_and_rank_colours():
     fig = plot_rank_grid(grid_table(layout, GPTConfig(), 8), layout.sizes())
     ax = fig.axes[0]
     assert "tp=2 pp=2 dp=2 cp=1" in ax.get_title() and ax.get_xlabel() and ax.get_legend()
-    assert [p.get_edgecolor()[:3] for p in ax.patches[:8]] == [matplotlib.colors.to_rgb(rank_color(r)) for r in range(8)]
+    assert [p.get_edgecolor()[:3] for p in ax.patches[:8]] == [matplotlib.colors.to_rgb(rank_color(r))
+                                                                 for r in range(8)]
     report = check_capstone(1, 1, 1, 1, steps=2).to_dict()
     fig = plot_losses(report["losses"]["parallel"], report["losses"]["reference"])
     assert all(a.get_ylabel() and a.get_legend() for a in fig.axes) and fig.axes[0].get_title()

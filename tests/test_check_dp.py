@@ -19,7 +19,7 @@ def test_every_dp_bug_is_listed():
     assert set(DP_BUGS) <= set(BUGS) and all(BUGS[b] for b in DP_BUGS)
     assert "dp-grads-not-cleared" in DP_BUGS and BUGS_BY_STRATEGY["ddp"][-1] == "dp-grads-not-cleared"
     assert all(DP_REGISTRY[b].checks == ("data_parallel",) for b in DP_BUGS)
-    assert set(DP_REGISTRY) == set(DP_BUGS)
+    assert set(DP_REGISTRY) - set(DP_BUGS) == {"no-ddp-wrapper", "fsdp-sum-not-average"}   # PyTorch's
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -143,7 +143,8 @@ def test_all_strategies_inject_a_bug_only_where_it_applies():
     (lambda: check_data_parallel(bug="no-such-bug"), r"unknown bug"),
     (lambda: check_data_parallel(bug="f-backward-identity"), r"does not apply"),
     (lambda: check_data_parallel(strategy="ddp", bug="zero-stale-params"), r"does not apply to strategy 'ddp'"),
-    (lambda: check_all_strategies(strategies=("ddp", "zero3"), bug="zero-stale-params"), r"does not apply to any of ddp, zero3; it applies to zero1, zero2"),
+    (lambda: check_all_strategies(strategies=("ddp", "zero3"), bug="zero-stale-params"),
+     r"does not apply to any of ddp, zero3; it applies to zero1, zero2"),
     (lambda: check_all_strategies(world_size=4, batch=6), r"batch=6 is not divisible"),
 ])
 def test_bad_input_is_refused_before_any_rank_starts(no_ranks, call, message):

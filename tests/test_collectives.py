@@ -70,7 +70,7 @@ def test_bug_provenance_shows_where_values_came_from():
     ({"seed": -1}, "seed"),
     ({"bug": "no-such-bug"}, "unknown bug"),
     ({"bug": "bias-before-allreduce"}, "does not apply"),
-    ({"bug": "allgather-rank-order", "collectives": ("broadcast",)}, "not checked"),
+    ({"bug": "allgather-rank-order", "collectives": ("broadcast",)}, "among the collectives checked"),
     ({"bug": "allgather-rank-order", "world_size": 1, "numel": 4}, "cannot show"),
     ({"bug": "alltoall-wrong-split", "numel": 2}, "cannot show"),
     ({"collectives": ("all-scatter",)}, "unknown collective"),

@@ -8,8 +8,6 @@ be within a few ms: on a busy shared machine a thread can wait for a core longer
 such a lag is shown (``Event.overrun``, a warning), never hidden."""
 from __future__ import annotations
 
-import os
-import statistics
 import time
 
 import pytest

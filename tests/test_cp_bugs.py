@@ -1,4 +1,4 @@
-"""Each deliberate context-parallel mistake fails exactly the (quantity, rank) rows it breaks,
+"""Each deliberate context-parallel bug fails exactly the (quantity, rank) rows it breaks,
 derived from what it does; with nothing to break (one rank, no mask, one chunk) it passes."""
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import torch
 from mtb_helpers import BUGS
 from mtb_helpers.check import check_context_parallel
 from mtb_helpers.checking.bug import names_for
-from mtb_helpers.cp.bugs import BUGS as CP_BUGS
 from mtb_helpers.cp.bugs import BUGS as CP_BUGS
 
 ALL = ("output", "q_grad", "k_grad", "v_grad")

@@ -84,6 +84,8 @@ def layer_modules(topics=None) -> list[str]:
 
 
 def _is_upper(module: str) -> bool:
+    if module == "mtb_helpers.checking.bug":   # the Bug shape and registry import nothing: an entry
+        return False                           # point at the layers (pipeline_step) resolves there
     parts = module.split(".")
     return any(p in UPPER for p in parts[1:]) or module in ("mtb_helpers.check", "mtb_helpers.topics")
 
@@ -198,6 +200,7 @@ STABLE_IMPORTS = {   # DESIGN.md's stable entry points and issue 10's "keep work
                          "check_sequence_parallel check_data_parallel check_moe check_grid "
                          "check_collectives check_pipeline check_tp_attention "
                          "check_vocab_parallel check_context_parallel check_capstone",
+    "mtb_helpers.cost": "Link predict calibrate padded",
     "mtb_helpers.comm": "record issue copy_to_tensor_model_parallel_region "
                         "reduce_from_tensor_model_parallel_region "
                         "gather_from_tensor_model_parallel_region "
@@ -226,8 +229,8 @@ THROWAWAY = {   # a topic folder outside the package: what a new topic needs, an
     "more_bugs.py": '"""Its second bug module."""\nfrom mtb_helpers.checking.bug import Bug\n\n'
                     'BUGS = {"toy-halve": Bug("toy: halves", checks=("toy",))}\n',
     "check.py": '"""Its check."""\nfrom mtb_helpers.checking.bug import resolve\n'
-                'from mtb_toy.bugs import BUGS\n\n\ndef check_toy(bug=None):\n'
-                '    return resolve(BUGS, bug, "toy")\n',
+                '\n\ndef check_toy(bug=None):\n'
+                '    return resolve(bug, "toy")\n',
     "cli.py": '"""Its command."""\n\n\ndef register(top, groups):\n'
               '    groups["toy"].add_parser("check").set_defaults(func=lambda args: 0)\n',
     "plots.py": '"""Its figures."""\n',
@@ -247,6 +250,7 @@ def throwaway(tmp_path, monkeypatch):
         (folder / name).write_text(text)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(bug, "_OWNERS", dict(bug._OWNERS))
+    monkeypatch.setattr(bug, "_REGISTRY", dict(bug._REGISTRY))
     toy = manifest.Topic("toy", package="mtb_toy", group="toy", group_help="a throwaway topic",
                          checks=("check_toy",), bugs=("bugs", "more_bugs"))
     monkeypatch.setattr(manifest, "TOPICS", manifest.TOPICS + (toy,))   # the one line

@@ -1,4 +1,4 @@
-"""``check_overlap`` passes for the correct wrappers and catches each deliberate mistake, on exactly
+"""``check_overlap`` passes for the correct wrappers and catches each deliberate bug, on exactly
 the quantities it breaks; bad arguments are refused before any rank starts."""
 from __future__ import annotations
 

@@ -157,3 +157,12 @@ def test_the_saved_timings_of_notebook_14_say_what_its_text_says():
     assert all(-0.10 <= m / p - 1 <= 0.50 for p, m in pairs), pairs
     serial, overlapped = pairs[0][1], pairs[1][1]
     assert overlapped < serial
+
+
+def test_under_torchrun_the_command_runs_the_checks_only():
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node=2", "-m", "mtb_helpers.cli", "dp", "overlap", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout) == {"passed": True, "checks": {"ddp": "PASS", "zero1": "PASS",
+                                                                 "fsdp": "PASS"}}

@@ -1,5 +1,5 @@
 """The planner against real ranks: the capstone's bytes held per rank and the SP block's saved
-activations equal the planner's formulas exactly; each deliberate mistake turns its rows red."""
+activations equal the planner's formulas exactly; each deliberate bug turns its rows red."""
 from __future__ import annotations
 
 import pytest

@@ -99,7 +99,7 @@ def test_op_time_pads_every_op_to_its_fixed_duration():
     (dict(op_time=(1.0,)), "op_time"),
     (dict(op_time=(0.0, 0.0)), "F and the backward > 0"),
     (dict(stages=0), "stages must be"),
-    (dict(bug="pp-loss-not-scaled"), "Bug object"),
+    (dict(bug="f-backward-identity"), "does not apply"),
 ])
 def test_bad_input_is_refused_before_any_rank_starts(no_ranks, kwargs, message):
     model, x, y = data(kwargs.pop("blocks", 2), kwargs.pop("m", 2))

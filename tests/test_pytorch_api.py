@@ -47,13 +47,13 @@ def test_tensor_parallel_plans_agree_with_the_course(compare, quantities, t):
     _deterministic(res)
 
 
-@pytest.mark.parametrize("compare, mistake, broken", [
+@pytest.mark.parametrize("compare, bug, broken", [
     (tp_api.pytorch_column, "input-as-partial", {"output", "weight_grad"}),
     (tp_api.pytorch_row, "row-output-partial", {"output"}),
     (tp_api.pytorch_mlp, "row-output-partial", {"output"}),
 ])
-def test_a_wrong_placement_is_caught_on_what_it_breaks(compare, mistake, broken):
-    res = compare(world_size=2, mistake=mistake)
+def test_a_wrong_placement_is_caught_on_what_it_breaks(compare, bug, broken):
+    res = compare(world_size=2, bug=bug)
     assert not res.agree
     assert res.disagreeing() == broken, str(res)
     assert "DISAGREE" in res.summary()
@@ -77,7 +77,7 @@ def test_sequence_parallel_agrees_and_leaves_layernorm_grads_partial(t):
 
 
 def test_layernorm_grads_read_as_partial_are_caught():
-    res = sp_api.pytorch_sequence_parallel(world_size=2, mistake="ln-grad-partial")
+    res = sp_api.pytorch_sequence_parallel(world_size=2, bug="ln-grad-partial")
     assert res.disagreeing() == {"ln.weight_grad", "ln.bias_grad"}, str(res)
 
 
@@ -97,10 +97,10 @@ def test_ddp_and_fsdp2_agree_with_the_course_over_three_adam_steps(strategy, for
     _deterministic(res)
 
 
-@pytest.mark.parametrize("strategy, mistake", [("ddp", "no-ddp-wrapper"),
+@pytest.mark.parametrize("strategy, bug", [("ddp", "no-ddp-wrapper"),
                                                ("fsdp", "fsdp-sum-not-average")])
-def test_a_wrong_data_parallel_setup_is_caught(strategy, mistake):
-    res = dp_api.pytorch_data_parallel(world_size=2, strategy=strategy, mistake=mistake)
+def test_a_wrong_data_parallel_setup_is_caught(strategy, bug):
+    res = dp_api.pytorch_data_parallel(world_size=2, strategy=strategy, bug=bug)
     assert {"params", "grads"} <= res.disagreeing(), str(res)
 
 
@@ -116,7 +116,7 @@ def test_device_mesh_grid_agrees_with_the_course_grid(world_size, tp, dp):
 
 
 def test_device_mesh_dims_named_the_wrong_way_round_are_caught():
-    res = grid_api.pytorch_grid(world_size=4, tp=2, dp=2, mistake="mesh-dims-swapped")
+    res = grid_api.pytorch_grid(world_size=4, tp=2, dp=2, bug="mesh-dims-swapped")
     assert {"output", "loss", "fc1.weight_grad"} <= res.disagreeing(), str(res)
     assert "the same groups as the course's: NO" in res.notes[0]
 
@@ -134,11 +134,11 @@ def test_pipelining_schedules_match_one_process_and_the_course_order(schedule, t
     _deterministic(res)
 
 
-@pytest.mark.parametrize("mistake, broken", [("scale-grads-off", {"weight_grad", "bias_grad"}),
+@pytest.mark.parametrize("bug, broken", [("scale-grads-off", {"weight_grad", "bias_grad"}),
                                              ("other-schedule", {"op order"})])
-def test_a_wrong_pipeline_setup_is_caught(mistake, broken):
+def test_a_wrong_pipeline_setup_is_caught(bug, broken):
     res = pp_api.pytorch_pipeline(world_size=3, schedule="1f1b", microbatches=4, batch=8,
-                                  mistake=mistake)
+                                  bug=bug)
     assert res.disagreeing() == broken, str(res)
 
 
@@ -146,7 +146,7 @@ def test_a_wrong_pipeline_setup_is_caught(mistake, broken):
     (lambda: tp_api.pytorch_column(world_size=5), "out_features=12"),
     (lambda: tp_api.pytorch_row(world_size=5), "in_features=12"),
     (lambda: tp_api.pytorch_mlp(world_size=5), "ffn_hidden=12"),
-    (lambda: tp_api.pytorch_column(mistake="nope"), "unknown mistake"),
+    (lambda: tp_api.pytorch_column(bug="nope"), "unknown bug"),
     (lambda: sp_api.pytorch_sequence_parallel(world_size=5), "seq_len=12"),
     (lambda: dp_api.pytorch_data_parallel(world_size=4, batch=6), "batch=6"),
     (lambda: dp_api.pytorch_data_parallel(strategy="zero2"), "unknown strategy"),
@@ -155,7 +155,29 @@ def test_a_wrong_pipeline_setup_is_caught(mistake, broken):
     (lambda: pp_api.pytorch_pipeline(world_size=2, batch=10, microbatches=4), "batch=10"),
     (lambda: pp_api.pytorch_pipeline(world_size=1), "at least 2 stages"),
     (lambda: pp_api.pytorch_pipeline(schedule="interleaved"), "unknown schedule"),
+    (lambda: tp_api.pytorch_column(bug="row-output-partial"), "does not apply"),
+    (lambda: tp_api.pytorch_row(bug="bias-before-allreduce"), "does not apply"),
+    (lambda: dp_api.pytorch_data_parallel(strategy="fsdp", bug="no-ddp-wrapper"),
+     "needs strategy='ddp'"),
 ])
 def test_bad_input_is_refused_before_any_rank_starts(no_ranks, call, words):
     with pytest.raises(ValueError, match=re.escape(words)):
         call()
+
+
+def test_every_comparison_bug_is_a_registered_bug_that_overrides_one_piece():
+    import pickle
+
+    import mtb_helpers
+    from mtb_helpers.checking.bug import registered
+    comparisons = {"pytorch_column", "pytorch_row", "pytorch_mlp", "pytorch_sequence_parallel",
+                   "pytorch_data_parallel", "pytorch_grid", "pytorch_pipeline"}
+    found = {name: bug for name, bug in registered().items() if set(bug.checks) & comparisons}
+    assert set(found) == {"input-as-partial", "row-output-partial", "ln-grad-partial",
+                          "no-ddp-wrapper", "fsdp-sum-not-average", "mesh-dims-swapped",
+                          "scale-grads-off", "other-schedule"}
+    assert set(found) <= set(mtb_helpers.BUGS)
+    for name, bug in found.items():
+        (correct, wrong), = bug.replaces.items()
+        assert wrong is not correct and wrong.__doc__.strip(".\n ") == name
+        assert pickle.loads(pickle.dumps(bug)) is bug   # a Bug travels to the ranks as its name

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from mtb_helpers import RankError, run, shutdown
 from mtb_helpers.runtime import pool as pool_module
 from mtb_helpers.runtime import ranks as ranks_module
-from tests.procs import alive, forkserver_pid, wait_dead
+from tests.procs import forkserver_pid, wait_dead
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])

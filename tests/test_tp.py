@@ -7,7 +7,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from mtb_helpers import run
+from mtb_helpers import RankError, run
 from mtb_helpers.tp.check import check_column_parallel, check_row_parallel, check_tp_mlp
 from mtb_helpers.comm.records import record
 from mtb_helpers.tp.layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear, check_divisible
@@ -105,7 +105,8 @@ def test_non_dividing_dimensions_are_refused_with_their_names():
     def job():
         ColumnParallelLinear.from_full(nn.Linear(4, 3))
 
-    with pytest.raises(Exception, match=r"ColumnParallelLinear: out_features=3 .* world size 2"):
+    with pytest.raises(RankError, match=r"ColumnParallelLinear: out_features=3 .* world size 2") as info:
         run(job, world_size=2)
+    assert info.value.exc_type == "ValueError"
     with pytest.raises(ValueError, match="fc1.out_features=8 must equal fc2.in_features=6"):
         ParallelMLP.from_full(nn.Linear(4, 8), nn.Linear(6, 4))

@@ -13,7 +13,6 @@ from mtb_helpers.tp.attention_bugs import BUGS as ATTENTION_BUGS
 from mtb_helpers.comm import record
 from mtb_helpers.tp import ParallelSelfAttention
 from mtb_helpers.tp.attention import check_heads
-from mtb_helpers.tp.attention_bugs import BUGS as ATTENTION_BUGS
 from mtb_helpers.tp.attention_check import QUANTITIES, check_tp_attention, draw_attention_inputs
 
 
@@ -194,7 +193,7 @@ def test_heads_that_do_not_divide_are_refused_by_the_layer_and_the_check(no_rank
     (lambda: check_tp_attention(world_size=3, n_heads=4), r"n_heads=4 .* world size 3"),
     (lambda: check_tp_attention(world_size=4, n_heads=6), r"n_heads=6 .* world size 4"),
     (lambda: check_tp_attention(world_size=2, bug="attn-heads-not-divided", head_dim=3),
-     r"head_dim=3 divisible by 2"),
+     r"needs head_dim divisible by the world size.*given head_dim=3, world_size=2"),
     (lambda: check_tp_attention(seq=0), r"seq must be a positive integer"),
     (lambda: check_tp_attention(world_size=9), r"world.size"),
     (lambda: check_tp_attention(dtype=torch.float16), r"dtype"),

@@ -28,7 +28,6 @@ import math
 
 import torch
 
-from mtb_helpers.capstone.bugs import CAPSTONE_BUGS
 from mtb_helpers.capstone.costs import FORMULAS, GROUP_NAMES, formula_bytes, measured_bytes
 from mtb_helpers.capstone.grid import Layout, rank_of
 from mtb_helpers.capstone.layers import shard_param, stage_blocks
@@ -36,8 +35,6 @@ from mtb_helpers.capstone.model import GPTConfig
 from mtb_helpers.capstone.parallel import full_state, train_parallel
 from mtb_helpers.capstone.reference import Reference, TrainConfig
 from mtb_helpers.capstone.validate import validate
-from mtb_helpers.checking.bug import resolve
-from mtb_helpers.capstone.bugs import BUGS
 from mtb_helpers.checking.report import Report, compare
 from mtb_helpers.checking.tolerances import as_dtype
 
@@ -159,10 +156,9 @@ def check_capstone(tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, steps: in
     layout = Layout(tp, pp, dp, cp)
     run_cfg = TrainConfig(steps, batch, lr, weight_decay, seed)
     validate(layout, cfg, run_cfg, microbatches, schedule, sequence_parallel, strategy, timeout)
-    bug_obj = resolve(BUGS, bug, CAPSTONE_BUGS)
     comparison = StepComparison(layout, cfg, run_cfg, dtype)
     result = train_parallel(tp, pp, dp, cp, steps, microbatches, schedule, sequence_parallel, seed,
-                            dtype, strategy, batch, lr, weight_decay, cfg, bug_obj, timeout,
+                            dtype, strategy, batch, lr, weight_decay, cfg, bug, timeout,
                             progress, comparison.on_call)
     rows = comparison.rows["loss"] + comparison.rows["step"]
     d = torch.empty((), dtype=dtype).element_size()

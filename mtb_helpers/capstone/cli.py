@@ -48,7 +48,7 @@ def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubPar
                         help="tensor parallelism without sequence parallelism")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float64")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--bug", default=None, help="inject a deliberate mistake (listed below)")
+    parser.add_argument("--bug", default=None, help="inject a deliberate bug (listed below)")
     parser.add_argument("--plot", default=None, metavar="PNG", help="save the loss curves here")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="seconds before ranks that stopped answering are reported as hung; "

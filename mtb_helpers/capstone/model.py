@@ -11,7 +11,7 @@ fixed sinusoids of Vaswani et al. (2017), a buffer rather than a parameter, so a
 rank only needs the rows of its own chunk of the sequence. Every parameter is drawn from one
 seeded generator (``make_model``), so the single process and every parallel layout start from
 the very same weights. Biases and LayerNorm affines get small random values too: with zeros, a
-mistake in how a bias is reduced would not show until it had been trained away from zero.
+bug in how a bias is reduced would not show until it had been trained away from zero.
 """
 from __future__ import annotations
 

@@ -32,6 +32,7 @@ from mtb_helpers.capstone.layers import ParallelEmbedding, build_stage, gather_p
 from mtb_helpers.capstone.model import GPTConfig, make_model
 from mtb_helpers.capstone.reference import TrainConfig
 from mtb_helpers.capstone.validate import DP_STRATEGIES, PP_SCHEDULES, validate
+from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.comm.records import record
 from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
 from mtb_helpers.dp.strategies import flat
@@ -72,19 +73,18 @@ class GridP2P(P2P):
 
 
 def train_on_rank(model, layout: Layout, run_cfg: TrainConfig, microbatches: int, schedule: str,
-                  sequence_parallel: bool, strategy: str, bug=None, first: int = 0,
+                  sequence_parallel: bool, strategy: str, bug: Bug | None = None, first: int = 0,
                   count: int | None = None, states: list | None = None) -> dict:
     """Run on every rank: build the grid and this rank's stage, train steps ``first`` ..
     ``first + count - 1`` (all ``run_cfg.steps`` by default), starting from this rank's entry of
     ``states`` (what the previous call's ``snapshots[-1]`` were) or from ``model`` when None.
     ``bug``: a ``Bug`` whose wrong classes stand in for ``Grid`` / ``ParallelEmbedding``."""
-    swap = (lambda cls: cls) if bug is None else (lambda cls: bug.replaces.get(cls, cls))
-    grid = swap(Grid).build(layout)
+    grid = swap(bug, Grid).build(layout)
     count = run_cfg.steps - first if count is None else count
     state = None if states is None else states[dist.get_rank() if dist.is_initialized() else 0]
     try:
         return _train(grid, model, layout, run_cfg, microbatches, schedule, sequence_parallel,
-                      strategy, swap, range(first, first + count), state)
+                      strategy, bug, range(first, first + count), state)
     finally:
         grid.destroy()
 
@@ -114,12 +114,12 @@ def _resume(params: torch.Tensor, state: dict | None) -> dict:
     return out
 
 
-def _train(grid, model, layout, run_cfg, m, schedule, sequence_parallel, strategy, swap, steps,
+def _train(grid, model, layout, run_cfg, m, schedule, sequence_parallel, strategy, bug, steps,
            state) -> dict:
     at, cfg = grid.index, model.cfg
     tp_group = grid.tensor_group()
     module = build_stage(model, at["pp"], layout.pp, sequence_parallel, tp_group,
-                         grid.context_group(), swap(ParallelEmbedding))
+                         grid.context_group(), swap(bug, ParallelEmbedding))
     opt = STRATEGY_CLASSES[strategy](module, _resume(flat(module.parameters()), state),
                                      run_cfg.adam(), group=grid.gradient_group(), copy_model=False)
 
@@ -225,6 +225,7 @@ def train_parallel(tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, steps: in
     layout = Layout(tp, pp, dp, cp)
     run_cfg = TrainConfig(steps, batch, lr, weight_decay, seed)
     validate(layout, cfg, run_cfg, microbatches, schedule, sequence_parallel, strategy, timeout)
+    wrong = resolve(bug, "capstone")
     model = make_model(cfg, seed, dtype)
     done, states, losses, pace, results = 0, None, [], None, []
     while done < steps:
@@ -233,7 +234,7 @@ def train_parallel(tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, steps: in
         count = min(steps - done, FIRST_CALL_STEPS if pace is None else max(1, int(budget / pace)))
         began = time.perf_counter()
         results = run(train_on_rank, model, layout, run_cfg, microbatches, schedule,
-                      sequence_parallel, strategy, bug, done, count, states,
+                      sequence_parallel, strategy, wrong, done, count, states,
                       world_size=layout.world_size, timeout=timeout)
         pace = (time.perf_counter() - began) / count
         last = [r for r in results if r["index"]["pp"] == pp - 1 and r["index"]["tp"] == 0]

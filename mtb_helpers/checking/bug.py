@@ -1,42 +1,71 @@
-"""The one shape of a deliberate mistake, shared by every topic's ``bugs.py``.
+"""The one shape of a deliberate bug, and the one registry every check resolves names in.
 
 A bug is the correct piece with one thing wrong: usually a subclass of a correct layer that
 overrides one method (marked ``# BUG``), so the correct layers carry no test-only code path and a
-notebook can show the wrong code with ``inspect.getsource``. Each topic's ``bugs.py`` holds
-``BUGS: dict[str, Bug]``; the manifest (:mod:`mtb_helpers.topics`) registers each topic's bugs
-here under the topic's name, and a name two topics declare is refused at import, naming both.
+notebook can show the wrong code with ``inspect.getsource``. Each topic's bug modules hold
+``BUGS: dict[str, Bug]``; the manifest (:mod:`mtb_helpers.topics`) registers them here under the
+topic's name when ``mtb_helpers`` is imported, and a name two topics declare is refused then,
+naming both. This module knows no topic: topics register into it.
 
-    Bug(description="row layer: every rank adds the full bias before the all-reduce ...",
-        checks=("row", "mlp"),                                   # the checks that can inject it
-        replaces={RowParallelLinear: RowBiasBeforeAllReduce})    # correct piece -> wrong piece
+    Bug("row layer: every rank adds the full bias before the all-reduce ...",   # what it breaks
+        checks=("row", "mlp"),                                 # the checks that can inject it
+        replaces={RowParallelLinear: RowBiasBeforeAllReduce},  # correct piece -> wrong piece
+        needs={"2 or more ranks": lambda a: a["world_size"] >= 2})   # else it cannot show
 
-A check resolves the name it was given once, against its own topic's registry, with
-``resolve(BUGS, name, "row")`` (a ValueError before any rank starts for an unknown name or one
-this check cannot inject), then asks for the piece it is about to build with
-``swap(bug, RowParallelLinear)``. This module knows no topic: topics register into it.
+An entry point (a check, ``pipeline_step``, a PyTorch comparison) takes the bug's name and
+resolves it once, before any rank starts: ``bug = resolve(name, "row", world_size=t)`` (a
+ValueError for an unknown name, one this check cannot inject, or arguments the bug cannot show
+under). It then builds ``swap(bug, RowParallelLinear)``. A ``Bug`` sent to the ranks travels as
+its name and is looked up again there, so its wrong pieces need not be picklable.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["Bug", "swap", "names_for", "register", "resolve", "registered"]
 
-# every registered bug name -> the topic that declared it (filled by mtb_helpers.topics)
-_OWNERS: dict[str, str] = {}
+_REGISTRY: dict[str, "Bug"] = {}   # every registered name -> its Bug (filled by mtb_helpers.topics)
+_OWNERS: dict[str, str] = {}       # every registered name -> the topic that declared it
+
+
+def _registered_bug(name: str) -> "Bug":
+    """A pickled ``Bug``, unpickled on a rank: the same registry entry there."""
+    return _REGISTRY[name]
 
 
 @dataclass(frozen=True)
 class Bug:
-    """One deliberate mistake: what it breaks (``description``), the checks that accept it
-    (``checks``), and the wrong piece that stands in for each correct one (``replaces``)."""
+    """One deliberate bug: what it breaks (``description``), the checks that accept it
+    (``checks``), the wrong piece that stands in for each correct one (``replaces``), and what it
+    needs to show at all (``needs``: {condition in words: test on the check's arguments})."""
     description: str
     checks: tuple[str, ...]
     replaces: dict[Any, Any] = field(default_factory=dict, hash=False, compare=False)
+    needs: dict[str, Callable[[dict], bool]] = field(default_factory=dict, hash=False,
+                                                     compare=False)
 
     def __post_init__(self) -> None:
         if not self.checks:
             raise ValueError("a Bug must name at least one check that can inject it")
+
+    def unmet(self, **args: Any) -> list[str]:
+        """The conditions of ``needs`` the check's arguments ``args`` do not meet (a condition on
+        an argument the caller did not pass is left to the check that does)."""
+        unmet = []
+        for text, holds in self.needs.items():
+            try:
+                if not holds(args):
+                    unmet.append(text)
+            except KeyError:
+                continue
+        return unmet
+
+    def __reduce__(self):
+        name = next((n for n, b in _REGISTRY.items() if b is self), None)
+        if name is None:
+            raise TypeError(f"only a registered Bug can be sent to the ranks: {self.description}")
+        return _registered_bug, (name,)
 
 
 def swap(bug: Bug | None, correct: Any) -> Any:
@@ -53,31 +82,37 @@ def names_for(registry: dict[str, Bug], check: str) -> tuple[str, ...]:
 
 def register(topic: str, bugs: dict[str, Bug]) -> None:
     """Note that ``topic`` declares ``bugs``; a name another topic already declared is refused
-    (registering the same topic again, e.g. on a module reload, is harmless)."""
+    (registering the same topic again, e.g. on a module reload, replaces its entries)."""
     for name in bugs:
         owner = _OWNERS.get(name, topic)
         if owner != topic:
             raise ValueError(f"bug name {name!r} is declared by two topics, {owner!r} and "
                              f"{topic!r}: rename one of them")
     _OWNERS.update(dict.fromkeys(bugs, topic))
+    _REGISTRY.update(bugs)
 
 
-def registered() -> dict[str, str]:
-    """{bug name: topic} of every registered bug."""
-    return dict(_OWNERS)
+def registered() -> dict[str, Bug]:
+    """{name: Bug} of every registered bug."""
+    return dict(_REGISTRY)
 
 
-def resolve(registry: dict[str, Bug], name: str | None,
-            check: str | tuple[str, ...]) -> Bug | None:
-    """The ``Bug`` called ``name`` in a topic's ``registry`` (None for no bug), refusing with a
-    ValueError an unknown name or one that check ``check`` cannot inject. ``check`` is the check's
-    name (its ``Bug.checks`` entry) or the tuple of names it accepts."""
+def resolve(name: str | None, check: str | tuple[str, ...], **args: Any) -> Bug | None:
+    """The registered ``Bug`` called ``name`` (None for no bug), or a ValueError (raised before
+    any rank starts) for an unknown name, a bug that check ``check`` (a name, or several the
+    caller accepts) cannot inject, or a check's arguments ``args`` the bug cannot show under."""
     if name is None:
         return None
-    allowed = names_for(registry, check) if isinstance(check, str) else tuple(check)
-    if name in allowed:
-        return registry[name]
-    if name not in _OWNERS and name not in registry:
-        raise ValueError(f"unknown bug {name!r}; known bugs: {', '.join(sorted(_OWNERS))}")
-    raise ValueError(f"bug {name!r} does not apply to this check; it can inject: "
-                     f"{', '.join(allowed) or 'no bug'}")
+    checks = (check,) if isinstance(check, str) else tuple(check)
+    bug = _REGISTRY.get(name)
+    if bug is None:
+        raise ValueError(f"unknown bug {name!r}; known bugs: {', '.join(sorted(_REGISTRY))}")
+    if not set(checks) & set(bug.checks):
+        allowed = [n for n, b in _REGISTRY.items() if set(checks) & set(b.checks)]
+        raise ValueError(f"bug {name!r} does not apply to this check; it can inject: "
+                         f"{', '.join(allowed) or 'no bug'}")
+    if unmet := bug.unmet(**args):
+        given = ", ".join(f"{k}={v!r}" for k, v in args.items())
+        raise ValueError(f"bug {name!r} cannot show here: it needs {'; '.join(unmet)} "
+                         f"(given {given})")
+    return bug

@@ -23,7 +23,7 @@ def add_check_options(parser: argparse.ArgumentParser, world_size: int = 2) -> N
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bug", default=None,
-                        help="inject a deliberate mistake (see `python -c 'import mtb_helpers; "
+                        help="inject a deliberate bug (see `python -c 'import mtb_helpers; "
                              "print(mtb_helpers.BUGS)'`); the check must then fail")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 

@@ -37,17 +37,37 @@ def _alltoall_wrong_split(x):
     return all_to_all(x.view(-1, t).t().reshape(-1))  # element i goes to rank i % t
 
 
+def _shows(collective: str) -> dict:
+    """What a bug in ``collective`` needs to show: a second rank, and that collective checked."""
+    return {"2 or more ranks": lambda a: a["world_size"] >= 2,
+            f"the {collective} it breaks among the collectives checked":
+                lambda a: collective in a["collectives"]}
+
+
 BUGS: dict[str, Bug] = {
-    "broadcast-wrong-root": Bug("broadcast: src is the last rank instead of rank 0, so every rank gets the last rank's buffer",
-        checks=("collectives",), replaces={broadcast: _broadcast_wrong_root}),
-    "allreduce-lost-inplace": Bug('all-reduce: reduces a temporary copy (all_reduce works in place) and returns the untouched input',
-        checks=("collectives",), replaces={all_reduce: _allreduce_lost_inplace}),
-    "allgather-rank-order": Bug('all-gather: shards concatenated in ring arrival order (own shard first) instead of by source rank',
-        checks=("collectives",), replaces={all_gather: _allgather_rank_order}),
+    "broadcast-wrong-root": Bug(
+        "broadcast: src is the last rank instead of rank 0, so every rank gets the last rank's buffer",
+        checks=("collectives",), replaces={broadcast: _broadcast_wrong_root},
+        needs=_shows("broadcast")),
+    "allreduce-lost-inplace": Bug(
+        "all-reduce: reduces a temporary copy (all_reduce works in place) and returns the untouched "
+        "input",
+        checks=("collectives",), replaces={all_reduce: _allreduce_lost_inplace},
+        needs=_shows("all-reduce")),
+    "allgather-rank-order": Bug(
+        "all-gather: shards concatenated in ring arrival order (own shard first) instead of by source "
+        "rank",
+        checks=("collectives",), replaces={all_gather: _allgather_rank_order},
+        needs=_shows("all-gather")),
     "reduce-scatter-wrong-chunk": Bug('reduce-scatter: rank r keeps chunk r+1 of the sum (off by one)',
-        checks=("collectives",), replaces={reduce_scatter: _reduce_scatter_wrong_chunk}),
-    "alltoall-wrong-split": Bug('all-to-all: splits along the wrong dimension, element i goes to rank i mod t instead of chunk i // (n/t)',
-        checks=("collectives",), replaces={all_to_all: _alltoall_wrong_split}),
+        checks=("collectives",), replaces={reduce_scatter: _reduce_scatter_wrong_chunk},
+        needs=_shows("reduce-scatter")),
+    "alltoall-wrong-split": Bug(
+        "all-to-all: splits along the wrong dimension, element i goes to rank i mod t instead of "
+        "chunk i // (n/t)",
+        checks=("collectives",), replaces={all_to_all: _alltoall_wrong_split},
+        needs={**_shows("all-to-all"), "2 or more elements per rank's chunk":
+               lambda a: a["numel"] // a["world_size"] >= 2}),
 }
 # Which collective each bug breaks (the check refuses a bug whose collective it does not run).
 COLLECTIVE_BUGS: dict[str, str] = {

@@ -14,11 +14,13 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from mtb_helpers.checking.bug import resolve, swap
+from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.checking.report import Report, Row
 from mtb_helpers.checking.tolerances import as_dtype, check_config, ulp
-from mtb_helpers.collectives.bugs import BUGS as WRONG, COLLECTIVE_BUGS
-from mtb_helpers.collectives.ops import (COLLECTIVES, FORMULAS, GLOO_HEADER_BYTES, MEASURED_NOTES, RANK_FUNCTIONS, all_gather, all_reduce, decode_sources, formula_bytes, rank_input, reduce_scatter, reference, ring_reduce_scatter)
+from mtb_helpers.collectives.ops import (COLLECTIVES, FORMULAS, GLOO_HEADER_BYTES, MEASURED_NOTES,
+                                         RANK_FUNCTIONS, all_gather, all_reduce, decode_sources,
+                                         formula_bytes, rank_input, reduce_scatter, reference,
+                                         ring_reduce_scatter)
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
 # ---------------------------------------------------------------- measuring on the rank
@@ -57,11 +59,11 @@ def _device() -> torch.device:
 
 
 def _on_rank(collectives: tuple[str, ...], numel: int, dtype: torch.dtype, seed: int,
-             bug: str | None, implementations: dict, keep_values: bool = True) -> dict:
+             bug: Bug | None, implementations: dict, keep_values: bool = True) -> dict:
     rank, t = dist.get_rank(), dist.get_world_size()
     results = {}
     for name in collectives:
-        fn = swap(WRONG.get(bug), RANK_FUNCTIONS[name])
+        fn = swap(bug, RANK_FUNCTIONS[name])
         if fn is RANK_FUNCTIONS[name]:
             fn = implementations.get(name) or fn
         x = rank_input(name, rank, t, numel, dtype, seed).to(_device())
@@ -135,7 +137,7 @@ def _bytes(n: float | None) -> str:
 
 
 def _validate(world_size: int, numel: int, collectives: tuple[str, ...], bug: str | None,
-              seed: int) -> None:
+              seed: int) -> Bug | None:
     for name in collectives:
         if name not in COLLECTIVES:
             raise ValueError(f"unknown collective {name!r}; expected one of {COLLECTIVES}")
@@ -146,13 +148,8 @@ def _validate(world_size: int, numel: int, collectives: tuple[str, ...], bug: st
                          f"{world_size}: each rank's chunk is numel/t elements")
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-    resolve(WRONG, bug, "collectives")
-    if bug is not None:
-        if COLLECTIVE_BUGS[bug] not in collectives:
-            raise ValueError(f"bug {bug!r} breaks {COLLECTIVE_BUGS[bug]}, which is not checked")
-        if world_size < 2 or (bug == "alltoall-wrong-split" and numel // world_size < 2):
-            raise ValueError(f"bug {bug!r} cannot show with {world_size} rank(s) and numel={numel}"
-                             ": use 2 or more ranks (and 2 or more elements per chunk)")
+    return resolve(bug, "collectives", world_size=world_size, numel=numel,
+                   collectives=tuple(collectives))
 
 
 def check_collectives(world_size: int = 2, numel: int = 8, dtype: torch.dtype | str = torch.float32,
@@ -169,8 +166,8 @@ def check_collectives(world_size: int = 2, numel: int = 8, dtype: torch.dtype | 
     world_size = resolve_world_size(world_size)
     collectives = tuple(collectives)
     dtype = as_dtype(dtype)
-    _validate(world_size, numel, collectives, bug, seed)
-    results = run(_on_rank, collectives, numel, dtype, seed, bug, dict(implementations or {}),
+    wrong = _validate(world_size, numel, collectives, bug, seed)
+    results = run(_on_rank, collectives, numel, dtype, seed, wrong, dict(implementations or {}),
                   world_size=world_size, timeout=timeout)
     config = check_config(world_size, dtype, seed, bug, numel=numel)
     report = CollectivesReport("collectives", config, [], extra={"formulas": dict(FORMULAS),

@@ -1,8 +1,9 @@
 """``issue()``: perform one collective on this rank and note it in the active records.
 
-Every region of the course (tensor-, sequence-, expert-, data- and context-parallel) and every
-pipeline message goes through ``issue`` (or ``records.note`` for point-to-point), so ``with
-record() as rec:`` sees all of them the same way: what, in which region, which direction, how many
+Every region of the course (tensor-, sequence-, expert-, data- and context-parallel) goes through
+``issue``; a point-to-point message, and the one all-reduce with another operator than a sum (the
+vocabulary's max, ``tp/vocab.py``), perform their op themselves and note it with ``records.note``.
+So ``with record() as rec:`` sees all of them the same way: what, in which region, which direction, how many
 bytes. With one rank every op returns ``x`` unchanged and is still recorded (``sent_bytes == 0``),
 so a program's record has the same shape at every world size.
 """

@@ -52,5 +52,6 @@ from mtb_helpers.cost.model import (ALGORITHMS, COLLECTIVES, Link, algbw, busbw,
 from mtb_helpers.runtime.link import pad_backward, padded
 from mtb_helpers.runtime.timeline import Event, RunResults, Timeline
 
-__all__ = ["Link", "predict", "calibrate", "Calibration", "Fit", "padded", "pad_backward", "Event", "Timeline", "RunResults", "algbw", "busbw",
-           "busbw_factor", "coefficients", "n_half", "normalize", "COLLECTIVES", "ALGORITHMS"]
+__all__ = ["Link", "predict", "calibrate", "Calibration", "Fit", "padded", "pad_backward", "Event",
+           "Timeline", "RunResults", "algbw", "busbw", "busbw_factor", "coefficients", "n_half",
+           "normalize", "COLLECTIVES", "ALGORITHMS"]

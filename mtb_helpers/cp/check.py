@@ -18,9 +18,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from mtb_helpers.checking.bug import swap
-from mtb_helpers.checking.bug import resolve
-from mtb_helpers.cp.bugs import BUGS
+from mtb_helpers.checking.bug import resolve, swap
 from mtb_helpers.checking.report import Report, compare
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
 from mtb_helpers.comm.records import record
@@ -101,7 +99,7 @@ def check_context_parallel(world_size: int = 2, seq: int = 16, heads: int = 2,
     """
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
     validate(t, seq, heads, head_dim, batch, causal, variant, layout)
-    bug_obj = resolve(BUGS, bug, f"cp-{variant}")
+    bug_obj = resolve(bug, f"cp-{variant}")
     layer_cls = swap(bug_obj, VARIANTS[variant])
     q, k, v, dout = make_cp_inputs(batch, heads, seq, head_dim, dtype, seed)
     results = run(_on_rank, layer_cls, q, k, v, dout, causal, layout, world_size=t,

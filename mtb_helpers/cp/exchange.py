@@ -8,6 +8,8 @@ identity and sends nothing (still noted, 0 bytes), so a record has the same shap
 """
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -26,6 +28,7 @@ def ring_pass(x: torch.Tensor, *, region: str, direction: str,
     """``x`` goes to rank ``r+1``; the returned tensor (same shape) came from rank ``r-1``."""
     t, r = group_size(group), group_rank(group)
     x = x.contiguous()
+    started = time.perf_counter()   # the hop's measured time, in both records
     if t == 1:
         out = x
     else:
@@ -34,6 +37,8 @@ def ring_pass(x: torch.Tensor, *, region: str, direction: str,
                     dist.irecv(out, src=_global(group, (r - 1) % t), group=group)]  # [..] <- r-1
         for request in requests:
             request.wait()
-    note("send", x, x, region, "", direction, t, sent=0 if t == 1 else x.numel() * x.element_size())
-    note("recv", out, out, region, "", direction, t, sent=0)
+    seconds = time.perf_counter() - started
+    note("send", x, x, region, "", direction, t, sent=0 if t == 1 else x.numel() * x.element_size(),
+         seconds=seconds)
+    note("recv", out, out, region, "", direction, t, sent=0, seconds=seconds)
     return out

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from mtb_helpers.checking.bug import resolve, swap
 from mtb_helpers.comm.issue import group_rank, group_size
 from mtb_helpers.comm.records import record
-from mtb_helpers.dp.bugs import BUGS, BUGS_BY_STRATEGY, DP_BUGS
+from mtb_helpers.dp.bugs import BUGS_BY_STRATEGY
 from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
 from mtb_helpers.dp.strategies import MEMORY_SHARDED, MEMORY_TERMS, SHARDED, STRATEGIES, Adam, Layout, flat, make_mlp
 from mtb_helpers.runtime.ranks import resolve_world_size, run
@@ -146,7 +146,8 @@ def communication_model(strategy: str, layout: Layout, dtype_bytes: int) -> int:
     return sum(per_unit * (t - 1) * nbytes // t for nbytes in units)
 
 
-def _validate(strategy, batch, hidden, ffn_hidden, lr, weight_decay, t, bug, steps=3) -> None:
+def _validate(strategy, batch, hidden, ffn_hidden, lr, weight_decay, t, bug, steps=3):
+    """Refuse bad input before any rank starts; the resolved ``Bug`` (or None)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
     positive_sizes(batch=batch, hidden=hidden, ffn_hidden=ffn_hidden, steps=steps)
@@ -157,10 +158,11 @@ def _validate(strategy, batch, hidden, ffn_hidden, lr, weight_decay, t, bug, ste
     for name, value in {"lr": lr, "weight_decay": weight_decay}.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise ValueError(f"{name} must be a non-negative number, got {value!r}")
-    resolve(BUGS, bug, "data_parallel")
+    wrong = resolve(bug, "data_parallel")
     if bug is not None and bug not in BUGS_BY_STRATEGY[strategy]:
         raise ValueError(f"bug {bug!r} does not apply to strategy {strategy!r}; it can inject: "
                          f"{', '.join(BUGS_BY_STRATEGY[strategy])}")
+    return wrong
 
 
 def check_data_parallel(world_size: int = 2, strategy: str = "ddp", batch: int = 8, hidden: int = 8,
@@ -176,14 +178,14 @@ def check_data_parallel(world_size: int = 2, strategy: str = "ddp", batch: int =
     """
 
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
-    _validate(strategy, batch, hidden, ffn_hidden, lr, weight_decay, t, bug, steps)
+    wrong = _validate(strategy, batch, hidden, ffn_hidden, lr, weight_decay, t, bug, steps)
     adam = Adam(lr=float(lr), weight_decay=float(weight_decay))
     model, warm, batches = make_problem(batch, hidden, ffn_hidden, dtype, seed, steps)
     batches = [batches] if steps == 1 else batches
     start = reference_step(model, warm, adam)              # the state after one earlier step
     for p, v in zip(model.parameters(), _split(start["params"], model)):
         p.data = v
-    results = run(_on_rank, strategy, model, start, batches, adam, resolve(BUGS, bug, DP_BUGS),
+    results = run(_on_rank, strategy, model, start, batches, adam, wrong,
                   world_size=t, timeout=timeout, link=link)   # link=: an emulated link (cost/)
     refs = reference_steps(model, batches, adam, start)
     refs64 = reference_steps(copy.deepcopy(model).double(),
@@ -236,7 +238,7 @@ def check_all_strategies(world_size: int = 2, strategies=STRATEGIES, **kwargs) -
     strategies it applies to (the others run correct). Everything is validated first."""
     bug = kwargs.pop("bug", None)
     strategies = tuple(strategies)
-    resolve(BUGS, bug, "data_parallel")
+    resolve(bug, "data_parallel")
     if bug is not None and not any(bug in BUGS_BY_STRATEGY.get(s, ()) for s in strategies):
         where = [s for s, bugs in BUGS_BY_STRATEGY.items() if bug in bugs]
         raise ValueError(f"bug {bug!r} does not apply to any of {', '.join(strategies)}; "

@@ -30,7 +30,6 @@ from torch import nn
 
 from mtb_helpers.comm.records import note
 from mtb_helpers.dp.fsdp_units import FlatGroup
-from mtb_helpers.dp.overlap import _tensors
 from mtb_helpers.dp.wrapping import WRAPPED_ATTR, Event, Timeline, broadcast_, check_group, check_module
 
 __all__ = ["FSDP", "owns_parameters"]

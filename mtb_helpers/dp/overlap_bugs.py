@@ -1,6 +1,6 @@
 """Deliberately wrong communication hiding, for ``check_overlap(bug=...)``.
 
-Each mistake is a subclass of a correct wrapper that overrides one method (marked ``# BUG``); the
+Each bug is a subclass of a correct wrapper that overrides one method (marked ``# BUG``); the
 check builds ``swap(bug, OverlappedDDP)`` (or ``ShardedOptimizer``, ``FSDP``) where it would build
 the correct one. Each is a slip people make when they write these wrappers by hand.
 """

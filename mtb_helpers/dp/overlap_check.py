@@ -39,7 +39,7 @@ from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_siz
 from mtb_helpers.comm.records import record
 from mtb_helpers.dp.fsdp_wrapper import FSDP
 from mtb_helpers.dp.overlap import OverlappedDDP
-from mtb_helpers.dp.overlap_bugs import BUGS, bugs_for_wrapper
+from mtb_helpers.dp.overlap_bugs import bugs_for_wrapper
 from mtb_helpers.dp.overlap_pytorch import overlap_model
 from mtb_helpers.dp.sharded_optimizer import ShardedOptimizer
 from mtb_helpers.dp.wrapping import all_gather_async
@@ -173,13 +173,14 @@ def _validate(wrapper, t, steps, batch, hidden, cap, compute_dtype, reduce_dtype
         raise ValueError("compute_dtype / reduce_dtype are FSDP's: use wrapper='fsdp'")
     if not isinstance(straggle, (int, float)) or not 0 <= straggle <= 5:
         raise ValueError(f"straggle must be between 0 and 5 seconds, got {straggle!r}")
-    resolve(BUGS, bug, "overlap")
+    wrong = resolve(bug, "overlap")
     if bug is not None and bug not in bugs_for_wrapper(wrapper):
         raise ValueError(f"bug {bug!r} does not apply to wrapper {wrapper!r}; it can inject: "
                          f"{', '.join(bugs_for_wrapper(wrapper))}")
     if bug == "fsdp-fp16-reduce" and compute_dtype != torch.float16:
         raise ValueError("bug 'fsdp-fp16-reduce' needs compute_dtype=torch.float16 (and "
                          "reduce_dtype=torch.float32): only float16's sum overflows")
+    return wrong
 
 
 def check_overlap(world_size: int = 2, wrapper: str = "ddp", steps: int = 3, batch: int = 12,
@@ -189,8 +190,8 @@ def check_overlap(world_size: int = 2, wrapper: str = "ddp", steps: int = 3, bat
     """``steps`` steps of ``wrapper`` on ``world_size`` ranks against one process; see the module
     docstring. ``bucket_cap_mb`` (ddp, zero1): the default makes 3 buckets of 2 parameters."""
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
-    _validate(wrapper, t, steps, batch, hidden, bucket_cap_mb, compute_dtype, reduce_dtype, bug,
-              straggle)
+    wrong = _validate(wrapper, t, steps, batch, hidden, bucket_cap_mb, compute_dtype, reduce_dtype,
+                      bug, straggle)
     model = overlap_model(hidden, dtype if compute_dtype is None else torch.float32, seed)
     gen = torch.Generator().manual_seed(seed + 1)
     micro = 2 if wrapper == "ddp" else 1
@@ -198,7 +199,7 @@ def check_overlap(world_size: int = 2, wrapper: str = "ddp", steps: int = 3, bat
                       for _ in range(2)) for _ in range(micro)] for _ in range(steps)]
     same_rows = compute_dtype == torch.float16
     scale = _scale(model, batches, t) if same_rows else 1.0
-    results = run(_on_rank, wrapper, model, batches, resolve(BUGS, bug, "overlap"), bucket_cap_mb,
+    results = run(_on_rank, wrapper, model, batches, wrong, bucket_cap_mb,
                   compute_dtype, reduce_dtype, prefetch, scale,
                   straggle if wrapper == "ddp" else 0.0, world_size=t, timeout=timeout)
     ref_p, ref_g = _reference(model, batches, scale, same_rows, t)

@@ -37,7 +37,7 @@ __all__ = ["PaddedLinear", "PaddedSGD", "NoOverlapDDP", "padded_model", "measure
 # ranks, a little more than its 2 ms backward, so overlap can hide most of it; one bucket per
 # parameter pays α 16 times over, and one bucket for everything hides nothing.
 DEFAULTS = {"layers": 8, "hidden": 256, "t_fwd": 0.5e-3, "t_bwd": 2e-3, "t_opt": 1e-3,
-            "time_scale": 10.0}
+            "time_scale": 20.0}
 DEFAULT_LINK = Link(1e-3, 0.25e9)
 
 

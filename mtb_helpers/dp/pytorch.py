@@ -19,8 +19,8 @@ course's ZeRO-3 shards all-gathered outside the record), and the loss of the ran
 collectives of the last step are counted per direction: DDP's bucket all-reduce runs inside
 backward (autograd hooks); the course's runs right after it. (DDP's second step also broadcasts
 twice in forward: it rebuilds its buckets in the order the first step's grads arrived; from the
-third step on, forward sends nothing.) ``mistake=`` (``DP_MISTAKES``) sets
-PyTorch up wrongly; the result must then disagree.
+third step on, forward sends nothing.) ``bug=`` (``no-ddp-wrapper``, ``fsdp-sum-not-average`` in
+dp/bugs.py) sets PyTorch up wrongly; the result must then disagree.
 """
 from __future__ import annotations
 
@@ -31,22 +31,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mtb_helpers.checking.agreement import (Agreement, agreement, course_counts, one_dim_mesh,
+                                            torch_counts)
+from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.comm.records import record
-from mtb_helpers.dp import build_strategy
+from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
 from mtb_helpers.dp.strategies import Adam, flat, make_mlp
 from mtb_helpers.runtime.ranks import resolve_world_size, run
-from mtb_helpers.tp.pytorch import (Agreement, agreement, course_counts, one_dim_mesh,
-                                    torch_counts)
 
-__all__ = ["pytorch_data_parallel", "dp_on_rank", "DP_MISTAKES", "DP_PAIRS"]
+__all__ = ["pytorch_data_parallel", "dp_on_rank", "torch_model", "DP_PAIRS"]
 
 DP_PAIRS = {"ddp": "ddp", "fsdp": "zero3"}     # PyTorch's strategy -> the course's
-DP_MISTAKES = {
-    "no-ddp-wrapper": "ddp: the bare module, no DistributedDataParallel: each rank steps on "
-                      "the gradient of its own rows",
-    "fsdp-sum-not-average": "fsdp: set_gradient_divide_factor(1.0): the reduce-scatter sums, "
-                            "t times the batch gradient",
-}
 _DIRECTIONS = ("forward", "backward", "step")
 _MAP = {"ddp": [("DDP: all-reduce of the flat grad bucket", "DistributedDataParallel(model)"),
                 ("Strategy.average: / t", "DDP divides the bucket by t")],
@@ -56,21 +51,19 @@ _MAP = {"ddp": [("DDP: all-reduce of the flat grad bucket", "DistributedDataPara
                  ("reduce-scatter of [dW, db], / t", "reduce-scatter, gradient divide factor t")]}
 
 
-def _torch_model(strategy: str, model: nn.Sequential, mistake: str | None) -> nn.Module:
+def torch_model(strategy: str, model: nn.Sequential) -> nn.Module:
+    """A copy of ``model`` in PyTorch's data parallelism: ``DistributedDataParallel`` ("ddp"), or
+    FSDP2 ``fully_shard`` on each ``nn.Linear`` and then on the whole model ("fsdp")."""
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
     model = copy.deepcopy(model)
     if strategy == "ddp":
-        return model if mistake == "no-ddp-wrapper" else DistributedDataParallel(model)
+        return DistributedDataParallel(model)
     mesh = one_dim_mesh()
     for layer in model:
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    if mistake == "fsdp-sum-not-average":
-        for m in model.modules():
-            if hasattr(m, "set_gradient_divide_factor"):
-                m.set_gradient_divide_factor(1.0)
     return model
 
 
@@ -94,7 +87,7 @@ def _course_full(course, grads: bool) -> torch.Tensor:
 
 
 def dp_on_rank(strategy: str, model: nn.Sequential, batches: list, adam: Adam,
-               mistake: str | None = None) -> dict:
+               bug: Bug | None = None) -> dict:
     """Run on every rank: ``len(batches)`` Adam steps on this rank's rows, the course's strategy
     and PyTorch's; returns the full params and last grads each holds, and the last step's counts."""
     import torch.distributed as dist
@@ -107,14 +100,14 @@ def dp_on_rank(strategy: str, model: nn.Sequential, batches: list, adam: Adam,
                                                              dtype=params[0].dtype),
              "step": 0}
     start["exp_avg_sq"] = start["exp_avg"].clone()
-    course = build_strategy(DP_PAIRS[strategy], model, start, adam)
+    course = STRATEGY_CLASSES[DP_PAIRS[strategy]](model, start, adam)
     for x, y in rows:
         with record() as rec:                   # train_step clears last step's grads first
             course_loss = course.train_step(x, y)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        theirs = _torch_model(strategy, model, mistake)
+        theirs = swap(bug, torch_model)(strategy, model)
         opt = adam.make(theirs.parameters())
         for x, y in rows:
             opt.zero_grad(set_to_none=True)
@@ -136,15 +129,14 @@ def dp_on_rank(strategy: str, model: nn.Sequential, batches: list, adam: Adam,
 
 def pytorch_data_parallel(world_size: int = 2, strategy: str = "ddp", steps: int = 3,
                           batch: int = 6, hidden: int = 4, ffn_hidden: int = 6, seed: int = 0,
-                          lr: float = 1e-2, mistake: str | None = None,
+                          lr: float = 1e-2, bug: str | None = None,
                           timeout: float = 60.0) -> Agreement:
     """``strategy="ddp"``: DistributedDataParallel vs the course's DDP; ``"fsdp"``: FSDP2
     ``fully_shard`` vs the course's ZeRO3. ``steps`` Adam steps on ``batch`` rows each."""
     t = resolve_world_size(world_size)
     if strategy not in DP_PAIRS:
         raise ValueError(f"unknown strategy {strategy!r}; expected one of {sorted(DP_PAIRS)}")
-    if mistake is not None and mistake not in DP_MISTAKES:
-        raise ValueError(f"unknown mistake {mistake!r}; expected one of {sorted(DP_MISTAKES)}")
+    wrong = resolve(bug, "pytorch_data_parallel", strategy=strategy)
     for name, n in (("steps", steps), ("batch", batch), ("hidden", hidden),
                     ("ffn_hidden", ffn_hidden)):
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -156,8 +148,8 @@ def pytorch_data_parallel(world_size: int = 2, strategy: str = "ddp", steps: int
     model = make_mlp(hidden, ffn_hidden, gen, torch.float64)
     batches = [tuple(torch.randn(batch, hidden, generator=gen, dtype=torch.float64)
                      for _ in range(2)) for _ in range(steps)]
-    results = run(dp_on_rank, strategy, model, batches, Adam(lr=lr), mistake, world_size=t,
+    results = run(dp_on_rank, strategy, model, batches, Adam(lr=lr), wrong, world_size=t,
                   timeout=timeout)
     name = {"ddp": "DistributedDataParallel", "fsdp": "FSDP2 fully_shard"}[strategy]
-    return agreement(f"{name}, {steps} Adam steps", results, _MAP[strategy], mistake,
+    return agreement(f"{name}, {steps} Adam steps", results, _MAP[strategy], bug,
                      ("counts are those of the last step",))

@@ -9,7 +9,8 @@ whole batch. What the strategies differ in is who keeps what (Rajbhandari et al.
     ddp       all Ψ        all Ψ                    all Ψ                        all-reduce grads
     zero1     all Ψ        all Ψ (own shard summed) shard Ψ/t                    reduce-scatter grads, all-gather params
     zero2     all Ψ        shard Ψ/t                shard Ψ/t                    reduce-scatter grads, all-gather params
-    zero3     shard Ψ/t    shard Ψ/t                shard Ψ/t                    all-gather params (fwd, bwd), reduce-scatter grads
+    zero3     shard Ψ/t    shard Ψ/t                shard Ψ/t                    all-gather params (fwd
+                                                                             and bwd), reduce-scatter grads
 
 Parameters live in one flat buffer ``[Ψ_pad]`` (the module's tensors are views into it, like DDP's
 gradient buckets), padded with zeros to a multiple of ``t`` when it is sharded, so any parameter

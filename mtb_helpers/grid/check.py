@@ -17,9 +17,7 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from mtb_helpers.checking.bug import swap
-from mtb_helpers.checking.bug import resolve
-from mtb_helpers.grid.bugs import BUGS
+from mtb_helpers.checking.bug import resolve, swap
 from mtb_helpers.grid.bugs import GRID_BUGS
 from mtb_helpers.comm.records import CollectiveRecord
 from mtb_helpers.grid.layers import (CONVENTION, DP_REGION, PARAMS, average_gradients,
@@ -99,7 +97,7 @@ def check_grid(world_size: int = 4, tp: int = 2, dp: int = 2, hidden: int = 8,
 
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
     validate_grid(t, tp, dp)
-    wrong = resolve(BUGS, bug, "grid")
+    wrong = resolve(bug, "grid")
     positive_sizes(hidden=hidden, ffn_hidden=ffn_hidden, batch=batch)
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr <= 0:
         raise ValueError(f"lr must be a positive number, got {lr!r}")

@@ -15,8 +15,8 @@ On every rank one SGD step of ``MSE(mlp(x), target)`` runs twice: the course's
 ``grid_step_on_rank``, and ``parallelize_module(mlp, mesh["tp"], {fc1: Colwise, fc2: Rowwise})``
 on this replica's rows, then each local grad shard all-reduced over ``mesh["dp"]`` and divided by
 ``dp``. Compared per rank: output rows, loss, every grad shard and every parameter shard after
-the step; the collectives per group side by side. ``mistake="mesh-dims-swapped"`` names the mesh
-dims the wrong way round: tensor parallelism then runs down a column.
+the step; the collectives per group side by side. ``bug="mesh-dims-swapped"`` (grid/bugs.py) names
+the mesh dims the wrong way round: tensor parallelism then runs down a column.
 """
 from __future__ import annotations
 
@@ -27,19 +27,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mtb_helpers.checking.agreement import (Agreement, agreement, course_counts, local,
+                                            torch_counts)
+from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.comm.records import CollectiveRecord
 from mtb_helpers.comm.sharding import check_divisible, shard_range
 from mtb_helpers.grid.layers import DP_REGION, PARAMS, grid_step_on_rank, validate_grid
 from mtb_helpers.runtime.ranks import resolve_world_size, run
-from mtb_helpers.tp.pytorch import (Agreement, agreement, course_counts, local, torch_counts)
 from mtb_helpers.tp.reference import draw_inputs
 
-__all__ = ["pytorch_grid", "grid_on_rank", "GRID_MISTAKES"]
-
-GRID_MISTAKES = {
-    "mesh-dims-swapped": 'mesh_dim_names=("tp", "dp") on a (dp, tp) mesh: the tensor-parallel '
-                         "group is a column of the grid",
-}
+__all__ = ["pytorch_grid", "grid_on_rank", "grid_mesh"]
 _MAP = [("grid.make_groups(tp, dp)", 'init_device_mesh("cpu", (dp, tp), ("dp", "tp"))'),
         ("rank = dp_index * tp + tp_index", "the last mesh dim (tp) varies fastest"),
         ("ParallelMLP in groups.tp_group", 'parallelize_module(mlp, mesh["tp"], plan)'),
@@ -61,12 +58,17 @@ def _destroy(mesh) -> None:
             dist.destroy_process_group(group)
 
 
+def grid_mesh(tp: int, dp: int):
+    """The ``(dp, tp)`` DeviceMesh of the grid, its dims named ``("dp", "tp")``."""
+    from torch.distributed.device_mesh import init_device_mesh
+    return init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+
+
 def grid_on_rank(fc1: nn.Linear, fc2: nn.Linear, x: torch.Tensor, target: torch.Tensor,
-                 tp: int, dp: int, lr: float, mistake: str | None = None) -> dict:
+                 tp: int, dp: int, lr: float, bug: Bug | None = None) -> dict:
     """Run on every rank: the course's grid step and the DeviceMesh one on the same full layers and
     batch ``x, target [b, h]``; the pieces this rank holds and the counts per group."""
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.debug import CommDebugMode
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    parallelize_module)
@@ -76,10 +78,9 @@ def grid_on_rank(fc1: nn.Linear, fc2: nn.Linear, x: torch.Tensor, target: torch.
               **{f"{n}_grad": res["grads"][n] for n in PARAMS},
               **{f"{n}_after_step": res["params"][n] for n in PARAMS}}
 
-    names = ("tp", "dp") if mistake == "mesh-dims-swapped" else ("dp", "tp")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=names)
+        mesh = swap(bug, grid_mesh)(tp, dp)
         try:
             mlp = nn.Sequential(copy.deepcopy(fc1), nn.GELU(), copy.deepcopy(fc2))
             parallelize_module(mlp, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
@@ -116,24 +117,23 @@ def grid_on_rank(fc1: nn.Linear, fc2: nn.Linear, x: torch.Tensor, target: torch.
 
 
 def pytorch_grid(world_size: int = 4, tp: int = 2, dp: int = 2, batch: int = 12, hidden: int = 4,
-                 ffn_hidden: int = 6, seed: int = 0, lr: float = 0.1, mistake: str | None = None,
+                 ffn_hidden: int = 6, seed: int = 0, lr: float = 0.1, bug: str | None = None,
                  timeout: float = 60.0) -> Agreement:
     """A ``(dp, tp)`` DeviceMesh, TP MLP on ``mesh["tp"]``, grad all-reduce on ``mesh["dp"]``,
     one SGD step, against the course's grid step on the same ranks."""
     t = resolve_world_size(world_size)
     validate_grid(t, tp, dp)
-    if mistake is not None and mistake not in GRID_MISTAKES:
-        raise ValueError(f"unknown mistake {mistake!r}; expected one of {sorted(GRID_MISTAKES)}")
+    wrong = resolve(bug, "pytorch_grid")
     check_divisible("grid: ffn_hidden", ffn_hidden, tp)
     if batch % dp:
         raise ValueError(f"batch={batch} is not divisible by dp={dp}: every replica takes "
                          f"batch/dp rows")
     (fc1, fc2), x, target = draw_inputs(seed, (batch,), torch.float64, (hidden, ffn_hidden),
                                         (ffn_hidden, hidden))
-    results = run(grid_on_rank, fc1, fc2, x, target, tp, dp, lr, mistake, world_size=t,
+    results = run(grid_on_rank, fc1, fc2, x, target, tp, dp, lr, wrong, world_size=t,
                   timeout=timeout)
     same = all(r["groups"] == r["course_groups"] for r in results)
     notes = [f"rank 0: mesh['tp'] = ranks {results[0]['groups']['tp']}, mesh['dp'] = ranks "
              f"{results[0]['groups']['dp']}; on every rank the same groups as the course's: "
              f"{'yes' if same else 'NO'}"]
-    return agreement(f"tp={tp} x dp={dp} grid", results, _MAP, mistake, tuple(notes))
+    return agreement(f"tp={tp} x dp={dp} grid", results, _MAP, bug, tuple(notes))

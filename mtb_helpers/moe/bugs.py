@@ -1,7 +1,7 @@
 """Deliberately wrong expert-parallel MoE layers, for ``check_moe(bug=...)``.
 
 Like ``tp/bugs.py`` / ``sp/bugs.py``: each bug is a subclass of ``ExpertParallelMoE`` whose one
-overridden method differs by the mistake (marked ``# BUG``), so a notebook can show it with
+overridden method differs by the bug (marked ``# BUG``), so a notebook can show it with
 ``inspect.getsource`` and the correct layer carries no test-only code path.
 """
 from __future__ import annotations
@@ -53,8 +53,8 @@ MOE_BUGS = names_for(BUGS, "moe")
 
 
 def build_moe(gate: nn.Linear, experts: list[Expert], top_k: int = 1,
-              capacity_factor: float | None = None, bug: str | None = None,
+              capacity_factor: float | None = None, bug: Bug | None = None,
               group=None) -> ExpertParallelMoE:
-    """``ExpertParallelMoE.from_full(...)``, or the class with ``bug`` in it."""
-    return swap(BUGS.get(bug), ExpertParallelMoE).from_full(gate, experts, top_k, capacity_factor,
+    """``ExpertParallelMoE.from_full(...)``, or the class with ``bug`` (a ``Bug``) in it."""
+    return swap(bug, ExpertParallelMoE).from_full(gate, experts, top_k, capacity_factor,
                                                           group)

@@ -23,7 +23,6 @@ from torch import nn
 
 from mtb_helpers.comm.issue import group_size
 from mtb_helpers.checking.bug import resolve
-from mtb_helpers.moe.bugs import BUGS
 from mtb_helpers.comm.records import record
 from mtb_helpers.moe.layers import COMBINE, COUNTS, DISPATCH, ROUTER_GRAD, Expert, moe_reference
 from mtb_helpers.moe.bugs import build_moe
@@ -163,10 +162,10 @@ def check_moe(world_size: int = 2, num_experts: int = 4, top_k: int = 1, tokens:
     """
 
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
-    resolve(BUGS, bug, "moe")
+    wrong = resolve(bug, "moe")
     _validate(t, num_experts, top_k, tokens, hidden, ffn_hidden, capacity_factor)
     gate, experts, x, dy = make_moe_inputs(tokens, hidden, ffn_hidden, num_experts, dtype, seed)
-    results = run(_on_rank, gate, experts, x, dy, top_k, capacity_factor, bug,
+    results = run(_on_rank, gate, experts, x, dy, top_k, capacity_factor, wrong,
                   world_size=t, timeout=timeout, link=link)   # link=: an emulated link (cost/)
     refs = _reference(gate, experts, x, dy, top_k, capacity_factor, t)
     refs64 = _reference(copy.deepcopy(gate).double(), [e.double() for e in copy.deepcopy(experts)],

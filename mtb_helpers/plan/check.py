@@ -34,7 +34,6 @@ from mtb_helpers.checking.tolerances import as_dtype
 from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
 from mtb_helpers.dp.strategies import flat
 from mtb_helpers.plan.budget import OPTIMIZER_BYTES, stage_params
-from mtb_helpers.plan.bugs import BUGS
 from mtb_helpers.plan.memory import MLP_TERMS, STATE_TERMS, MemoryModel
 from mtb_helpers.plan.presets import tiny_gpt
 from mtb_helpers.plan.specs import Layout
@@ -92,7 +91,7 @@ def check_plan(tp: int = 2, pp: int = 2, dp: int = 2, cp: int = 1, strategy: str
         raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     grid_layout = GridLayout(tp, pp, dp, cp)
     validate(grid_layout, cfg, TrainConfig(batch=max(dp, 1) * 2), 2, "1f1b", True, "ddp")
-    mm = swap(resolve(BUGS, bug, "plan"), MemoryModel)()
+    mm = swap(resolve(bug, "plan"), MemoryModel)()
     results = run(held_on_rank, make_model(cfg, 0, dtype), grid_layout, strategy,
                   world_size=grid_layout.world_size, timeout=timeout)
     name = _DTYPES[dtype]

@@ -52,7 +52,7 @@ def _count(name: str, value) -> float:
 
 
 class MemoryModel:
-    """The formulas, as methods so that a deliberate mistake (``plan/bugs.py``) can override one.
+    """The formulas, as methods so that a deliberate bug (``plan/bugs.py``) can override one.
     ``memory.py``'s functions and the planner use ``MemoryModel()``."""
 
     def layer_params(self, model, tp: int = 1, ep: int = 1) -> dict[str, float]:

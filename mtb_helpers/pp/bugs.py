@@ -1,7 +1,8 @@
 """Deliberately wrong pipeline pieces, for ``check_pipeline(bug=...)`` and ``pipeline_step(bug=...)``.
 
 Each bug is a subclass of ``RankStage`` or ``P2P`` (mtb_helpers.pp.stage / .p2p) overriding one
-method, marked ``# BUG``; the runtime builds ``bug.replaces.get(cls, cls)`` for both.
+method, marked ``# BUG``; the runtime builds ``swap(bug, cls)`` for both. The last two set
+PyTorch's schedule up wrongly in the comparison of ``pp/pytorch.py``.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch.distributed as dist
 
 from mtb_helpers.checking.bug import Bug, names_for
 from mtb_helpers.pp.p2p import P2P, Message
+from mtb_helpers.pp.pytorch import torch_schedule
 from mtb_helpers.pp.stage import RankStage
 
 
@@ -47,6 +49,21 @@ class BlockingSend(P2P):
         dist.send(tensor.detach().contiguous(), dst=msg.dst, tag=self.tag(msg))
 
 
+def schedule_without_scaling(name: str, stage, microbatches: int):
+    """scale-grads-off."""
+    import torch.nn.functional as F
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+    cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[name]
+    # BUG: each micro-batch's loss is a mean already; unscaled, the grads are m times too large
+    return cls(stage, microbatches, loss_fn=F.mse_loss, scale_grads=False)
+
+
+def the_other_schedule(name: str, stage, microbatches: int):
+    """other-schedule."""
+    # BUG: 1F1B runs where GPipe is compared, or GPipe where 1F1B is: same grads, other order
+    return torch_schedule({"gpipe": "1f1b", "1f1b": "gpipe"}[name], stage, microbatches)
+
+
 BUGS: dict[str, Bug] = {
     "pp-loss-not-scaled": Bug(
         "pipeline: the last stage does not divide each micro-batch's loss by the micro-batch "
@@ -64,5 +81,13 @@ BUGS: dict[str, Bug] = {
         "pipeline: blocking send instead of isend; under 1F1B neighbours both send first and "
         "wait for each other (a deadlock, reported as RankTimeoutError)",
         checks=("pipeline",), replaces={P2P: BlockingSend}),
+    "scale-grads-off": Bug(
+        "PyTorch's schedule: scale_grads=False with a mean loss per micro-batch, so the grads are "
+        "m times too large", checks=("pytorch_pipeline",),
+        replaces={torch_schedule: schedule_without_scaling}),
+    "other-schedule": Bug(
+        "PyTorch's schedule: the other one (1F1B for GPipe, GPipe for 1F1B) than the one "
+        "compared with, so the order of the ops differs", checks=("pytorch_pipeline",),
+        replaces={torch_schedule: the_other_schedule}),
 }
 PP_BUGS = names_for(BUGS, "pipeline")

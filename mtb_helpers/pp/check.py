@@ -18,10 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtb_helpers.checking.bug import resolve
 from mtb_helpers.checking.report import Report, compare
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
-from mtb_helpers.pp.bugs import BUGS, PP_BUGS
 from mtb_helpers.pp.runtime import op_durations, pipeline_step, split_model
 from mtb_helpers.pp.schedules import schedule as make_schedule
 from mtb_helpers.pp.simulator import simulate
@@ -73,7 +71,6 @@ def check_pipeline(schedule: str = "1f1b", stages: int = 4, microbatches: int = 
     dtype, p = as_dtype(dtype), resolve_world_size(stages)
     positive_sizes(microbatches=microbatches, width=width,
                    rows_per_microbatch=rows_per_microbatch)
-    resolve(BUGS, bug, PP_BUGS)
     chunks = (2 if schedule == "interleaved" else 1) if chunks is None else chunks
     make_schedule(schedule, p, microbatches, chunks)
     op_durations(op_time, chunks, recompute)
@@ -85,7 +82,7 @@ def check_pipeline(schedule: str = "1f1b", stages: int = 4, microbatches: int = 
         target = torch.randn(rows_per_microbatch * microbatches, width, dtype=dtype)
     res = pipeline_step(model, x, target, F.mse_loss, schedule, p, microbatches, chunks,
                         op_time=op_time, recompute=recompute,
-                        bug=None if bug is None else BUGS[bug], timeout=timeout)
+                        bug=bug, timeout=timeout)
     ref_loss, ref_grads = reference_step(model, x, target)
     ref64_loss, ref64_grads = reference_step(copy.deepcopy(model).double(), x.double(),
                                              target.double())

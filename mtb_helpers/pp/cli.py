@@ -140,7 +140,7 @@ def register_run(groups: dict[str, argparse._SubParsersAction]) -> None:
                         help="keep only stage inputs and re-run the forward in backward")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--bug", default=None, help="inject a deliberate pipeline mistake "
+    parser.add_argument("--bug", default=None, help="inject a deliberate pipeline bug "
                         "(pp-loss-not-scaled, pp-input-grad-not-sent, pp-wrong-stash, "
                         "pp-blocking-send); the check must then fail")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds before a hung step "

@@ -29,18 +29,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mtb_helpers.checking.agreement import Agreement, agreement
+from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.pp.schedules import schedule as course_schedule
 from mtb_helpers.runtime.ranks import resolve_world_size, run
-from mtb_helpers.tp.pytorch import Agreement, agreement
 
-__all__ = ["pytorch_pipeline", "pp_on_rank", "PP_MISTAKES", "make_blocks"]
+__all__ = ["pytorch_pipeline", "pp_on_rank", "torch_schedule", "make_blocks"]
 
 PP_SCHEDULES = ("gpipe", "1f1b")
-PP_MISTAKES = {
-    "scale-grads-off": "scale_grads=False with a mean loss per micro-batch: grads m times too large",
-    "other-schedule": "run the other schedule (1F1B for GPipe, GPipe for 1F1B) than the one "
-                      "compared with",
-}
 _MAP = [("stage r: the blocks of rank r", "PipelineStage(block, r, p, device)"),
         ("schedule('gpipe') / schedule('1f1b')", "ScheduleGPipe / Schedule1F1B(stage, m, loss_fn)"),
         ("loss = mean over micro-batches", "scale_grads=True: grads / m"),
@@ -87,6 +83,14 @@ class _Logged(nn.Module):
         return _Tap.apply(self.block(x), self.log)
 
 
+def torch_schedule(name: str, stage, microbatches: int):
+    """PyTorch's schedule ``name`` ("gpipe" or "1f1b") for one ``PipelineStage``: a mean-squared
+    error per micro-batch, the grads divided by the micro-batch count (``scale_grads=True``)."""
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+    cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[name]
+    return cls(stage, microbatches, loss_fn=F.mse_loss, scale_grads=True)
+
+
 def _p2p_counter():
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -117,11 +121,11 @@ def _numbered(kinds: list[str]) -> list[str]:
 
 
 def pp_on_rank(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, name: str,
-               microbatches: int, mistake: str | None = None) -> dict:
+               microbatches: int, bug: Bug | None = None) -> dict:
     """Run on every rank: stage ``rank`` of ``model`` through PyTorch's schedule; the grads of its
     block, the run order, the p2p counts, and the same block's grads on one process."""
     import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import PipelineStage
     r, p = dist.get_rank(), dist.get_world_size()
     full = copy.deepcopy(model)                  # the one-process reference: the whole model
     ref = list(full)
@@ -134,13 +138,10 @@ def pp_on_rank(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, name: str
 
     log: list[str] = []
     block = _Logged(copy.deepcopy(model[r]), log)
-    run_name = {"gpipe": "1f1b", "1f1b": "gpipe"}[name] if mistake == "other-schedule" else name
-    cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[run_name]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         stage = PipelineStage(block, r, p, torch.device("cpu"))
-        sched = cls(stage, microbatches, loss_fn=F.mse_loss,
-                    scale_grads=mistake != "scale-grads-off")
+        sched = swap(bug, torch_schedule)(name, stage, microbatches)
         # The first step also infers the stage's shapes (one forward and backward on empty
         # tensors, metadata sent along): it is the warm-up; the second one is compared.
         for _ in range(2):
@@ -171,7 +172,7 @@ def pp_on_rank(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, name: str
 
 
 def pytorch_pipeline(world_size: int = 4, schedule: str = "1f1b", microbatches: int = 8,
-                     batch: int = 16, hidden: int = 4, seed: int = 0, mistake: str | None = None,
+                     batch: int = 16, hidden: int = 4, seed: int = 0, bug: str | None = None,
                      timeout: float = 60.0) -> Agreement:
     """One step of ``ScheduleGPipe`` / ``Schedule1F1B`` on ``world_size`` stages: grads against
     one process, run order against ``pp.schedule``, p2p messages per rank."""
@@ -179,8 +180,7 @@ def pytorch_pipeline(world_size: int = 4, schedule: str = "1f1b", microbatches: 
     if schedule not in PP_SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; PyTorch's single-stage schedules here "
                          f"are {PP_SCHEDULES}")
-    if mistake is not None and mistake not in PP_MISTAKES:
-        raise ValueError(f"unknown mistake {mistake!r}; expected one of {sorted(PP_MISTAKES)}")
+    wrong = resolve(bug, "pytorch_pipeline")
     for n, v in (("microbatches", microbatches), ("batch", batch), ("hidden", hidden)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{n} must be a positive integer, got {v!r}")
@@ -192,12 +192,12 @@ def pytorch_pipeline(world_size: int = 4, schedule: str = "1f1b", microbatches: 
     model = make_blocks(p, hidden, seed)
     gen = torch.Generator().manual_seed(seed + 1)
     x, y = (torch.randn(batch, hidden, generator=gen, dtype=torch.float64) for _ in range(2))
-    results = run(pp_on_rank, model, x, y, schedule, microbatches, mistake, world_size=p,
+    results = run(pp_on_rank, model, x, y, schedule, microbatches, wrong, world_size=p,
                   timeout=timeout)
     notes = [f"stage {r}: ran {' '.join(res['ran'])}" + ("" if res["ran"] == res["planned"] else
              f"; course schedule {' '.join(res['planned'])}") for r, res in enumerate(results)]
     label = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}[schedule]
-    res = agreement(f"{label}, {microbatches} micro-batches", results, _MAP, mistake, tuple(notes))
+    res = agreement(f"{label}, {microbatches} micro-batches", results, _MAP, bug, tuple(notes))
     res.tolerances["op order"] = 0.0
     # the end stages talk to one neighbour, the middle ones to two: every stage's counts
     res.counts = {f"stage {r}": results[r]["counts"]["p2p"] for r in range(p)}

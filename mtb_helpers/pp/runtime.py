@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mtb_helpers.checking.bug import resolve, swap
 from mtb_helpers.comm.records import CollectiveRecord, record
 from mtb_helpers.pp.p2p import P2P
 from mtb_helpers.pp.schedules import SCHEDULES, Op, schedule as make_schedule
@@ -191,10 +192,9 @@ def _on_rank(pieces, x, target, loss_fn, ops, op_time, recompute, bug, status_di
     mine = {c: pieces[c * p + r] for c in range(v)}
     for piece in mine.values():
         piece.zero_grad(set_to_none=True)
-    swap = (lambda cls: cls) if bug is None else (lambda cls: bug.replaces.get(cls, cls))
     status = None if status_dir is None else os.path.join(status_dir, f"rank{r}.p2p")
-    p2p = swap(P2P)(p * v, m, time.perf_counter, status)
-    stage = swap(RankStage)(r, p, m, mine, list(x.chunk(m)), list(target.chunk(m)), loss_fn, p2p,
+    p2p = swap(bug, P2P)(p * v, m, time.perf_counter, status)
+    stage = swap(bug, RankStage)(r, p, m, mine, list(x.chunk(m)), list(target.chunk(m)), loss_fn, p2p,
                             _boundary_inputs(pieces, x.chunk(m)[0]), recompute)
     run_op = {"F": stage.forward, "B": stage.backward, "I": stage.input_grad, "W": stage.weight_grad}
     durations = op_durations(op_time, v, recompute)
@@ -235,17 +235,15 @@ def pipeline_step(model: nn.Sequential, x: torch.Tensor, target: torch.Tensor,
     gloo ranks; ``loss_fn(out_k, target_k)`` must average over its micro-batch (the last stage
     divides it by ``microbatches``, so the losses add up to the whole batch's mean).
 
-    ``bug`` is a deliberate mistake from ``mtb_helpers.pp.bugs.BUGS`` (a ``Bug``; its wrong
-    classes stand in for RankStage / P2P). Raises ValueError (before any rank starts) when the
+    ``bug`` names a deliberate bug of ``mtb_helpers.pp.bugs`` (its wrong classes stand in for
+    RankStage / P2P). Raises ValueError (before any rank starts) when the
     layer count does not divide into stages x chunks, the batch into micro-batches, or a size is
     bad; ``RankTimeoutError`` naming each rank's blocked p2p op and peer if the step hangs.
     ``link=`` (``mtb_helpers.cost.Link``) makes every message take its modelled time too.
     """
     stages = int(os.environ["WORLD_SIZE"]) if in_launched_job() else stages
     ops, pieces = _validate(model, x, target, schedule, stages, microbatches, chunks)
-    if bug is not None and not hasattr(bug, "replaces"):
-        raise ValueError(f"bug must be a Bug object from mtb_helpers.pp.bugs.BUGS, got {bug!r} "
-                         "(check_pipeline takes the names)")
+    bug = resolve(bug, "pipeline")
     _check_makespan(ops, op_time, recompute, timeout)
     pieces = [copy.deepcopy(piece) for piece in pieces]   # the caller's model stays untouched
     status_dir = None if in_launched_job() else tempfile.mkdtemp(prefix="mtb-pp-")

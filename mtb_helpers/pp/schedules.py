@@ -79,11 +79,13 @@ def _positive(name: str, value: int) -> None:
 
 
 def warmup_count(name: str, stages: int, microbatches: int, stage: int, chunks: int = 2) -> int:
-    """How many forwards stage ``stage`` runs before its first backward (I for zb-h1).
+    """The warm-up forwards of stage ``stage``: those it runs before its steady phase (Megatron-LM's
+    ``num_warmup_microbatches``).
 
     1f1b and zb-h1: min(p-r-1, m). interleaved: min(2(p-r-1) + (v-1)p, v m) chunk forwards
-    (Megatron-LM). gpipe: all m. The first steady-state step adds one more forward before the
-    first backward, except when the warm-up already ran every forward.
+    (Megatron-LM). gpipe: all m. The steady phase opens with one more forward, so the stage runs
+    ``warmup_count + 1`` forwards before its first backward (I for zb-h1), or all of them when the
+    warm-up already ran every forward.
     """
     p, m, r = stages, microbatches, stage
     if name == "gpipe":

@@ -126,7 +126,7 @@ class RankStage:
         if self.pace is not None:
             self.pace()
 
-    # ---- the pieces a deliberate mistake overrides ---------------------------------------------
+    # ---- the pieces a deliberate bug overrides -------------------------------------------------
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """loss_k / m: the sum over the m micro-batches is then the whole batch's mean."""

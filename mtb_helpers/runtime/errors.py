@@ -24,7 +24,8 @@ _MACHINERY = ("/torch/", "\\torch\\", "mtb_helpers/runtime/worker.py", "mtb_help
 
 
 class RankError(RuntimeError):
-    """A rank raised. ``.rank`` is the lowest failing rank; the message holds its traceback."""
+    """A rank raised. ``.rank`` is the rank blamed (the first to die, else the lowest that raised:
+    see ``blame``); the message holds its traceback."""
 
     def __init__(self, rank: int, message: str, exc_type: str = "", remote_traceback: str = ""):
         super().__init__(message)
@@ -131,7 +132,8 @@ def parse_wait_point(dump: str, index: SourceIndex | None = None) -> WaitPoint |
     """
     for block in re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump):
         frames = [m.groupdict() for m in map(_FRAME_RE.match, block.splitlines()) if m]
-        if not any(f["func"] == "_execute" and f["file"].replace("\\", "/").endswith("runtime/worker.py") for f in frames):
+        if not any(f["func"] == "_execute"
+                   and f["file"].replace("\\", "/").endswith("runtime/worker.py") for f in frames):
             continue
         collective = next((f["func"] for f in frames if f["func"] in COLLECTIVES and (
             "distributed" in f["file"] or any(m in f["file"] for m in _EMULATION))), None)

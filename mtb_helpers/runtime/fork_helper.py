@@ -29,6 +29,8 @@ import warnings
 
 from mtb_helpers.runtime import allocator
 
+_owner_prepared = False   # gc.freeze and the allocator settings: once per owner, not per start
+
 
 def may_fork(args: list[str]) -> bool:
     """Is ``args`` multiprocessing's forkserver command, and may it be a fork of this process?"""
@@ -41,9 +43,12 @@ def may_fork(args: list[str]) -> bool:
 def fork_helper(args: list[str], passfds) -> int:
     """Run the helper's ``python -c CODE`` command (see :func:`may_fork`) as a fork of this
     process, in a session of its own; return its pid."""
-    gc.collect()
-    gc.freeze()  # the owner's collector no longer writes into the pages it shares with the child
-    allocator.tune()  # the owner too: fewer arenas, big blocks returned, fewer pages to duplicate
+    global _owner_prepared
+    if not _owner_prepared:   # the forkserver restarts after an idle stop: this is done once
+        gc.collect()
+        gc.freeze()  # the owner's collector no longer writes into pages it shares with the child
+        allocator.tune()  # fewer arenas, big blocks returned: fewer pages to duplicate
+        _owner_prepared = True
     allocator.trim()
     with warnings.catch_warnings():  # 3.12+ warns of forking with threads: see the docstring
         warnings.simplefilter("ignore", DeprecationWarning)

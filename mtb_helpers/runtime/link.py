@@ -8,9 +8,9 @@ cores. Results are gloo's, unchanged: a link changes when things finish, never w
 
 ``time_scale=N`` multiplies every modelled time (communication and padded compute) by N, keeping
 their ratios: an NVLink's microseconds are far under what gloo needs on loopback, so such a link
-is refused at N = 1, with the smallest N that works (``time_scale="auto"`` picks it). The floor is measured once per rank pool
-(:func:`measure_floor`): a collective costs the ranks' agreement plus a tiny gloo op, and gloo's
-loopback bandwidth caps β. The caller gets ``RunResults`` (the per-rank results) with
+is refused at N = 1, with the smallest N that works (``time_scale="auto"`` picks it). The floor
+is measured once per rank pool (:func:`measure_floor`): a collective costs the ranks' agreement
+plus a tiny gloo op, and gloo's loopback bandwidth caps β. The caller gets ``RunResults`` (the per-rank results) with
 ``.timeline`` (see :mod:`mtb_helpers.runtime.timeline`). The link is duck-typed (``alpha``,
 ``bandwidth``, ``time(collective, nbytes, world_size)``): ``mtb_helpers.cost.Link`` is one, and
 the runtime imports no topic.

@@ -248,7 +248,7 @@ class Pool:
             stream.flush()
 
     def stop(self) -> None:
-        """Ask ranks to leave the group and exit; kill whoever does not within a second."""
+        """Ask ranks to leave the group and exit; kill whoever has not within two seconds."""
         if not self.broken:
             for conn in self.conns:
                 try:

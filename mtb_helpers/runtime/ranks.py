@@ -40,7 +40,7 @@ MAX_POOLED_RANKS = int(os.environ.get("MTB_MAX_POOLED_RANKS", "8"))
 # the forkserver with the last pool: an open notebook nobody uses should not hold memory.
 IDLE_STOP_SECONDS = float(os.environ.get("MTB_IDLE_STOP_SECONDS", "180"))
 
-_pools: dict[int, Pool] = {}   # the only global mutable state of the package
+_pools: dict[int, Pool] = {}   # the owner's warm pools, one per world size (the runtime's state)
 _pools_lock = threading.Lock()
 
 
@@ -249,15 +249,9 @@ def _evict(keep_room_for: int) -> None:
 
 
 def _stop_forkserver() -> None:
-    from multiprocessing import forkserver
+    from mtb_helpers.runtime.mp_private import stop_forkserver
 
-    server = getattr(forkserver, "_forkserver", None)
-    stop = getattr(server, "_stop", None)
-    if stop is not None:
-        try:
-            stop()
-        except (OSError, ValueError):
-            pass
+    stop_forkserver()
 
 
 atexit.register(shutdown)

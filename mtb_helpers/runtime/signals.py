@@ -75,10 +75,6 @@ def install_sigterm_cleanup(cleanup: Callable[[], None]) -> None:
 def remove_multiprocessing_temp_dir() -> None:
     """multiprocessing's ``pymp-*`` dir (it holds the forkserver's socket) is removed by an exit
     finalizer that a signal death never runs: run its finalizers now."""
-    from multiprocessing import util
+    from mtb_helpers.runtime.mp_private import run_exit_finalizers
 
-    try:
-        util._run_finalizers(0)
-        util._run_finalizers()
-    except Exception:  # noqa: BLE001  (clean-up on the way out must not raise)
-        pass
+    run_exit_finalizers()

@@ -18,10 +18,9 @@ import os
 import subprocess
 import sys
 import threading
-from multiprocessing import spawn as mp_spawn
-from multiprocessing import util as mp_util
 
 from mtb_helpers.runtime.fork_helper import fork_helper, may_fork
+from mtb_helpers.runtime.mp_private import patched_start
 from mtb_helpers.runtime.signals import interrupts_deferred
 
 _start_lock = threading.Lock()
@@ -52,24 +51,11 @@ def without_main_reimport():
     rank. We ship functions by value (cloudpickle), so ranks never need ``__main__``: drop it
     from the preparation data while our ranks start.
     """
-    original = mp_spawn.get_preparation_data
-
-    def without_main(name):
-        data = original(name)
-        data.pop("init_main_from_path", None)
-        data.pop("init_main_from_name", None)
-        return data
-
-    with _start_lock:
-        mp_spawn.get_preparation_data = without_main
+    with _start_lock, patched_start(_spawn_in_own_session):   # mp_private.py: private names
         os.environ["MTB_FORKSERVER_SETUP"] = "1"  # read by a forkserver that starts now
-        spawn = mp_util.spawnv_passfds
-        mp_util.spawnv_passfds = _spawn_in_own_session
         try:
             yield
         finally:
-            mp_spawn.get_preparation_data = original
-            mp_util.spawnv_passfds = spawn
             os.environ.pop("MTB_FORKSERVER_SETUP", None)
 
 

@@ -23,15 +23,10 @@ import traceback
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 
-# One intra-op thread per rank: 4 ranks on a 2-core laptop oversubscribe badly otherwise. Set
-# before torch is imported in the forkserver so OpenMP never starts a larger team.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("MKL_NUM_THREADS", "1")
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402  (after the thread settings on purpose)
-import torch.distributed as dist  # noqa: E402
-
-from mtb_helpers.runtime import allocator  # noqa: E402
+from mtb_helpers.runtime import allocator
 
 # Collectives the owner waits on are bounded by the call's own timeout; the process group's
 # timeout only has to stop a rank that somehow outlives its owner's watch.
@@ -59,6 +54,9 @@ def main(rank: int, world_size: int, workdir: str, conn: Connection, lifeline: C
     if hasattr(signal, "SIGUSR1"):  # the owner's "where are you waiting?" question
         stack_file = open(os.path.join(workdir, f"rank{rank}.stack"), "a")
         faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    # One intra-op thread per rank (4 ranks on 2 cores oversubscribe otherwise), set here, in the
+    # rank, before it computes anything: importing the package leaves the owner's threads alone.
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     allocator.tune()
     iface = loopback_interface()

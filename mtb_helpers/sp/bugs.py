@@ -1,8 +1,9 @@
 """Deliberately wrong sequence-parallel parts, for ``check_sequence_parallel(bug=...)``.
 
 Like ``tp/bugs.py``: each bug is a subclass of a correct part from ``sp/layers.py`` whose ``forward``
-differs by the one mistake (marked ``# BUG``), so the notebook can show it with
-``inspect.getsource`` and the correct block carries no test-only code path.
+differs by the one bug (marked ``# BUG``), so the notebook can show it with
+``inspect.getsource`` and the correct block carries no test-only code path. The last one reads
+PyTorch's result wrongly in the comparison of ``sp/pytorch.py``; the comparison must then disagree.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from mtb_helpers.comm.regions import allreduce_sequence_parallel_grad
 from mtb_helpers.sp.layers import (PositionKeyedDropout, SequenceParallelColumnLinear,
                             SequenceParallelLayerNorm, SequenceParallelMLPBlock,
                             SequenceParallelRowLinear)
-
+from mtb_helpers.checking.agreement import local
+from mtb_helpers.sp.pytorch import full_grad
 
 
 class LayerNormWithoutGradAllReduce(SequenceParallelLayerNorm):
@@ -49,6 +51,13 @@ class RowAllReduceThenSlice(SequenceParallelRowLinear):
         return y + allreduce_sequence_parallel_grad(self.bias, "fc2.bias", self.group)
 
 
+def layernorm_grad_local(name: str, grad) -> torch.Tensor | None:
+    """ln-grad-partial."""
+    if name.startswith("ln."):
+        return local(grad)   # BUG: the Partial piece, the sum over this rank's own rows only
+    return full_grad(name, grad)
+
+
 BUGS: dict[str, Bug] = {
     "sp-no-layernorm-grad-allreduce": Bug(
         'sequence-parallel LayerNorm: weight and bias grads are not '
@@ -57,21 +66,26 @@ BUGS: dict[str, Bug] = {
     "sp-same-dropout-mask": Bug(
         'sequence-parallel dropout: the mask is keyed by local positions, so '
         'every sequence shard drops the same elements',
-        checks=('sequence',), replaces={PositionKeyedDropout: SameMaskDropout}),
+        checks=('sequence',), replaces={PositionKeyedDropout: SameMaskDropout},
+        needs={"dropout_p > 0 (no mask otherwise)": lambda a: a["dropout_p"] > 0}),
     "sp-allreduce-instead-of-reduce-scatter": Bug(
         'sequence-parallel fc2: all-reduce (g) of the whole sequence, then each '
         'rank slices its rows; forward is right, backward never all-gathers dM',
         checks=('sequence',), replaces={SequenceParallelRowLinear: RowAllReduceThenSlice}),
+    "ln-grad-partial": Bug(
+        "PyTorch's LayerNorm grads read with .to_local(): each rank's Partial piece, the sum "
+        "over its own rows only", checks=("pytorch_sequence_parallel",),
+        replaces={full_grad: layernorm_grad_local}),
 }
 SP_BUGS = names_for(BUGS, "sequence")
 
 
 def build_block(ln: nn.LayerNorm, fc1: nn.Linear, fc2: nn.Linear, dropout_p: float = 0.1,
-                seed: int = 0, bug: str | None = None, group=None) -> SequenceParallelMLPBlock:
+                seed: int = 0, bug: Bug | None = None, group=None) -> SequenceParallelMLPBlock:
     """``SequenceParallelMLPBlock.from_full(...)`` with ``bug`` injected into the part it concerns."""
     if bug is None:
         return SequenceParallelMLPBlock.from_full(ln, fc1, fc2, dropout_p, seed, group)
-    wrong = BUGS[bug]
+    wrong = bug
     norm = swap(wrong, SequenceParallelLayerNorm)
     drop = swap(wrong, PositionKeyedDropout)
     row = swap(wrong, SequenceParallelRowLinear)

@@ -22,7 +22,6 @@ import torch
 import torch.nn.functional as F
 
 from mtb_helpers.checking.bug import resolve
-from mtb_helpers.sp.bugs import BUGS
 from mtb_helpers.comm.regions import GATHER_SP, REDUCE_SCATTER_SP
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
@@ -157,7 +156,6 @@ def check_sequence_parallel(world_size: int = 2, seq_len: int = 8, batch: int = 
     """
 
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
-    resolve(BUGS, bug, "sequence")
     if not set(memory_variants) <= set(VARIANTS):
         raise ValueError(f"memory_variants must be among {tuple(VARIANTS)}, got {memory_variants!r}")
     positive_sizes(seq_len=seq_len, batch=batch, hidden=hidden, ffn_hidden=ffn_hidden)
@@ -167,10 +165,9 @@ def check_sequence_parallel(world_size: int = 2, seq_len: int = 8, batch: int = 
         raise ValueError(f"seq_len={seq_len} is not divisible by the world size {t}: sequence "
                          f"parallelism splits the sequence into {t} equal shards")
     check_divisible("ffn_hidden", ffn_hidden, t)
-    if bug == "sp-same-dropout-mask" and dropout_p == 0:
-        raise ValueError("bug 'sp-same-dropout-mask' needs dropout_p > 0 (no mask otherwise)")
+    wrong = resolve(bug, "sequence", dropout_p=dropout_p)
     ln, fc1, fc2, x, dy = make_block_inputs(seq_len, batch, hidden, ffn_hidden, dtype, seed)
-    build = partial(build_block, dropout_p=dropout_p, seed=seed, bug=bug)
+    build = partial(build_block, dropout_p=dropout_p, seed=seed, bug=wrong)
     results = run(_on_rank, build, (ln, fc1, fc2), x, dy, SP_SPECS, dropout_p, seed,
                   tuple(memory_variants), bug is None, world_size=t, timeout=timeout,
                   link=link)   # link=: an emulated link (cost/)

@@ -27,20 +27,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mtb_helpers.checking.agreement import (Agreement, agreement, course_counts, local,
+                                            one_dim_mesh, torch_counts)
+from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.comm.records import record
 from mtb_helpers.comm.sharding import check_divisible, shard_range
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.sp.layers import SequenceParallelMLPBlock
 from mtb_helpers.sp.memory import make_block_inputs
-from mtb_helpers.tp.pytorch import (Agreement, agreement, course_counts, local, one_dim_mesh,
-                                    torch_counts)
 
-__all__ = ["pytorch_sequence_parallel", "sp_on_rank", "SP_MISTAKES", "PlainBlock"]
+__all__ = ["pytorch_sequence_parallel", "sp_on_rank", "full_grad", "PlainBlock"]
 
-SP_MISTAKES = {
-    "ln-grad-partial": "read the LayerNorm grads with .to_local(): each rank's Partial piece, "
-                       "the sum over its own rows only",
-}
 _PARAMS = ("ln.weight", "ln.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
 _MAP = [("SequenceParallelLayerNorm on [s/t, b, h]", "SequenceParallel(sequence_dim=0)"),
         ("gather_from_sequence_parallel_region", "fc1 input_layouts=Shard(0) -> Replicate"),
@@ -59,17 +56,17 @@ class PlainBlock(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
 
 
-def _full(grad, partial_as_local: bool) -> torch.Tensor | None:
-    """A parameter grad as the full sum: a Partial DTensor is reduced by ``.full_tensor()``
-    (an all-reduce), unless the mistake reads the local piece."""
+def full_grad(name: str, grad) -> torch.Tensor | None:
+    """Parameter ``name``'s grad as the full sum: a Partial DTensor is reduced by
+    ``.full_tensor()`` (an all-reduce); anything else is read as it is."""
     from torch.distributed.tensor import DTensor, Partial
     if isinstance(grad, DTensor) and any(isinstance(p, Partial) for p in grad.placements):
-        return local(grad) if partial_as_local else grad.full_tensor().detach().clone()
+        return grad.full_tensor().detach().clone()
     return local(grad)
 
 
 def sp_on_rank(ln: nn.LayerNorm, fc1: nn.Linear, fc2: nn.Linear, x: torch.Tensor,
-               dy: torch.Tensor, mistake: str | None = None) -> dict:
+               dy: torch.Tensor, bug: Bug | None = None) -> dict:
     """Run on every rank: this rank's rows ``[s/t, b, h]`` of the full ``x`` and ``dy`` through the
     course's block and through ``parallelize_module``; the pieces each holds and the counts."""
     import torch.distributed as dist
@@ -105,8 +102,8 @@ def sp_on_rank(ln: nn.LayerNorm, fc1: nn.Linear, fc2: nn.Linear, x: torch.Tensor
         grads = dict(theirs.named_parameters())
         placements = {n: str(grads[n].grad.placements) for n in ("ln.weight", "fc2.bias")}
         with CommDebugMode() as sync:
-            got = {f"{n}_grad": _full(grads[n].grad, mistake == "ln-grad-partial" and
-                                      n.startswith("ln.")) for n in _PARAMS}
+            read = swap(bug, full_grad)
+            got = {f"{n}_grad": read(n, grads[n].grad) for n in _PARAMS}
     pytorch = {"output": local(yt), "input_grad": xt.grad, **got}
     counts = {"forward": (torch_counts(fwd), course_counts(rec, "forward")),
               "backward": (torch_counts(bwd), course_counts(rec, "backward")),
@@ -117,20 +114,19 @@ def sp_on_rank(ln: nn.LayerNorm, fc1: nn.Linear, fc2: nn.Linear, x: torch.Tensor
 
 def pytorch_sequence_parallel(world_size: int = 2, seq_len: int = 12, batch: int = 2,
                               hidden: int = 8, ffn_hidden: int = 12, seed: int = 0,
-                              mistake: str | None = None, timeout: float = 60.0) -> Agreement:
+                              bug: str | None = None, timeout: float = 60.0) -> Agreement:
     """``SequenceParallel`` + Colwise/Rowwise with ``Shard(0)`` vs ``SequenceParallelMLPBlock``:
     output and input grad ``[s/t, b, h]``, every parameter grad (LayerNorm's as the full sum)."""
     t = resolve_world_size(world_size)
-    if mistake is not None and mistake not in SP_MISTAKES:
-        raise ValueError(f"unknown mistake {mistake!r}; expected one of {sorted(SP_MISTAKES)}")
+    wrong = resolve(bug, "pytorch_sequence_parallel")
     if seq_len % t:
         raise ValueError(f"seq_len={seq_len} is not divisible by the world size {t}: sequence "
                          f"parallelism splits the sequence into {t} equal shards")
     check_divisible("sequence parallel: ffn_hidden", ffn_hidden, t)
     ln, fc1, fc2, x, dy = make_block_inputs(seq_len, batch, hidden, ffn_hidden, torch.float64,
                                             seed)
-    results = run(sp_on_rank, ln, fc1, fc2, x, dy, mistake, world_size=t, timeout=timeout)
+    results = run(sp_on_rank, ln, fc1, fc2, x, dy, wrong, world_size=t, timeout=timeout)
     place = results[0]["placements"]
     notes = (f"after backward PyTorch's ln.weight.grad is {place['ln.weight']}, "
              f"fc2.bias.grad is {place['fc2.bias']}",)
-    return agreement("sequence parallel", results, _MAP, mistake, notes)
+    return agreement("sequence parallel", results, _MAP, bug, notes)

@@ -2,8 +2,8 @@
 
 Each bug is a subclass of a correct piece overriding one method (marked ``# BUG``), registered
 below in ``BUGS`` with the checks that accept it; ``check_tp_attention`` / ``check_vocab_parallel``
-build with ``swap(bug, CorrectClass)``. The attention bugs reuse the column/row mistakes of
-``mtb_helpers.tp.bugs`` where the mistake is the same one (a missing f, the bias before g).
+build with ``swap(bug, CorrectClass)``. The attention bugs reuse the column/row bugs of
+``mtb_helpers.tp.bugs`` where the bug is the same one (a missing f, the bias before g).
 """
 from __future__ import annotations
 
@@ -61,7 +61,9 @@ BUGS: dict[str, Bug] = {
     "attn-heads-not-divided": Bug(
         "TP attention: each rank splits its h/t features into all n heads instead of n/t, so "
         "every head is cut into pieces of d/t features (needs head_dim divisible by t)",
-        checks=("tp_attention",), replaces={LocalAttention: HeadsNotDivided}),
+        checks=("tp_attention",), replaces={LocalAttention: HeadsNotDivided},
+        needs={"head_dim divisible by the world size (each head is cut into t pieces)":
+               lambda a: a["head_dim"] % a["world_size"] == 0}),
     "attn-qkv-without-f": Bug(
         "TP attention: x enters the Q/K/V projection without f, so dX is never all-reduced "
         "(each rank keeps the input grad of its own heads)",

@@ -19,8 +19,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from mtb_helpers.checking.bug import resolve, swap
-from mtb_helpers.tp.attention_bugs import BUGS as WRONG
+from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.checking.report import Report
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
 from mtb_helpers.checking.trace import StepSpec as S, build_rows, build_steps, trace_on_rank
@@ -81,12 +80,11 @@ def attention_reference(layers, x, dy, t, *, n_heads: int, causal: bool) -> dict
             "out.weight_grad": wo.weight.grad.T, "out.bias_grad": wo.bias.grad}
 
 
-def build_attention(wq, wk, wv, wo, *, n_heads: int, causal: bool, bug: str | None):
+def build_attention(wq, wk, wv, wo, *, n_heads: int, causal: bool, bug: Bug | None):
     """``ParallelSelfAttention.from_full`` with ``bug``'s wrong piece swapped in (inside a rank)."""
     if bug is None:
         return ParallelSelfAttention.from_full(wq, wk, wv, wo, n_heads, causal)
-    from mtb_helpers.tp.attention_bugs import BUGS
-    wrong = BUGS[bug]
+    wrong = bug
     t = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     d = ParallelSelfAttention.validate(wq, wk, wv, wo, n_heads, t)
     qkv = swap(wrong, ColumnParallelLinear).from_full(grouped_qkv(wq, wk, wv, t))
@@ -144,15 +142,12 @@ def check_tp_attention(world_size: int = 2, seq: int = 4, batch: int = 2, n_head
     """
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
     positive_sizes(seq=seq, batch=batch, n_heads=n_heads, head_dim=head_dim)
-    resolve(WRONG, bug, "tp_attention")
     h = n_heads * head_dim
     check_heads(h, n_heads, t)
-    if bug == "attn-heads-not-divided" and head_dim % t:
-        raise ValueError(f"bug 'attn-heads-not-divided' cuts each head into t={t} pieces: it "
-                         f"needs head_dim={head_dim} divisible by {t}")
+    wrong = resolve(bug, "tp_attention", head_dim=head_dim, world_size=t)
     layers, x, dy = draw_attention_inputs(seed, seq, batch, h, dtype)
     specs = _specs()
-    build = partial(build_attention, n_heads=n_heads, causal=causal, bug=bug)
+    build = partial(build_attention, n_heads=n_heads, causal=causal, bug=wrong)
     results = run(trace_on_rank, build, tuple(layers), x, dy, specs, world_size=t,
                   timeout=timeout)
     ref = partial(attention_reference, n_heads=n_heads, causal=causal)

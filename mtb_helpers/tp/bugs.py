@@ -1,10 +1,12 @@
 """Deliberately wrong tensor-parallel layers, for the checks' ``bug=`` argument.
 
 Each bug is a subclass of a correct layer from ``tp/layers.py`` whose ``forward`` differs by the one
-mistake (marked ``# BUG``), so the correct layers carry no test-only code path and a notebook can
-show the wrong code with ``inspect.getsource``. The checks build the layer with
-``column_class(bug)`` / ``row_class(bug)`` / ``build_mlp``; ``from_full`` is a classmethod, so the
-subclass shards the full layer exactly like the correct one.
+bug (marked ``# BUG``), so the correct layers carry no test-only code path and a notebook can
+show the wrong code with ``inspect.getsource``. The checks resolve the name once and build the
+layer with ``column_class(bug)`` / ``row_class(bug)`` / ``build_mlp`` (``bug`` the resolved
+``Bug``); ``from_full`` is a classmethod, so the subclass shards the full layer exactly like the
+correct one. The last two bugs set PyTorch up wrongly in the comparison of ``tp/pytorch.py``
+(a ``TensorParallelPlan`` with one placement wrong): the comparison must then disagree.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from mtb_helpers.comm.regions import (copy_to_tensor_model_parallel_region,
                                       reduce_from_tensor_model_parallel_region,
                                       scatter_to_tensor_model_parallel_region)
 from mtb_helpers.tp.layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear
+from mtb_helpers.tp.pytorch import TensorParallelPlan
 
 
 
@@ -104,6 +107,25 @@ class RowGBackwardAllReduce(RowParallelLinear):
         return y + self.bias if self.bias is not None else y
 
 
+class InputAsPartial(TensorParallelPlan):
+    """input-as-partial."""
+
+    def column(self):
+        from torch.distributed.tensor import Partial
+        from torch.distributed.tensor.parallel import ColwiseParallel
+        # BUG: the replicated X declared Partial(): DTensor sums the ranks' copies, t·X goes in
+        return ColwiseParallel(input_layouts=Partial())
+
+
+class RowOutputPartial(TensorParallelPlan):
+    """row-output-partial."""
+
+    def row(self):
+        from torch.distributed.tensor import Partial
+        from torch.distributed.tensor.parallel import RowwiseParallel
+        return RowwiseParallel(output_layouts=Partial())   # BUG: left Partial, no all-reduce
+
+
 BUGS: dict[str, Bug] = {
     "f-backward-identity": Bug(
         'column layer: identity instead of f, so dX is never all-reduced in '
@@ -112,7 +134,9 @@ BUGS: dict[str, Bug] = {
     "allgather-wrong-order": Bug(
         'column layer with gather_output: the gathered shards are concatenated '
         'in reverse rank order',
-        checks=('column',), replaces={ColumnParallelLinear: ColumnGatherWrongOrder}),
+        checks=('column',), replaces={ColumnParallelLinear: ColumnGatherWrongOrder},
+        needs={"gather_output=True (without it there is no all-gather to get wrong)":
+               lambda a: a["gather_output"]}),
     "bias-before-allreduce": Bug(
         'row layer: every rank adds the full bias before the all-reduce, so the '
         'output carries t x bias',
@@ -125,23 +149,30 @@ BUGS: dict[str, Bug] = {
         'row layer: g also all-reduces in backward, so every grad computed '
         'before it is t times too large',
         checks=('row', 'mlp'), replaces={RowParallelLinear: RowGBackwardAllReduce}),
+    "input-as-partial": Bug(
+        "PyTorch's column layer: the replicated X declared Partial(), so DTensor all-reduces it "
+        "and t·X goes in", checks=("pytorch_column", "pytorch_mlp"),
+        replaces={TensorParallelPlan: InputAsPartial}),
+    "row-output-partial": Bug(
+        "PyTorch's row layer: the output left Partial(), so nothing all-reduces the partial sums",
+        checks=("pytorch_row", "pytorch_mlp"), replaces={TensorParallelPlan: RowOutputPartial}),
 }
 COLUMN_BUGS = names_for(BUGS, "column")
 ROW_BUGS = names_for(BUGS, "row")
 MLP_BUGS = names_for(BUGS, "mlp")
 
 
-def column_class(bug: str | None) -> type[ColumnParallelLinear]:
+def column_class(bug: Bug | None) -> type[ColumnParallelLinear]:
     """The column layer with ``bug`` in it (the correct one for ``None`` or a row bug)."""
-    return swap(BUGS.get(bug), ColumnParallelLinear)
+    return swap(bug, ColumnParallelLinear)
 
 
-def row_class(bug: str | None) -> type[RowParallelLinear]:
+def row_class(bug: Bug | None) -> type[RowParallelLinear]:
     """The row layer with ``bug`` in it (the correct one for ``None`` or a column bug)."""
-    return swap(BUGS.get(bug), RowParallelLinear)
+    return swap(bug, RowParallelLinear)
 
 
-def build_mlp(fc1, fc2, bug: str | None = None, group=None) -> ParallelMLP:
+def build_mlp(fc1, fc2, bug: Bug | None = None, group=None) -> ParallelMLP:
     """``ParallelMLP.from_full(fc1, fc2)`` with ``bug`` injected into the sub-layer it concerns."""
     return ParallelMLP(column_class(bug).from_full(fc1, gather_output=False, group=group),
                        row_class(bug).from_full(fc2, input_is_parallel=True, group=group))

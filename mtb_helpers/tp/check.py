@@ -8,7 +8,7 @@ computes the reference here (``nn.Linear``/GeLU on the full tensors, in the run'
 float64), ships the full tensors to every rank, where each rank takes its own shard and runs the
 real layer from ``tp/layers.py`` forward and backward, and compares per rank: forward output, input grad,
 weight grad, bias grad (``report.rows``), plus every intermediate step (``report.steps``).
-``bug=`` swaps in the layer with that mistake (``tp/bugs.py``); the check must then fail.
+``bug=`` swaps in the layer with that bug (``tp/bugs.py``); the check must then fail.
 Weights are named in the course's notation ``W = weight.T`` (``[in, out]``; see tp/layers.py).
 Shapes, world size, dtype and bug are validated before any rank starts.
 """
@@ -19,7 +19,6 @@ from functools import partial
 import torch
 
 from mtb_helpers.checking.bug import resolve
-from mtb_helpers.tp.bugs import BUGS
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.checking.report import Report
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
@@ -85,10 +84,7 @@ def check_column_parallel(world_size: int = 2, in_features: int = 8, out_feature
     (all-gathered to ``[.., out]`` with ``gather_output``); f all-reduces dX in backward.
     """
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
-    resolve(BUGS, bug, "column")
-    if bug == "allgather-wrong-order" and not gather_output:
-        raise ValueError("bug 'allgather-wrong-order' needs gather_output=True "
-                         "(without it there is no all-gather to get wrong)")
+    wrong = resolve(bug, "column", gather_output=gather_output)
     batch = _sizes(batch_shape, in_features=in_features, out_features=out_features)
     check_divisible("out_features", out_features, t)
     (lin,), x, dy = draw_inputs(seed, batch, dtype, (in_features, out_features))
@@ -113,7 +109,7 @@ def check_column_parallel(world_size: int = 2, in_features: int = 8, out_feature
                   ("weight_grad", "weight_grad"), ("bias_grad", "bias_grad")]
     config = check_config(t, dtype, seed, bug, in_features=in_features, out_features=out_features,
                      batch_shape=list(batch), gather_output=gather_output)
-    build = partial(_build_column, bug=bug, gather_output=gather_output)
+    build = partial(_build_column, bug=wrong, gather_output=gather_output)
     return _finish("column_parallel", config, build, (lin,), x, dy, specs, quantities, column_reference,
                    timeout)
 
@@ -129,7 +125,7 @@ def check_row_parallel(world_size: int = 2, in_features: int = 12, out_features:
     the partials and the full bias is added once, after the sum.
     """
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
-    resolve(BUGS, bug, "row")
+    wrong = resolve(bug, "row")
     batch = _sizes(batch_shape, in_features=in_features, out_features=out_features)
     check_divisible("in_features", in_features, t)
     (lin,), x, dy = draw_inputs(seed, batch, dtype, (in_features, out_features))
@@ -169,7 +165,7 @@ def check_row_parallel(world_size: int = 2, in_features: int = 12, out_features:
     config = check_config(t, dtype, seed, bug, in_features=in_features, out_features=out_features,
                      batch_shape=list(batch), input_is_parallel=input_is_parallel)
     return _finish("row_parallel", config,
-                   partial(_build_row, bug=bug, input_is_parallel=input_is_parallel), (lin,), x, dy,
+                   partial(_build_row, bug=wrong, input_is_parallel=input_is_parallel), (lin,), x, dy,
                    specs, quantities,
                    row_reference, timeout)
 
@@ -185,7 +181,7 @@ def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
     all-reduce forward (g), one backward (f).
     """
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
-    resolve(BUGS, bug, "mlp")
+    wrong = resolve(bug, "mlp")
     batch = _sizes(batch_shape, hidden=hidden, ffn_hidden=ffn_hidden)
     check_divisible("ffn_hidden", ffn_hidden, t)
     (fc1, fc2), x, dy = draw_inputs(seed, batch, dtype, (hidden, ffn_hidden), (ffn_hidden, hidden))
@@ -221,5 +217,5 @@ def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
                                    "fc2.weight_grad", "fc2.bias_grad")]
     config = check_config(t, dtype, seed, bug, hidden=hidden, ffn_hidden=ffn_hidden,
                      batch_shape=list(batch))
-    return _finish("tp_mlp", config, partial(_build_mlp, bug=bug), (fc1, fc2), x, dy, specs,
+    return _finish("tp_mlp", config, partial(_build_mlp, bug=wrong), (fc1, fc2), x, dy, specs,
                    quantities, mlp_reference, timeout, link=link)

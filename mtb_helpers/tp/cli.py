@@ -18,7 +18,7 @@ def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubPar
         "check", help="column- and row-parallel linear layers against one process",
         description="Run ColumnParallelLinear and RowParallelLinear on real gloo ranks and compare "
                     "forward output, input grad, weight grad and bias grad on every rank with a "
-                    "single-process reference. --bug injects a mistake into the layer it concerns.")
+                    "single-process reference. --bug injects a deliberate bug into the layer it concerns.")
     add_check_options(check)
     check.add_argument("--in-features", type=int, default=12, help="input features of both layers")
     check.add_argument("--out-features", type=int, default=12, help="output features of both layers")
@@ -53,9 +53,9 @@ def run_check(args: argparse.Namespace) -> int:
     from mtb_helpers.tp.check import check_column_parallel, check_row_parallel
     from mtb_helpers.runtime.ranks import resolve_world_size
     from mtb_helpers.comm.sharding import check_divisible
-    from mtb_helpers.tp.bugs import BUGS, COLUMN_BUGS, ROW_BUGS
+    from mtb_helpers.tp.bugs import COLUMN_BUGS, ROW_BUGS
 
-    resolve(BUGS, args.bug, COLUMN_BUGS + ROW_BUGS)
+    resolve(args.bug, ("column", "row"))
     # both layers' shapes are checked before the column check starts any rank
     t = resolve_world_size(args.world_size)
     check_divisible("out_features", args.out_features, t)

@@ -16,7 +16,7 @@ rank ``i`` holds shard ``i`` (contiguous, in rank order).
 * ``ParallelMLP``: column fc1 -> exact (erf) GeLU -> row fc2. The ``[.., ffn/t]`` activation never
   leaves its rank: one all-reduce forward (g) and one backward (f).
 
-Deliberate mistakes for the checks are subclasses that override ``forward``
+Deliberate bugs for the checks are subclasses that override ``forward``
 (``mtb_helpers.tp.bugs``); these layers contain no code path that exists for a test.
 """
 from __future__ import annotations

@@ -17,8 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from mtb_helpers.checking.bug import resolve, swap
-from mtb_helpers.tp.attention_bugs import BUGS as WRONG
+from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.checking.report import Report
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
 from mtb_helpers.checking.trace import StepSpec as S, build_rows, build_steps
@@ -81,10 +80,8 @@ def vocab_reference(inputs: dict, t: int, reduction: str, dtype: torch.dtype) ->
             "logits_grad": logits.grad}
 
 
-def _vocab_on_rank(inputs: dict, reduction: str, bug: str | None) -> dict:
+def _vocab_on_rank(inputs: dict, reduction: str, wrong: Bug | None) -> dict:
     """On every rank: the embedding forward/backward, then the loss forward/backward."""
-    from mtb_helpers.tp.attention_bugs import BUGS
-    wrong = BUGS.get(bug) if bug else None
     t = dist.get_world_size() if dist.is_initialized() else 1
     r = dist.get_rank() if dist.is_initialized() else 0
     emb = swap(wrong, VocabParallelEmbedding).from_full(inputs["embedding"])
@@ -153,10 +150,10 @@ def check_vocab_parallel(world_size: int = 2, vocab: int = 12, hidden: int = 4,
     positive_sizes(vocab=vocab, hidden=hidden, **{f"tokens[{i}]": n for i, n in enumerate(tokens)})
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    resolve(WRONG, bug, "vocab_parallel")
+    wrong = resolve(bug, "vocab_parallel")
     check_divisible("vocab", vocab, t)
     inputs = draw_vocab_inputs(seed, vocab, hidden, tokens, reduction, dtype)
-    results = run(_vocab_on_rank, inputs, reduction, bug, world_size=t, timeout=timeout)
+    results = run(_vocab_on_rank, inputs, reduction, wrong, world_size=t, timeout=timeout)
     refs = vocab_reference(inputs, t, reduction, dtype)
     refs64 = vocab_reference(inputs, t, reduction, torch.float64)
     specs = _specs()
