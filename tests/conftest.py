@@ -1,3 +1,4 @@
+import ast
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,22 @@ from mtb_helpers import shutdown
 NO_RANK_MODULES = {"test_layering", "test_lint", "test_cost_model", "test_plan_memory",
                    "test_plan_time", "test_pp", "test_pp_bubble_limits", "test_notebook_hygiene",
                    "test_corrections", "test_mp_private"}
+_PROCESS_NAMES = {"run", "subprocess", "Popen"}   # a test that names these starts ranks or a process
+_starters: dict[str, set[str]] = {}
+
+
+def _starts_processes(path: Path, name: str) -> bool:
+    """Does test ``name`` of a no-rank module still start ranks or a process (read from its source)?"""
+    if str(path) not in _starters:
+        found = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef):
+                names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+                names |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+                if names & _PROCESS_NAMES:
+                    found.add(node.name)
+        _starters[str(path)] = found
+    return name in _starters[str(path)]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -24,7 +41,10 @@ def pytest_collection_modifyitems(config, items):
         elif path.stem == "test_browser":
             item.add_marker(pytest.mark.browser)
             item.add_marker(pytest.mark.slow)
-        elif path.stem not in NO_RANK_MODULES and "no_ranks" not in getattr(item, "fixturenames", ()):
+        elif path.stem in NO_RANK_MODULES:
+            if _starts_processes(path, getattr(item, "originalname", item.name)):
+                item.add_marker(pytest.mark.slow)
+        elif "no_ranks" not in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
 
 
