@@ -45,7 +45,7 @@ from mtb_helpers.plan.steptime import matmul_params, stage_compute
 from mtb_helpers.pp.schedules import schedule as make_schedule
 from mtb_helpers.pp.stage import RankStage
 from mtb_helpers.runtime.link import padded
-from mtb_helpers.tp.vocab import vocab_parallel_cross_entropy
+from mtb_helpers.attention.vocab import vocab_parallel_cross_entropy
 
 CFG = GPTConfig(vocab=64, seq=32, hidden=64, heads=8, ffn=256, layers=8)
 BATCH, MICRO = 16, 4

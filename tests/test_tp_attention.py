@@ -9,11 +9,11 @@ from torch import nn
 
 from mtb_helpers import BUGS, RankError, run
 from mtb_helpers.checking.bug import names_for
-from mtb_helpers.tp.attention_bugs import BUGS as ATTENTION_BUGS
+from mtb_helpers.attention.bugs import BUGS as ATTENTION_BUGS
 from mtb_helpers.comm import record
 from mtb_helpers.tp import ParallelSelfAttention
-from mtb_helpers.tp.attention import check_heads
-from mtb_helpers.tp.attention_check import QUANTITIES, check_tp_attention, draw_attention_inputs
+from mtb_helpers.attention.layers import check_heads
+from mtb_helpers.attention.check import QUANTITIES, check_tp_attention, draw_attention_inputs
 
 
 def _inputs(h=12, s=5, b=2, seed=0):
@@ -219,7 +219,7 @@ def test_figures_have_titles_labels_legends_and_rank_colours():
     import matplotlib.pyplot as plt
 
     from mtb_helpers.plots.palette import rank_color
-    from mtb_helpers.tp.attention_plots import (plot_attention_flow, plot_ce_allreduces,
+    from mtb_helpers.attention.plots import (plot_attention_flow, plot_ce_allreduces,
                                                 plot_head_split, plot_vocab_split)
 
     heads = plot_head_split(n_heads=4, head_dim=2, world_size=2)
@@ -268,3 +268,17 @@ def test_heads_split_inside_a_subgroup():
         assert sizes == [2, 2]                       # g and f ran in the group of 2, not the world
     # rank 2 holds what rank 0 holds: the same heads, in the other group
     assert torch.equal(results[0][2], results[2][2]) and not torch.equal(results[0][2], results[1][2])
+
+
+def test_notebook_10s_old_import_paths_give_the_moved_modules():
+    import importlib
+
+    import mtb_helpers.tp as tp
+    for old, new in tp.MOVED.items():
+        moved = importlib.import_module(f"mtb_helpers.attention.{new}")
+        assert importlib.import_module(f"mtb_helpers.tp.{old}") is moved
+        assert moved.__spec__.name == f"mtb_helpers.attention.{new}"
+    from mtb_helpers.tp import vocab as tp_vocab
+    from mtb_helpers.tp.attention import grouped_qkv
+    from mtb_helpers.attention import layers, vocab
+    assert tp_vocab is vocab and grouped_qkv is layers.grouped_qkv

@@ -2,7 +2,7 @@
 
 Every region of the course (tensor-, sequence-, expert-, data- and context-parallel) goes through
 ``issue``; a point-to-point message, and the one all-reduce with another operator than a sum (the
-vocabulary's max, ``tp/vocab.py``), perform their op themselves and note it with ``records.note``.
+vocabulary's max, ``attention/vocab.py``), perform their op themselves and note it with ``records.note``.
 So ``with record() as rec:`` sees all of them the same way: what, in which region, which direction, how many
 bytes. With one rank every op returns ``x`` unchanged and is still recorded (``sent_bytes == 0``),
 so a program's record has the same shape at every world size.

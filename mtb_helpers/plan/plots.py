@@ -31,15 +31,17 @@ def plot_stacked_memory(columns: Sequence[tuple[str, dict[str, float]]], limit: 
     bottoms = [0.0] * len(columns)
     for term in terms:
         heights = [c[1].get(term, 0.0) / GIB for c in columns]
-        ax.bar(range(len(columns)), heights, bottom=bottoms, color=TERM_COLORS[term],
+        ax.bar(range(len(columns)), heights, width=0.6, bottom=bottoms, color=TERM_COLORS[term],
                edgecolor="black", linewidth=0.4, label=term)
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     for i, total in enumerate(bottoms):
         ax.text(i, total, f"{total:.1f}", ha="center", va="bottom", fontsize=8)
     if limit is not None:
         ax.axhline(limit / GIB, color="black", linestyle="--", linewidth=1)
-        ax.text(len(columns) - 0.5, limit / GIB, f" GPU memory {limit / GIB:.0f} GiB",
-                va="bottom", ha="right", fontsize=8)
+        ax.text(max(len(columns), 3) - 0.55, limit / GIB, f"GPU memory {limit / GIB:.0f} GiB",
+                va="bottom", ha="right", fontsize=8,
+                bbox=dict(facecolor="white", edgecolor="none", pad=1))
+    ax.set_xlim(-0.5, max(len(columns), 3) - 0.5)
     ax.set_xticks(range(len(columns)))
     ax.set_xticklabels([c[0] for c in columns], fontsize=8)
     ax.set_ylabel("GiB per rank")
@@ -49,7 +51,7 @@ def plot_stacked_memory(columns: Sequence[tuple[str, dict[str, float]]], limit: 
     ax.set_ylim(0, top * 1.15 if top > 0 else 1)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="held for",
               title_fontsize=8)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.08, right=0.74, bottom=0.17, top=0.9)   # fixed: no tight_layout pass
     return fig
 
 
@@ -83,5 +85,6 @@ def plot_step_times(rows: Sequence[tuple[str, dict[str, float]]], title: str = "
     ax.set_title(title)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="time spent on",
               title_fontsize=8)
-    fig.tight_layout()
+    height = fig.get_figheight()
+    fig.subplots_adjust(left=0.36, right=0.77, bottom=0.8 / height, top=1 - 0.45 / height)
     return fig

@@ -144,9 +144,9 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout, mfu: float
     stride = t * c * L.dp                                    # pipeline neighbours are this far apart
     p2p = _time("send/recv", p2p_bytes, 2, group_link(cluster, stride + 1)) if L.pp > 1 else 0.0
     m = L.grad_accum
-    # ratios rounded so that plan()'s layouts share simulations (a 1 % change of the backward's
-    # share, a latency to one significant digit: far below what the MFU assumption moves)
-    ratio = round(bwd / f, 2)
+    # ratios rounded so that plan()'s layouts share simulations (the backward's share to 0.1 of a
+    # forward, the latency to one significant digit), the backward's rounding put back below
+    ratio = round(bwd / f, 1)
     span, bubble = _pipeline(L.schedule, L.pp, m, L.chunks, ratio, float(f"{p2p / f:.1g}"))
     # the rounding's own error put back: every stage runs m backwards of bwd, not ratio * f
     makespan = span * f + m * (bwd - ratio * f) if L.pp > 1 else m * (f + bwd)
