@@ -268,17 +268,3 @@ def test_heads_split_inside_a_subgroup():
         assert sizes == [2, 2]                       # g and f ran in the group of 2, not the world
     # rank 2 holds what rank 0 holds: the same heads, in the other group
     assert torch.equal(results[0][2], results[2][2]) and not torch.equal(results[0][2], results[1][2])
-
-
-def test_notebook_10s_old_import_paths_give_the_moved_modules():
-    import importlib
-
-    import mtb_helpers.tp as tp
-    for old, new in tp.MOVED.items():
-        moved = importlib.import_module(f"mtb_helpers.attention.{new}")
-        assert importlib.import_module(f"mtb_helpers.tp.{old}") is moved
-        assert moved.__spec__.name == f"mtb_helpers.attention.{new}"
-    from mtb_helpers.tp import vocab as tp_vocab
-    from mtb_helpers.tp.attention import grouped_qkv
-    from mtb_helpers.attention import layers, vocab
-    assert tp_vocab is vocab and grouped_qkv is layers.grouped_qkv
