@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mtb_helpers.cost import Link, padded
+from mtb_helpers.cost import Link, pad_backward, padded
 from mtb_helpers.dp.fsdp_wrapper import FSDP
 from mtb_helpers.dp.overlap import OverlappedDDP
 from mtb_helpers.dp.overlap_model import bucket_plan, predict_ddp, predict_fsdp
@@ -41,22 +41,6 @@ DEFAULTS = {"layers": 8, "hidden": 256, "t_fwd": 0.5e-3, "t_bwd": 2e-3, "t_opt":
 DEFAULT_LINK = Link(1e-3, 0.25e9)
 
 
-class _PadBackward(torch.autograd.Function):
-    """Identity on a layer's output; in the backward it takes the layer's backward time, after
-    which autograd computes the layer's gradients (so they are ready when the padding ends)."""
-
-    @staticmethod
-    def forward(ctx, y, name, seconds):
-        ctx.name, ctx.seconds = name, seconds
-        return y.view_as(y)
-
-    @staticmethod
-    def backward(ctx, grad):
-        with padded(ctx.name, ctx.seconds):
-            pass
-        return grad, None, None
-
-
 class PaddedLinear(nn.Linear):
     """``nn.Linear`` whose forward takes ``t_fwd`` and backward ``t_bwd`` modelled seconds."""
 
@@ -67,7 +51,7 @@ class PaddedLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with padded(f"{self.label} fwd", self.t_fwd):
             y = super().forward(x)                                   # [B, h] -> [B, h]
-        return _PadBackward.apply(y, f"{self.label} bwd", self.t_bwd)
+        return pad_backward(y, f"{self.label} bwd", self.t_bwd)
 
 
 class PaddedSGD(torch.optim.SGD):
