@@ -40,7 +40,12 @@ def test_calibrating_an_emulated_link_gives_back_its_alpha_and_beta():
         fit = cal.fits[name]
         assert fit.alpha == pytest.approx(SLOW.alpha, rel=0.15), cal.table()
         assert fit.bandwidth == pytest.approx(SLOW.bandwidth, rel=0.15), cal.table()
-    assert len(cal.rows) == 6 and "n½ = α·β" in cal.table()
+    assert len(cal.rows) == 6
+    # the table names each collective's own crossover (2·α·β for the ring all-reduce at p = 2,
+    # α·β for one message), not only α·β: the figure marks the same point
+    fit = cal.fits["all-reduce"]
+    assert f"its crossover n½ = {2 * fit.n_half / 1e3:.1f} kB" in cal.table()
+    assert f"its crossover n½ = {cal.fits['send/recv'].n_half / 1e3:.1f} kB" in cal.table()
     assert cal.to_dict()["fits"]["all-reduce"]["alpha"] == cal.fits["all-reduce"].alpha
 
 
@@ -101,3 +106,14 @@ def test_the_timeline_figure_says_the_link_is_emulated_and_how_much_slower():
     assert "modelled link" in ax.get_xlabel()
     # 2 lanes x 2 ranks colour bands + 1 compute + 1 comm box per rank (barrier excluded: none)
     assert len(ax.patches) >= 8
+
+
+def test_the_fit_weighs_every_size_by_its_relative_error():
+    # ±20 % on every size: a plain least-squares fit lets the 4 MiB row's milliseconds decide
+    # (α 25 % low, β 18 % low); the relative fit, which the log-log figure shows, stays near both
+    sizes = [2**10, 2**13, 2**16, 2**19, 2**22]
+    noisy = [predict("all-reduce", n, 2, Link(100e-6, 1e9)) * (1 + e)
+             for n, e in zip(sizes, [0.2, -0.2, 0.2, -0.2, 0.2])]
+    fit = _fit("all-reduce", 2, sizes, noisy)
+    assert fit.alpha == pytest.approx(100e-6, rel=0.1) and fit.bandwidth == pytest.approx(1e9, rel=0.1)
+    assert max(map(abs, fit.relative)) < 0.25

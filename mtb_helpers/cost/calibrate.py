@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mtb_helpers.cost.model import COLLECTIVES, Link, busbw, coefficients, normalize, predict
+from mtb_helpers.cost.model import COLLECTIVES, Link, busbw, coefficients, n_half, normalize, predict
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
 __all__ = ["calibrate", "Calibration", "Fit", "DEFAULT_SIZES"]
@@ -75,8 +75,10 @@ class Calibration:
                          f"{r['busbw'] / 1e9:>8.3f}GB/s")
         lines.append("")
         for name, fit in self.fits.items():
+            crossover = n_half(name, self.world_size, fit.link)   # where its two terms are equal
             lines.append(f"{name}: α = {fit.alpha * 1e6:.1f} µs, β = {fit.bandwidth / 1e9:.3f} "
-                         f"GB/s, n½ = α·β = {fit.n_half / 1e3:.1f} kB, worst residual "
+                         f"GB/s, α·β = {fit.n_half / 1e3:.1f} kB, its crossover n½ = "
+                         f"{crossover / 1e3:.1f} kB, worst residual "
                          f"{max(map(abs, fit.relative)):.0%}")
         return "\n".join(lines)
 
@@ -125,12 +127,16 @@ def _fit(collective: str, p: int, sizes: list[int], seconds: list[float]) -> Fit
     a, b = coefficients(collective, p)
     design = np.array([[a, b * n] for n in sizes], dtype=float)
     target = np.array(seconds, dtype=float)
-    alpha, inv_beta = np.linalg.lstsq(design, target, rcond=None)[0]
+    # least squares on the *relative* error (each row divided by its measured time), as the
+    # log-log figure reads it: plain least squares lets the largest sizes' milliseconds decide
+    # alone, and one noisy small size then moves α by a factor of several
+    weighted, ones = design / target[:, None], np.ones_like(target)
+    alpha, inv_beta = np.linalg.lstsq(weighted, ones, rcond=None)[0]
     if inv_beta <= 0 or alpha <= 0:   # noise made one term negative: fit the other one alone
         if inv_beta <= 0:
-            alpha, inv_beta = float(target.mean() / a), 1e-15
+            alpha, inv_beta = float(np.linalg.lstsq(weighted[:, :1], ones, rcond=None)[0][0]), 1e-15
         else:
-            alpha, inv_beta = 1e-9, float(np.linalg.lstsq(design[:, 1:], target, rcond=None)[0][0])
+            alpha, inv_beta = 1e-9, float(np.linalg.lstsq(weighted[:, 1:], ones, rcond=None)[0][0])
     fitted = design @ np.array([alpha, inv_beta])
     resid = target - fitted
     return Fit(collective, float(alpha), float(1 / inv_beta), tuple(sizes),
