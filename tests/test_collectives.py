@@ -183,3 +183,14 @@ def test_figures_and_explorer_draw_the_report(monkeypatch):
     assert calls == [(2, "broadcast", 1, False), (2, "reduce-scatter", 1, False),
                      (4, "reduce-scatter", 1, False)]
     matplotlib.pyplot.close("all")
+
+
+def test_the_explorer_injects_a_bug_only_where_its_declared_needs_hold():
+    import matplotlib
+    matplotlib.use("Agg")
+    from mtb_helpers.collectives.widget import render
+
+    text = render(2, "all-to-all", 1, inject_bug=True)[1]      # one element per chunk: cannot show
+    assert text.startswith("PASS") and "bug=None" in text and "2 or more elements per rank's chunk" in text
+    text = render(2, "all-to-all", 2, inject_bug=True)[1]
+    assert text.startswith("FAIL") and "bug=alltoall-wrong-split" in text

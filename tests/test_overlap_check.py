@@ -58,7 +58,7 @@ def test_each_bug_fails_exactly_what_it_breaks(bug):
     ({"wrapper": "fsdp", "compute_dtype": torch.int8}, "compute_dtype"),
     ({"wrapper": "ddp", "compute_dtype": torch.bfloat16}, "FSDP's"),
     ({"bug": "no-such-bug"}, "unknown bug"),
-    ({"wrapper": "ddp", "bug": "zero1-no-broadcast"}, "does not apply"),
+    ({"wrapper": "ddp", "bug": "zero1-no-broadcast"}, "needs wrapper='zero1'"),
     ({"wrapper": "fsdp", "bug": "fsdp-fp16-reduce"}, "float16"),
     ({"world_size": 99}, "world_size"),
 ])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 
-from mtb_helpers.collectives.bugs import COLLECTIVE_BUGS
+from mtb_helpers.collectives.bugs import BUGS, COLLECTIVE_BUGS
 from mtb_helpers.collectives.ops import COLLECTIVES, FORMULAS
 from mtb_helpers.collectives.check import check_collectives
 from mtb_helpers.collectives.plots import collective_png
@@ -19,10 +19,11 @@ def render(world_size: int, collective: str, per_chunk: int,
     """Run ``collective`` on ``world_size`` ranks with n = per_chunk·t elements; return its figure
     and a line comparing the bytes each rank sent with the formula."""
     bug = next((b for b, c in COLLECTIVE_BUGS.items() if c == collective), None) if inject_bug else None
-    note = ""
-    if bug is not None and (world_size < 2 or (bug == "alltoall-wrong-split" and per_chunk < 2)):
-        bug, note = None, " (the bug needs 2+ ranks and 2+ elements per chunk to show)"
-    numel = per_chunk * world_size
+    note, numel = "", per_chunk * world_size
+    # the bug's own declared needs decide (2+ ranks, 2+ elements per chunk for all-to-all, ...)
+    unmet = BUGS[bug].unmet(world_size=world_size, numel=numel, collectives=(collective,)) if bug else []
+    if unmet:
+        bug, note = None, f" (the bug needs {'; '.join(unmet)} to show)"
     report = check_collectives(world_size, numel, collectives=(collective,), bug=bug)
     rows = report.rows_for(collective)
     measured = [r["bytes_measured"] for r in rows]

@@ -7,6 +7,7 @@ the correct one. Each is a slip people make when they write these wrappers by ha
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Iterator
 
 import torch
@@ -92,11 +93,24 @@ BUGS: dict[str, Bug] = {
         "gathered on demand", (CHECK,), {FSDP: PrefetchWrongModule}),
     "fsdp-fp16-reduce": Bug(
         "FSDP: gradients reduce-scattered in float16 (the compute dtype) instead of reduce_dtype; "
-        "the sum over ranks overflows to inf", (CHECK,), {FSDP: ReduceInComputeDtype}),
+        "the sum over ranks overflows to inf", (CHECK,), {FSDP: ReduceInComputeDtype},
+        {"compute_dtype=torch.float16 (only float16's sum overflows)":
+         lambda a: a["compute_dtype"] == torch.float16}),
     "zero1-no-broadcast": Bug(
         "ShardedOptimizer: each rank steps its partition and never shares it: the other ranks keep "
         "stale parameters", (CHECK,), {ShardedOptimizer: ForgetsToShare}),
 }
+_WRAPPER_OF = {cls: name for name, cls in WRAPPER_CLASSES.items()}
+
+
+def _on_its_wrapper(bug: Bug) -> Bug:
+    """``bug`` with one more need: the check runs the wrapper whose class it replaces."""
+    wrapper = next(_WRAPPER_OF[c] for c in bug.replaces if c in _WRAPPER_OF)
+    return dataclasses.replace(bug, needs={f"wrapper={wrapper!r}": lambda a: a["wrapper"] == wrapper,
+                                           **bug.needs})
+
+
+BUGS = {name: _on_its_wrapper(bug) for name, bug in BUGS.items()}
 OVERLAP_BUGS = tuple(BUGS)
 
 

@@ -39,7 +39,6 @@ from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_siz
 from mtb_helpers.comm.records import record
 from mtb_helpers.dp.fsdp_wrapper import FSDP
 from mtb_helpers.dp.overlap import OverlappedDDP
-from mtb_helpers.dp.overlap_bugs import bugs_for_wrapper
 from mtb_helpers.dp.overlap_pytorch import overlap_model
 from mtb_helpers.dp.sharded_optimizer import ShardedOptimizer
 from mtb_helpers.dp.wrapping import all_gather_async
@@ -173,14 +172,8 @@ def _validate(wrapper, t, steps, batch, hidden, cap, compute_dtype, reduce_dtype
         raise ValueError("compute_dtype / reduce_dtype are FSDP's: use wrapper='fsdp'")
     if not isinstance(straggle, (int, float)) or not 0 <= straggle <= 5:
         raise ValueError(f"straggle must be between 0 and 5 seconds, got {straggle!r}")
-    wrong = resolve(bug, "overlap")
-    if bug is not None and bug not in bugs_for_wrapper(wrapper):
-        raise ValueError(f"bug {bug!r} does not apply to wrapper {wrapper!r}; it can inject: "
-                         f"{', '.join(bugs_for_wrapper(wrapper))}")
-    if bug == "fsdp-fp16-reduce" and compute_dtype != torch.float16:
-        raise ValueError("bug 'fsdp-fp16-reduce' needs compute_dtype=torch.float16 (and "
-                         "reduce_dtype=torch.float32): only float16's sum overflows")
-    return wrong
+    # what a bug needs (its wrapper; float16 for the overflow) is declared on the Bug itself
+    return resolve(bug, "overlap", wrapper=wrapper, compute_dtype=compute_dtype)
 
 
 def check_overlap(world_size: int = 2, wrapper: str = "ddp", steps: int = 3, batch: int = 12,
