@@ -271,3 +271,19 @@ def test_time_scale_auto_stretches_a_too_fast_link_just_enough():
     reduce = tl.events(rank=0, name="all_reduce")[0]
     assert reduce.modelled == pytest.approx(tl.time_scale * predict("all-reduce", 8000, 2, nvlink))
     assert f"{tl.time_scale:g}× slower than real time" in tl.label()
+
+
+def _slower_than_modelled():
+    with padded("slow block", 0.001):   # modelled 1 ms; the block itself takes 50 ms
+        time.sleep(0.05)
+    return dist.get_rank()
+
+
+def test_a_run_slower_than_its_model_says_so_on_stdout_not_as_an_error(capsys):
+    # the timeline keeps the real duration, and the student is told (on stdout: JupyterLab shows
+    # stderr as an error, and a busy machine is not one)
+    results = run(_slower_than_modelled, world_size=2, link=LINK)
+    out, err = capsys.readouterr()
+    assert "slow block" in out and "did not keep up" in out and "did not keep up" not in err
+    slow = results.timeline.events(name="slow block")
+    assert slow and all(e.seconds >= 0.05 and e.overrun > 0.04 for e in slow)

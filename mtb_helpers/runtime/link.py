@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -236,5 +235,5 @@ def run_linked(pool: Any, fn: Callable, args: tuple, kwargs: dict, timeout: floa
         print(f"[mtb] emulated link: {len(late)} of {len(timeline.events())} operations took "
               f"longer than modelled (worst: {worst.name}, {worst.seconds * 1e3:.1f} ms for "
               f"{worst.modelled * 1e3:.1f} ms modelled): this machine did not keep up; a larger "
-              "time_scale or a slower link gives honest times.", file=sys.stderr, flush=True)
+              "time_scale or a slower link gives honest times.", flush=True)   # for the student: not an error
     return RunResults([r["result"] for r in replies], timeline)
