@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mtb_helpers.capstone.data import ALPHABET, VOCAB, batch_for_step, corpus, decode, encode
-from mtb_helpers.capstone.grid import Layout, coords, group_ranks, rank_of
+from mtb_helpers.capstone.grid import Layout, group_ranks
 from mtb_helpers.capstone.layers import build_stage, gather_param, param_kind, shard_param
 from mtb_helpers.capstone.model import GPTConfig, make_model
 from mtb_helpers.capstone.parallel import train_parallel
@@ -43,8 +43,10 @@ def test_grid_numbering_puts_tensor_ranks_next_to_each_other():
     layout = Layout(tp=2, pp=1, dp=2, cp=2)
     assert sorted(group_ranks(layout, ("dp", "cp"))) == [[0, 2, 4, 6], [1, 3, 5, 7]]
     assert sorted(group_ranks(layout, ("cp",))) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    mesh = layout.mesh()
+    assert mesh.names == ("pp", "dp", "cp", "tp") and mesh.coords(5) == {"pp": 0, "dp": 1, "cp": 0, "tp": 1}
     for r in range(8):
-        assert rank_of(layout, **coords(r, layout)) == r
+        assert mesh.rank_of(**mesh.coords(r)) == r
 
 
 def test_admissible_layouts_are_exactly_those_whose_sizes_divide():
