@@ -222,7 +222,11 @@ def compare(row: PublishedRow, efficiency: float = A100_MATMUL_EFFICIENCY,
             rank: bool = True) -> Comparison:
     """The planner on ``row``'s published layout (ValueError if the row fails ``row_problems`` or
     the planner refuses the layout); with ``rank``, also ``plan()`` over ``PLAN_SEARCH`` with the
-    same efficiency and overlap, and how many of its layouts it predicts faster."""
+    same efficiency and overlap, and how many of its layouts it predicts faster (counted, not
+    looked up: plan() tries 2 chunks only and sequence parallelism always, so 76B's and 530B's
+    3-chunk layouts, and every published one with its sequence parallelism off, are not in its
+    list). Overlap of the gradient all-reduce follows the run's DDP: torch's overlaps, Megatron-
+    LM's "local" one of 2021 reduced after the backward."""
     problems = row_problems(row)
     if problems:
         raise ValueError("not a consistent Table 1 row: " + "; ".join(problems))
