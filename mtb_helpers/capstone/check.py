@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 
 from mtb_helpers.capstone.costs import FORMULAS, GROUP_NAMES, formula_bytes, measured_bytes
-from mtb_helpers.capstone.grid import Layout, rank_of
+from mtb_helpers.capstone.grid import Layout
 from mtb_helpers.capstone.layers import shard_param, stage_blocks
 from mtb_helpers.capstone.model import GPTConfig
 from mtb_helpers.capstone.parallel import full_state, train_parallel
@@ -65,10 +65,9 @@ def _row(quantity, rank, got, ref, ref64, dtype, note):
 
 def grid_table(layout: Layout, cfg: GPTConfig, batch: int) -> list[dict]:
     """Per rank: its coordinates and what it holds: blocks, heads, positions, sequences."""
-    from mtb_helpers.capstone.grid import coords
-    out = []
+    mesh, out = layout.mesh(), []
     for r in range(layout.world_size):
-        at = coords(r, layout)
+        at = mesh.coords(r)
         blocks = stage_blocks(cfg.layers, layout.pp, at["pp"])
         heads, n, bd = cfg.heads // layout.tp, cfg.seq // layout.cp, batch // layout.dp
         out.append({"rank": r, **at, "blocks": [blocks.start, blocks.stop],
@@ -121,7 +120,7 @@ class StepComparison:
                            else Reference(cfg, run_cfg, torch.float64))
         self.free = free_run(cfg, run_cfg, dtype)
         self.names = self.free.names
-        self.rank = rank_of(layout, pp=layout.pp - 1)   # the last stage's first rank
+        self.rank = layout.mesh().rank_of(pp=layout.pp - 1)   # the last stage's first rank
         self.rows: dict[str, list] = {"loss": [], "step": []}
         self.free_losses: list[float] = []
         self.errors = {"anchored": {"loss": [], "params": []}, "free": {"loss": [], "params": []}}

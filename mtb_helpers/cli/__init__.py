@@ -3,7 +3,7 @@
 Exit status: 0 when every check passes, 1 when one fails, 2 on bad arguments (argparse's own
 convention, which ValueErrors raised by the checks' validation follow too), 130 when interrupted
 (Ctrl-C: one line, no traceback). With --json stdout is one JSON document whatever the outcome
-(cli/common.py: run_command).
+(cli/common.py: run_command); whatever else is printed meanwhile goes to stderr (json_stdout).
 
 Each topic of the manifest (:mod:`mtb_helpers.topics`) registers its commands with its
 ``cli.register(top, groups)``; ``groups`` maps a group name ("tp", "pp", ...) to the sub-parsers
@@ -34,7 +34,7 @@ def build_parser(topics: tuple[Topic, ...] | None = None) -> argparse.ArgumentPa
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mtb_helpers.cli.common import print_failure_json, run_command
+    from mtb_helpers.cli.common import json_stdout, print_failure_json, run_command
     argv = sys.argv[1:] if argv is None else list(argv)
     as_json = "--json" in argv
     try:
@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         raise
     if isinstance(args, int):   # interrupted while the commands were being loaded
         return args
-    return int(run_command(lambda: args.func(args), as_json))
+    with json_stdout(as_json):   # stdout: the document only; everything else to stderr
+        return int(run_command(lambda: args.func(args), as_json))
 
 
 if __name__ == "__main__":

@@ -7,10 +7,11 @@ every one of these cases: ``{"passed": ..., "checks": [...]}``, plus ``"error": 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
-from typing import Callable
+from typing import Callable, Iterator
 
 from mtb_helpers.runtime.ranks import MAX_WORLD_SIZE
 
@@ -33,11 +34,37 @@ def is_primary() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
+_DOCUMENT_STREAM: list = []   # the real stdout while a --json command runs (json_stdout)
+
+
+@contextlib.contextmanager
+def json_stdout(as_json: bool) -> Iterator[None]:
+    """Under ``--json`` stdout carries the document and nothing else: what is printed meanwhile
+    (the ranks' relayed output, the emulated link's notes for students) goes to stderr, and
+    :func:`print_document` writes to the stdout saved here."""
+    if not as_json:
+        yield
+        return
+    _DOCUMENT_STREAM.append(sys.stdout)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _DOCUMENT_STREAM.pop()
+
+
+def print_document(document: object, **dumps_options) -> None:
+    """Write one strict JSON document (no NaN) to the command's stdout, even inside
+    :func:`json_stdout`."""
+    stream = _DOCUMENT_STREAM[-1] if _DOCUMENT_STREAM else sys.stdout
+    print(json.dumps(document, allow_nan=False, **dumps_options), file=stream, flush=True)
+
+
 def print_json(reports: list) -> None:
     """The --json output of the check commands: ``{"passed": ..., "checks": [report, ...]}``,
     strict JSON (no NaN), one document however many checks ran."""
-    print(json.dumps({"passed": all(r.passed for r in reports),
-                      "checks": [r.to_dict() for r in reports]}, allow_nan=False))
+    print_document({"passed": all(r.passed for r in reports),
+                    "checks": [r.to_dict() for r in reports]})
 
 
 def failure_document(exc: BaseException | None, diagnosis: str) -> dict:
@@ -48,7 +75,7 @@ def failure_document(exc: BaseException | None, diagnosis: str) -> dict:
 
 
 def print_failure_json(exc: BaseException | None, diagnosis: str) -> None:
-    print(json.dumps(failure_document(exc, diagnosis)), flush=True)
+    print_document(failure_document(exc, diagnosis))
 
 
 def run_command(func: Callable[[], object], as_json: bool):
