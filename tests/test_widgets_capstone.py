@@ -58,3 +58,24 @@ def test_the_live_loss_figure_shows_the_ordinary_one_and_a_bug_widens_its_axes()
     same = LIVE_LOSSES.key(([3.47, 3.25, 3.11], reference, "x", "a"))
     assert same == LIVE_LOSSES.key(([3.47, 3.25 + 1e-14, 3.11], reference, "x", "b"))
     assert same != LIVE_LOSSES.key(([3.47, 3.30, 3.20], reference, "x", "a"))   # errors of 1e-2
+
+
+def test_the_explorer_trains_again_on_every_change_and_shows_the_verdict():
+    import html
+
+    import ipywidgets as widgets
+
+    from mtb_helpers.capstone.widget import explore_capstone
+
+    def shown(frame) -> str:
+        return "\n".join(html.unescape(w.value) for w in frame.items.children
+                         if isinstance(w, widgets.HTML))
+
+    frame = explore_capstone(layout="tp=2 pp=1 dp=1 cp=1", steps=2)
+    (layout, _), (_, bug, _) = (row.children for row in frame.children[:2])
+    assert "PASSED" in shown(frame) and "worst step error" in shown(frame)
+    [image] = [w for w in frame.items.children if isinstance(w, widgets.Image)]
+    first = bytes(image.value)
+    bug.value = "capstone-dp-allreduce-in-tp-group"
+    assert "FAILED" in shown(frame) and "wrong at step 1, step 2" in shown(frame)
+    assert bytes(image.value) != first
