@@ -61,12 +61,15 @@ def group_ranks(layout: Layout, dims: tuple[str, ...]) -> list[list[int]]:
 @dataclass
 class Grid(MeshGroups):
     """This rank's coordinates and its process groups: one per dim and the flattened ``dp_cp``
-    (call inside a rank; every rank creates every group, in the same order)."""
+    (call inside a rank; every rank creates every group, in the same order). The groups are kept
+    in the rank between calls (``MeshGroups.build(keep=True)``): an explorer moving back to a
+    layout, or the next call of a long run, does not create its ~16 groups again; ``destroy()``
+    leaves them to the keeper."""
     layout: Layout | None = None
 
     @classmethod
     def build(cls, layout: Layout) -> "Grid":
-        return super().build(layout.mesh(), flatten=(("dp", "cp"),), layout=layout)
+        return super().build(layout.mesh(), flatten=(("dp", "cp"),), keep=True, layout=layout)
 
     def tensor_group(self):
         return self.groups["tp"]
