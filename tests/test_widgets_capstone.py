@@ -7,6 +7,7 @@ import io
 
 import matplotlib
 import numpy as np
+import pytest
 import torch
 
 matplotlib.use("Agg")
@@ -17,7 +18,8 @@ from PIL import Image  # noqa: E402
 from mtb_helpers.capstone.check import check_capstone, free_run  # noqa: E402
 from mtb_helpers.capstone.model import GPTConfig  # noqa: E402
 from mtb_helpers.capstone.reference import TrainConfig, train_reference  # noqa: E402
-from mtb_helpers.capstone.widget import LIVE_LOSSES, capstone_summary, losses_png  # noqa: E402
+from mtb_helpers.capstone.plots import LIVE_LOSSES, losses_data, losses_png, plot_losses  # noqa: E402
+from mtb_helpers.capstone.widget import capstone_summary  # noqa: E402
 
 
 def test_the_summary_names_the_steps_a_wrong_update_breaks():
@@ -46,18 +48,46 @@ def _pixels(png: bytes) -> np.ndarray:
 
 def test_the_live_loss_figure_shows_the_ordinary_one_and_a_bug_widens_its_axes():
     reference = [3.47, 3.25, 3.11]
-    for parallel in ([3.47, 3.25 + 1e-15, 3.11], [3.47, 3.30, 3.20]):
-        data = (parallel, reference, "tp=2 pp=2", "title")
-        fig = LIVE_LOSSES.figure(data)
+    for parallel in ([3.47, 3.25 + 1e-15, 3.11], [3.47, 3.30, 3.20], [3.47, float("nan"), None]):
+        fig = plot_losses(parallel, reference, "tp=2 pp=2", title="title")
         fig.set_facecolor("white")
         fig.canvas.draw()
         ordinary = np.asarray(fig.canvas.buffer_rgba())[:, :, :3].astype(int)
         plt.close(fig)
-        diff = np.abs(_pixels(losses_png(*data)) - ordinary)
+        diff = np.abs(_pixels(losses_png(parallel, reference, "tp=2 pp=2", title="title")) - ordinary)
         assert diff.max() <= 64 and (diff > 0).any(axis=2).mean() < 0.005
-    same = LIVE_LOSSES.key(([3.47, 3.25, 3.11], reference, "x", "a"))
-    assert same == LIVE_LOSSES.key(([3.47, 3.25 + 1e-14, 3.11], reference, "x", "b"))
-    assert same != LIVE_LOSSES.key(([3.47, 3.30, 3.20], reference, "x", "a"))   # errors of 1e-2
+    same = LIVE_LOSSES.key(losses_data([3.47, 3.25, 3.11], reference, "x", title="a"))
+    assert same == LIVE_LOSSES.key(losses_data([3.47, 3.25 + 1e-14, 3.11], reference, "x", title="b"))
+    assert same != LIVE_LOSSES.key(losses_data([3.47, 3.30, 3.20], reference, "x"))   # errors of 1e-2
+    assert same != LIVE_LOSSES.key(losses_data([3.47, 3.25, 3.11], reference, "x", {"y": reference}))
+
+
+def test_the_notebook_figure_and_the_explorer_image_are_one_build_and_update(monkeypatch):
+    """plot_losses (notebook 12, the CLI's --plot) and losses_png (the explorer) call the same
+    LiveFigure's build and update with the same data; no second drawing of the same picture."""
+    calls = []
+    for name in ("build", "update"):
+        real = getattr(LIVE_LOSSES, name)
+        monkeypatch.setattr(LIVE_LOSSES, name, lambda *a, _real=real, _name=name:
+                            calls.append((_name, a[-1])) or _real(*a))
+    reference, parallel = [3.0, 2.5, 2.25, 2.125], [3.0, 2.5, 2.25, 2.2]   # a key no test drew yet
+    others = {"tp=2 dp=2 correct": reference}
+    fig = plot_losses(parallel, reference, "bug", others, title="The curves part")
+    png = losses_png(parallel, reference, "bug", others, title="The curves part")
+    data = losses_data(parallel, reference, "bug", others, "The curves part")
+    assert calls == [("build", data), ("update", data)] * 2
+    top, bottom = fig.axes
+    assert top.get_title() == "The curves part" and top.get_ylabel() and bottom.get_xlabel() == "step"
+    assert [t.get_text() for t in top.get_legend().get_texts()] == ["one process", "bug",
+                                                                    "tp=2 dp=2 correct"]
+    assert [t.get_text() for t in bottom.get_legend().get_texts()] == ["fp64 tolerance 1e-10"]
+    assert len(top.lines) == 3 and len(bottom.lines) == 3   # reference + 2 runs; tolerance + 2 runs
+    assert list(bottom.lines[1].get_ydata()) == [1e-17, 1e-17, 1e-17, pytest.approx(0.075)]
+    fig.set_facecolor("white")
+    fig.canvas.draw()
+    ordinary = np.asarray(fig.canvas.buffer_rgba())[:, :, :3].astype(int)
+    plt.close(fig)
+    assert (np.abs(_pixels(png) - ordinary) > 0).any(axis=2).mean() < 0.005
 
 
 def test_the_explorer_trains_again_on_every_change_and_shows_the_verdict():

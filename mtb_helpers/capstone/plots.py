@@ -2,10 +2,15 @@
 of one process, how two correct runs drift apart, and the bytes each rank sends per step by group
 against the formulas.
 
-Plots draw plain data (a report's ``to_dict()`` parts or the lists a check returns); every rank is
-drawn in ``rank_color(r)``, as everywhere in the course.
+Plots draw plain data (a report's ``extra`` parts or the lists a check returns); every rank is
+drawn in ``rank_color(r)``, as everywhere in the course. The loss curves are a two-layer figure
+(``plots.live.LiveFigure``): ``plot_losses`` (the notebook's figure) and ``losses_png`` (the
+explorer's image) are the same build and update; only the parallel runs' points and the title
+are drawn again when a slider moves.
 """
 from __future__ import annotations
+
+import math
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
@@ -13,9 +18,11 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
+from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import rank_color, rank_legend_handles
 
-__all__ = ["plot_rank_grid", "plot_losses", "plot_bytes", "plot_drift", "GROUP_COLORS"]
+__all__ = ["plot_rank_grid", "plot_losses", "losses_png", "LIVE_LOSSES", "plot_bytes", "plot_drift",
+           "GROUP_COLORS"]
 
 # Group colours are greys and hatches, so that colour keeps meaning "rank" in every figure.
 GROUP_COLORS = {"tp": "#4D4D4D", "sp": "#8C8C8C", "pp": "#BDBDBD", "cp": "#FFFFFF", "dp": "#E0E0E0"}
@@ -60,32 +67,110 @@ def plot_rank_grid(grid: list[dict], sizes: dict[str, int]) -> Figure:
     return fig
 
 
-def plot_losses(parallel: list[float], reference: list[float], label: str = "parallel",
-                others: dict[str, list[float]] | None = None, title: str = "") -> Figure:
-    """The loss per step: one process (thick grey) under the parallel run(s) (markers); below,
-    ``|parallel - one process|`` on a log scale."""
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.5, 5.2), sharex=True,
-                                      gridspec_kw={"height_ratios": [2, 1]})
-    steps = list(range(1, len(reference) + 1))
-    runs = {label: parallel, **(others or {})}
-    top.plot(steps, reference, color="#999999", linewidth=5, alpha=0.6, label="one process")
-    markers = "os^Dvx*P"
-    for i, (name, losses) in enumerate(runs.items()):
-        top.plot(steps, losses, linestyle="--", marker=markers[i % len(markers)], markersize=4,
-                 color="black" if i == 0 else f"C{i}", label=name)
-        diff = [max(abs(a - b), 1e-17) for a, b in zip(losses, reference)]
-        bottom.semilogy(steps, diff, marker=markers[i % len(markers)], markersize=4,
-                        color="black" if i == 0 else f"C{i}", label=name)
+FLOOR = 1e-17   # an exact 0 is drawn here on the log scale
+TOLERANCE_LINE = 1e-10
+MARKERS = "os^Dvx*P"
+DEFAULT_TITLE = "Loss per step: the parallel run lies on the single-process curve"
+
+
+def _shown(losses) -> bool:
+    return losses is not None and math.isfinite(losses)
+
+
+def _diff(a, b) -> float:
+    if not _shown(a):
+        return 1e3   # a loss the run never produced or that blew up: drawn at the top
+    return max(abs(a - b), FLOOR)
+
+
+def _limits(runs: tuple, reference: tuple) -> tuple:
+    """The static layer's y limits: the one-process curve's, widened in steps of 0.5 when a
+    parallel run leaves them; the error axis up to two decades above the largest error (room
+    for its legend above every point)."""
+    lo, hi = min(reference), max(reference)
+    pad = max(0.08 * (hi - lo), 0.05)
+    top = (lo - pad, hi + pad)
+    finite = [v for _, losses in runs for v in losses if _shown(v)]
+    if finite and (min(finite) < top[0] or max(finite) > top[1]):
+        top = (math.floor(min(lo, *finite) * 2) / 2 - 0.25, math.ceil(max(hi, *finite) * 2) / 2 + 0.25)
+    diffs = [_diff(a, b) for _, losses in runs for a, b in zip(losses, reference)]
+    decade = max(-8, math.ceil(math.log10(max(diffs, default=FLOOR))) + 2)
+    return top, (FLOOR / 3, 10.0 ** decade)
+
+
+def _style(i: int) -> dict:
+    return {"marker": MARKERS[i % len(MARKERS)], "markersize": 4,
+            "color": "black" if i == 0 else f"C{i}"}
+
+
+def _losses_key(data: tuple) -> tuple:
+    runs, reference, _ = data
+    return (reference, tuple(name for name, _ in runs), _limits(runs, reference))
+
+
+def _losses_build(new_figure, data: tuple):
+    """Axes at fixed places (no layout pass), the one-process curve, the tolerance line, labels
+    and legends: everything but the parallel runs' points and the title."""
+    runs, reference, _ = data
+    (top_lim, bottom_lim), steps = _limits(runs, reference), range(1, len(reference) + 1)
+    fig = new_figure((7.5, 5.2))
+    top = fig.add_axes((0.11, 0.40, 0.86, 0.53), xlim=(0.7, len(reference) + 0.3), ylim=top_lim)
+    bottom = fig.add_axes((0.11, 0.09, 0.86, 0.25), sharex=top, yscale="log", ylim=bottom_lim)
+    top.plot(steps, reference, color="#999999", linewidth=5, alpha=0.6)
+    top.xaxis.set_tick_params(labelbottom=False)
     top.set_ylabel("training loss (cross-entropy)")
-    top.set_title(title or "Loss per step: the parallel run lies on the single-process curve")
-    top.legend(fontsize=8)
+    top.legend(handles=[Line2D([], [], color="#999999", linewidth=5, alpha=0.6, label="one process")]
+               + [Line2D([], [], linestyle="--", label=name, **_style(i))
+                  for i, (name, _) in enumerate(runs)], fontsize=8, loc="upper right")
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     bottom.set_xlabel("step")
     bottom.set_ylabel("|parallel - one process|")
-    bottom.axhline(1e-10, color="#D55E00", linestyle=":", label="fp64 tolerance 1e-10")
-    bottom.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    return fig
+    bottom.axhline(TOLERANCE_LINE, color="#D55E00", linestyle=":", label="fp64 tolerance 1e-10")
+    bottom.legend(fontsize=8, loc="upper left")
+    top.set_title("")
+    return top, bottom
+
+
+def _losses_update(fig: Figure, axes: tuple, data: tuple) -> list:
+    """Each parallel run's losses over the one-process curve, their distance below, the title."""
+    top, bottom = axes
+    runs, reference, title = data
+    steps = list(range(1, len(reference) + 1))
+    drawn = []
+    for i, (_, losses) in enumerate(runs):
+        shown = [(k, v) for k, v in zip(steps, losses) if _shown(v)]
+        if shown:
+            drawn += top.plot(*zip(*shown), linestyle="--", **_style(i))
+        drawn += bottom.plot(steps, [_diff(a, b) for a, b in zip(losses, reference)], **_style(i))
+    top.set_title(title, fontsize=12)
+    return drawn + [top.title]
+
+
+LIVE_LOSSES = LiveFigure(_losses_key, _losses_build, _losses_update)
+
+
+def losses_data(parallel: list, reference: list, label: str = "parallel",
+                others: dict[str, list] | None = None, title: str = "") -> tuple:
+    """What ``LIVE_LOSSES`` draws: ``(((name, losses), ...), reference, title)``, every list a
+    tuple (a loss the run did not produce or that is not finite: None or nan, left out above,
+    drawn at the top below)."""
+    runs = ((label, tuple(parallel)),) + tuple((k, tuple(v)) for k, v in (others or {}).items())
+    return runs, tuple(reference), title or DEFAULT_TITLE
+
+
+def plot_losses(parallel: list[float], reference: list[float], label: str = "parallel",
+                others: dict[str, list[float]] | None = None, title: str = "") -> Figure:
+    """The loss per step: one process (thick grey) under the parallel run(s) (markers); below,
+    ``|parallel - one process|`` on a log scale. The explorer draws the same figure
+    (``losses_png``): one build and one update, ``LIVE_LOSSES``."""
+    return LIVE_LOSSES.figure(losses_data(parallel, reference, label, others, title))
+
+
+def losses_png(parallel: list[float], reference: list[float], label: str = "parallel",
+               others: dict[str, list[float]] | None = None, title: str = "") -> Png:
+    """``plot_losses`` as PNG for an explorer: the axes, legends and one-process curve drawn once
+    per reference and run names, the parallel runs' points and the title on every call."""
+    return LIVE_LOSSES.png(losses_data(parallel, reference, label, others, title))
 
 
 def plot_bytes(bytes_info: dict, title: str = "") -> Figure:
