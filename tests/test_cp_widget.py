@@ -81,6 +81,33 @@ def test_both_layouts_in_one_call_give_the_reports_of_two_calls(variant, bug):
         assert [r.events for r in report.records] == [r.events for r in alone.records]
 
 
+def _agreements(layouts) -> list[str]:
+    """On a rank: the layouts whose layer made the ranks agree on the shard shapes."""
+    import torch
+
+    from mtb_helpers.cp import check
+    from mtb_helpers.cp.base import ContextParallelAttention as Layer
+    from mtb_helpers.cp.reference import make_cp_inputs
+
+    agree, seen = Layer._check_same_shards_everywhere, []
+
+    def counted(self, *shards):
+        seen.append(self.layout)
+        return agree(self, *shards)
+
+    Layer._check_same_shards_everywhere = counted
+    try:
+        check._on_rank(check.RingAttention, *make_cp_inputs(1, 2, 8, 4, torch.float64, 0), True, layouts)
+    finally:
+        Layer._check_same_shards_everywhere = agree
+    return seen
+
+
+def test_one_call_agrees_on_the_shard_shapes_once_for_both_layouts():
+    from mtb_helpers import run
+    assert run(_agreements, ("contiguous", "zigzag"), world_size=2) == [["contiguous"]] * 2
+
+
 def test_every_figure_has_a_title_axis_labels_and_a_legend():
     import torch
 
