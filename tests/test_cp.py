@@ -139,6 +139,19 @@ def test_bad_input_is_refused_before_any_rank_starts(no_ranks, kwargs, message):
         check_context_parallel(**kwargs)
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(layouts=()), "layouts is empty"),
+    (dict(layouts=("contiguous", "striped")), "unknown layout 'striped'"),
+    (dict(world_size=2, seq=10), "seq=10 is not divisible by 2 x world size = 4"),
+    # refused if it cannot show in one of the layouts, as a call of that layout's own would be
+    (dict(variant="allgather", bug="cp-zigzag-wrong-order"), "needs the zigzag layout"),
+])
+def test_both_layouts_at_once_refuse_what_either_call_alone_would(no_ranks, kwargs, message):
+    from mtb_helpers.cp.check import check_layouts
+    with pytest.raises(ValueError, match=message):
+        check_layouts(**{"world_size": 4, "seq": 24, **kwargs})
+
+
 @pytest.mark.parametrize("causal, layout", [(False, "contiguous"), (True, "contiguous"),
                                             (True, "zigzag")])
 def test_same_as_pytorchs_own_ring_attention_on_the_same_ranks(causal, layout):

@@ -1,6 +1,9 @@
 """Each deliberate context-parallel bug fails exactly the (quantity, rank) rows it breaks,
-derived from what it does; with nothing to break (one rank, no mask, one chunk) it passes."""
+derived from what it does; where it has nothing to break (one rank, no mask, the contiguous
+layout) the check refuses it, naming what it needs, before any rank starts."""
 from __future__ import annotations
+
+import itertools
 
 import pytest
 import torch
@@ -8,13 +11,24 @@ import torch
 from mtb_helpers import BUGS
 from mtb_helpers.check import check_context_parallel
 from mtb_helpers.checking.bug import names_for
-from mtb_helpers.cp.bugs import BUGS as CP_BUGS
+from mtb_helpers.cp.bugs import BUGS as CP_BUGS, shown_by
 
 ALL = ("output", "q_grad", "k_grad", "v_grad")
 
 
 def _rows(quantities, ranks) -> set[tuple[str, int]]:
     return {(q, r) for q in quantities for r in ranks}
+
+
+def can_show(bug: str, layout: str, causal: bool, t: int) -> bool:
+    """Where each bug has something to break, written out from what it does (not from its needs)."""
+    if bug == "cp-no-rescale":
+        return t > 1 or layout == "zigzag"   # some query folds in more than one key block
+    if bug == "cp-local-causal-mask":
+        return causal and t > 1              # a mask, and local numbers that differ from global
+    if bug == "cp-zigzag-wrong-order":
+        return layout == "zigzag" and t > 1  # rank order differs from position order
+    return t > 1                             # a hop home, a reduce-scatter over other ranks
 
 
 def expected(bug: str, variant: str, layout: str, causal: bool, t: int) -> set:
@@ -24,29 +38,21 @@ def expected(bug: str, variant: str, layout: str, causal: bool, t: int) -> set:
         # with it rowsum(dO * O) in every dS, so dQ there and dK of every block it attended to;
         # dV = P^T dO needs only P, rebuilt from the (right) lse
         if layout == "contiguous":
-            if t == 1:
-                return set()
             several = range(1, t) if causal else everyone
             return _rows(("output", "q_grad"), several) | _rows(("k_grad",), everyone)
         return _rows(("output", "q_grad", "k_grad"), everyone)
     if bug == "cp-local-causal-mask":
-        if not causal or t == 1:
-            return set()                    # no mask, or local positions are the global ones
         if variant == "allgather" and layout == "contiguous":
             # rank 0's local query numbers are its global ones; every rank's keys are misjudged
             return _rows(("output", "q_grad"), range(1, t)) | _rows(("k_grad", "v_grad"), everyone)
         return _rows(ALL, everyone)
     if bug == "cp-zigzag-wrong-order":
-        if layout == "contiguous" or t == 1:
-            return set()                    # rank order is position order
         # without a mask attention does not care where a key sits, but the grads go back to
         # the wrong positions; with one, every query sees the wrong keys
         return _rows(ALL if causal else ("k_grad", "v_grad"), everyone)
     if bug == "cp-grads-not-sent-home":
-        return set() if t == 1 else _rows(("k_grad", "v_grad"), everyone)
+        return _rows(("k_grad", "v_grad"), everyone)
     if bug == "cp-allgather-no-reduce-scatter":
-        if t == 1:
-            return set()
         if causal and layout == "contiguous":
             # the last rank's keys are seen by its own queries only, so its slice is complete
             return _rows(("k_grad", "v_grad"), range(t - 1))
@@ -55,6 +61,7 @@ def expected(bug: str, variant: str, layout: str, causal: bool, t: int) -> set:
 
 
 CASES = [(bug, check[len("cp-"):]) for bug, b in CP_BUGS.items() for check in b.checks]
+SETTINGS = list(itertools.product(("contiguous", "zigzag"), (False, True), (1, 2, 3, 4)))
 
 
 def test_every_cp_bug_is_registered_and_described():
@@ -65,16 +72,44 @@ def test_every_cp_bug_is_registered_and_described():
                                              "cp-allgather-no-reduce-scatter"}
 
 
+@pytest.mark.parametrize("bug, variant", CASES)
+def test_the_needs_are_exactly_where_the_bug_has_something_to_break(no_ranks, bug, variant):
+    for layout, causal, t in SETTINGS:
+        shows = not CP_BUGS[bug].unmet(world_size=t, causal=causal, layout=layout)
+        assert shows == can_show(bug, layout, causal, t), (layout, causal, t)
+        assert (bug in shown_by(variant, world_size=t, causal=causal, layout=layout)) == shows
+
+
+@pytest.mark.parametrize("bug, kwargs, condition", [
+    ("cp-local-causal-mask", dict(world_size=4, causal=False), "a causal mask"),
+    ("cp-local-causal-mask", dict(world_size=1, causal=True), "2 or more ranks"),
+    ("cp-zigzag-wrong-order", dict(world_size=4, variant="allgather", layout="contiguous"),
+     "the zigzag layout"),
+    ("cp-zigzag-wrong-order", dict(world_size=1, variant="allgather", layout="zigzag"),
+     "2 or more ranks"),
+    ("cp-no-rescale", dict(world_size=1, layout="contiguous"), "2 or more ranks or the zigzag layout"),
+    ("cp-grads-not-sent-home", dict(world_size=1), "2 or more ranks"),
+    ("cp-allgather-no-reduce-scatter", dict(world_size=1, variant="allgather"), "2 or more ranks"),
+])
+def test_each_need_is_refused_naming_the_condition(no_ranks, bug, kwargs, condition):
+    with pytest.raises(ValueError, match=f"bug {bug!r} cannot show here: it needs .*{condition}"):
+        check_context_parallel(seq=16, bug=bug, **kwargs)
+
+
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("bug, variant", CASES)
-def test_bug_fails_exactly_what_it_breaks(bug, variant, causal, layout):
+def test_bug_fails_exactly_what_it_breaks_or_is_refused(bug, variant, causal, layout):
     for t in (1, 3):
-        report = check_context_parallel(world_size=t, seq=12, heads=2, head_dim=4, causal=causal,
-                                        variant=variant, layout=layout, dtype=torch.float64,
-                                        bug=bug)
+        kwargs = dict(world_size=t, seq=12, heads=2, head_dim=4, causal=causal, variant=variant,
+                      layout=layout, dtype=torch.float64, bug=bug)
+        if not can_show(bug, layout, causal, t):
+            with pytest.raises(ValueError, match="cannot show here"):
+                check_context_parallel(**kwargs)
+            continue
+        report = check_context_parallel(**kwargs)
         failed = {(r.quantity, r.rank) for r in report.failed()}
-        assert failed == expected(bug, variant, layout, causal, t), str(report)
+        assert failed and failed == expected(bug, variant, layout, causal, t), str(report)
         assert report.config["bug"] == bug
 
 

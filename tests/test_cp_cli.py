@@ -45,6 +45,17 @@ def test_bad_arguments_exit_2(capsys, argv):
     assert "minitrainbench: error:" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, condition", [
+    (["--world-size", "4", "--bug", "cp-local-causal-mask"], "a causal mask"),
+    (["--world-size", "4", "--causal", "--variant", "allgather", "--bug", "cp-zigzag-wrong-order"],
+     "the zigzag layout"),
+    (["--world-size", "1", "--causal", "--bug", "cp-grads-not-sent-home"], "2 or more ranks")])
+def test_a_bug_that_cannot_show_exits_2_before_any_rank_starts(no_ranks, capsys, argv, condition):
+    assert main(["cp", "check", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "minitrainbench: error:" in err and "cannot show here" in err and condition in err
+
+
 def test_cp_check_runs_under_torchrun_and_only_rank_0_prints():
     import subprocess
     import sys

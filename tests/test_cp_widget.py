@@ -5,6 +5,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import pytest  # noqa: E402
+
+from mtb_helpers.cp.check import check_context_parallel, check_layouts  # noqa: E402
 from mtb_helpers.cp.widget import explore_balance, explore_context_parallel  # noqa: E402
 
 
@@ -23,13 +26,33 @@ def test_explorer_redraws_and_offers_the_variants_bugs():
     bug.value = "cp-grads-not-sent-home"
     assert "FAIL (k_grad, v_grad)" in _shown(explorer)
     variant.value = "allgather"          # the ring's bug does not apply: back to none
-    assert bug.value == "none" and "cp-zigzag-wrong-order" in bug.options
-    assert "PASS: allgather" in _shown(explorer)
+    assert bug.value == "none" and "PASS: allgather" in _shown(explorer)
     layout.value = "zigzag"
     bug.value = "cp-zigzag-wrong-order"
     assert "FAIL (k_grad, output, q_grad, v_grad)" in _shown(explorer)
-    causal.value = False
-    assert "FAIL (k_grad, v_grad)" in _shown(explorer)
+    causal.value = False                 # the wrong order still shows: the choice is kept
+    assert bug.value == "cp-zigzag-wrong-order" and "FAIL (k_grad, v_grad)" in _shown(explorer)
+
+
+def test_the_bug_list_offers_only_what_can_show_under_the_other_controls():
+    explorer = explore_context_parallel(world_size=2)
+    (size, variant, layout), (causal, bug) = (row.children for row in explorer.children[:2])
+    variant.value = "allgather"
+    assert bug.options == ("none", "cp-local-causal-mask", "cp-allgather-no-reduce-scatter")
+    layout.value = "zigzag"              # now rank order is not position order
+    assert bug.options == ("none", "cp-local-causal-mask", "cp-zigzag-wrong-order",
+                           "cp-allgather-no-reduce-scatter")
+    bug.value = "cp-local-causal-mask"
+    assert "FAIL" in _shown(explorer)
+    causal.value = False                 # no mask: the local mask has nothing to break
+    assert "cp-local-causal-mask" not in bug.options and bug.value == "none"
+    assert "PASS: allgather, zigzag, no mask, bug=None" in _shown(explorer)
+    size.value = 1                       # one rank: nothing moves, no bug can show
+    assert bug.options == ("none",)
+    variant.value = "ring"               # ... except a missing rescale over zigzag's two chunks
+    assert bug.options == ("none", "cp-no-rescale")
+    bug.value = "cp-no-rescale"
+    assert "FAIL" in _shown(explorer)
 
 
 def test_balance_explorer_follows_the_slider():
@@ -39,6 +62,50 @@ def test_balance_explorer_follows_the_slider():
     assert "contiguous [64, 128, 192], zigzag [112, 112, 112]" in _shown(explorer)
     # every move runs the real check and shows its verdict
     assert "check against one process: contiguous PASS, zigzag PASS" in _shown(explorer)
+
+
+@pytest.mark.parametrize("variant, bug", [("ring", None), ("ring", "cp-no-rescale"),
+                                          ("allgather", "cp-local-causal-mask")])
+def test_both_layouts_in_one_call_give_the_reports_of_two_calls(variant, bug):
+    """The balance explorer's one call to the ranks: each layout's verdict, errors, work, bytes
+    and records are those of a call of its own."""
+    both = check_layouts(world_size=4, seq=24, causal=True, variant=variant,
+                         layouts=("contiguous", "zigzag"), dtype="float64", bug=bug)
+    assert list(both) == ["contiguous", "zigzag"]
+    for layout, report in both.items():
+        alone = check_context_parallel(world_size=4, seq=24, causal=True, variant=variant,
+                                       layout=layout, dtype="float64", bug=bug)
+        assert report.passed == alone.passed == (bug is None)
+        assert report.config == alone.config and report.rows == alone.rows
+        assert report.extra == alone.extra
+        assert [r.events for r in report.records] == [r.events for r in alone.records]
+
+
+def _agreements(layouts) -> list[str]:
+    """On a rank: the layouts whose layer made the ranks agree on the shard shapes."""
+    import torch
+
+    from mtb_helpers.cp import check
+    from mtb_helpers.cp.base import ContextParallelAttention as Layer
+    from mtb_helpers.cp.reference import make_cp_inputs
+
+    agree, seen = Layer._check_same_shards_everywhere, []
+
+    def counted(self, *shards):
+        seen.append(self.layout)
+        return agree(self, *shards)
+
+    Layer._check_same_shards_everywhere = counted
+    try:
+        check._on_rank(check.RingAttention, *make_cp_inputs(1, 2, 8, 4, torch.float64, 0), True, layouts)
+    finally:
+        Layer._check_same_shards_everywhere = agree
+    return seen
+
+
+def test_one_call_agrees_on_the_shard_shapes_once_for_both_layouts():
+    from mtb_helpers import run
+    assert run(_agreements, ("contiguous", "zigzag"), world_size=2) == [["contiguous"]] * 2
 
 
 def test_every_figure_has_a_title_axis_labels_and_a_legend():

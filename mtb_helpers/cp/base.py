@@ -33,9 +33,12 @@ class ContextParallelAttention:
     output_layouts = Shard(2)
 
     def __init__(self, causal: bool = False, layout: str = "contiguous",
-                 group: dist.ProcessGroup | None = None):
+                 group: dist.ProcessGroup | None = None, shapes_agreed: bool = False):
+        """``shapes_agreed``: every rank already agreed on the shapes of the shards this layer
+        will get (a check running several layouts makes its first layer agree, not each)."""
         check_layout(layout)
         self.causal, self.layout, self.group = bool(causal), layout, group
+        self.shapes_agreed = shapes_agreed
         self.t, self.rank = group_size(group), group_rank(group)
         self.chunks = 2 if layout == "zigzag" else 1
         self.work = {"forward": 0, "backward": 0}
@@ -44,7 +47,8 @@ class ContextParallelAttention:
         self.steps: list[dict] = []
 
     def _validate(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self._check_same_shards_everywhere(q, k, v)
+        if not self.shapes_agreed:
+            self._check_same_shards_everywhere(q, k, v)
         if not (q.dim() == 4 and q.shape == k.shape == v.shape):
             raise ValueError(f"q, k, v must be [b, heads, s/t, d] shards of one shape; got "
                              f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")

@@ -2,18 +2,20 @@
 
 Each is a subclass of a correct layer overriding one method (marked ``# BUG``), so a notebook can
 show it with ``inspect.getsource`` and the layers carry no test-only code. A bug's ``checks`` name
-the variants it concerns: ``"cp-ring"`` and/or ``"cp-allgather"``.
+the variants it concerns: ``"cp-ring"`` and/or ``"cp-allgather"``; its ``needs`` the settings
+(``world_size``, ``causal``, ``layout``) without which it has nothing to break, so the check
+refuses it there and the explorer does not offer it.
 """
 from __future__ import annotations
 
 import torch
 
-from mtb_helpers.checking.bug import Bug
+from mtb_helpers.checking.bug import Bug, names_for
 from mtb_helpers.cp.allgather import AllGatherAttention
 from mtb_helpers.cp.ring import RingAttention
 from mtb_helpers.cp.sharding import shard_sequence
 
-__all__ = ["BUGS"]
+__all__ = ["BUGS", "shown_by"]
 
 
 class RingWithoutRescale(RingAttention):
@@ -64,25 +66,47 @@ class AllGatherNoReduceScatter(AllGatherAttention):
         return shard_sequence(dfull, self.t, self.rank, self.layout, dim=3)
 
 
+# What a bug needs to show at all; each test reads the check's arguments (see ``shown_by``).
+_RANKS = {"2 or more ranks (one rank holds the whole sequence: nothing moves between ranks and "
+          "its local positions are the global ones)": lambda a: a["world_size"] >= 2}
+_BLOCKS = {"2 or more ranks or the zigzag layout (a query must fold in more than one key block "
+           "for a missing rescale to matter)":
+           lambda a: a["world_size"] >= 2 or a["layout"] == "zigzag"}
+_MASK = {"a causal mask (without one no position is compared, local or global)":
+         lambda a: a["causal"]}
+_ZIGZAG = {"the zigzag layout (in the contiguous one rank order is position order)":
+           lambda a: a["layout"] == "zigzag"}
+
 BUGS: dict[str, Bug] = {
     "cp-no-rescale": Bug(
         "ring attention: the running output is not rescaled when the running max grows, so "
         "earlier key blocks are over-weighted", checks=("cp-ring",),
-        replaces={RingAttention: RingWithoutRescale}),
+        replaces={RingAttention: RingWithoutRescale},
+        needs=_BLOCKS),
     "cp-local-causal-mask": Bug(
         "context-parallel attention: the causal mask compares local row numbers instead of "
         "global positions", checks=("cp-ring", "cp-allgather"),
-        replaces={RingAttention: RingLocalMask, AllGatherAttention: AllGatherLocalMask}),
+        replaces={RingAttention: RingLocalMask, AllGatherAttention: AllGatherLocalMask},
+        needs={**_MASK, **_RANKS}),
     "cp-zigzag-wrong-order": Bug(
         "all-gather attention: the gathered zigzag chunks are left in rank order instead of "
         "being put back in position order", checks=("cp-allgather",),
-        replaces={AllGatherAttention: AllGatherWrongOrder}),
+        replaces={AllGatherAttention: AllGatherWrongOrder},
+        needs={**_ZIGZAG, **_RANKS}),
     "cp-grads-not-sent-home": Bug(
         "ring attention backward: dK/dV are not sent the last hop back to their owner, so each "
         "rank returns its neighbour's", checks=("cp-ring",),
-        replaces={RingAttention: RingGradsNotHome}),
+        replaces={RingAttention: RingGradsNotHome},
+        needs=_RANKS),
     "cp-allgather-no-reduce-scatter": Bug(
         "all-gather attention backward: dK/dV are sliced locally instead of reduce-scattered, so "
         "each rank keeps only its own queries' contribution", checks=("cp-allgather",),
-        replaces={AllGatherAttention: AllGatherNoReduceScatter}),
+        replaces={AllGatherAttention: AllGatherNoReduceScatter},
+        needs=_RANKS),
 }
+
+
+def shown_by(variant: str, **args) -> tuple[str, ...]:
+    """The bugs check ``cp-<variant>`` can inject that can show under the check's ``args``
+    (``world_size``, ``causal``, ``layout``): those ``resolve`` does not refuse there."""
+    return tuple(name for name in names_for(BUGS, f"cp-{variant}") if not BUGS[name].unmet(**args))

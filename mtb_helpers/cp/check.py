@@ -11,7 +11,9 @@ backward inside a collective record and returns its output and dQ, dK, dV shards
 compared with the same shards of the reference. ``report.extra["cp"]`` holds, per rank, the work
 it did (scores computed) next to ``expected_work``, the bytes it sent next to the formulas, the
 most K/V it held, and (ring) which block it held at each step with its running max.
-``bug=`` swaps in a broken layer (``cp/bugs.py``).
+``bug=`` swaps in a broken layer (``cp/bugs.py``), refused where it has nothing to break.
+``check_layouts(.., layouts=("contiguous", "zigzag"))`` gives both layouts' reports from one
+call to the ranks (the balance explorer's comparison).
 """
 from __future__ import annotations
 
@@ -29,24 +31,31 @@ from mtb_helpers.cp.ring import RingAttention
 from mtb_helpers.cp.sharding import check_layout, check_sequence, shard_positions, shard_sequence
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
-__all__ = ["check_context_parallel", "VARIANTS", "QUANTITIES"]
+__all__ = ["check_context_parallel", "check_layouts", "VARIANTS", "QUANTITIES"]
 
 VARIANTS = {"ring": RingAttention, "allgather": AllGatherAttention}
 QUANTITIES = ("output", "q_grad", "k_grad", "v_grad")
 
 
-def _on_rank(layer_cls, q, k, v, dout, causal: bool, layout: str) -> dict:
-    """On every rank: this rank's shards through the layer, forward and backward, recorded."""
+def _on_rank(layer_cls, q, k, v, dout, causal: bool, layouts: tuple[str, ...]) -> list[dict]:
+    """On every rank, for each layout in turn: this rank's shards through the layer, forward and
+    backward, each layout in its own collective record. Every layout cuts shards of one shape
+    [b, h, s/t, d], so only the first layer makes the ranks agree on it (one all-gather less
+    per further layout: a sync round of 4 ranks on one CPU costs as much as a ring hop)."""
     t = dist.get_world_size() if dist.is_initialized() else 1
     r = dist.get_rank() if dist.is_initialized() else 0
-    layer = layer_cls(causal, layout)
-    shards = [shard_sequence(x, t, r, layout, dim=2).requires_grad_(True) for x in (q, k, v)]
-    with record() as rec:
-        out = layer(*shards)                                   # [b,h,s/t,d]
-        out.backward(shard_sequence(dout, t, r, layout, dim=2))
-    return {"output": out.detach(), "q_grad": shards[0].grad, "k_grad": shards[1].grad,
-            "v_grad": shards[2].grad, "record": rec.without_tensors(), "work": layer.work,
-            "pairs": layer.pairs, "kv_peak_bytes": layer.kv_peak_bytes, "steps": layer.steps}
+    results = []
+    for i, layout in enumerate(layouts):
+        layer = layer_cls(causal, layout, shapes_agreed=i > 0)
+        shards = [shard_sequence(x, t, r, layout, dim=2).requires_grad_(True) for x in (q, k, v)]
+        with record() as rec:
+            out = layer(*shards)                               # [b,h,s/t,d]
+            out.backward(shard_sequence(dout, t, r, layout, dim=2))
+        results.append({"output": out.detach(), "q_grad": shards[0].grad,
+                        "k_grad": shards[1].grad, "v_grad": shards[2].grad,
+                        "record": rec.without_tensors(), "work": layer.work, "pairs": layer.pairs,
+                        "kv_peak_bytes": layer.kv_peak_bytes, "steps": layer.steps})
+    return results
 
 
 def validate(t: int, seq: int, heads: int, head_dim: int, batch: int, causal: bool,
@@ -95,23 +104,45 @@ def check_context_parallel(world_size: int = 2, seq: int = 16, heads: int = 2,
 
     Shards ``[batch, heads, seq/t, head_dim]``; ``variant`` "ring" or "allgather"; ``layout``
     "contiguous" or "zigzag". Refuses (ValueError, before any rank starts) an unknown variant,
-    layout or bug, a world size out of range, and a ``seq`` not divisible by t (2t for zigzag).
+    layout or bug, a bug that cannot show under these settings (its ``needs``, cp/bugs.py), a
+    world size out of range, and a ``seq`` not divisible by t (2t for zigzag).
     """
+    return check_layouts(world_size=world_size, seq=seq, heads=heads, head_dim=head_dim,
+                         causal=causal, variant=variant, layouts=(layout,), dtype=dtype,
+                         seed=seed, bug=bug, batch=batch, timeout=timeout, link=link)[layout]
+
+
+def check_layouts(world_size: int = 2, seq: int = 16, heads: int = 2, head_dim: int = 4,
+                  causal: bool = True, variant: str = "ring",
+                  layouts: tuple[str, ...] = ("contiguous", "zigzag"), dtype=torch.float32,
+                  seed: int = 0, bug: str | None = None, batch: int = 1, timeout: float = 30.0,
+                  link=None) -> dict[str, Report]:
+    """``{layout: check_context_parallel(.., layout=layout)}`` for every layout in ``layouts``,
+    from one call to the ranks (they run the layouts one after the other, each in its own
+    record), so each report equals the one a call of its own would give."""
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
-    validate(t, seq, heads, head_dim, batch, causal, variant, layout)
-    bug_obj = resolve(bug, f"cp-{variant}")
+    layouts = tuple(dict.fromkeys(layouts))
+    if not layouts:
+        raise ValueError("layouts is empty: name at least one of 'contiguous', 'zigzag'")
+    for layout in layouts:
+        validate(t, seq, heads, head_dim, batch, causal, variant, layout)
+        bug_obj = resolve(bug, f"cp-{variant}", world_size=t, causal=causal, layout=layout)
     layer_cls = swap(bug_obj, VARIANTS[variant])
     q, k, v, dout = make_cp_inputs(batch, heads, seq, head_dim, dtype, seed)
-    results = run(_on_rank, layer_cls, q, k, v, dout, causal, layout, world_size=t,
-                  timeout=timeout, link=link)   # link=: an emulated link (cost/)
+    per_rank = run(_on_rank, layer_cls, q, k, v, dout, causal, layouts, world_size=t,
+                   timeout=timeout, link=link)   # link=: an emulated link (cost/)
     ref = reference_attention(q, k, v, dout, causal)
     ref64 = reference_attention(*(x.double() for x in (q, k, v, dout)), causal)
-    rows = [compare(name, r, res[name], shard_sequence(ref[name], t, r, layout),
-                    shard_sequence(ref64[name], t, r, layout), dtype)
-            for name in QUANTITIES for r, res in enumerate(results)]
-    config = check_config(t, dtype, seed, bug, seq=seq, heads=heads, head_dim=head_dim,
-                          batch=batch, causal=causal, variant=variant, layout=layout)
     shard_bytes = batch * heads * (seq // t) * head_dim * q.element_size()
-    cp = _cp_data(results, seq, layout, causal, variant, shard_bytes)
-    return Report("context_parallel", config, rows, [], [res["record"] for res in results],
-                  extra={"cp": cp})
+    reports = {}
+    for i, layout in enumerate(layouts):
+        results = [mine[i] for mine in per_rank]
+        rows = [compare(name, r, res[name], shard_sequence(ref[name], t, r, layout),
+                        shard_sequence(ref64[name], t, r, layout), dtype)
+                for name in QUANTITIES for r, res in enumerate(results)]
+        config = check_config(t, dtype, seed, bug, seq=seq, heads=heads, head_dim=head_dim,
+                              batch=batch, causal=causal, variant=variant, layout=layout)
+        cp = _cp_data(results, seq, layout, causal, variant, shard_bytes)
+        reports[layout] = Report("context_parallel", config, rows, [],
+                                 [res["record"] for res in results], extra={"cp": cp})
+    return reports

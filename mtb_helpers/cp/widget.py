@@ -2,18 +2,18 @@
 
 * ``explore_context_parallel()``: world size, variant, layout, causal mask and a bug; the check
   re-runs on real ranks and the summary, the ring steps (ring variant) and the error figure redraw.
-* ``explore_balance()``: a world-size slider; the causal check runs with both layouts and the
-  work per rank is drawn side by side.
+  The bug list offers only the bugs that can show under the other controls (their ``needs``).
+* ``explore_balance()``: a world-size slider; the causal check runs with both layouts (one call
+  to the ranks) and the work per rank is drawn side by side.
 A setting the check refuses (a sequence the layout cannot cut) prints its ValueError instead.
 """
 from __future__ import annotations
 
 import ipywidgets as widgets
 
-from mtb_helpers.checking.bug import names_for
-from mtb_helpers.cp.bugs import BUGS
 from mtb_helpers.checking.report import Report
-from mtb_helpers.cp.check import check_context_parallel
+from mtb_helpers.cp.bugs import shown_by
+from mtb_helpers.cp.check import check_context_parallel, check_layouts
 from mtb_helpers.cp.plots import ring_steps_png, work_png
 from mtb_helpers.plots.errors import errors_png
 from mtb_helpers.widgets.frame import live_view
@@ -48,15 +48,26 @@ def explore_context_parallel(world_size: int = 4) -> widgets.VBox:
     causal = widgets.Checkbox(value=True, description="causal mask")
     # plain strings: a None value shows as a blank choice on some ipywidgets versions
     bug = widgets.Dropdown(options=["none"], value="none", description="bug")
+    view: list = []   # the explorer, once built: the bug list changes without redrawing it
 
-    def bugs(*_) -> None:
-        names = names_for(BUGS, f"cp-{variant.value}")
+    def offer(*_) -> None:
+        """Offer the bugs that can show under the other controls; keep the choice if it can."""
+        names = shown_by(variant.value, world_size=size.value, causal=causal.value,
+                         layout=layout.value)
+        if tuple(bug.options) == ("none", *names):
+            return
         keep = bug.value if bug.value in names else "none"
+        for v in view:    # a new list resets the value: no redraw for that passing "none"
+            bug.unobserve(v.redraw, names="value")
         bug.options = ["none", *names]
         bug.value = keep
+        for v in view:
+            bug.observe(v.redraw, names="value")
 
-    variant.observe(bugs, names="value")
-    bugs()
+    # observed before the explorer's own redraw, so the redraw sees the list already filtered
+    for control in (size, variant, layout, causal):
+        control.observe(offer, names="value")
+    offer()
 
     def render() -> list:
         report = check_context_parallel(world_size=size.value, seq=SEQ,
@@ -68,7 +79,8 @@ def explore_context_parallel(world_size: int = 4) -> widgets.VBox:
             items.append(ring_steps_png(report.extra["cp"]))
         return items + [errors_png(report, by="quantity")]
 
-    return live_view([[size, variant, layout], [causal, bug]], render)
+    view.append(live_view([[size, variant, layout], [causal, bug]], render))
+    return view[0]
 
 
 def explore_balance(world_size: int = 4, variant: str = "ring") -> widgets.VBox:
@@ -78,12 +90,10 @@ def explore_balance(world_size: int = 4, variant: str = "ring") -> widgets.VBox:
 
     def render() -> list:
         t = size.value
-        work, verdict = {}, {}
-        for layout in ("contiguous", "zigzag"):
-            report = check_context_parallel(world_size=t, seq=SEQ, causal=True,
-                                            variant=variant, layout=layout, dtype="float64")
-            work[layout] = report.extra["cp"]["work"]["forward"]
-            verdict[layout] = "PASS" if report.passed else "FAIL"
+        reports = check_layouts(world_size=t, seq=SEQ, causal=True, variant=variant,
+                                layouts=("contiguous", "zigzag"), dtype="float64")
+        work = {layout: rep.extra["cp"]["work"]["forward"] for layout, rep in reports.items()}
+        verdict = {layout: "PASS" if rep.passed else "FAIL" for layout, rep in reports.items()}
         return [f"s = {SEQ}, t = {t}: contiguous {work['contiguous']}, zigzag "
                 f"{work['zigzag']} scores per (batch, head); check against one process: "
                 f"contiguous {verdict['contiguous']}, zigzag {verdict['zigzag']}",
