@@ -316,24 +316,29 @@ def test_a_stale_floor_is_measured_again_after_a_call_that_overran(monkeypatch):
     assert fresh is not stale and fresh.latency > 1e-6 and fresh.measured_at > stale.measured_at
 
 
-def _collective_seconds_job():
-    from mtb_helpers.runtime.link import collective_seconds
+def _comm_seconds_job():
+    from mtb_helpers.runtime.link import comm_seconds
     r = dist.get_rank()
     x = torch.ones(N, dtype=torch.float64)
     since = time.perf_counter()
     dist.all_reduce(x)
     dist.all_reduce(x)
     y = x.clone()
-    (dist.send if r == 0 else dist.recv)(y, 1 - r)   # a message runs beside compute: not counted
-    return collective_seconds(since), collective_seconds(time.perf_counter())
+    if r == 0:
+        sent = dist.isend(y, 1)           # leaves beside the compute: not counted
+        time.sleep(0.01)                  # compute: not counted
+        sent.wait()
+    else:
+        dist.recv(y, 0)                   # waited for: counted
+    return comm_seconds(since), comm_seconds(time.perf_counter())
 
 
-def test_collective_seconds_counts_the_collectives_not_the_compute_nor_messages():
-    results = run(_collective_seconds_job, world_size=2, link=LINK)
+def test_comm_seconds_counts_collectives_and_receives_not_compute_nor_sends():
+    results = run(_comm_seconds_job, world_size=2, link=LINK)
     tl = results.timeline
     for r, (during, after) in enumerate(results):
-        reduces = tl.events(rank=r, name="all_reduce")
-        assert len(reduces) == 2 and tl.events(rank=r, name="send" if r == 0 else "recv")
-        assert during == pytest.approx(sum(e.seconds for e in reduces), abs=1e-9)
+        waited = tl.events(rank=r, name="all_reduce") + tl.events(rank=r, name="recv")
+        assert len(waited) == 2 + r and len(tl.events(rank=r, name="send")) == 1 - r
+        assert during == pytest.approx(sum(e.seconds for e in waited), abs=1e-9)
         assert after == 0.0
-    assert list(run(_collective_seconds_job, world_size=2)) == [(0.0, 0.0)] * 2   # no link
+    assert list(run(_comm_seconds_job, world_size=2)) == [(0.0, 0.0)] * 2   # no link

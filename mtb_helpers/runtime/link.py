@@ -35,7 +35,7 @@ from mtb_helpers.runtime.comm_thread import CommStream
 from mtb_helpers.runtime.timeline import Event, RunResults, Timeline
 
 __all__ = ["padded", "pad_backward", "validate_link", "measure_floor", "Floor", "run_linked", "LinkedCall",
-           "active_time_scale", "collective_seconds", "stale_floor", "FLOOR_REFRESH"]
+           "active_time_scale", "comm_seconds", "stale_floor", "FLOOR_REFRESH"]
 
 OVERRUN_WARNING = 2e-3   # seconds beyond the model before the caller is told the machine lagged
 FLOOR_REFRESH = 10.0     # seconds: the floor is measured again after an overrun, at most this often
@@ -79,17 +79,25 @@ def active_time_scale() -> float:
     return _ACTIVE.scale if _ACTIVE is not None else 1.0
 
 
-def collective_seconds(since: float) -> float:
-    """Seconds this rank spent in emulated collectives that ended after ``since`` (a
-    ``time.perf_counter()`` reading), each counted from its agreed start or ``since`` if later; 0
-    without a link. Messages are left out (they run beside computation). With it a block that both
-    computes and issues collectives (a tensor-parallel layer) can be padded to "its modelled
-    compute plus its communication", the α-β model's sum, whatever the real compute took."""
+def comm_seconds(since: float) -> float:
+    """Seconds after ``since`` (a ``time.perf_counter()`` reading) in which this rank's emulated
+    collectives or received messages were under way (0 without a link); each from its agreed start
+    or its message's departure, overlaps counted once. Sends are left out: they leave on the comm
+    stream beside the computation, while a receive is what a rank waits for (a ring hop's send
+    and receive run together). With it a block that both computes and communicates (a tensor-
+    parallel layer, a ring attention) is padded to "its modelled compute plus its communication",
+    the α-β model's sum, whatever its real compute took."""
     em = _ACTIVE
     if em is None:
         return 0.0
-    return sum(e.end - max(e.start, since) for e in em.events
-               if e.kind == "comm" and e.name not in link_ops.P2P_OPS and e.end > since)
+    spans = sorted((max(e.start, since), e.end) for e in em.events
+                   if e.kind == "comm" and e.name not in ("send", "isend") and e.end > since)
+    total, reached = 0.0, since
+    for start, end in spans:     # the union of the intervals
+        if end > reached:
+            total += end - max(start, reached)
+            reached = end
+    return total
 
 
 @contextlib.contextmanager
