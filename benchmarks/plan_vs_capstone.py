@@ -3,7 +3,7 @@ under an emulated link with padded compute (BENCHMARKS.md, "Choosing a layout: p
 measured"). A benchmark, not a test: run it on an idle machine.
 
     python benchmarks/plan_vs_capstone.py [--alpha 2e-3] [--bandwidth 2e7] [--layer-ms 20]
-                                          [--time-scale 1] [--repeats 3] [--layouts N]
+                                          [--time-scale 5] [--repeats 3] [--layouts N]
                                           [--only TP,PP,DP,CP] [--json]
 
 For each (tp, pp, dp, cp) of 8 ranks the capstone accepts (a tiny GPT of 8 layers, h = 64, on
@@ -12,12 +12,21 @@ by ``mtb_helpers.plan.step_time`` on a one-node cluster whose every link is the 
 whose compute rate makes one layer's forward take ``--layer-ms``, without overlap (the course's
 layers wait for each collective; its DP strategy reduces after the last backward). Then the
 capstone's stage, pipeline schedule and DP strategy (its own classes) run the same step on real
-ranks under ``run(..., link=Link(alpha, bandwidth))``, each forward and backward of a stage padded
-(``mtb_helpers.runtime.link.padded``) to the planner's compute for it: compute is equal by
-construction, so the gap measures the planner's communication, pipeline and data-parallel model.
-The target is a gap within 15 % for every layout. What the planner leaves out and the capstone
-pays: the small collectives (LayerNorm and bias grads under sequence parallelism, the vocabulary-
-parallel cross-entropy's three all-reduces of [s, b]), the CPU's real compute under the pads.
+ranks under ``run(..., link=Link(alpha, bandwidth), time_scale=...)``. Each forward and backward
+op of a stage is held to the planner's compute for it plus the time it spent in collectives and
+ring hops (``RankStage.pace`` with ``runtime.link.comm_seconds``): the CPU's real compute runs
+under the pad, an op takes max(real, padded) + its communication, and the wait for the previous
+stage's message is the pipeline's, not compute. Compute is then equal by construction, and the gap
+measures the planner's communication, pipeline and data-parallel model. A step is timed from the
+first rank's start to the last rank's end (no emulated barrier inside). The target is a gap within
+15 % for every layout.
+
+Time scale 5 (α = 10 ms in real time): 8 ranks on 2 cores make gloo's own operations slower than
+a 2 ms α (the link said "did not keep up" thousands of times and the gaps measured the machine:
++50-195 % with tp >= 2); at 5 they keep up on an idle machine, at 10 on a busy one. What the
+planner still leaves out: per-stage pacing (it runs every pipeline stage at its slowest stage's
+speed, the last one with the LM head and the loss: a few % too slow with pp = 4, 8), the optimizer
+step's real compute (not padded, ~ms).
 """
 from __future__ import annotations
 
