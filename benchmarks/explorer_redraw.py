@@ -13,6 +13,12 @@ before by a warm-up call); "median" is over the moves back to 4 ranks.
     taskset -c 0 python benchmarks/explorer_redraw.py                  # every explorer, this tree
     taskset -c 0 python benchmarks/explorer_redraw.py --baseline /work/wt/_base   # before and after
     taskset -c 0 python benchmarks/explorer_redraw.py --only tp-mlp --moves 8 --profile
+    taskset -c 0 python benchmarks/explorer_redraw.py --warm-up       # import cell as in notebooks
+
+``--warm-up`` adds what every notebook's import cell also does, ``warm_up(2, 4)``: the
+forkserver starts in that cell (torch's lazy imports with it) and the pools in the background,
+so "first" is what a student who runs the explorer cell right after the import cell waits for.
+Without it (the default) "first" starts the forkserver and the pool from cold.
 
 ``--baseline DIR`` measures each explorer twice, one kernel importing the package from DIR (an
 untouched checkout of an older commit) and one importing it from this tree, alternately, so that
@@ -103,7 +109,7 @@ def _execute(kc, code: str, timeout: float = 300.0, figures: int = 0) -> float:
     return elapsed
 
 
-def measure(name: str, moves: int, profile: bool, tree: str) -> dict:
+def measure(name: str, moves: int, profile: bool, tree: str, warm: bool = False) -> dict:
     """Time one explorer in a fresh kernel importing the package from ``tree``."""
     from jupyter_client.manager import start_new_kernel
 
@@ -112,7 +118,8 @@ def measure(name: str, moves: int, profile: bool, tree: str) -> dict:
         [tree, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]))
     km, kc = start_new_kernel(kernel_name="python3", env=env)
     try:
-        _execute(kc, "%matplotlib inline\nfrom IPython.display import display\n" + imports)
+        _execute(kc, "%matplotlib inline\nfrom IPython.display import display\n" + imports
+                 + ("\nfrom mtb_helpers import warm_up\nwarm_up(2, 4)" if warm else ""))
         first = _execute(kc, build + "\ndisplay(w)", figures=1)
         _execute(kc, FIND.format(prefix=prefix, values=values))
         _execute(kc, "import mtb_helpers as _m\nif isinstance(_values[1], int) and _values[1] > 1:\n"
@@ -148,6 +155,8 @@ def main() -> None:
     parser.add_argument("--moves", type=int, default=6, help="timed moves to 4 ranks (>= 6)")
     parser.add_argument("--baseline", metavar="DIR",
                         help="also measure the package imported from DIR (an older checkout)")
+    parser.add_argument("--warm-up", action="store_true",
+                        help="the import cell also calls warm_up(2, 4), as the notebooks' do")
     parser.add_argument("--profile", action="store_true",
                         help="cProfile the last move into /tmp/explorer_redraw.prof")
     args = parser.parse_args()
@@ -160,7 +169,7 @@ def main() -> None:
         rows = []
         for _, tree in trees:
             try:
-                rows.append(measure(name, args.moves, args.profile, tree))
+                rows.append(measure(name, args.moves, args.profile, tree, args.warm_up))
             except Exception as exc:  # noqa: BLE001  (one broken explorer must not hide the others)
                 print(f"<!-- {name} in {tree}: {str(exc).splitlines()[-1][:200]} -->", flush=True)
                 rows.append(None)

@@ -3,14 +3,53 @@
 The stable entry points are re-exported here::
 
     from mtb_helpers import run, shutdown, RankError, RankTimeoutError, BUGS, seed_all
-"""
-from mtb_helpers.runtime.ranks import (MAX_WORLD_SIZE, RankError, RankTimeoutError, run, seed_all,
-                               shutdown, warm_up)
-from mtb_helpers.topics import bug_registry
 
-# {name: one-line description} of every deliberate bug a check's ``bug=`` can inject, from the
-# bug modules the manifest (topics.py) names; building it registers each topic's bugs once.
-BUGS: dict[str, str] = {name: bug.description for name, bug in bug_registry().items()}
+They load on first use (PEP 562): ``import mtb_helpers`` imports no torch, so the
+``minitrainbench`` command is handling Ctrl-C before the 1-5 s of importing torch start (a
+traceback otherwise), and a kernel that only asks for ``run`` loads no topic (nor
+``torch.distributed.tensor``, which the topics' layouts need).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from mtb_helpers.checking.loaders import load_before_lookup
+
+if TYPE_CHECKING:   # what the names below are, for readers and type checkers
+    from mtb_helpers.runtime.ranks import (MAX_WORLD_SIZE, RankError, RankTimeoutError, run,
+                                           seed_all, shutdown, warm_up)
+
+    BUGS: dict[str, str]
 
 __all__ = ["run", "shutdown", "warm_up", "seed_all", "RankError", "RankTimeoutError", "BUGS",
            "MAX_WORLD_SIZE"]
+
+_FROM_RANKS = ("run", "shutdown", "warm_up", "seed_all", "RankError", "RankTimeoutError",
+               "MAX_WORLD_SIZE")
+
+
+def _bug_registry() -> dict:
+    """{name: Bug} of the bug modules the manifest (topics.py) names, each registered under its
+    topic (importing every topic: the first check, ``BUGS`` or a rank unpickling a Bug asks)."""
+    from mtb_helpers.topics import bug_registry
+    return bug_registry()
+
+
+load_before_lookup(_bug_registry)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_RANKS:
+        from mtb_helpers.runtime import ranks
+        value = getattr(ranks, name)
+    elif name == "BUGS":
+        # {name: one-line description} of every deliberate bug a check's ``bug=`` can inject
+        value = {bug_name: bug.description for bug_name, bug in _bug_registry().items()}
+    else:
+        raise AttributeError(f"module 'mtb_helpers' has no attribute {name!r}")
+    globals()[name] = value   # loaded once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -3,12 +3,13 @@ parameter shards, the stage rebuilt from the course's layers on one process, one
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
 
 from mtb_helpers.capstone.data import ALPHABET, VOCAB, batch_for_step, corpus, decode, encode
-from mtb_helpers.capstone.grid import Layout, coords, group_ranks, rank_of
+from mtb_helpers.capstone.grid import Layout, group_ranks
 from mtb_helpers.capstone.layers import build_stage, gather_param, param_kind, shard_param
 from mtb_helpers.capstone.model import GPTConfig, make_model
 from mtb_helpers.capstone.parallel import train_parallel
@@ -43,8 +44,10 @@ def test_grid_numbering_puts_tensor_ranks_next_to_each_other():
     layout = Layout(tp=2, pp=1, dp=2, cp=2)
     assert sorted(group_ranks(layout, ("dp", "cp"))) == [[0, 2, 4, 6], [1, 3, 5, 7]]
     assert sorted(group_ranks(layout, ("cp",))) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    mesh = layout.mesh()
+    assert mesh.names == ("pp", "dp", "cp", "tp") and mesh.coords(5) == {"pp": 0, "dp": 1, "cp": 0, "tp": 1}
     for r in range(8):
-        assert rank_of(layout, **coords(r, layout)) == r
+        assert mesh.rank_of(**mesh.coords(r)) == r
 
 
 def test_admissible_layouts_are_exactly_those_whose_sizes_divide():
@@ -109,10 +112,19 @@ def test_figures_have_titles_labels_legends_and_rank_colours():
     report = check_capstone(1, 1, 1, 1, steps=2).to_dict()
     fig = plot_losses(report["losses"]["parallel"], report["losses"]["reference"])
     assert all(a.get_ylabel() and a.get_legend() for a in fig.axes) and fig.axes[0].get_title()
-    fig = plot_bytes(report["bytes"])
-    assert fig.axes[0].get_legend() and fig.axes[0].get_ylabel() == "KiB sent per training step"
-    ax = fig.axes[0]   # the formulas' total tick stays inside the axes
-    assert max(line.get_ydata()[0] for line in ax.lines) < ax.get_ylim()[1]
+    one_rank = report["bytes"]   # one rank sends nothing: every bar and tick is 0
+    assert all(v == 0 for sent in one_rank["per_rank"] + one_rank["formula"] for v in sent.values())
+    sending = {**one_rank, "per_rank": [{g: 3072 for g in one_rank["groups"]}],
+               "formula": [{g: 3072 for g in one_rank["groups"]}]}
+    for info in (one_rank, sending):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")   # e.g. matplotlib's "identical low and high ylims"
+            fig = plot_bytes(info)
+        assert fig.axes[0].get_legend() and fig.axes[0].get_ylabel() == "KiB sent per training step"
+        ax = fig.axes[0]   # the formulas' total tick stays inside the axes
+        assert 0 <= max(line.get_ydata()[0] for line in ax.lines) < ax.get_ylim()[1]
+    assert [t.get_text() for t in ax.texts] == [] and ax.get_ylim()[1] > 3 * len(sending["groups"])
+    assert any("no bytes sent" in t.get_text() for t in plot_bytes(one_rank).axes[0].texts)
     fig = plot_drift(report["drift"])
     ax = fig.axes[0]
     assert ax.get_yscale() == "log" and ax.get_legend() and ax.get_title()

@@ -68,14 +68,14 @@ def test_trace_follows_the_sequence_shards_through_the_block():
     assert report.passed, str(report)
     by_name = {s.name: s for s in report.steps}
     first = by_name["shard X by sequence"]
-    assert first.global_shape == (16, 4)                                   # [s*b, h]
+    assert first.global_shape == (16, 4) and first.layout == "Shard(0)"    # [s*b, h]
     assert [h.rows for h in first.holdings] == [(0, 4), (4, 8), (8, 12), (12, 16)]
     gathered = by_name["all-gather along the sequence"]
     assert gathered.collective["op"] == "all_gather"
     assert gathered.collective["bytes"] == 2 * 2 * 4 * 4          # the [s/t, b, h] shard, float32
     assert all(h.rows == (0, 16) for h in gathered.holdings)
     partial = by_name["fc2 local matmul"]
-    assert partial.layout == "partial" and all(h.partial for h in partial.holdings)
+    assert partial.layout == "Partial()" and all(h.partial for h in partial.holdings)
     scattered = by_name["reduce-scatter along the sequence"]
     assert scattered.collective["op"] == "reduce_scatter" and scattered.holdings[2].rows == (8, 12)
     grad = by_name["all-reduce dγ"]

@@ -88,11 +88,12 @@ def test_step_trace_shows_who_holds_what_and_where_it_breaks():
     names = [s.name for s in report.steps]
     assert names[:3] == ["shard W by rows", "replicate b", "shard X by columns"]
     w = report.steps[0]
-    assert w.global_shape == (9, 4) and w.layout == "rows"        # W = weight.T, [in, out]
+    assert w.global_shape == (9, 4) and w.layout == "Shard(0)"    # W = weight.T, [in, out]: rows
     assert [h.rows for h in w.holdings] == [(0, 3), (3, 6), (6, 9)]
     assert all(h.cols == (0, 4) and h.shape == (3, 4) for h in w.holdings)
     partial = report.steps[names.index("local matmul")]
-    assert partial.layout == "partial" and all(h.partial for h in partial.holdings)
+    assert partial.layout == "Partial()" and all(h.partial for h in partial.holdings)
+    assert [s.layout for s in report.steps[:3]] == ["Shard(0)", "Replicate()", "Shard(-1)"]
     reduce = report.steps[names.index("all-reduce (g forward)")]
     assert reduce.collective["op"] == "all_reduce" and reduce.collective["bytes"] == 2 * 4 * 4
     assert all(s.passed for s in report.steps)
@@ -155,6 +156,7 @@ def test_figures_draw_the_trace_with_titles_legends_and_red_failures():
     report = check_row_parallel(world_size=3, bug="row-missing-allreduce")
     fig = plot_step(report, "shard W by rows")
     assert len(fig.axes) == 3 and "shard W by rows" in fig._suptitle.get_text()
+    assert "Shard(0): split by rows" in fig._suptitle.get_text()
     filled = [p for p in fig.axes[1].patches
               if matplotlib.colors.same_color(p.get_facecolor(), rank_color(1))]
     assert len(filled) == 1 and filled[0].get_height() == 4     # rank 1 holds rows 4:8 of W [12, 8]

@@ -37,6 +37,8 @@ def test_balance_explorer_follows_the_slider():
     assert "contiguous [144, 288], zigzag [180, 180]" in _shown(explorer)
     explorer.children[0].children[0].value = 3
     assert "contiguous [64, 128, 192], zigzag [112, 112, 112]" in _shown(explorer)
+    # every move runs the real check and shows its verdict
+    assert "check against one process: contiguous PASS, zigzag PASS" in _shown(explorer)
 
 
 def test_every_figure_has_a_title_axis_labels_and_a_legend():

@@ -144,3 +144,30 @@ def test_ctrl_c_during_a_real_train_run_is_one_line_130_and_leaves_nothing(tmp_p
         time.sleep(0.1)
     assert not _leftovers(tree)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("mtb-")], list(tmp_path.iterdir())
+
+
+def _chatty(args):
+    """A command that prints a note for the student and runs a rank that prints, then reports."""
+    from mtb_helpers import run
+    from mtb_helpers.cli.common import print_document
+
+    def rank_prints():
+        print("hello from a rank")
+        return 1
+    print("[mtb] emulated link: a note for the student")
+    run(rank_prints, world_size=2)
+    print_document({"passed": True, "checks": []})
+    return 0
+
+
+def test_under_json_stdout_holds_the_document_and_notes_go_to_stderr(monkeypatch, capsys):
+    """What a command prints while it runs (the emulated link's note, the ranks' relayed output)
+    must not break ``--json``: CI's failure at 05e3b6c was such a note ahead of the document."""
+    _with_handler(monkeypatch, _chatty)
+    assert cli.main(["dp", "overlap", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"passed": True, "checks": []}        # the whole of stdout
+    assert "a note for the student" in err and "[rank 1] hello from a rank" in err
+    assert cli.main(["dp", "overlap"]) == 0                        # without --json: on stdout
+    out, err = capsys.readouterr()
+    assert "a note for the student" in out and "[rank 0] hello from a rank" in out

@@ -1,12 +1,16 @@
 """Issue 25, item 7: Ctrl-C at any moment of a cold ``run()`` (forkserver fork, rank start,
-rendezvous, the call) stops the call: nothing printed by ranks, no process or file left behind."""
+rendezvous, the call) stops the call: nothing printed by ranks, no process or file left behind.
+And item 3 at start-up: Ctrl-C while ``minitrainbench`` is still importing torch is one line and
+exit 130 too (one JSON document under --json)."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 
@@ -86,3 +90,58 @@ def test_ctrl_c_during_a_cold_start_stops_the_call_and_leaves_nothing(tmp_path, 
     assert not _marked(mark)
     ours = [p.name for p in tmp_path.iterdir() if p.name.startswith(("mtb-", "pymp-"))]
     assert ours == []     # (torch may leave its own torchinductor_* cache there)
+
+
+# Issue 25, item 3 at start-up: Ctrl-C while the command is still importing torch (1-5 s after
+# launch) used to print a traceback from ``import mtb_helpers``. The interrupt is sent a set time
+# after the interpreter's own start-up (``site``, before which no Python code of ours can run),
+# read from -X importtime's lines on stderr.
+LAUNCHERS = {
+    "console script": ["-c", "import re, sys\nfrom mtb_helpers.cli import main\nsys.exit(main())"],
+    "python -m": ["-m", "mtb_helpers.cli"],
+}
+
+
+def _launch_and_interrupt(tmp_path, launcher, argv, delay):
+    mark = uuid.uuid4().hex
+    env = {**os.environ, "TMPDIR": str(tmp_path), "MTB_TEST_MARK": mark,
+           "PYTHONPROFILEIMPORTTIME": "1"}
+    proc = subprocess.Popen([sys.executable, *LAUNCHERS[launcher], *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    err_lines, started = [], threading.Event()
+
+    def read_stderr():
+        for line in proc.stderr:
+            err_lines.append(line)
+            if line.startswith("import time:") and line.rstrip().endswith("| site"):
+                started.set()
+        started.set()
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    assert started.wait(60)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    out = proc.stdout.read()
+    proc.wait(timeout=60)
+    reader.join(60)
+    err = "".join(line for line in err_lines if not line.startswith("import time:"))
+    deadline = time.monotonic() + 10
+    while _marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return proc.returncode, out, err, _marked(mark)
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+@pytest.mark.parametrize("delay", [0.05, 0.3, 1.0])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_ctrl_c_while_the_command_starts_is_one_line_and_130(tmp_path, launcher, delay, as_json):
+    argv = ["tp", "check", "--world-size", "2"] + (["--json"] if as_json else [])
+    status, out, err, left = _launch_and_interrupt(tmp_path, launcher, argv, delay)
+    assert status == 130, (status, out, err)
+    assert err == "minitrainbench: interrupted\n", err
+    if as_json:
+        doc = json.loads(out)     # exactly one document: json.loads refuses anything after it
+        assert doc["passed"] is False and doc["error"]["type"] == "KeyboardInterrupt", doc
+    else:
+        assert out == ""
+    assert left == []

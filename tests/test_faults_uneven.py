@@ -1,4 +1,5 @@
-"""Issue 25, item 1: a layer that assumes equal shards never returns a number from uneven ones.
+"""Issue 25, item 1: a layer that assumes equal shards never returns a number from uneven ones,
+nor aborts a rank inside gloo (context parallelism).
 
 The issue's example: V = 10 on 4 ranks, ``torch.tensor_split`` widths 3, 3, 2, 2, targets
 ``[0, 3, 7]``: F.cross_entropy gives 3.217777; the vocabulary-parallel loss used to return
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtb_helpers import run
+from mtb_helpers import RankError, RankTimeoutError, run
 from mtb_helpers.tp import VocabParallelEmbedding, vocab_parallel_cross_entropy
 from mtb_helpers.attention.layers import LocalAttention
 
@@ -92,3 +93,55 @@ def test_local_attention_refuses_heads_that_do_not_split():
 def test_vocab_embedding_refuses_wrong_rows_one_rank(no_ranks):
     with pytest.raises(ValueError, match=r"weight has 4 rows"):
         VocabParallelEmbedding(nn.Embedding(10, 3).weight[:4], 10)
+
+
+# Context parallelism: shards of different shapes on different ranks used to abort rank 0 inside
+# gloo ("Received data size doesn't match expected size", SIGABRT) or hang. Every rank now sees
+# the mismatch in one small all-gather of the shapes and raises the same ValueError.
+
+def _cp_shards(variant, shapes, grad):
+    """This rank's q, k, v of ``shapes[r]`` through the variant, forward and backward."""
+    import torch.distributed as dist
+
+    from mtb_helpers.cp import allgather_attention, ring_attention
+    r = dist.get_rank()
+    gen = torch.Generator().manual_seed(r)
+    q, k, v = (torch.randn(*shapes[r], generator=gen, dtype=torch.float64, requires_grad=grad)
+               for _ in range(3))
+    attend = ring_attention if variant == "ring" else allgather_attention
+    out = attend(q, k, v, causal=True)
+    if grad:
+        out.sum().backward()
+    return list(out.shape)
+
+
+def _cp_message(variant, shapes):
+    try:
+        return _cp_shards(variant, shapes, False)
+    except ValueError as err:
+        return str(err)
+
+
+@pytest.mark.parametrize("variant", ["ring", "allgather"])
+@pytest.mark.parametrize("lengths", [[4, 6], [4, 4, 6], [6, 4, 4]])
+def test_context_parallel_names_every_ranks_sequence_length(variant, lengths):
+    shapes = [(1, 2, n, 4) for n in lengths]
+    named = ", ".join(f"rank {r}: {n}" for r, n in enumerate(lengths))
+    with pytest.raises(RankError) as caught:
+        run(_cp_shards, variant, shapes, True, world_size=len(lengths), timeout=30)
+    assert not isinstance(caught.value, RankTimeoutError)
+    message = str(caught.value)
+    assert "ValueError" in message and f"per rank is {named};" in message, message
+    assert "Received data size" not in message and "died" not in message
+    # every rank raised the same refusal (none left waiting in a collective), and the pool lives on
+    outs = run(_cp_message, variant, shapes, world_size=len(lengths), timeout=30)
+    assert len(set(outs)) == 1 and named in outs[0]
+    even = [(1, 2, 4, 4)] * len(lengths)
+    assert run(_cp_shards, variant, even, True, world_size=len(lengths)) == [[1, 2, 4, 4]] * len(lengths)
+
+
+def test_context_parallel_names_a_shape_that_differs_elsewhere_than_the_sequence():
+    shapes = [(1, 2, 4, 4), (1, 2, 4, 8), (2, 4, 4)]      # rank 1: head dim 8; rank 2: 3-D
+    outs = run(_cp_message, "ring", shapes, world_size=3, timeout=30)
+    assert len(set(outs)) == 1
+    assert "rank 0: [1, 2, 4, 4]; rank 1: [1, 2, 4, 8]; rank 2: [2, 4, 4]" in outs[0], outs[0]

@@ -11,8 +11,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from mtb_helpers import run  # noqa: E402
 from mtb_helpers.grid.check import check_grid  # noqa: E402
-from mtb_helpers.grid.layers import (coords, dp_group_ranks, expected_bytes, make_groups,  # noqa: E402
-                              param_piece, rank_of, tp_group_ranks, validate_grid, destroy_groups)
+from mtb_helpers.comm.mesh import Mesh  # noqa: E402
+from mtb_helpers.grid.layers import (dp_group_ranks, expected_bytes, make_groups,  # noqa: E402
+                              param_piece, tp_group_ranks, validate_grid, destroy_groups)
 from mtb_helpers.grid.plots import group_lines, plot_grid, plot_grid_bytes, plot_grid_errors  # noqa: E402
 from mtb_helpers.grid.widget import grid_choices, grid_explorer, grid_summary  # noqa: E402
 
@@ -25,9 +26,10 @@ def test_megatron_layout_tp_ranks_are_neighbours():
     assert tp_group_ranks(2, 3) == [[0, 1], [2, 3], [4, 5]]
     assert dp_group_ranks(2, 3) == [[0, 2, 4], [1, 3, 5]]
     for tp, dp in [(2, 2), (1, 4), (4, 1), (2, 3), (3, 2)]:
+        mesh = Mesh(dp=dp, tp=tp)
         for rank in range(tp * dp):
-            d, j = coords(rank, tp)
-            assert rank_of(d, j, tp) == rank
+            d, j = mesh.coords(rank)["dp"], mesh.coords(rank)["tp"]
+            assert mesh.rank_of(dp=d, tp=j) == rank
             assert rank in tp_group_ranks(tp, dp)[d] and rank in dp_group_ranks(tp, dp)[j]
         # every rank in exactly one TP group and one DP group
         for groups in (tp_group_ranks(tp, dp), dp_group_ranks(tp, dp)):
@@ -73,7 +75,7 @@ def _groups_on_rank(tp, dp):
 def test_groups_on_real_ranks(tp, dp):
     for rank, (tp_ranks, dp_ranks, tp_sum, dp_sum) in enumerate(
             run(_groups_on_rank, tp, dp, world_size=4)):
-        d, j = coords(rank, tp)
+        d, j = Mesh(dp=dp, tp=tp).coords(rank).values()
         assert tp_ranks == tp_group_ranks(tp, dp)[d] and dp_ranks == dp_group_ranks(tp, dp)[j]
         assert tp_sum == sum(tp_ranks) and dp_sum == sum(dp_ranks)
 

@@ -54,23 +54,22 @@ def test_bad_meshes_and_names_are_refused():
 
 
 def test_the_grid_and_the_capstone_are_the_same_mesh():
-    from mtb_helpers.capstone.grid import Layout, coords as cap_coords, group_ranks, rank_of as cap_rank
-    from mtb_helpers.grid.layers import coords, dp_group_ranks, rank_of, tp_group_ranks
+    from mtb_helpers.capstone.grid import Layout, coords as plan_alias, group_ranks
+    from mtb_helpers.grid.layers import dp_group_ranks, tp_group_ranks
     for tp, dp in [(2, 2), (1, 4), (4, 1), (2, 3), (3, 2)]:
         mesh = Mesh(dp=dp, tp=tp)
         assert tp_group_ranks(tp, dp) == mesh.group_ranks("tp")
         assert dp_group_ranks(tp, dp) == mesh.group_ranks("dp")
         for r in range(tp * dp):
-            assert coords(r, tp) == (mesh.coords(r)["dp"], mesh.coords(r)["tp"])
-            assert rank_of(*coords(r, tp), tp) == r
+            assert tuple(mesh.coords(r).values()) == divmod(r, tp)   # notebook 08's (dp_index, tp_index)
         # the 4-D layout with pp = cp = 1 numbers ranks exactly as the tp x dp grid does
         layout = Layout(tp=tp, dp=dp)
         assert group_ranks(layout, ("tp",)) == tp_group_ranks(tp, dp)
-        assert all(cap_rank(layout, dp=coords(r, tp)[0], tp=coords(r, tp)[1]) == r
-                   for r in range(tp * dp))
+        assert all(layout.mesh().rank_of(**mesh.coords(r)) == r for r in range(tp * dp))
     layout = Layout(tp=2, pp=2, dp=2, cp=1)
     assert layout.mesh() == Mesh(pp=2, dp=2, cp=1, tp=2)
-    assert cap_coords(5, layout) == {"tp": 1, "cp": 0, "dp": 0, "pp": 1}
+    assert layout.mesh().coords(5) == {"pp": 1, "dp": 0, "cp": 0, "tp": 1}
+    assert plan_alias(5, layout) == layout.mesh().coords(5)   # the alias plan/check.py still imports
 
 
 def _groups_on_rank(sizes: dict, flatten: tuple) -> dict:

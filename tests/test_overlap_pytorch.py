@@ -25,6 +25,31 @@ def test_overlapped_ddp_equals_distributed_data_parallel_with_the_same_buckets(o
     assert len(res["buckets"]["course"]) == {0.0: 6, 0.0004: 3, 0.002: 2, 25.0: 1}[cap]
 
 
+def test_pytorch_s_ddp_is_never_given_a_cap_of_zero(monkeypatch):
+    """torch 2.11 (Colab) refuses DistributedDataParallel(bucket_cap_mb=0); the course's cap of 0 (one
+    bucket per parameter) reaches DDP as one byte, which buckets the same way (the test above)."""
+    import torch.nn.parallel
+    from mtb_helpers.dp import overlap_pytorch
+
+    given = []
+
+    class Recorder:   # stands in for DDP: only the cap it is built with matters here
+        def __init__(self, module, bucket_cap_mb=None):
+            given.append(bucket_cap_mb)
+
+        def register_comm_hook(self, state, hook):
+            pass
+
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", Recorder)
+    for cap in (0.0, 0, 0.0004, 25.0):
+        overlap_pytorch._ddp(torch.nn.Linear(2, 2), cap)
+    assert given[:2] == [2.0 ** -20] * 2 and int(given[0] * 2 ** 20) == 1   # one byte, not 0
+    assert given[2:] == [0.0004, 25.0]                                       # a real cap as given
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="bucket_cap_mb"):
+            pytorch_overlap(world_size=2, bucket_cap_mb=bad)
+
+
 def test_the_buckets_follow_the_cap_as_pytorch_forms_them():
     res = pytorch_overlap(world_size=2, wrapper="ddp", optimizer="sgd", steps=2, bucket_cap_mb=0.002)
     # 4.bias 64 B + 4.weight 512 + 2.bias 64 stay under 2097 B; 2.weight (2048 B) joins and closes

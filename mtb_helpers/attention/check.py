@@ -18,6 +18,7 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import Partial, Replicate, Shard
 
 from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.checking.report import Report
@@ -96,34 +97,34 @@ def build_attention(wq, wk, wv, wo, *, n_heads: int, causal: bool, bug: Bug | No
 def _specs() -> list[S]:
     return [
         S("qkv.weight", "shard Wq, Wk, Wv by heads", "forward", "Wqkv",
-          "Wqkv_r = [Wq_r, Wk_r, Wv_r]", "cols",
+          "Wqkv_r = [Wq_r, Wk_r, Wv_r]", Shard(-1),
           ("param", "qkv.weight")),
         S("out.weight", "shard Wo by rows", "forward", "Wo",
-          "Wo_r = Wo[rows r, :]", "rows", ("param", "out.weight")),
+          "Wo_r = Wo[rows r, :]", Shard(0), ("param", "out.weight")),
         S("input", "replicate X", "forward", "X", "every rank holds X (f: identity)",
-          "replicated", ("input",)),
+          Replicate(), ("input",)),
         S("qkv", "Q, K, V of own heads", "forward", "QKV", "[Q_r, K_r, V_r] = X @ Wqkv_r + b_r",
-          "cols", ("hook", "qkv", "out")),
+          Shard(-1), ("hook", "qkv", "out")),
         S("attn", "attention on own heads", "forward", "C",
-          "C_r = softmax(Q_r K_r^T/sqrt d) V_r", "cols", ("hook", "core", "out")),
+          "C_r = softmax(Q_r K_r^T/sqrt d) V_r", Shard(-1), ("hook", "core", "out")),
         S("partial", "Wo local matmul", "forward", "Y", "P_r = C_r @ Wo_r (no bias), handed to g",
-          "partial", ("record", "g", "forward", "in")),
-        S("reduced", "all-reduce (g forward)", "forward", "Y", "S = sum_r P_r", "replicated",
+          Partial(), ("record", "g", "forward", "in")),
+        S("reduced", "all-reduce (g forward)", "forward", "Y", "S = sum_r P_r", Replicate(),
           ("record", "g", "forward", "out"), G_FWD),
-        S("output", "add bo once", "forward", "Y", "Y = S + bo", "replicated", ("output",)),
+        S("output", "add bo once", "forward", "Y", "Y = S + bo", Replicate(), ("output",)),
         S("d_attn", "context grad", "backward", "dC", "dC_r = dY @ Wo_r.T (g backward: identity)",
-          "cols", ("hook", "core", "grad_out")),
-        S("out.weight_grad", "Wo weight grad", "backward", "dWo", "dWo_r = C_r.T @ dY", "rows",
+          Shard(-1), ("hook", "core", "grad_out")),
+        S("out.weight_grad", "Wo weight grad", "backward", "dWo", "dWo_r = C_r.T @ dY", Shard(0),
           ("grad", "out.weight")),
         S("out.bias_grad", "Wo bias grad", "backward", "dbo", "dbo = dY summed over rows",
-          "replicated", ("grad", "out.bias")),
+          Replicate(), ("grad", "out.bias")),
         S("d_qkv", "Q, K, V grads of own heads", "backward", "dQKV",
-          "back through own heads", "cols", ("hook", "qkv", "grad_out")),
+          "back through own heads", Shard(-1), ("hook", "qkv", "grad_out")),
         *f_backward_steps("dX_r = dQKV_r @ Wqkv_r.T"),
         S("qkv.weight_grad", "Wqkv weight grad", "backward", "dWqkv", "dWqkv_r = X.T @ dQKV_r",
-          "cols", ("grad", "qkv.weight")),
+          Shard(-1), ("grad", "qkv.weight")),
         S("qkv.bias_grad", "Wqkv bias grad", "backward", "dbqkv", "dbqkv_r = dQKV_r summed over rows",
-          "cols", ("grad", "qkv.bias")),
+          Shard(-1), ("grad", "qkv.bias")),
     ]
 
 

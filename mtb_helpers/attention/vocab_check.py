@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import Partial, Replicate, Shard
 
 from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.checking.report import Report
@@ -108,31 +109,31 @@ def _vocab_on_rank(inputs: dict, reduction: str, wrong: Bug | None) -> dict:
 def _specs() -> list[S]:
     return [
         S("embedding.weight", "shard E by vocabulary rows", "forward", "E",
-          "E_r = E[tokens of rank r, :]", "rows", ("param",)),
+          "E_r = E[tokens of rank r, :]", Shard(0), ("param",)),
         S("embedding.partial", "look up own tokens", "forward", "X",
-          "X_r = E_r[id - start] if rank r owns id, else 0", "partial", ("record",)),
+          "X_r = E_r[id - start] if rank r owns id, else 0", Partial(), ("record",)),
         S("embedding.output", "all-reduce (g forward)", "forward", "X", "X = sum_r X_r",
-          "replicated", ("output",), ("g", "forward")),
+          Replicate(), ("output",), ("g", "forward")),
         S("embedding.weight_grad", "embedding grad of own rows", "backward", "dE",
-          "dE_r[id - start] += dX (own tokens only)", "rows", ("grad",)),
+          "dE_r[id - start] += dX (own tokens only)", Shard(0), ("grad",)),
         S("logits", "shard logits by vocabulary", "forward", "Z", "Z_r = Z[:, tokens of rank r]",
-          "cols", ("input",)),
-        S("ce.local_max", "local max", "forward", "m", "m_r = max_j Z_r[:, j]", "partial",
+          Shard(-1), ("input",)),
+        S("ce.local_max", "local max", "forward", "m", "m_r = max_j Z_r[:, j]", Partial("max"),
           ("record",)),
-        S("ce.max", "all-reduce (max)", "forward", "m", "m = max_r m_r", "replicated",
+        S("ce.max", "all-reduce (max)", "forward", "m", "m = max_r m_r", Replicate(),
           ("record",), ("max", "forward")),
         S("ce.local_sum_exp", "local sum of exp", "forward", "S", "S_r = sum_j exp(Z_r - m)",
-          "partial", ("record",)),
-        S("ce.sum_exp", "all-reduce (sum of exp)", "forward", "S", "S = sum_r S_r", "replicated",
+          Partial(), ("record",)),
+        S("ce.sum_exp", "all-reduce (sum of exp)", "forward", "S", "S = sum_r S_r", Replicate(),
           ("record",), ("sum_exp", "forward")),
         S("ce.local_target_logit", "pick own target logits", "forward", "T",
-          "T_r = Z_r[target] - m if rank r owns target, else 0", "partial", ("record",)),
+          "T_r = Z_r[target] - m if rank r owns target, else 0", Partial(), ("record",)),
         S("ce.target_logit", "all-reduce (target logit)", "forward", "T", "T = sum_r T_r",
-          "replicated", ("record",), ("target_logit", "forward")),
-        S("loss", "loss", "forward", "L", "L = log S - T (then the reduction)", "replicated",
+          Replicate(), ("record",), ("target_logit", "forward")),
+        S("loss", "loss", "forward", "L", "L = log S - T (then the reduction)", Replicate(),
           ("output",)),
         S("logits_grad", "logits grad (local)", "backward", "dZ",
-          "dZ_r = (exp(Z_r - m) / S - onehot_r(target)) * dL", "cols", ("input_grad",)),
+          "dZ_r = (exp(Z_r - m) / S - onehot_r(target)) * dL", Shard(-1), ("input_grad",)),
     ]
 
 

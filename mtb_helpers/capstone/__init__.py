@@ -5,12 +5,12 @@ process), grid.py (the 4D rank grid and its groups), layers.py (the model rebuil
 course's parallel layers), parallel.py (``train_parallel``), validate.py, bugs.py, check.py
 (``check_capstone``), plots.py, widget.py, cli.py (``minitrainbench train``)."""
 from mtb_helpers.capstone.data import VOCAB, batch_for_step, corpus, decode, encode
-from mtb_helpers.capstone.grid import Grid, Layout, coords, group_ranks, rank_of
+from mtb_helpers.capstone.grid import Grid, Layout, group_ranks
 from mtb_helpers.capstone.model import GPTConfig, TinyGPT, make_model
 from mtb_helpers.capstone.parallel import ParallelRun, train_parallel
 from mtb_helpers.capstone.reference import TrainConfig, train_reference
 from mtb_helpers.capstone.validate import admissible_layouts, validate
 
-__all__ = ["VOCAB", "batch_for_step", "corpus", "decode", "encode", "Grid", "Layout", "coords",
-           "group_ranks", "rank_of", "GPTConfig", "TinyGPT", "make_model", "ParallelRun",
+__all__ = ["VOCAB", "batch_for_step", "corpus", "decode", "encode", "Grid", "Layout",
+           "group_ranks", "GPTConfig", "TinyGPT", "make_model", "ParallelRun",
            "train_parallel", "TrainConfig", "train_reference", "admissible_layouts", "validate"]

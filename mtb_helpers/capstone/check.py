@@ -24,12 +24,14 @@ which blocks, heads, positions, sequences), ``held_params`` (parameters each ran
 """
 from __future__ import annotations
 
+import functools
 import math
+from typing import NamedTuple
 
 import torch
 
 from mtb_helpers.capstone.costs import FORMULAS, GROUP_NAMES, formula_bytes, measured_bytes
-from mtb_helpers.capstone.grid import Layout, rank_of
+from mtb_helpers.capstone.grid import Layout
 from mtb_helpers.capstone.layers import shard_param, stage_blocks
 from mtb_helpers.capstone.model import GPTConfig
 from mtb_helpers.capstone.parallel import full_state, train_parallel
@@ -38,7 +40,7 @@ from mtb_helpers.capstone.validate import validate
 from mtb_helpers.checking.report import Report, compare
 from mtb_helpers.checking.tolerances import as_dtype
 
-__all__ = ["check_capstone", "StepComparison", "TOLERANCE", "grid_table", "LAYOUTS"]
+__all__ = ["check_capstone", "StepComparison", "FreeRun", "free_run", "TOLERANCE", "grid_table", "LAYOUTS"]
 
 # fp32: AdamW scales every update to about lr whatever the gradient's size, so where a gradient
 # component is near zero a rounding difference in it (another summation order over micro-batches
@@ -63,10 +65,9 @@ def _row(quantity, rank, got, ref, ref64, dtype, note):
 
 def grid_table(layout: Layout, cfg: GPTConfig, batch: int) -> list[dict]:
     """Per rank: its coordinates and what it holds: blocks, heads, positions, sequences."""
-    from mtb_helpers.capstone.grid import coords
-    out = []
+    mesh, out = layout.mesh(), []
     for r in range(layout.world_size):
-        at = coords(r, layout)
+        at = mesh.coords(r)
         blocks = stage_blocks(cfg.layers, layout.pp, at["pp"])
         heads, n, bd = cfg.heads // layout.tp, cfg.seq // layout.cp, batch // layout.dp
         out.append({"rank": r, **at, "blocks": [blocks.start, blocks.stop],
@@ -81,6 +82,31 @@ def _finite_or_none(values: list[float]) -> list[float | None]:
     return [v if math.isfinite(v) else None for v in values]
 
 
+class FreeRun(NamedTuple):
+    """The free-running one-process run: per step its loss and flat parameters after it (in
+    ``names`` order), and the final parameters by name."""
+    names: list[str]
+    losses: list[float]
+    flats: list[torch.Tensor]
+    params: dict[str, torch.Tensor]
+
+
+@functools.lru_cache(maxsize=2)
+def free_run(cfg: GPTConfig, run_cfg: TrainConfig, dtype: torch.dtype) -> FreeRun:
+    """``run_cfg.steps`` steps of the one-process run. It depends on neither the layout, the
+    strategy nor the bug, so an explorer moving those reuses it (the last two runs are kept,
+    ~0.3 MB per step; nothing here is modified after it is made); the re-anchored reference,
+    which starts from the parallel run's own state, is stepped again every time."""
+    ref = Reference(cfg, run_cfg, dtype)
+    names = [n for n, _ in ref.model.named_parameters()]
+    losses, flats, params = [], [], {n: p.detach().clone() for n, p in ref.model.named_parameters()}
+    for k in range(run_cfg.steps):
+        loss, params = ref.step(k)
+        losses.append(loss)
+        flats.append(torch.cat([params[n].reshape(-1) for n in names]))
+    return FreeRun(names, losses, flats, params)
+
+
 class StepComparison:
     """Fed every call's results by ``train_parallel`` (``on_call``). For each step k: the
     parallel loss and the parameters after the step against the reference re-anchored on the
@@ -92,9 +118,9 @@ class StepComparison:
         self.anchored = Reference(cfg, run_cfg, dtype)
         self.anchored64 = (self.anchored if dtype == torch.float64
                            else Reference(cfg, run_cfg, torch.float64))
-        self.free = Reference(cfg, run_cfg, dtype)
-        self.names = [n for n, _ in self.free.model.named_parameters()]
-        self.rank = rank_of(layout, pp=layout.pp - 1)   # the last stage's first rank
+        self.free = free_run(cfg, run_cfg, dtype)
+        self.names = self.free.names
+        self.rank = layout.mesh().rank_of(pp=layout.pp - 1)   # the last stage's first rank
         self.rows: dict[str, list] = {"loss": [], "step": []}
         self.free_losses: list[float] = []
         self.errors = {"anchored": {"loss": [], "params": []}, "free": {"loss": [], "params": []}}
@@ -120,10 +146,10 @@ class StepComparison:
             losses = (torch.tensor([v], dtype=torch.float64) for v in (got_loss, loss, loss64))
             self.rows["loss"].append(_row("loss", self.rank, *losses, self.dtype, note))
             self.rows["step"].append(_row("step", self.rank, got, want, want64, self.dtype, note))
-            free_loss, free_params = self.free.step(k)
+            free_loss = self.free.losses[k]
             self.free_losses.append(free_loss)
             for kind, ref_loss, ref_params in (("anchored", loss, want),
-                                               ("free", free_loss, self._flat(free_params))):
+                                               ("free", free_loss, self.free.flats[k])):
                 self.errors[kind]["loss"].append(abs(got_loss - ref_loss))
                 self.errors[kind]["params"].append(float((got.double() - ref_params.double())
                                                          .abs().max()))
@@ -172,8 +198,8 @@ def check_capstone(tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, steps: in
         sent.append(measured_bytes(res["record"]))
         formula.append(formula_bytes(layout, cfg, batch, microbatches, sequence_parallel,
                                      strategy, res["index"], got.numel(), d))
-    param_errors = {n: float((p.double() - comparison.free.model.get_parameter(n).detach().double())
-                             .abs().max()) for n, p in result.params.items()}
+    param_errors = {n: float((p.double() - comparison.free.params[n].double()).abs().max())
+                    for n, p in result.params.items()}
     extra = {
         "losses": {"parallel": result.losses, "reference": comparison.free_losses},
         "drift": comparison.drift(),

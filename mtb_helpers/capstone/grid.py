@@ -11,7 +11,9 @@ parameter are averaged over every rank holding the same shard of it and seeing d
 that is the data-parallel **and** the context-parallel ranks, so the gradient reduction runs in
 the ``dp x cp`` group (Megatron calls it the data-parallel group "with context parallelism").
 The numbering, the groups and the flattened ``dp_cp`` group are ``comm.mesh``'s
-``Mesh(pp=pp, dp=dp, cp=cp, tp=tp)``, PyTorch's ``init_device_mesh`` with the same dims.
+``Mesh(pp=pp, dp=dp, cp=cp, tp=tp)`` (``Layout.mesh()``), PyTorch's ``init_device_mesh`` with the
+same dims: a rank's coordinates are ``layout.mesh().coords(rank)``, the rank at a cell
+``layout.mesh().rank_of(pp=.., tp=..)``.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 
 from mtb_helpers.comm.mesh import Mesh, MeshGroups
 
-__all__ = ["DIMS", "Layout", "coords", "rank_of", "group_ranks", "Grid"]
+__all__ = ["DIMS", "Layout", "group_ranks", "Grid"]
 
 DIMS = ("tp", "cp", "dp", "pp")   # fastest-varying first
 
@@ -47,14 +49,8 @@ class Layout:
 
 
 def coords(rank: int, layout: Layout) -> dict[str, int]:
-    """``{"tp": tp_i, "cp": cp_i, "dp": dp_i, "pp": pp_i}`` of ``rank`` (``Mesh.coords``)."""
-    at = layout.mesh().coords(rank)
-    return {d: at[d] for d in DIMS}
-
-
-def rank_of(layout: Layout, **index: int) -> int:
-    """The rank at ``index`` (``Mesh.rank_of``; a dim left out is at 0)."""
-    return layout.mesh().rank_of(**index)
+    """Alias of ``layout.mesh().coords(rank)``, kept only for mtb_helpers/plan/check.py; use the Mesh."""
+    return layout.mesh().coords(rank)
 
 
 def group_ranks(layout: Layout, dims: tuple[str, ...]) -> list[list[int]]:

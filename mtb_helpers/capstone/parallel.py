@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from mtb_helpers.capstone.data import batch_for_step, corpus, encode
-from mtb_helpers.capstone.grid import Grid, Layout, rank_of
+from mtb_helpers.capstone.grid import Grid, Layout
 from mtb_helpers.capstone.layers import ParallelEmbedding, build_stage, gather_param
 from mtb_helpers.capstone.model import GPTConfig, make_model
 from mtb_helpers.capstone.reference import TrainConfig
@@ -247,7 +247,7 @@ def train_parallel(tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, steps: in
             progress(done, steps, losses[-1], pace)
     params = {}
     for stage in range(pp):
-        owners = [results[rank_of(layout, tp=j, pp=stage)] for j in range(tp)]
+        owners = [results[layout.mesh().rank_of(tp=j, pp=stage)] for j in range(tp)]
         for name in owners[0]["params"]:
             params.update(gather_param([o["params"][name] for o in owners], name))
     order = [name for name, _ in model.named_parameters()]

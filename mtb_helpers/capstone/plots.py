@@ -104,7 +104,12 @@ def plot_bytes(bytes_info: dict, title: str = "") -> Figure:
         total = sum(formula[r].values()) / 1024
         ax.plot([r - 0.4, r + 0.4], [total, total], color="black", linewidth=2)
     highest = max(max(sum(sent.values()), sum(f.values())) for sent, f in zip(per_rank, formula))
-    ax.set_ylim(0, highest / 1024 * 1.08)   # room above the tallest bar and formula tick
+    if highest:
+        ax.set_ylim(0, highest / 1024 * 1.08)   # room above the tallest bar and formula tick
+    else:   # every group has one rank: nothing to send, and a (0, 0) axis would be singular
+        ax.set_ylim(0, 1)
+        ax.text(0.5, 0.5, "no bytes sent: every group holds a single rank", transform=ax.transAxes,
+                ha="center", va="center", fontsize=9)
     ax.set_xticks(range(len(per_rank)), [f"rank {r}" for r in range(len(per_rank))])
     for r, tick in enumerate(ax.get_xticklabels()):
         tick.set_color(rank_color(r))

@@ -4,8 +4,9 @@ A bug is the correct piece with one thing wrong: usually a subclass of a correct
 overrides one method (marked ``# BUG``), so the correct layers carry no test-only code path and a
 notebook can show the wrong code with ``inspect.getsource``. Each topic's bug modules hold
 ``BUGS: dict[str, Bug]``; the manifest (:mod:`mtb_helpers.topics`) registers them here under the
-topic's name when ``mtb_helpers`` is imported, and a name two topics declare is refused then,
-naming both. This module knows no topic: topics register into it.
+topic's name the first time a name is looked up (or ``mtb_helpers.BUGS`` is read), and a name two
+topics declare is refused then, naming both. This module knows no topic: topics register into it,
+through the loader the top of the package hands over (checking/loaders.py).
 
     Bug("row layer: every rank adds the full bias before the all-reduce ...",   # what it breaks
         checks=("row", "mlp"),                                 # the checks that can inject it
@@ -23,15 +24,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from mtb_helpers.checking.loaders import run_loaders
+
 __all__ = ["Bug", "swap", "names_for", "register", "resolve", "registered"]
 
 _REGISTRY: dict[str, "Bug"] = {}   # every registered name -> its Bug (filled by mtb_helpers.topics)
 _OWNERS: dict[str, str] = {}       # every registered name -> the topic that declared it
 
 
+def _loaded() -> dict[str, "Bug"]:
+    """The registry, once the loaders handed over by the top of the package have filled it."""
+    run_loaders()
+    return _REGISTRY
+
+
 def _registered_bug(name: str) -> "Bug":
     """A pickled ``Bug``, unpickled on a rank: the same registry entry there."""
-    return _REGISTRY[name]
+    return _loaded()[name]
 
 
 @dataclass(frozen=True)
@@ -62,7 +71,7 @@ class Bug:
         return unmet
 
     def __reduce__(self):
-        name = next((n for n, b in _REGISTRY.items() if b is self), None)
+        name = next((n for n, b in _loaded().items() if b is self), None)
         if name is None:
             raise TypeError(f"only a registered Bug can be sent to the ranks: {self.description}")
         return _registered_bug, (name,)
@@ -94,7 +103,7 @@ def register(topic: str, bugs: dict[str, Bug]) -> None:
 
 def registered() -> dict[str, Bug]:
     """{name: Bug} of every registered bug."""
-    return dict(_REGISTRY)
+    return dict(_loaded())
 
 
 def resolve(name: str | None, check: str | tuple[str, ...], **args: Any) -> Bug | None:
@@ -104,7 +113,7 @@ def resolve(name: str | None, check: str | tuple[str, ...], **args: Any) -> Bug 
     if name is None:
         return None
     checks = (check,) if isinstance(check, str) else tuple(check)
-    bug = _REGISTRY.get(name)
+    bug = _loaded().get(name)
     if bug is None:
         raise ValueError(f"unknown bug {name!r}; known bugs: {', '.join(sorted(_REGISTRY))}")
     if not set(checks) & set(bug.checks):

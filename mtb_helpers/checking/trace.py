@@ -9,9 +9,14 @@ in the trace exactly where it goes wrong, and a collective it never issued shows
 Every tensor is drawn as its 2-D view ``[rows, cols]``: an activation ``[.., n]`` is
 ``[prod(..), n]``, a bias is ``[1, out]``, and a weight is shown in the math layout of
 ``Y = X @ W + b``, ``W = weight.T`` ``[in, out]``, so a column-parallel shard really is a block of
-columns (``W = [W0, ..., Wn]``) and a row-parallel shard a block of rows. A ``layout`` says which part of
-that view rank ``r`` holds: ``"rows"`` / ``"cols"`` (its contiguous shard), ``"replicated"`` (all
-of it), ``"partial"`` (all of it, but only its share of a sum).
+columns (``W = [W0, ..., Wn]``) and a row-parallel shard a block of rows. A step's ``layout`` says
+which part of that view rank ``r`` holds, in DTensor's placements as every layer's
+``input_layouts`` / ``output_layouts`` do (comm/sharding.py): ``Shard(0)`` (its contiguous block
+of rows), ``Shard(-1)`` (of columns), ``Replicate()`` (all of it), ``Partial()`` (all of it, but
+only its addend of a sum; ``Partial("max")``: its candidate for a max). An activation's view keeps
+its last dim, so its placements read as the layer declares them; a weight's are those of
+``W = weight.T``: a column-parallel weight, ``Shard(0)`` of nn.Linear's ``weight``, is ``Shard(-1)``
+of ``W``.
 """
 from __future__ import annotations
 
@@ -20,13 +25,14 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 
 from mtb_helpers.comm.issue import group_size
 from mtb_helpers.comm.records import CollectiveRecord, record
 from mtb_helpers.checking.report import Row, compare, tolerance
-from mtb_helpers.comm.sharding import local_piece, shard_range
+from mtb_helpers.comm.sharding import local_piece, name, shard_range
 
-LAYOUTS = ("rows", "cols", "replicated", "partial")
+LAYOUTS = (Shard(0), Shard(-1), Replicate(), Partial(), Partial("max"))   # a step's 2-D view
 
 
 @dataclass(frozen=True)
@@ -34,15 +40,22 @@ class StepSpec:
     """One step of a check. ``source`` says where a rank finds the step's tensor:
     ``("param", path)``, ``("grad", path)``, ``("input",)``, ``("input_grad",)``, ``("output",)``,
     ``("record", region, direction, "in" | "out")``, ``("hook", path, "out" | "grad_out")``.
-    ``collective`` = ``(region, direction)`` of the region event this step shows, if any."""
+    ``collective`` = ``(region, direction)`` of the region event this step shows, if any.
+    ``layout``: the placement of the step's 2-D view, one of ``LAYOUTS``."""
     key: str
     name: str
     phase: str
     tensor: str
     formula: str
-    layout: str
+    layout: Placement
     source: tuple
     collective: tuple | None = None
+
+    def __post_init__(self):
+        if not any(self.layout == p for p in LAYOUTS):   # Shard(0) == "rows" is False, not an error
+            raise ValueError(f"step {self.key!r}: layout {self.layout!r} is not a placement of a 2-D "
+                             f"view; use Shard(0) (rows), Shard(-1) (columns), Replicate(), Partial() "
+                             f"or Partial('max')")
 
 
 @dataclass
@@ -63,7 +76,8 @@ class Holding:
 class Step:
     """One step of the trace; ``holdings[r]`` is rank r's part. ``collective`` is the event dict
     of the region this step runs (rank 0's record), ``None`` for a local step, and
-    ``{"missing": True, ...}`` when the layer should have issued one but did not."""
+    ``{"missing": True, ...}`` when the layer should have issued one but did not. ``layout`` is the
+    spec's placement as the code that makes it (``"Shard(-1)"``, ``"Partial()"``): JSON-ready."""
     index: int
     name: str
     phase: str
@@ -103,19 +117,20 @@ def as2d(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(1, -1) if x.dim() == 1 else x.reshape(-1, x.shape[-1])
 
 
-def block(shape: tuple[int, int], layout: str, world_size: int, rank: int):
-    """``(rows, cols)`` ranges of rank ``rank``'s part of a ``shape`` 2-D view."""
+def block(shape: tuple[int, int], layout: Placement, world_size: int, rank: int):
+    """``(rows, cols)`` ranges of rank ``rank``'s part of a ``shape`` 2-D view under ``layout``."""
     rows, cols = (0, shape[0]), (0, shape[1])
-    if layout == "rows":
+    if layout == Shard(0):
         rows = shard_range(shape[0], world_size, rank)
-    elif layout == "cols":
+    elif layout == Shard(-1):
         cols = shard_range(shape[1], world_size, rank)
     return rows, cols
 
 
-def piece(ref, layout: str, world_size: int, rank: int) -> torch.Tensor:
-    """Rank ``rank``'s reference piece (2-D). For ``"partial"`` ``ref`` is the per-rank list."""
-    if layout == "partial":
+def piece(ref, layout: Placement, world_size: int, rank: int) -> torch.Tensor:
+    """Rank ``rank``'s reference piece (2-D). For a ``Partial`` step ``ref`` is the per-rank list
+    (what each rank's addend should be: a sum's split is not unique, so the check says which)."""
+    if isinstance(layout, Partial):
         return as2d(ref[rank])
     ref = as2d(ref)
     (r0, r1), (c0, c1) = block(tuple(ref.shape), layout, world_size, rank)
@@ -201,13 +216,14 @@ def _collective(spec: StepSpec, rec: CollectiveRecord) -> dict | None:
 def build_steps(specs: list[StepSpec], results: list[dict], refs: dict,
                 dtype: torch.dtype) -> list[Step]:
     """The trace from every rank's ``trace_on_rank`` result and the references ``refs[key]``
-    (global tensor in ``dtype``; for a ``"partial"`` step, the list of per-rank partial sums)."""
+    (global tensor in ``dtype``; for a ``Partial`` step, the list of per-rank addends)."""
     t = len(results)
     steps = []
     for index, spec in enumerate(specs, start=1):
         ref = refs[spec.key]
-        shape = tuple(as2d(ref[0] if spec.layout == "partial" else ref).shape)
-        tol = tolerance(as2d(ref[0] if spec.layout == "partial" else ref), dtype)
+        partial = isinstance(spec.layout, Partial)
+        shape = tuple(as2d(ref[0] if partial else ref).shape)
+        tol = tolerance(as2d(ref[0] if partial else ref), dtype)
         holdings = []
         for r, res in enumerate(results):
             want = piece(ref, spec.layout, t, r)
@@ -216,11 +232,11 @@ def build_steps(specs: list[StepSpec], results: list[dict], refs: dict,
             if got is not None and tuple(as2d(got).shape) == tuple(want.shape):
                 err = float((as2d(got).double() - want.double()).abs().max()) if want.numel() else 0.0
             rows, cols = block(shape, spec.layout, t, r)
-            holdings.append(Holding(r, rows, cols, spec.layout == "partial",
+            holdings.append(Holding(r, rows, cols, partial,
                                     None if got is None else tuple(got.shape), err,
                                     err is not None and err <= tolerance(want, dtype)))
         steps.append(Step(index, spec.name, spec.phase, spec.tensor, spec.formula, shape,
-                          spec.layout, _collective(spec, results[0]["record"]), holdings, tol))
+                          name(spec.layout), _collective(spec, results[0]["record"]), holdings, tol))
     return steps
 
 

@@ -3,7 +3,7 @@
 Exit status: 0 when every check passes, 1 when one fails, 2 on bad arguments (argparse's own
 convention, which ValueErrors raised by the checks' validation follow too), 130 when interrupted
 (Ctrl-C: one line, no traceback). With --json stdout is one JSON document whatever the outcome
-(cli/common.py: run_command).
+(cli/common.py: run_command); whatever else is printed meanwhile goes to stderr (json_stdout).
 
 Each topic of the manifest (:mod:`mtb_helpers.topics`) registers its commands with its
 ``cli.register(top, groups)``; ``groups`` maps a group name ("tp", "pp", ...) to the sub-parsers
@@ -11,15 +11,21 @@ of ``minitrainbench <group>``.
 """
 from __future__ import annotations
 
-import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from mtb_helpers.topics import Topic, cli_groups, listed
+if TYPE_CHECKING:
+    import argparse
+
+    from mtb_helpers.topics import Topic
 
 
 def build_parser(topics: tuple[Topic, ...] | None = None) -> argparse.ArgumentParser:
     """The command line of every topic in the manifest: first the groups the topics open, then
     each topic's ``cli.register(top, groups)`` (a topic may add commands to another's group)."""
+    import argparse   # here, not above: importing this module must cost nothing (main's Ctrl-C)
+
+    from mtb_helpers.topics import cli_groups, listed
     parser = argparse.ArgumentParser(
         prog="minitrainbench",
         description="Run MiniTrainBench's checks on real gloo ranks (or inside torchrun).")
@@ -34,18 +40,35 @@ def build_parser(topics: tuple[Topic, ...] | None = None) -> argparse.ArgumentPa
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mtb_helpers.cli.common import print_failure_json, run_command
+    """The ``minitrainbench`` console script. Importing it imports no torch (``mtb_helpers`` loads
+    lazily), so Ctrl-C is handled from here on: while the commands load and import torch, or run."""
     argv = sys.argv[1:] if argv is None else list(argv)
     as_json = "--json" in argv
     try:
-        args = run_command(lambda: build_parser().parse_args(argv), as_json)
+        return _main(argv, as_json)
+    except KeyboardInterrupt:   # between the steps run_command guards
+        from mtb_helpers.cli.common import interrupted
+        return interrupted(as_json)
+
+
+def _main(argv: list[str], as_json: bool) -> int:
+    from mtb_helpers.cli.common import (exit_on_interrupt, json_stdout, print_failure_json,
+                                        run_command)
+
+    def parse() -> object:
+        with exit_on_interrupt(as_json):   # the topics and torch load here
+            parser = build_parser()
+        return parser.parse_args(argv)
+    try:
+        args = run_command(parse, as_json)
     except SystemExit as exc:   # argparse: usage on stderr, exit 2 (0 after --help)
         if as_json and exc.code == 2:
             print_failure_json(None, "bad arguments: argparse's message is on stderr")
         raise
     if isinstance(args, int):   # interrupted while the commands were being loaded
         return args
-    return int(run_command(lambda: args.func(args), as_json))
+    with json_stdout(as_json):   # stdout: the document only; everything else to stderr
+        return int(run_command(lambda: args.func(args), as_json))
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ calibration, headless.
 from __future__ import annotations
 
 import argparse
-import json
 
+from mtb_helpers.cli.common import print_document
 from mtb_helpers.cost.calibrate import DEFAULT_SIZES, calibrate
 from mtb_helpers.cost.model import ALGORITHMS, COLLECTIVES, Link, busbw, n_half, normalize, predict
 
@@ -57,7 +57,7 @@ def predict_command(args: argparse.Namespace) -> int:
            "n_half": n_half(name, args.world_size, link, args.algorithm)
            if args.world_size > 1 else None}
     if args.json:
-        print(json.dumps(row, allow_nan=False))
+        print_document(row)
     else:
         others = ", ".join(a for a in ALGORITHMS[name] if a != args.algorithm)
         print(f"{name} ({args.algorithm}) of {args.nbytes:.6g} B on {args.world_size} ranks, "
@@ -77,7 +77,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
         raise ValueError(f"--sizes must be comma-separated byte counts, got {args.sizes!r}") from None
     cal = calibrate(args.world_size, sizes=sizes, collectives=args.collective, k=args.k)
     if args.json:
-        print(json.dumps(cal.to_dict(), allow_nan=False))
+        print_document(cal.to_dict())
     else:
         print(f"calibrated on {cal.world_size} gloo ranks of this machine (times move from machine "
               "to machine, and with its load):")

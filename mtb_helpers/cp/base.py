@@ -44,11 +44,37 @@ class ContextParallelAttention:
         self.steps: list[dict] = []
 
     def _validate(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self._check_same_shards_everywhere(q, k, v)
         if not (q.dim() == 4 and q.shape == k.shape == v.shape):
             raise ValueError(f"q, k, v must be [b, heads, s/t, d] shards of one shape; got "
                              f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
         check_sequence(q.shape[2] * self.t, self.t, self.layout)
         self.scale = 1.0 / math.sqrt(q.shape[-1])
+
+    def _check_same_shards_everywhere(self, q: torch.Tensor, k: torch.Tensor,
+                                      v: torch.Tensor) -> None:
+        """ValueError on every rank unless every rank holds q, k, v shards of the same shapes.
+        Gloo does not refuse unequal ring hops or all-gathers: it aborts the process ("Received
+        data size doesn't match expected size") or hangs. One small all-gather of the shapes
+        first (not in the collective record: it checks, it moves none of the data) lets every
+        rank see the same mismatch and raise the same error, naming each rank's length."""
+        if self.t == 1:
+            return
+        mine = torch.tensor([_shape_code(x) for x in (q, k, v)], dtype=torch.int64)   # [3, 5]
+        everyone = [torch.empty_like(mine) for _ in range(self.t)]
+        dist.all_gather(everyone, mine, group=self.group)          # t x [3, 5], in rank order
+        codes = [code.tolist() for code in everyone]
+        if all(code == codes[0] for code in codes):
+            return
+        shapes = [[_shape_of(row) for row in code] for code in codes]
+        lengths = ", ".join(f"rank {r}: {qs[2] if len(qs) > 2 else '?'}"
+                            for r, (qs, _, _) in enumerate(shapes))
+        held = "; ".join(f"rank {r}: " + (f"{qs}" if qs == ks == vs else f"q {qs}, k {ks}, v {vs}")
+                         for r, (qs, ks, vs) in enumerate(shapes))
+        raise ValueError(
+            f"context-parallel attention needs shards of one shape [b, heads, s/t, d] on every "
+            f"rank (shard_sequence(x, t, r, layout, dim=2) cuts them so); the sequence length "
+            f"(dim 2) per rank is {lengths}; shapes held: {held}")
 
     def positions(self, source: int, n: int) -> torch.Tensor:
         """Global positions of the ``n`` rows rank ``source`` holds (the causal mask compares these)."""
@@ -80,3 +106,13 @@ class ContextParallelAttention:
         """Note K/V tensors alive at once (for the memory comparison)."""
         self.kv_peak_bytes = max(self.kv_peak_bytes,
                                  sum(x.numel() * x.element_size() for x in tensors))
+
+
+def _shape_code(x: torch.Tensor) -> list[int]:
+    """``[ndim, first 4 sizes, padded with -1]``: one fixed-size row, whatever ``x`` is."""
+    return [x.dim(), *(list(x.shape[:4]) + [-1] * 4)[:4]]
+
+
+def _shape_of(code: list[int]) -> list[int]:
+    """The shape a ``_shape_code`` row stands for (its first 4 dims)."""
+    return [size for size in code[1:] if size >= 0][:code[0]]

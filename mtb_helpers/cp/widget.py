@@ -78,13 +78,15 @@ def explore_balance(world_size: int = 4, variant: str = "ring") -> widgets.VBox:
 
     def render() -> list:
         t = size.value
-        work = {}
+        work, verdict = {}, {}
         for layout in ("contiguous", "zigzag"):
             report = check_context_parallel(world_size=t, seq=SEQ, causal=True,
                                             variant=variant, layout=layout, dtype="float64")
             work[layout] = report.extra["cp"]["work"]["forward"]
+            verdict[layout] = "PASS" if report.passed else "FAIL"
         return [f"s = {SEQ}, t = {t}: contiguous {work['contiguous']}, zigzag "
-                f"{work['zigzag']} scores per (batch, head)",
+                f"{work['zigzag']} scores per (batch, head); check against one process: "
+                f"contiguous {verdict['contiguous']}, zigzag {verdict['zigzag']}",
                 work_png(work, title=f"Causal work per rank, {t} rank{'s' * (t > 1)}")]
 
     return live_view([[size]], render)

@@ -22,6 +22,7 @@ the record vs the formulas (``communication``; ``records`` are those of the last
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +62,13 @@ def reference_step(model, batch, adam: Adam, state: dict | None = None):
     """One Adam step of ``model`` (a copy) on the whole batch, on one process, optionally from the
     flat ``state`` (``exp_avg``, ``exp_avg_sq``, ``step``). Returns the flat ``[Ψ]`` results:
     ``{"params", "grads", "exp_avg", "exp_avg_sq", "step"}``."""
+    return reference_steps(model, [batch], adam, state)[0]
+
+
+def reference_steps(model, batches, adam: Adam, state: dict | None) -> list[dict]:
+    """``reference_step`` chained over ``batches``: the flat results after each step. One copy
+    of the model and one optimizer carry the state from step to step (the same numbers as
+    restoring the flat state before every step, without a deep copy per step)."""
     model = copy.deepcopy(model)
     params = list(model.parameters())
     opt = adam.make(params)
@@ -71,23 +79,15 @@ def reference_step(model, batch, adam: Adam, state: dict | None = None):
                             **{k: state[k][offset:offset + p.numel()].view_as(p).clone().to(p.dtype)
                                for k in ("exp_avg", "exp_avg_sq")}}
             offset += p.numel()
-    x, y = batch
-    F.mse_loss(model(x), y).backward()
-    opt.step()
-    return {"params": flat(params), "grads": flat(p.grad for p in params),
-            "exp_avg": flat(opt.state[p]["exp_avg"] for p in params),
-            "exp_avg_sq": flat(opt.state[p]["exp_avg_sq"] for p in params),
-            "step": int(opt.state[params[0]]["step"])}
-
-
-def reference_steps(model, batches, adam: Adam, state: dict) -> list[dict]:
-    """``reference_step`` chained over ``batches``: the flat results after each step."""
-    model, out = copy.deepcopy(model), []
-    for batch in batches:
-        out.append(reference_step(model, batch, adam, state))
-        state = out[-1]
-        for p, v in zip(model.parameters(), _split(state["params"], model)):
-            p.data = v
+    out = []
+    for x, y in batches:
+        opt.zero_grad(set_to_none=True)   # every step's gradient is its own batch's
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        out.append({"params": flat(params), "grads": flat(p.grad for p in params),
+                    "exp_avg": flat(opt.state[p]["exp_avg"] for p in params),
+                    "exp_avg_sq": flat(opt.state[p]["exp_avg_sq"] for p in params),
+                    "step": int(opt.state[params[0]]["step"])})
     return out
 
 
@@ -165,6 +165,26 @@ def _validate(strategy, batch, hidden, ffn_hidden, lr, weight_decay, t, bug, ste
     return wrong
 
 
+@functools.lru_cache(maxsize=4)
+def _problem(batch: int, hidden: int, ffn_hidden: int, lr: float, weight_decay: float,
+             dtype: torch.dtype, seed: int, steps: int):
+    """``(adam, model, start, batches, refs, refs64)``: the problem and its one-process steps (in
+    the run's dtype and in float64). None of it depends on the world size, the strategy or the
+    bug, so an explorer moving those sliders reuses it (kept for the last few settings; nothing
+    here is modified after it is made) and only the ranks run again."""
+    adam = Adam(lr=lr, weight_decay=weight_decay)
+    model, warm, batches = make_problem(batch, hidden, ffn_hidden, dtype, seed, steps)
+    batches = [batches] if steps == 1 else batches
+    start = reference_step(model, warm, adam)              # the state after one earlier step
+    for p, v in zip(model.parameters(), _split(start["params"], model)):
+        p.data = v
+    refs = reference_steps(model, batches, adam, start)
+    refs64 = reference_steps(copy.deepcopy(model).double(),
+                             [tuple(v.double() for v in b) for b in batches], adam,
+                             {k: (v.double() if torch.is_tensor(v) else v) for k, v in start.items()})
+    return adam, model, start, batches, refs, refs64
+
+
 def check_data_parallel(world_size: int = 2, strategy: str = "ddp", batch: int = 8, hidden: int = 8,
                         ffn_hidden: int = 32, lr: float = 1e-2, weight_decay: float = 0.0,
                         dtype=torch.float32, seed: int = 0, bug: str | None = None,
@@ -179,18 +199,12 @@ def check_data_parallel(world_size: int = 2, strategy: str = "ddp", batch: int =
 
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
     wrong = _validate(strategy, batch, hidden, ffn_hidden, lr, weight_decay, t, bug, steps)
-    adam = Adam(lr=float(lr), weight_decay=float(weight_decay))
-    model, warm, batches = make_problem(batch, hidden, ffn_hidden, dtype, seed, steps)
-    batches = [batches] if steps == 1 else batches
-    start = reference_step(model, warm, adam)              # the state after one earlier step
-    for p, v in zip(model.parameters(), _split(start["params"], model)):
-        p.data = v
+    # the ranks get copies (pickled; under torchrun each strategy copies the model or clones
+    # its shards), so the cached problem is never changed
+    adam, model, start, batches, refs, refs64 = _problem(batch, hidden, ffn_hidden, float(lr),
+                                                         float(weight_decay), dtype, seed, steps)
     results = run(_on_rank, strategy, model, start, batches, adam, wrong,
                   world_size=t, timeout=timeout, link=link)   # link=: an emulated link (cost/)
-    refs = reference_steps(model, batches, adam, start)
-    refs64 = reference_steps(copy.deepcopy(model).double(),
-                             [tuple(v.double() for v in b) for b in batches], adam,
-                             {k: (v.double() if torch.is_tensor(v) else v) for k, v in start.items()})
     layout = _layout(strategy, model, t)
     rows = []
     for k, (ref, ref64) in enumerate(zip(refs, refs64)):

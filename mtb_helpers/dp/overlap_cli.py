@@ -12,9 +12,8 @@ Under torchrun only the checks run (an emulated link needs the course's own rank
 from __future__ import annotations
 
 import argparse
-import json
 
-from mtb_helpers.cli.common import is_primary
+from mtb_helpers.cli.common import is_primary, print_document
 
 
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
@@ -57,19 +56,20 @@ def run_overlap(args: argparse.Namespace) -> int:
     passed = all(r.passed for r in reports)
     if in_launched_job():       # an emulated link needs the local rank pool: only the checks here
         if is_primary():
-            print(json.dumps({"passed": passed, "checks": {r.config["wrapper"]: r.verdict()
-                                                           for r in reports}}) if args.json else
-                  "\n".join(f"check_overlap {r.config['wrapper']}: {r.verdict()}" for r in reports)
-                  + "\n(under torchrun the ranks' own network is the link: no emulated timings)")
+            if args.json:
+                print_document({"passed": passed, "checks": {r.config["wrapper"]: r.verdict()
+                                                             for r in reports}})
+            else:
+                print("\n".join(f"check_overlap {r.config['wrapper']}: {r.verdict()}" for r in reports)
+                      + "\n(under torchrun the ranks' own network is the link: no emulated timings)")
         return 0 if passed else 1
     rows = step_table(args.world_size, link, args.bucket_cap_mb, steps=args.steps, **sizes)
     if not is_primary():
         return 0 if passed else 1
     if args.json:
-        print(json.dumps({"passed": passed, "checks": {r.config["wrapper"]: r.verdict() for r in reports},
-                          "label": rows[0]["label"], "unit": "seconds of the modelled link",
-                          "steps": [{k: row[k] for k in ("name", "predicted", "measured")}
-                                    for row in rows]}))
+        print_document({"passed": passed, "checks": {r.config["wrapper"]: r.verdict() for r in reports},
+                        "label": rows[0]["label"], "unit": "seconds of the modelled link",
+                        "steps": [{k: row[k] for k in ("name", "predicted", "measured")} for row in rows]})
     else:
         for r in reports:
             print(f"check_overlap {r.config['wrapper']}: {r.verdict()}")

@@ -35,6 +35,9 @@ __all__ = ["pytorch_overlap", "overlap_model", "OPTIMIZERS", "WRAPPERS"]
 
 OPTIMIZERS = {"sgd": (torch.optim.SGD, {"lr": 0.1}), "adamw": (torch.optim.AdamW, {"lr": 0.01})}
 WRAPPERS = ("ddp", "zero1", "fsdp")
+# DDP's cap for the course's bucket_cap_mb=0 (one bucket per parameter): one byte buckets the same
+# way, and torch 2.11 (Colab) refuses 0 ("bucket_cap_mb should be set by now"); 2.13 takes either
+ONE_BYTE_MB = 2.0 ** -20
 
 
 def overlap_model(hidden: int, dtype: torch.dtype, seed: int) -> nn.Sequential:
@@ -63,7 +66,7 @@ def _ddp(model, bucket_cap_mb):
         seen.append([names[p] for p in bucket.parameters()])
         return allreduce_hook(None, bucket)
 
-    ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=max(bucket_cap_mb, ONE_BYTE_MB))
     ddp.register_comm_hook(None, hook)
     return ddp, seen
 
@@ -174,6 +177,8 @@ def pytorch_overlap(world_size: int = 2, wrapper: str = "ddp", optimizer: str = 
         raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {sorted(OPTIMIZERS)}")
     if batch % t:
         raise ValueError(f"batch={batch} is not divisible by the world size {t}")
+    if not bucket_cap_mb >= 0:
+        raise ValueError(f"bucket_cap_mb must be >= 0 (0: one bucket per parameter), got {bucket_cap_mb!r}")
     model = overlap_model(hidden, dtype, seed)
     gen = torch.Generator().manual_seed(seed + 1)
     batches = [tuple(torch.randn(batch, hidden, generator=gen, dtype=dtype) for _ in range(2))

@@ -11,7 +11,8 @@ so a tensor-parallel group is a row ``[d*tp, ..., d*tp + tp-1]`` and a data-para
 column ``[j, j + tp, j + 2tp, ...]``. Why that order: tensor parallelism communicates inside every
 layer, data parallelism once per step, so the chatty group gets the neighbouring ranks, which a
 launcher places on the same node (NVLink) (Shoeybi et al. 2019; Narayanan et al., SC 2021).
-It is ``comm.mesh``'s ``Mesh(dp=dp, tp=tp)``, as ``init_device_mesh("cpu", (dp, tp))`` numbers it.
+It is ``comm.mesh``'s ``Mesh(dp=dp, tp=tp)``, as ``init_device_mesh("cpu", (dp, tp))`` numbers it: a
+rank's coordinates are ``Mesh(dp=dp, tp=tp).coords(rank)``, the rank at a cell ``.rank_of(dp=d, tp=j)``.
 
 The step (``grid_step_on_rank``, run on every rank): the TP MLP of notebook 03 built inside this
 rank's TP group from the full layers, the forward on this replica's rows of the batch
@@ -37,9 +38,9 @@ from mtb_helpers.comm.records import record
 from mtb_helpers.comm.sharding import shard_range
 from mtb_helpers.tp.layers import ParallelMLP
 
-__all__ = ["CONVENTION", "DP_REGION", "PARAMS", "GridGroups", "validate_grid", "coords",
-           "rank_of", "tp_group_ranks", "dp_group_ranks", "make_groups", "destroy_groups",
-           "average_gradients", "grid_step_on_rank", "expected_bytes", "param_piece"]
+__all__ = ["CONVENTION", "DP_REGION", "PARAMS", "GridGroups", "validate_grid", "tp_group_ranks",
+           "dp_group_ranks", "make_groups", "destroy_groups", "average_gradients", "grid_step_on_rank",
+           "expected_bytes", "param_piece"]
 
 CONVENTION = "rank = dp_index * tp + tp_index (Megatron-LM: tensor-parallel ranks are neighbours)"
 DP_REGION = "data_parallel_grad_allreduce"
@@ -54,18 +55,6 @@ def validate_grid(world_size: int, tp: int, dp: int) -> None:
     if tp * dp != world_size:
         raise ValueError(f"a grid of tp={tp} x dp={dp} = {tp * dp} ranks does not match the "
                          f"world size {world_size}: every rank must sit in exactly one cell")
-
-
-def coords(rank: int, tp: int) -> tuple[int, int]:
-    """``(dp_index, tp_index)`` of ``rank``: its replica (grid row) and its shard (grid column).
-    (The number of replicas does not change a rank's coordinates: any mesh holding it will do.)"""
-    at = Mesh(dp=rank // tp + 1, tp=tp).coords(rank)
-    return at["dp"], at["tp"]
-
-
-def rank_of(dp_index: int, tp_index: int, tp: int) -> int:
-    """The rank in replica ``dp_index`` holding shard ``tp_index``."""
-    return Mesh(dp=dp_index + 1, tp=tp).rank_of(dp=dp_index, tp=tp_index)
 
 
 def tp_group_ranks(tp: int, dp: int) -> list[list[int]]:

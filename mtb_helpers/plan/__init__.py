@@ -10,6 +10,7 @@ from mtb_helpers.plan.budget import (MEMORY_TERMS, StageMemory, layer_params, me
                                      stage_params, total_params)
 from mtb_helpers.plan.memory import MemoryModel, activation_bytes_per_layer, model_state_bytes
 from mtb_helpers.plan.presets import CLUSTERS, GIB, MODELS, cluster, model, tiny_gpt
+from mtb_helpers.plan.published import NARAYANAN_2021_TABLE_1, Comparison, PublishedRow, compare
 from mtb_helpers.plan.search import Candidate, PlanResult, plan
 from mtb_helpers.plan.specs import (ClusterSpec, Layout, ModelSpec, check_layout,
                                     layout_problems, stage_layers)
@@ -19,4 +20,5 @@ __all__ = ["ModelSpec", "ClusterSpec", "Layout", "MODELS", "CLUSTERS", "GIB", "m
            "tiny_gpt", "model_state_bytes", "activation_bytes_per_layer", "MemoryModel",
            "memory_per_rank", "StageMemory", "MEMORY_TERMS", "layer_params", "stage_params",
            "total_params", "layout_problems", "check_layout", "stage_layers", "plan",
-           "PlanResult", "Candidate", "step_time", "StepTime", "model_flops_per_token"]
+           "PlanResult", "Candidate", "step_time", "StepTime", "model_flops_per_token",
+           "NARAYANAN_2021_TABLE_1", "PublishedRow", "Comparison", "compare"]

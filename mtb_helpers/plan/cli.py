@@ -9,8 +9,8 @@ does, 2 on bad arguments (an unknown model or cluster, a GPU count that is not w
 from __future__ import annotations
 
 import argparse
-import json
 
+from mtb_helpers.cli.common import print_document
 from mtb_helpers.plan.presets import CLUSTERS, GIB, MODELS, cluster, model
 from mtb_helpers.plan.search import plan
 
@@ -52,7 +52,7 @@ def run_plan(args: argparse.Namespace) -> int:
     result = plan(spec, gpus, args.global_batch, args.seq_len, mfu=args.mfu,
                   reserve=args.reserve * GIB)
     if args.json:
-        print(json.dumps(result.to_dict(top=args.top), allow_nan=False))
+        print_document(result.to_dict(top=args.top))
     else:
         print(result.table(args.top))
     return 0 if result.ranked else 1

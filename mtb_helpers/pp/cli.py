@@ -9,10 +9,9 @@ hung, 2 bad arguments.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
-from mtb_helpers.cli.common import is_primary, print_failure_json, print_json
+from mtb_helpers.cli.common import is_primary, print_document, print_failure_json, print_json
 from mtb_helpers.pp.schedules import SCHEDULES, closed_form, schedule, simulate
 
 
@@ -93,11 +92,10 @@ def bubble(args: argparse.Namespace) -> int:
         plt.close(fig)
     wide = ops.chunks > 1
     if args.json:
-        print(json.dumps({"schedule": args.schedule, "stages": ops.stages,
-                          "microbatches": ops.microbatches, "chunks": ops.chunks,
-                          "ops": [" ".join(op.label(wide) for op in stage) for stage in ops],
-                          **timeline.to_dict(), "closed_form": ref, "plot": args.plot},
-                         indent=2))
+        print_document({"schedule": args.schedule, "stages": ops.stages,
+                        "microbatches": ops.microbatches, "chunks": ops.chunks,
+                        "ops": [" ".join(op.label(wide) for op in stage) for stage in ops],
+                        **timeline.to_dict(), "closed_form": ref, "plot": args.plot}, indent=2)
         return 0
     print(f"schedule {args.schedule}: p={ops.stages} stages, m={ops.microbatches} micro-batches"
           + (f", v={ops.chunks} chunks per rank" if wide else ""))

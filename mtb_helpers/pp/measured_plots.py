@@ -5,18 +5,26 @@ simulator ``Timeline``, lists of numbers); rank r keeps rank_color(r) as everywh
 """
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.collections import PathCollection, PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
+from matplotlib.path import Path
+from matplotlib.textpath import TextPath
+from matplotlib.transforms import Affine2D
 
-from mtb_helpers.plots.palette import rank_color, rank_legend_handles
-from mtb_helpers.pp.plots import plot_gantt
+from mtb_helpers.plots.live import LiveFigure, Png
+from mtb_helpers.plots.palette import EMPTY_COLOR, rank_color, rank_legend_handles
+from mtb_helpers.pp.plots import IDLE_HATCH, OP_COLORS, _shade, plot_gantt
 from mtb_helpers.pp.simulator import Timeline
 
-__all__ = ["plot_measured_vs_simulated", "plot_measured_bubble", "plot_stashed",
-           "plot_trip", "TOLERANCE", "against_prediction"]
+__all__ = ["plot_measured_vs_simulated", "measured_vs_simulated_png", "plot_measured_bubble",
+           "plot_stashed", "plot_trip", "TOLERANCE", "against_prediction"]
 
 # What notebook 09's text promises for a measurement against simulate() with the same op times:
 # a makespan within 10 % of the simulated one (relative), a bubble fraction within 5 points
@@ -39,28 +47,140 @@ def against_prediction(rows: Sequence[tuple[str, str, float, float]]) -> str:
     return "\n".join(lines)
 
 
+# The shared time axis ends at the simulated makespan times the first of these that holds the
+# measured one: a run a little slower or faster than the last keeps the same static layer.
+_SPAN_STEPS = (1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
+
+
+def _span(measured: Timeline, simulated: Timeline) -> float:
+    ratio = measured.makespan / simulated.makespan
+    return simulated.makespan * next((f for f in _SPAN_STEPS if ratio <= f), ratio)
+
+
+def _end(lo: float, hi: float) -> float:
+    """Where the idle hatching of a row ends: just short of the right spine."""
+    return hi - (hi - lo) * 0.003
+
+
+def _key(data: tuple) -> tuple:
+    """The static layer: the simulated chart (every op's place) and the measured chart's frame."""
+    measured, simulated, name, unit, width = data
+    ops = tuple((r, e.op.kind, e.op.microbatch, e.op.chunk, e.start, e.end)
+                for r, evs in enumerate(simulated.events) for e in evs)
+    return (name, unit, width, measured.ranks, measured.chunks, _span(measured, simulated), ops)
+
+
+def _build(new_figure, data: tuple):
+    """Both axes at fixed places (no layout pass), the simulated Gantt chart with its legend, the
+    measured chart's rank bands, ticks and labels; its title is left empty for the values."""
+    measured, simulated, name, unit, width = data
+    p, v = measured.ranks, measured.chunks
+    height = 3.2 + 1.0 * p
+    fig = new_figure((width, height))
+    left, right = 0.95, 2.75                     # y labels; the legend right of the top chart
+    below = 0.8 + (0.3 if v > 1 else 0.0)       # tick labels and the x label (two lines for v > 1)
+    box = (height - 0.45 - 0.5 - below) / 2      # each chart's height: titles above both
+    rect = lambda bottom: (left / width, bottom / height, 1 - (left + right) / width, box / height)
+    top = fig.add_axes(rect(below + box + 0.5))
+    bottom = fig.add_axes(rect(below), sharex=top)
+    plot_gantt(simulated, name, ax=top)
+    top.set_title(f"simulated: {name}, makespan {simulated.makespan:.3g} {unit}, bubble "
+                  f"{simulated.bubble_fraction:.1%}", fontsize=10)
+    top.set_xlabel("")
+    top.xaxis.set_tick_params(labelbottom=False)
+    band = simulated.makespan * 0.025           # the rank-colour bands, as on the chart above
+    span = _span(measured, simulated)
+    lo, hi = -span * 0.05, span * 1.01
+    for r in range(p):
+        bottom.add_patch(Rectangle((-band * 1.6, p - 1 - r - 0.4), band, 0.8, color=rank_color(r)))
+        # idle unless an op covers it: the measured boxes are drawn over this hatching
+        bottom.add_patch(Rectangle((0, p - 1 - r - 0.4), _end(lo, hi), 0.8, facecolor=EMPTY_COLOR,
+                                   edgecolor="#999999", hatch=IDLE_HATCH, linewidth=0.0))
+    bottom.set_yticks(range(p), [f"stage {r}" for r in reversed(range(p))])
+    bottom.set_ylim(-0.6, p - 0.4)
+    bottom.set_ylabel("stage (= rank)")
+    bottom.set_xlabel(f"time ({unit} for the simulation, seconds on the ranks' clock)" + (
+        f"\nsame time axis as whole stages: each box is one chunk of 1/{v} stage, so it lasts "
+        f"F/{v} or B/{v}" if v > 1 else ""))
+    bottom.set_xlim(lo, hi)
+    bottom.set_title("", fontsize=10)
+    return bottom
+
+
+@functools.lru_cache(maxsize=512)
+def _label_path(text: str, size: float) -> Path:
+    """``text`` (lines centred on each other) as glyph outlines ``size`` points high, centred on
+    (0, 0), in points: a box's micro-batch number drawn as part of one collection."""
+    parts, y = [], 0.0
+    for line in text.split("\n"):
+        glyphs = TextPath((0, 0), line, size=size)
+        (x0, _), (x1, _) = glyphs.get_extents().get_points()
+        parts.append(glyphs.transformed(Affine2D().translate(-(x0 + x1) / 2, y)))
+        y -= size   # linespacing 1.0, as the simulated chart's labels
+    path = Path.make_compound_path(*parts)
+    (_, y0), (_, y1) = path.get_extents().get_points()
+    return path.transformed(Affine2D().translate(0, -(y0 + y1) / 2))
+
+
+def _boxes(spans: list[tuple[float, float, float]]) -> np.ndarray:
+    """``[n, 4, 2]`` rectangle corners of boxes ``(start, end, y)``, 0.8 high, for PolyCollection."""
+    a = np.asarray(spans, dtype=float).reshape(-1, 3)
+    x0, x1, y = a[:, 0], a[:, 1], a[:, 2]
+    return np.stack([np.stack([x0, y - 0.4], 1), np.stack([x0, y + 0.4], 1),
+                     np.stack([x1, y + 0.4], 1), np.stack([x1, y - 0.4], 1)], 1)
+
+
+def _update(fig: Figure, ax, data: tuple) -> list:
+    """The measured run: one box per op with its micro-batch, idle gaps (the static layer's
+    hatching shows through; white covers it after the measured makespan), the title. Boxes and
+    labels are one collection each: ~150 artists drawn one by one cost more than the run."""
+    measured, simulated, name, unit, width = data
+    p, chunks = measured.ranks, measured.chunks
+    lo, hi = ax.get_xlim()
+    axes_points = fig.get_figwidth() * ax.get_position().width * 72
+    spans, faces, labels, centres = [], [], [], []
+    for r in range(p):
+        y = p - 1 - r
+        for e in measured.events[r]:
+            spans.append((e.start, e.end, y))
+            faces.append(_shade(OP_COLORS[e.op.kind], e.op.chunk, chunks))
+            text = str(e.op.microbatch) + (f"\nc{e.op.chunk}" if chunks > 1 else "")
+            longest = max(len(line) for line in text.split("\n"))
+            size = min(9.0 if chunks == 1 else 7.5,
+                       (e.end - e.start) / (hi - lo) * axes_points / (0.62 * longest + 0.3))
+            if size >= 5.0:   # too small to read is worse than no label
+                labels.append(_label_path(text, round(size * 4) / 4))
+                centres.append(((e.start + e.end) / 2, y))
+    cover = [(measured.makespan, _end(lo, hi), p - 1 - r) for r in range(p)]
+    drawn = [ax.add_collection(PolyCollection(_boxes(cover), facecolor="white", edgecolor="none",
+                                              linewidth=0.0), autolim=False),
+             ax.add_collection(PolyCollection(_boxes(spans), facecolor=faces, edgecolor="black",
+                                              linewidth=0.6), autolim=False)]
+    if labels:
+        drawn.append(ax.add_collection(PathCollection(
+            labels, offsets=centres, offset_transform=ax.transData, facecolor="black",
+            edgecolor="none", linewidth=0.0, zorder=3,
+            transform=Affine2D().scale(fig.dpi / 72)), autolim=False))
+    ax.set_title(f"measured on {p} gloo ranks: makespan {measured.makespan:.3g} s, bubble "
+                 f"{measured.bubble_fraction:.1%} (idle / (p x makespan))", fontsize=10)
+    return drawn + [ax.title]
+
+
+LIVE_MEASURED = LiveFigure(_key, _build, _update)
+
+
 def plot_measured_vs_simulated(measured: Timeline, simulated: Timeline, name: str,
                                unit: str = "s", width: float = 10.0) -> Figure:
     """Two Gantt charts on one time axis: ``simulate()`` on top, the ranks' own clock below
     (waits for a receive are idle, hatched). ``unit`` labels the simulated time axis."""
-    p = measured.ranks
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(width, 3.2 + 1.0 * p), sharex=True)
-    plot_gantt(simulated, name, ax=top)
-    plot_gantt(measured, name, ax=bottom)
-    top.set_title(f"simulated: {name}, makespan {simulated.makespan:.3g} {unit}, bubble "
-                  f"{simulated.bubble_fraction:.1%}", fontsize=10)
-    bottom.set_title(f"measured on {p} gloo ranks: makespan {measured.makespan:.3g} s, bubble "
-                     f"{measured.bubble_fraction:.1%} (idle / (p x makespan))", fontsize=10)
-    bottom.get_legend().remove()
-    top.set_xlabel("")
-    v = measured.chunks
-    bottom.set_xlabel(f"time ({unit} for the simulation, seconds on the ranks' clock)" + (
-        f"\nsame time axis as whole stages: each box is one chunk of 1/{v} stage, so it lasts "
-        f"F/{v} or B/{v}" if v > 1 else ""))
-    span = max(measured.makespan, simulated.makespan)
-    bottom.set_xlim(-span * 0.05, span * 1.01)
-    fig.tight_layout()
-    return fig
+    return LIVE_MEASURED.figure((measured, simulated, name, unit, width))
+
+
+def measured_vs_simulated_png(measured: Timeline, simulated: Timeline, name: str,
+                              unit: str = "s", width: float = 10.0) -> Png:
+    """``plot_measured_vs_simulated`` for an explorer: the simulated chart and the frame drawn
+    once per setting, the measured boxes and their labels on every run."""
+    return LIVE_MEASURED.png((measured, simulated, name, unit, width))
 
 
 def plot_measured_bubble(microbatches: Sequence[int], measured: Sequence[float],

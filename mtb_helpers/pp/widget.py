@@ -69,7 +69,7 @@ def explore_pipeline_on_ranks(name: str = "1f1b", stages: int = 4, microbatches:
     micro-batches, recompute), its measured Gantt beside the simulated one, the check verdict and
     the measured against the simulated bubble. Ops are padded to ``op_time`` = (F, B) seconds."""
     from mtb_helpers.pp.check import check_pipeline, simulated_for
-    from mtb_helpers.pp.measured_plots import plot_measured_vs_simulated
+    from mtb_helpers.pp.measured_plots import measured_vs_simulated_png
 
     slider = dict(style={"description_width": "initial"}, continuous_update=False)
     schedule_box = widgets.Dropdown(options=list(SCHEDULES), value=name, description="schedule")
@@ -84,7 +84,7 @@ def explore_pipeline_on_ranks(name: str = "1f1b", stages: int = 4, microbatches:
         report = check_pipeline(s, p, m, op_time=op_time, recompute=rc)
         pipe = report.extra["pipeline"]
         sim = simulated_for(s, p, m, report.config["chunks"], op_time, rc)
-        fig = plot_measured_vs_simulated(report.result.measured(), sim, s, width=9.5)
+        fig = measured_vs_simulated_png(report.result.measured(), sim, s, width=9.5)
         text = (f"check against one process: {'PASSED' if report.passed else 'FAILED'}; ops "
                 f"executed = schedule(): {pipe['ops_match_schedule']}\n"
                 f"bubble measured {pipe['measured_bubble_fraction']:.3f}, simulated "

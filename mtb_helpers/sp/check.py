@@ -20,6 +20,7 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import Partial, Replicate, Shard
 
 from mtb_helpers.checking.bug import resolve
 from mtb_helpers.comm.regions import GATHER_SP, REDUCE_SCATTER_SP
@@ -39,48 +40,48 @@ RS, AG = REDUCE_SCATTER_SP, GATHER_SP
 
 # In the order the block runs them (backward: the order autograd issues them).
 SP_SPECS = [
-    S("input", "shard X by sequence", "forward", "X", "X_r = X[seq rows r]", "rows", ("input",)),
-    S("ln", "LayerNorm on the shard", "forward", "L", "L_r = LN(X_r)", "rows", ("hook", "ln", "out")),
+    S("input", "shard X by sequence", "forward", "X", "X_r = X[seq rows r]", Shard(0), ("input",)),
+    S("ln", "LayerNorm on the shard", "forward", "L", "L_r = LN(X_r)", Shard(0), ("hook", "ln", "out")),
     S("gathered", "all-gather along the sequence", "forward", "L", "L = [L_0; ...; L_t-1]",
-      "replicated", ("record", AG, "forward", "out"), (AG, "forward")),
-    S("fc1", "fc1 local matmul", "forward", "H", "H_r = L @ W1_r + b1_r", "cols", ("hook", "fc1", "out")),
-    S("act", "GeLU", "forward", "Z", "Z_r = gelu(H_r)", "cols", ("hook", "act", "out")),
-    S("partial", "fc2 local matmul", "forward", "M", "P_r = Z_r @ W2_r (no bias)", "partial",
+      Replicate(), ("record", AG, "forward", "out"), (AG, "forward")),
+    S("fc1", "fc1 local matmul", "forward", "H", "H_r = L @ W1_r + b1_r", Shard(-1), ("hook", "fc1", "out")),
+    S("act", "GeLU", "forward", "Z", "Z_r = gelu(H_r)", Shard(-1), ("hook", "act", "out")),
+    S("partial", "fc2 local matmul", "forward", "M", "P_r = Z_r @ W2_r (no bias)", Partial(),
       ("record", RS, "forward", "in")),
     S("scattered", "reduce-scatter along the sequence", "forward", "M", "S_r = (sum_q P_q)[seq rows r]",
-      "rows", ("record", RS, "forward", "out"), (RS, "forward")),
-    S("fc2", "add b2 on the shard", "forward", "M", "M_r = S_r + b2", "rows", ("hook", "fc2", "out")),
-    S("dropout", "dropout on the shard", "forward", "D", "D_r = mask[seq rows r] * M_r / (1-p)", "rows",
+      Shard(0), ("record", RS, "forward", "out"), (RS, "forward")),
+    S("fc2", "add b2 on the shard", "forward", "M", "M_r = S_r + b2", Shard(0), ("hook", "fc2", "out")),
+    S("dropout", "dropout on the shard", "forward", "D", "D_r = mask[seq rows r] * M_r / (1-p)", Shard(0),
       ("hook", "dropout", "out")),
-    S("output", "residual on the shard", "forward", "Y", "Y_r = X_r + D_r", "rows", ("output",)),
-    S("dz_shard", "dropout backward", "backward", "dM", "dM_r = mask[seq rows r] * dY_r / (1-p)", "rows",
+    S("output", "residual on the shard", "forward", "Y", "Y_r = X_r + D_r", Shard(0), ("output",)),
+    S("dz_shard", "dropout backward", "backward", "dM", "dM_r = mask[seq rows r] * dY_r / (1-p)", Shard(0),
       ("hook", "fc2", "grad_out")),
     S("fc2.bias_grad_partial", "fc2 bias grad of the shard", "backward", "db2", "db2_r = dM_r summed",
-      "partial", ("record", "fc2.bias", "backward", "in")),
-    S("fc2.bias_grad", "all-reduce db2", "backward", "db2", "db2 = sum_r db2_r", "replicated",
+      Partial(), ("record", "fc2.bias", "backward", "in")),
+    S("fc2.bias_grad", "all-reduce db2", "backward", "db2", "db2 = sum_r db2_r", Replicate(),
       ("grad", "fc2.bias"), ("fc2.bias", "backward")),
     S("dz_gathered", "all-gather dM (reduce-scatter backward)", "backward", "dM", "dM = [dM_0; ...]",
-      "replicated", ("record", RS, "backward", "out"), (RS, "backward")),
-    S("d_act", "activation grad", "backward", "dZ", "dZ_r = dM @ W2_r.T", "cols",
+      Replicate(), ("record", RS, "backward", "out"), (RS, "backward")),
+    S("d_act", "activation grad", "backward", "dZ", "dZ_r = dM @ W2_r.T", Shard(-1),
       ("hook", "act", "grad_out")),
-    S("fc2.weight_grad", "fc2 weight grad", "backward", "dW2", "dW2_r = Z_r.T @ dM", "rows",
+    S("fc2.weight_grad", "fc2 weight grad", "backward", "dW2", "dW2_r = Z_r.T @ dM", Shard(0),
       ("grad", "fc2.weight")),
-    S("dl_partial", "local LayerNorm-output grad", "backward", "dL", "dL^r = dH_r @ W1_r.T", "partial",
+    S("dl_partial", "local LayerNorm-output grad", "backward", "dL", "dL^r = dH_r @ W1_r.T", Partial(),
       ("record", AG, "backward", "in")),
     S("dl_shard", "reduce-scatter dL (all-gather backward)", "backward", "dL",
-      "dL_r = (sum_q dL^q)[seq rows r]", "rows", ("record", AG, "backward", "out"), (AG, "backward")),
-    S("fc1.weight_grad", "fc1 weight grad", "backward", "dW1", "dW1_r = L.T @ dH_r", "cols",
+      "dL_r = (sum_q dL^q)[seq rows r]", Shard(0), ("record", AG, "backward", "out"), (AG, "backward")),
+    S("fc1.weight_grad", "fc1 weight grad", "backward", "dW1", "dW1_r = L.T @ dH_r", Shard(-1),
       ("grad", "fc1.weight")),
-    S("fc1.bias_grad", "fc1 bias grad", "backward", "db1", "db1_r = dH_r summed", "cols",
+    S("fc1.bias_grad", "fc1 bias grad", "backward", "db1", "db1_r = dH_r summed", Shard(-1),
       ("grad", "fc1.bias")),
-    S("input_grad", "input grad", "backward", "dX", "dX_r = dY_r + LN'(dL_r)", "rows", ("input_grad",)),
+    S("input_grad", "input grad", "backward", "dX", "dX_r = dY_r + LN'(dL_r)", Shard(0), ("input_grad",)),
     S("ln.bias_grad_partial", "LayerNorm bias grad of the shard", "backward", "dβ", "dβ_r = dL_r summed",
-      "partial", ("record", "ln.bias", "backward", "in")),
-    S("ln.bias_grad", "all-reduce dβ", "backward", "dβ", "dβ = sum_r dβ_r", "replicated",
+      Partial(), ("record", "ln.bias", "backward", "in")),
+    S("ln.bias_grad", "all-reduce dβ", "backward", "dβ", "dβ = sum_r dβ_r", Replicate(),
       ("grad", "ln.bias"), ("ln.bias", "backward")),
     S("ln.weight_grad_partial", "LayerNorm weight grad of the shard", "backward", "dγ",
-      "dγ_r = (dL_r * Xhat_r) summed", "partial", ("record", "ln.weight", "backward", "in")),
-    S("ln.weight_grad", "all-reduce dγ", "backward", "dγ", "dγ = sum_r dγ_r", "replicated",
+      "dγ_r = (dL_r * Xhat_r) summed", Partial(), ("record", "ln.weight", "backward", "in")),
+    S("ln.weight_grad", "all-reduce dγ", "backward", "dγ", "dγ = sum_r dγ_r", Replicate(),
       ("grad", "ln.weight"), ("ln.weight", "backward")),
 ]
 SP_QUANTITIES = [(k, k) for k in ("output", "dropout", "input_grad", "ln.weight_grad", "ln.bias_grad",
@@ -89,7 +90,7 @@ SP_QUANTITIES = [(k, k) for k in ("output", "dropout", "input_grad", "ln.weight_
 
 def _reference(ln, fc1, fc2, x, dy, t: int, dropout_p: float, seed: int) -> dict:
     """Every step's tensor on one process (full ``[s, b, h]``, the global dropout mask); for a
-    ``"partial"`` step the list of what each rank's share of the sum should be."""
+    ``Partial()`` step the list of what each rank's share of the sum should be."""
     ln, fc1, fc2 = (copy.deepcopy(m) for m in (ln, fc1, fc2))
     x = x.clone().requires_grad_(True)
     l = ln(x)

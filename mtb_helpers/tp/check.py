@@ -17,6 +17,7 @@ from __future__ import annotations
 from functools import partial
 
 import torch
+from torch.distributed.tensor import Partial, Replicate, Shard
 
 from mtb_helpers.checking.bug import resolve
 from mtb_helpers.runtime.ranks import resolve_world_size, run
@@ -56,10 +57,10 @@ def _finish(name: str, config: dict, build, layers, x, dy, specs, quantities,
 def f_backward_steps(local_formula: str) -> list[S]:
     """The two steps of ``f``'s backward every column-parallel entry has: each rank's partial input
     grad (``local_formula``), then the all-reduce that sums them into the whole dX."""
-    return [S("dx_partial", "local input grad", "backward", "dX", local_formula, "partial",
+    return [S("dx_partial", "local input grad", "backward", "dX", local_formula, Partial(),
               ("record", "f", "backward", "in")),
             S("input_grad", "all-reduce dX (f backward)", "backward", "dX", "dX = sum_r dX_r",
-              "replicated", ("input_grad",), F_BWD)]
+              Replicate(), ("input_grad",), F_BWD)]
 
 
 def _build_column(lin, *, bug, gather_output):
@@ -88,21 +89,21 @@ def check_column_parallel(world_size: int = 2, in_features: int = 8, out_feature
     batch = _sizes(batch_shape, in_features=in_features, out_features=out_features)
     check_divisible("out_features", out_features, t)
     (lin,), x, dy = draw_inputs(seed, batch, dtype, (in_features, out_features))
-    gathered = [S("output", "all-gather Y", "forward", "Y", "Y = [Y_0, ..., Y_t-1]", "replicated",
+    gathered = [S("output", "all-gather Y", "forward", "Y", "Y = [Y_0, ..., Y_t-1]", Replicate(),
                   ("output",), (GATHER, "forward"))] if gather_output else []
     specs = [
-        S("weight", "shard W by columns", "forward", "W", "W_r = W[:, cols r]", "cols",
+        S("weight", "shard W by columns", "forward", "W", "W_r = W[:, cols r]", Shard(-1),
           ("param", "weight")),
-        S("bias", "shard b", "forward", "b", "b_r = b[cols r]", "cols", ("param", "bias")),
-        S("input", "replicate X", "forward", "X", "every rank holds X (f: identity)", "replicated",
+        S("bias", "shard b", "forward", "b", "b_r = b[cols r]", Shard(-1), ("param", "bias")),
+        S("input", "replicate X", "forward", "X", "every rank holds X (f: identity)", Replicate(),
           ("input",)),
-        S("local", "local matmul", "forward", "Y", "Y_r = X @ W_r + b_r", "cols",
+        S("local", "local matmul", "forward", "Y", "Y_r = X @ W_r + b_r", Shard(-1),
           ("record", GATHER, "forward", "in") if gather_output else ("output",)),
         *gathered,
         *f_backward_steps("dX_r = dY_r @ W_r.T"),
-        S("weight_grad", "weight grad", "backward", "dW", "dW_r = X.T @ dY_r", "cols",
+        S("weight_grad", "weight grad", "backward", "dW", "dW_r = X.T @ dY_r", Shard(-1),
           ("grad", "weight")),
-        S("bias_grad", "bias grad", "backward", "db", "db_r = dY_r summed over rows", "cols",
+        S("bias_grad", "bias grad", "backward", "db", "db_r = dY_r summed over rows", Shard(-1),
           ("grad", "bias")),
     ]
     quantities = [("output", "output" if gather_output else "local"), ("input_grad", "input_grad"),
@@ -130,35 +131,35 @@ def check_row_parallel(world_size: int = 2, in_features: int = 12, out_features:
     check_divisible("in_features", in_features, t)
     (lin,), x, dy = draw_inputs(seed, batch, dtype, (in_features, out_features))
     if input_is_parallel:
-        given = [S("input", "shard X by columns", "forward", "X", "X_r = X[:, cols r]", "cols",
+        given = [S("input", "shard X by columns", "forward", "X", "X_r = X[:, cols r]", Shard(-1),
                    ("input",))]
-        dx = [S("input_grad", "local input grad", "backward", "dX", "dX_r = dY @ W_r.T", "cols",
+        dx = [S("input_grad", "local input grad", "backward", "dX", "dX_r = dY @ W_r.T", Shard(-1),
                 ("input_grad",))]
     else:
-        given = [S("input", "replicate X", "forward", "X", "every rank holds X", "replicated",
+        given = [S("input", "replicate X", "forward", "X", "every rank holds X", Replicate(),
                    ("input",)),
                  S("x_shard", "split X (scatter)", "forward", "X",
-                   "X_r = X[:, cols r], no communication", "cols",
+                   "X_r = X[:, cols r], no communication", Shard(-1),
                    ("record", SCATTER, "forward", "out"), (SCATTER, "forward"))]
-        dx = [S("dx_shard", "local input grad", "backward", "dX", "dX_r = dY @ W_r.T", "cols",
+        dx = [S("dx_shard", "local input grad", "backward", "dX", "dX_r = dY @ W_r.T", Shard(-1),
                 ("record", SCATTER, "backward", "in")),
               S("input_grad", "all-gather dX (scatter backward)", "backward", "dX",
-                "dX = [dX_0, ..., dX_t-1]", "replicated", ("input_grad",), (SCATTER, "backward"))]
+                "dX = [dX_0, ..., dX_t-1]", Replicate(), ("input_grad",), (SCATTER, "backward"))]
     specs = [
-        S("weight", "shard W by rows", "forward", "W", "W_r = W[rows r, :]", "rows",
+        S("weight", "shard W by rows", "forward", "W", "W_r = W[rows r, :]", Shard(0),
           ("param", "weight")),
-        S("bias", "replicate b", "forward", "b", "every rank holds all of b", "replicated",
+        S("bias", "replicate b", "forward", "b", "every rank holds all of b", Replicate(),
           ("param", "bias")),
         *given,
         S("partial", "local matmul", "forward", "Y", "P_r = X_r @ W_r (no bias), handed to g",
-          "partial", ("record", "g", "forward", "in")),
-        S("reduced", "all-reduce (g forward)", "forward", "Y", "S = sum_r P_r", "replicated",
+          Partial(), ("record", "g", "forward", "in")),
+        S("reduced", "all-reduce (g forward)", "forward", "Y", "S = sum_r P_r", Replicate(),
           ("record", "g", "forward", "out"), G_FWD),
-        S("output", "add b once", "forward", "Y", "Y = S + b", "replicated", ("output",)),
+        S("output", "add b once", "forward", "Y", "Y = S + b", Replicate(), ("output",)),
         *dx,
-        S("weight_grad", "weight grad", "backward", "dW", "dW_r = X_r.T @ dY", "rows",
+        S("weight_grad", "weight grad", "backward", "dW", "dW_r = X_r.T @ dY", Shard(0),
           ("grad", "weight")),
-        S("bias_grad", "bias grad", "backward", "db", "db = dY summed over rows", "replicated",
+        S("bias_grad", "bias grad", "backward", "db", "db = dY summed over rows", Replicate(),
           ("grad", "bias")),
     ]
     quantities = [(k, k) for k in ("output", "input_grad", "weight_grad", "bias_grad")]
@@ -186,32 +187,32 @@ def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
     check_divisible("ffn_hidden", ffn_hidden, t)
     (fc1, fc2), x, dy = draw_inputs(seed, batch, dtype, (hidden, ffn_hidden), (ffn_hidden, hidden))
     specs = [
-        S("fc1.weight", "shard W1 by columns", "forward", "W1", "W1_r = W1[:, cols r]", "cols",
+        S("fc1.weight", "shard W1 by columns", "forward", "W1", "W1_r = W1[:, cols r]", Shard(-1),
           ("param", "fc1.weight")),
-        S("fc2.weight", "shard W2 by rows", "forward", "W2", "W2_r = W2[rows r, :]", "rows",
+        S("fc2.weight", "shard W2 by rows", "forward", "W2", "W2_r = W2[rows r, :]", Shard(0),
           ("param", "fc2.weight")),
-        S("input", "replicate X", "forward", "X", "every rank holds X (f: identity)", "replicated",
+        S("input", "replicate X", "forward", "X", "every rank holds X (f: identity)", Replicate(),
           ("input",)),
-        S("fc1", "fc1 local matmul", "forward", "H", "H_r = X @ W1_r + b1_r", "cols",
+        S("fc1", "fc1 local matmul", "forward", "H", "H_r = X @ W1_r + b1_r", Shard(-1),
           ("hook", "fc1", "out")),
-        S("act", "GeLU on the shard", "forward", "Z", "Z_r = gelu(H_r)", "cols",
+        S("act", "GeLU on the shard", "forward", "Z", "Z_r = gelu(H_r)", Shard(-1),
           ("hook", "act", "out")),
         S("partial", "fc2 local matmul", "forward", "Y", "P_r = Z_r @ W2_r (no bias), handed to g",
-          "partial", ("record", "g", "forward", "in")),
-        S("reduced", "all-reduce (g forward)", "forward", "Y", "S = sum_r P_r", "replicated",
+          Partial(), ("record", "g", "forward", "in")),
+        S("reduced", "all-reduce (g forward)", "forward", "Y", "S = sum_r P_r", Replicate(),
           ("record", "g", "forward", "out"), G_FWD),
-        S("output", "add b2 once", "forward", "Y", "Y = S + b2", "replicated", ("output",)),
+        S("output", "add b2 once", "forward", "Y", "Y = S + b2", Replicate(), ("output",)),
         S("d_act", "activation grad", "backward", "dZ", "dZ_r = dY @ W2_r.T (g backward: identity)",
-          "cols", ("hook", "act", "grad_out")),
-        S("fc2.weight_grad", "fc2 weight grad", "backward", "dW2", "dW2_r = Z_r.T @ dY", "rows",
+          Shard(-1), ("hook", "act", "grad_out")),
+        S("fc2.weight_grad", "fc2 weight grad", "backward", "dW2", "dW2_r = Z_r.T @ dY", Shard(0),
           ("grad", "fc2.weight")),
         S("fc2.bias_grad", "fc2 bias grad", "backward", "db2", "db2 = dY summed over rows",
-          "replicated", ("grad", "fc2.bias")),
+          Replicate(), ("grad", "fc2.bias")),
         *f_backward_steps("dX_r = dH_r @ W1_r.T"),
-        S("fc1.weight_grad", "fc1 weight grad", "backward", "dW1", "dW1_r = X.T @ dH_r", "cols",
+        S("fc1.weight_grad", "fc1 weight grad", "backward", "dW1", "dW1_r = X.T @ dH_r", Shard(-1),
           ("grad", "fc1.weight")),
         S("fc1.bias_grad", "fc1 bias grad", "backward", "db1", "db1_r = dH_r summed over rows",
-          "cols", ("grad", "fc1.bias")),
+          Shard(-1), ("grad", "fc1.bias")),
     ]
     quantities = [(k, k) for k in ("output", "input_grad", "fc1.weight_grad", "fc1.bias_grad",
                                    "fc2.weight_grad", "fc2.bias_grad")]

@@ -20,9 +20,11 @@ from mtb_helpers.plots.palette import EMPTY_COLOR, FAIL_COLOR, rank_color, rank_
 
 __all__ = ["plot_step", "plot_steps", "plot_errors", "step_title", "steps_png"]
 
-LAYOUT_TEXT = {"rows": "split by rows", "cols": "split by columns",
-               "replicated": "replicated: every rank holds all of it",
-               "partial": "partial sums: every rank holds a full-size share of the sum"}
+# a step's placement (trace.Step.layout, DTensor's words) and what it means for the drawn 2-D view
+LAYOUT_TEXT = {"Shard(0)": "Shard(0): split by rows", "Shard(-1)": "Shard(-1): split by columns",
+               "Replicate()": "Replicate(): every rank holds all of it",
+               "Partial()": "Partial(): every rank holds a full-size addend of the sum",
+               "Partial('max')": "Partial('max'): every rank holds a candidate, the max is the value"}
 MAX_CELL_LINES = 24   # above this many rows/cols, only shard boundaries get grid lines
 
 

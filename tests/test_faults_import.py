@@ -1,0 +1,116 @@
+"""Issue 25, item 3 at start-up: ``import mtb_helpers`` (and the command line's module) import no
+torch, so ``minitrainbench`` handles Ctrl-C before the seconds torch takes to import; the stable
+entry points still load on first use, and the bug registry is filled whenever a name is looked up.
+
+Each case runs in a fresh interpreter: this test process has long imported everything."""
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+import textwrap
+
+from mtb_helpers import topics
+from mtb_helpers.checking.bug import registered
+
+
+def fresh(code: str) -> dict:
+    """Run ``code`` in a new interpreter; it prints one JSON document, returned here."""
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+LOADED = """
+    def loaded():
+        return {m: m in sys.modules for m in ("torch", "torch.distributed.tensor", "mtb_helpers.tp",
+                                               "mtb_helpers.runtime.ranks", "numpy")}
+"""
+
+
+def test_importing_the_package_and_its_command_line_imports_no_torch():
+    found = fresh("    import sys, json" + LOADED + """
+    import mtb_helpers, mtb_helpers.cli
+    print(json.dumps(loaded()))
+    """)
+    assert not any(found.values()), found
+
+
+def test_run_loads_on_first_use_without_any_topic():
+    found = fresh("    import sys, json" + LOADED + """
+    import mtb_helpers
+    run = mtb_helpers.run
+    before = loaded()
+    assert run(lambda: 7, world_size=2) == [7, 7]
+    print(json.dumps({"before": before, "after": loaded()}))
+    """)
+    # the name alone: torch, but no topic and no DTensor (the topics' layouts need it)
+    assert found["before"]["torch"] and found["before"]["mtb_helpers.runtime.ranks"]
+    assert not found["before"]["mtb_helpers.tp"], found
+    assert not found["before"]["torch.distributed.tensor"], found
+    # a call starts ranks (their forkserver preloads torch._dynamo, which brings DTensor in),
+    # still without importing a topic
+    assert not found["after"]["mtb_helpers.tp"], found
+
+
+def test_every_stable_name_imports_from_the_top_and_bugs_lists_every_topic():
+    got = fresh("""
+    import json
+    import mtb_helpers
+    from mtb_helpers import (BUGS, MAX_WORLD_SIZE, RankError, RankTimeoutError, run, seed_all,
+                             shutdown, warm_up)
+    from mtb_helpers.runtime import ranks
+    same = all(getattr(mtb_helpers, n) is getattr(ranks, n) for n in
+               ("run", "shutdown", "warm_up", "seed_all", "RankError", "RankTimeoutError"))
+    try:
+        mtb_helpers.no_such_name
+        missing = "no error"
+    except AttributeError as exc:
+        missing = str(exc)
+    print(json.dumps({"bugs": BUGS, "same": same, "max": MAX_WORLD_SIZE == ranks.MAX_WORLD_SIZE,
+                      "dir": sorted(set(mtb_helpers.__all__) - set(dir(mtb_helpers))),
+                      "missing": missing}))
+    """)
+    expected = {}
+    for topic in topics.TOPICS:
+        for module in topic.bugs:
+            expected.update({n: b.description for n, b in topic.module(module).BUGS.items()})
+    assert got["bugs"] == expected and len(expected) >= 40
+    assert got["same"] and got["max"] and got["dir"] == []
+    assert got["missing"] == "module 'mtb_helpers' has no attribute 'no_such_name'"
+
+
+def test_a_check_resolves_a_bug_name_without_anyone_reading_bugs_first():
+    got = fresh("""
+    import json
+    from mtb_helpers.checking.bug import resolve
+    from mtb_helpers.tp.check import check_row_parallel
+    bug = resolve("row-missing-allreduce", "row")
+    report = check_row_parallel(world_size=2, bug="row-missing-allreduce")
+    try:
+        resolve("no-such-bug", "row")
+        unknown = "no error"
+    except ValueError as exc:
+        unknown = str(exc)
+    print(json.dumps({"description": bug.description, "passed": report.passed,
+                      "unknown": unknown}))
+    """)
+    assert got["description"] == registered()["row-missing-allreduce"].description
+    assert got["passed"] is False      # the bug was injected, and the check caught it
+    assert "unknown bug 'no-such-bug'; known bugs:" in got["unknown"]
+    assert "cp-no-rescale" in got["unknown"]   # the list names every topic's bugs
+
+
+def test_a_bug_pickled_here_unpickles_in_a_fresh_process():
+    """What a spawned rank or a torchrun process does with a Bug sent to it: find it by name,
+    though nothing there has read the registry yet."""
+    name = "row-missing-allreduce"
+    data = pickle.dumps(registered()[name]).hex()
+    got = fresh(f"""
+    import json, pickle
+    bug = pickle.loads(bytes.fromhex("{data}"))
+    print(json.dumps({{"description": bug.description}}))
+    """)
+    assert got["description"] == registered()[name].description
