@@ -9,8 +9,16 @@ all-gather context parallelism, a 1F1B pipeline step): the step runs once withou
 gives its computation (step time minus the time its recorded collectives took), then ``--repeats``
 times under the link. The prediction, written before the measurement, is that computation plus
 ``predict_step_time`` of the step's collective record (the pipeline: the simulator's makespan
-with α-β messages and padded ops). The target is a gap within 10 % for each. The capstone step
-is not covered (its pipeline and data-parallel groups overlap in ways neither estimate models).
+with α-β messages and padded ops). The target is a gap within 10 % for each.
+
+The capstone step (``--capstone-layout TP,PP,DP,CP``, default 2,2,1,1: the tiny GPT of 4 blocks,
+h = 64, 16 sequences of 32 tokens in 4 micro-batches, sequence parallel, 1F1B, DDP) runs once
+without a link to record what each F and B op and the gradient reduction send; every op's compute
+is padded (one block's forward = 2 α, backward twice that, the optimizer α; the op takes its
+pad plus its communication, its real compute running under the pad). The prediction is
+``predict_grid_step_time``: each op its pad plus the α-β time of the collectives it issued, the
+simulator's 1F1B makespan with one F and one B time per stage and α-β messages between stages,
+then each stage's DDP all-reduce and optimizer.
 
 The default link (α = 20 ms, β = 10 MB/s) is slower than this machine's own gloo at 4 ranks (a
 reduction there takes ~6-14 ms on 2 cores): with α = 1 ms the real operations outlast their
@@ -104,25 +112,61 @@ def pipeline_case(p: int, link: Link, repeats: int) -> tuple[float, float]:
     return predicted, measured
 
 
+def capstone_case(link: Link, repeats: int, layout: str) -> tuple[float, float]:
+    import cloudpickle
+
+    import plan_vs_capstone as bench     # the capstone's padded step, shared with that benchmark
+    from mtb_helpers.capstone.grid import Layout as GridLayout
+    from mtb_helpers.capstone.model import GPTConfig, make_model
+    from mtb_helpers.cost.step import predict_grid_step_time
+    from mtb_helpers.plan import Layout, tiny_gpt
+    from mtb_helpers.plan.steptime import matmul_params, stage_compute
+
+    cloudpickle.register_pickle_by_value(bench)   # the ranks cannot import benchmarks/
+    cfg, batch, m = GPTConfig(vocab=64, seq=32, hidden=64, heads=8, ffn=256, layers=4), 16, 4
+    grid = GridLayout(*(int(v) for v in layout.split(",")))
+    spec = tiny_gpt(cfg)
+    plan_layout = Layout(grid.tp, grid.pp, grid.dp, grid.cp, microbatch=batch // (grid.dp * m),
+                         grad_accum=m, zero_stage=0, dtype="fp64", sequence_parallel=True)
+    tokens = cfg.seq // grid.cp * batch // (grid.dp * m)
+    rate = 2 * tokens * matmul_params(spec) / grid.tp / (2 * link.alpha)   # a block's F = 2 α
+    pads = stage_compute(spec, plan_layout, rate)
+    model = make_model(cfg)
+    plain = run(bench.timed_steps, model, grid, None, 2, batch, m, None, True,
+                world_size=grid.world_size, timeout=300)
+    predicted = predict_grid_step_time(list(plain), pads, link, after_compute=link.alpha)
+    linked = run(bench.timed_steps, model, grid, pads, repeats + 1, batch, m, link.alpha,
+                 world_size=grid.world_size, timeout=900, link=link)
+    measured = statistics.median(bench.step_seconds(list(linked))) / linked.timeline.time_scale
+    return predicted, measured
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, default=4)
     parser.add_argument("--alpha", type=float, default=20e-3)
     parser.add_argument("--bandwidth", type=float, default=10e6)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--cases", default="tp_mlp,sp_block,dp_step,moe,cp_ring,cp_allgather,pipeline")
+    parser.add_argument("--cases",
+                        default="tp_mlp,sp_block,dp_step,moe,cp_ring,cp_allgather,pipeline,capstone")
+    parser.add_argument("--capstone-layout", default="2,2,1,1", metavar="TP,PP,DP,CP")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     link, p = Link(args.alpha, args.bandwidth), args.world_size
     rows = []
     try:
         for case in args.cases.split(","):
-            predicted, measured = (pipeline_case(p, link, args.repeats) if case == "pipeline"
-                                   else layer_case(case, p, link, args.repeats))
+            if case == "capstone":
+                predicted, measured = capstone_case(link, args.repeats, args.capstone_layout)
+                case = f"capstone {args.capstone_layout}"
+            elif case == "pipeline":
+                predicted, measured = pipeline_case(p, link, args.repeats)
+            else:
+                predicted, measured = layer_case(case, p, link, args.repeats)
             rows.append({"case": case, "predicted_s": predicted, "measured_s": measured,
                          "gap": (measured - predicted) / predicted})
             if not args.json:
-                print(f"{case:<14} predicted {predicted * 1e3:8.2f} ms   measured "
+                print(f"{case:<18} predicted {predicted * 1e3:8.2f} ms   measured "
                       f"{measured * 1e3:8.2f} ms   gap {rows[-1]['gap']:+6.1%}", flush=True)
     finally:
         shutdown()

@@ -287,3 +287,58 @@ def test_a_run_slower_than_its_model_says_so_on_stdout_not_as_an_error(capsys):
     assert "slow block" in out and "did not keep up" in out and "did not keep up" not in err
     slow = results.timeline.events(name="slow block")
     assert slow and all(e.seconds >= 0.05 and e.overrun > 0.04 for e in slow)
+
+
+def _rank():
+    return dist.get_rank()
+
+
+def test_a_stale_floor_is_measured_again_after_a_call_that_overran(monkeypatch):
+    # the floor is measured on the pool's first linked call; a machine that got busier since then
+    # shows as a call that overran its model, after which the floor is measured again
+    from mtb_helpers.runtime import link as link_module
+    from mtb_helpers.runtime import ranks
+    run(_rank, world_size=2, link=LINK)
+    pool = ranks._pools[2]
+    assert isinstance(pool.link_floor, link_module.Floor)
+    # a floor from an idle moment long ago that would accept even a 1 µs link
+    stale = link_module.Floor(1e-9, 1e15, pool.link_floor.measured_at - 1.0)
+    pool.link_floor = stale
+    monkeypatch.setattr(link_module, "FLOOR_REFRESH", 1e9)   # measured "just now": kept
+    run(_slower_than_modelled, world_size=2, link=LINK)
+    assert pool.link_floor is stale
+    monkeypatch.setattr(link_module, "FLOOR_REFRESH", 0.0)   # old enough: forgotten on overrun
+    run(_slower_than_modelled, world_size=2, link=LINK)
+    assert pool.link_floor is None
+    with pytest.raises(ValueError, match="cannot be emulated"):   # measured again, the real one
+        run(_rank, world_size=2, link=Link(alpha=1e-6, bandwidth=1e6))
+    fresh = pool.link_floor
+    assert fresh is not stale and fresh.latency > 1e-6 and fresh.measured_at > stale.measured_at
+
+
+def _comm_seconds_job():
+    from mtb_helpers.runtime.link import comm_seconds
+    r = dist.get_rank()
+    x = torch.ones(N, dtype=torch.float64)
+    since = time.perf_counter()
+    dist.all_reduce(x)
+    dist.all_reduce(x)
+    y = x.clone()
+    if r == 0:
+        sent = dist.isend(y, 1)           # leaves beside the compute: not counted
+        time.sleep(0.01)                  # compute: not counted
+        sent.wait()
+    else:
+        dist.recv(y, 0)                   # waited for: counted
+    return comm_seconds(since), comm_seconds(time.perf_counter())
+
+
+def test_comm_seconds_counts_collectives_and_receives_not_compute_nor_sends():
+    results = run(_comm_seconds_job, world_size=2, link=LINK)
+    tl = results.timeline
+    for r, (during, after) in enumerate(results):
+        waited = tl.events(rank=r, name="all_reduce") + tl.events(rank=r, name="recv")
+        assert len(waited) == 2 + r and len(tl.events(rank=r, name="send")) == 1 - r
+        assert during == pytest.approx(sum(e.seconds for e in waited), abs=1e-9)
+        assert after == 0.0
+    assert list(run(_comm_seconds_job, world_size=2)) == [(0.0, 0.0)] * 2   # no link

@@ -60,8 +60,17 @@ def test_each_group_uses_the_link_it_spans():
     assert inside.terms["tensor parallel"] == faster_network.terms["tensor parallel"] > 0
     assert inside.terms["data parallel"] > faster_network.terms["data parallel"]
     s, b, h = 8192, 1, 4096
-    assert inside.terms["tensor parallel"] == pytest.approx(
-        8 * 32 * 4 * predict("all-reduce", s * b * h * 2, 8, fast), rel=1e-12)
+    act = s * b * h * 2                                 # [s, b, h] in bf16
+
+    def ar(n):
+        return predict("all-reduce", n, 8, fast)
+    # per micro-batch: 32 layers x (2 + 2) all-reduces' worth (SP's all-gathers and reduce-
+    # scatters); the small ones: 32 x 2 RMSNorm grads + the final norm's, the embedding's g and
+    # its split's gather, the LM head's gather and reduce-scatter, the cross-entropy's 3 x [s, b]
+    small = (ar(act) + 2 * predict("all-gather", act, 8, fast)
+             + predict("reduce-scatter", act, 8, fast) + 65 * ar(h * 2) + 3 * ar(s * b * 2))
+    assert inside.terms["tensor parallel"] == pytest.approx(8 * (32 * 4 * ar(act) + small),
+                                                            rel=1e-12)
 
 
 def test_bubble_is_the_simulators():

@@ -45,13 +45,21 @@ clock from one zero shared by all ranks; modelled the seconds asked for (time sc
 than this machine's gloo at that time scale is refused (ValueError naming the smallest time scale
 that works) before ``fn`` starts. PyTorch's DDP, DTensor and FSDP2 issue their collectives from
 C++: those are not emulated.
+
+A step's time predicted from its collective records (:mod:`mtb_helpers.cost.step`)::
+
+    predict_step_time(records, link, compute)      # collectives one after another (TP, SP, DP, ...)
+    predict_pipeline_step_time("1f1b", stages, microbatches, (F, B), message_bytes, link)
+    predict_grid_step_time(ranks, compute, link)   # the capstone: tp x pp x dp x cp, per-op records
 """
 from mtb_helpers.cost.calibrate import Calibration, Fit, calibrate
 from mtb_helpers.cost.model import (ALGORITHMS, COLLECTIVES, Link, algbw, busbw, busbw_factor,
                                     coefficients, n_half, normalize, predict)
+from mtb_helpers.cost.step import predict_grid_step_time, predict_pipeline_step_time, predict_step_time
 from mtb_helpers.runtime.link import pad_backward, padded
 from mtb_helpers.runtime.timeline import Event, RunResults, Timeline
 
 __all__ = ["Link", "predict", "calibrate", "Calibration", "Fit", "padded", "pad_backward", "Event",
            "Timeline", "RunResults", "algbw", "busbw", "busbw_factor", "coefficients", "n_half",
-           "normalize", "COLLECTIVES", "ALGORITHMS"]
+           "normalize", "COLLECTIVES", "ALGORITHMS", "predict_step_time", "predict_pipeline_step_time",
+           "predict_grid_step_time"]

@@ -14,7 +14,13 @@ at its "send": the "recv" of the same hop (context parallelism's ring passes bot
 beside it on the other direction of a full-duplex link.
 
 A pipeline overlaps its ranks; its step is the simulator's makespan with every message taking
-its α-β time: :func:`predict_pipeline_step_time`.
+its α-β time: :func:`predict_pipeline_step_time`. A step on a tp x pp x dp x cp grid (the
+capstone's) combines both: :func:`predict_grid_step_time`. Each F or B op of a stage costs its
+padded compute plus the α-β time of the collectives it issues (tensor and sequence parallelism's
+gathers and reductions, the LayerNorm and bias grads, the cross-entropy's, context parallelism's
+ring hops); the simulator runs the schedule with one F and one B time per stage and the
+activation messages' α-β latency; each stage then reduces its gradients over its data-parallel
+group and steps its optimizer, after its own last op: the step ends when the last stage does.
 """
 from __future__ import annotations
 
@@ -25,7 +31,8 @@ from mtb_helpers.cost.model import Link, predict
 from mtb_helpers.pp.schedules import schedule as make_schedule
 from mtb_helpers.pp.simulator import simulate
 
-__all__ = ["event_size", "event_time", "predict_step_time", "predict_pipeline_step_time"]
+__all__ = ["event_size", "event_time", "predict_step_time", "predict_pipeline_step_time",
+           "op_comm_time", "predict_grid_step_time"]
 
 _MODEL = {"all_reduce": "all-reduce", "all_gather": "all-gather", "reduce_scatter": "reduce-scatter",
           "all_to_all": "all-to-all", "send": "send/recv"}   # a "recv" costs nothing more: see below
@@ -69,3 +76,38 @@ def predict_pipeline_step_time(schedule: str, stages: int, microbatches: int,
     ops = make_schedule(schedule, stages, microbatches, chunks)
     latency = predict("send/recv", message_bytes, 2, link)
     return simulate(ops, forward=op_time[0], backward=op_time[1], latency=latency).makespan
+
+
+def op_comm_time(rec: CollectiveRecord, link: Link) -> float:
+    """Seconds one pipeline op waits for its collectives on ``link``: every event of ``rec`` but
+    the pipeline's own messages (their time is the simulator's latency). A ring hop counts once,
+    at its send (its receive runs beside it); the pipeline's messages are told apart by their
+    region (``"activation -> rank 1"``, ``"input grad <- rank 0"``: ``pp.p2p``)."""
+    return sum(event_time(e, link) for e in rec.communicating() if " rank " not in e.region)
+
+
+def predict_grid_step_time(ranks: Sequence[dict], compute: Sequence[tuple[float, float]], link: Link,
+                           schedule: str = "1f1b", after_compute: float = 0.0) -> float:
+    """Seconds of one training step on a pipeline of data-, tensor- and context-parallel ranks.
+
+    ``ranks[r]``: rank r's ``{"stage": s, "F": [record of each F op], "B": [...], "after":
+    record of what follows the last op (the gradient reduction)}``; ``compute[s]``: the padded
+    (F, B) seconds of one micro-batch on stage s; ``after_compute``: the optimizer's seconds.
+    Stage s's op takes ``compute[s]`` plus the slowest of its ranks' and ops' ``op_comm_time``;
+    the messages between stages (the largest recorded) take their α-β time."""
+    stages = 1 + max(r["stage"] for r in ranks)
+    if len(compute) != stages:
+        raise ValueError(f"compute has {len(compute)} (F, B) pairs for {stages} stages")
+    microbatches = {len(r["F"]) for r in ranks} | {len(r["B"]) for r in ranks}
+    if len(microbatches) != 1:
+        raise ValueError(f"the ranks ran different numbers of ops ({sorted(microbatches)})")
+    of = [[r for r in ranks if r["stage"] == s] for s in range(stages)]
+    times = [[compute[s][i] + max(op_comm_time(rec, link) for r in of[s] for rec in r[kind])
+              for s in range(stages)] for i, kind in enumerate("FB")]
+    sends = [e.bytes for r in ranks for kind in "FB" for rec in r[kind] for e in rec
+             if e.op == "send" and " rank " in e.region]
+    latency = predict("send/recv", max(sends), 2, link) if sends else 0.0
+    ops = make_schedule(schedule, stages, microbatches.pop())
+    timeline = simulate(ops, forward=times[0], backward=times[1], latency=latency)
+    return max(max(e.end for e in timeline.events[s]) + after_compute
+               + predict_step_time([r["after"] for r in of[s]], link) for s in range(stages))

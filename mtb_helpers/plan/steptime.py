@@ -15,6 +15,18 @@ Communication per micro-batch (ring algorithms; ``d`` bytes per element, ``s' = 
     tp  per layer, forward 2 all-reduces of [s', b, h] (attention and MLP; with sequence
         parallelism an all-gather + reduce-scatter each, the same ring bytes), backward 2 more,
         +2 under full recompute. On the critical path (nothing to hide them behind).
+        The small ones besides (``tp_small_collectives``; Korthikanti et al. count only the
+        above, and on a real model they cost α, not bytes): with sequence parallelism every
+        parameter replicated over the group but fed a sequence shard has a partial gradient,
+        all-reduced over the group in backward, one [h] all-reduce per parameter and micro-batch
+        (each LayerNorm's weight and bias, the row-parallel layers' biases: 6 per GPT layer, 2 per
+        Llama layer; the course's layers reduce each as soon as backward produces it, Megatron-LM
+        once per step, coalesced, in ``finalize_model_grads``). The first stage's vocabulary-
+        parallel embedding all-reduces [s', b, h] forward (g; under SP its split gathers back in
+        backward); the last stage gathers the sequence for the LM head forward (its reduce-
+        scatter backward, and its final norm's grads), or under plain TP all-reduces the head's
+        input grad (f), and the vocabulary-parallel cross-entropy all-reduces [s', b] three times
+        forward (the logits' max, the sum of exponentials, the target's logit).
     cp  per layer (cp - 1) ring hops of this rank's K and V [s', b, kv·d_head/tp] forward; backward
         (cp - 1) hops of K, V, dK, dV together and one more of dK, dV home (the course's ring,
         ``cp/ring.py``): hidden behind attention's own compute (with
@@ -39,10 +51,11 @@ from functools import lru_cache
 
 from mtb_helpers.cost import predict
 from mtb_helpers.plan.budget import extrapolated, layer_params, rank_layers, stage_params
-from mtb_helpers.plan.specs import ClusterSpec, Layout, ModelSpec, positive_number
+from mtb_helpers.plan.specs import NORMS, ClusterSpec, Layout, ModelSpec, positive_number
 from mtb_helpers.pp.simulator import simulate
 
-__all__ = ["StepTime", "step_time", "stage_compute", "model_flops_per_token", "matmul_params", "group_link"]
+__all__ = ["StepTime", "step_time", "stage_compute", "model_flops_per_token", "matmul_params", "group_link",
+           "tp_small_collectives"]
 
 
 @dataclass
@@ -92,6 +105,36 @@ def _pipeline(name: str, pp: int, m: int, chunks: int, ratio: float, lat: float)
     return span, 1 - busy / (pp * span)
 
 
+def tp_small_collectives(model: ModelSpec, layout: Layout) -> list[dict[str, list[tuple]]]:
+    """Per pipeline stage, the tensor-parallel collectives of one micro-batch besides the layers'
+    2 + 2 (the module docstring says where each comes from): ``{"forward": [...], "backward":
+    [...]}``, each entry ``(collective, S in elements, count)`` with nccl-tests' S (all-gather
+    and reduce-scatter: the whole [s', b, h]). Empty with one tensor-parallel rank."""
+    t, h = layout.tp, model.hidden
+    tokens = model.seq_len // layout.cp * layout.microbatch
+    sp = layout.sequence_parallel
+    out = []
+    for r, n in enumerate(rank_layers(model, layout)):
+        fwd, bwd = [], []
+        if t > 1:
+            per_layer = 2 * NORMS[model.norm] + (2 if model.bias else 0)
+            if sp:
+                bwd.append(("all-reduce", h, per_layer * n))
+            if r == 0:                  # vocabulary-parallel embedding: g; under SP, split
+                fwd.append(("all-reduce", tokens * h, 1))
+                if sp:
+                    bwd.append(("all-gather", tokens * h, 1))
+            if r == layout.pp - 1:      # final norm, LM head, vocabulary-parallel cross-entropy
+                if sp:
+                    fwd.append(("all-gather", tokens * h, 1))
+                    bwd += [("reduce-scatter", tokens * h, 1), ("all-reduce", h, NORMS[model.norm])]
+                else:
+                    bwd.append(("all-reduce", tokens * h, 1))
+                fwd.append(("all-reduce", tokens, 3))
+        out.append({"forward": fwd, "backward": bwd})
+    return out
+
+
 def stage_compute(model: ModelSpec, layout: Layout, rate: float) -> list[tuple[float, float]]:
     """Per pipeline stage: seconds of computation of one micro-batch's forward and backward at
     ``rate`` FLOP/s (its layers, the output layer on the last stage, recompute's extra forward)."""
@@ -136,10 +179,16 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout, mfu: float
         if model.experts > 1 else 0.0
     per_layer_comm = (tp_fwd + cp_fwd + 2 * a2a, tp_bwd + cp_bwd + 2 * a2a)
     stages = rank_layers(model, L)
+    small = [tuple(sum(n * _time(kind, elements * d, t, tp_link) for kind, elements, n in st[way])
+                   for way in ("forward", "backward")) for st in tp_small_collectives(model, L)]
     # the slowest stage sets the pace of every stage (the simulator takes one time per op)
-    fwd_c, bwd_c = (max(x) for x in zip(*stage_compute(model, L, rate)))
-    layers = max(stages)
-    f, bwd = fwd_c + layers * per_layer_comm[0], bwd_c + layers * per_layer_comm[1]
+    ops = [(fc + n * per_layer_comm[0] + sf, bc + n * per_layer_comm[1] + sb, r)
+           for r, ((fc, bc), n, (sf, sb)) in enumerate(zip(stage_compute(model, L, rate), stages,
+                                                           small))]
+    f, bwd, slowest = max(ops, key=lambda o: o[0] + o[1])
+    fwd_c, bwd_c = stage_compute(model, L, rate)[slowest]
+    layers = stages[slowest]
+    tp_small = sum(small[slowest])
     p2p_bytes = tokens * h * d / (t if L.sequence_parallel else 1)
     stride = t * c * L.dp                                    # pipeline neighbours are this far apart
     p2p = _time("send/recv", p2p_bytes, 2, group_link(cluster, stride + 1)) if L.pp > 1 else 0.0
@@ -168,7 +217,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout, mfu: float
         exposed = (max(0.0, reduce - bwd) + max(0.0, gather - f)) if overlap else total
     step = makespan + exposed
     terms = {"compute": m * (fwd_c + bwd_c),
-             "tensor parallel": m * layers * (tp_fwd + tp_bwd),
+             "tensor parallel": m * (layers * (tp_fwd + tp_bwd) + tp_small),
              "context parallel": m * layers * (cp_fwd + cp_bwd),
              "expert parallel": m * layers * 4 * a2a,
              "pipeline bubble and p2p": makespan - m * (f + bwd),

@@ -100,29 +100,39 @@ def _check_number(name: str, value: float) -> float:
     return float(value)
 
 
-def simulate(ops: Sequence[Sequence[Any]], forward: float = 1.0, backward: float = 2.0, *,
+def simulate(ops: Sequence[Sequence[Any]], forward: float | Sequence[float] = 1.0,
+             backward: float | Sequence[float] = 2.0, *,
              input: float | None = None, weight: float | None = None,
              latency: float = 0.0) -> Timeline:
     """Run ``ops`` (``ops[rank]`` = ordered ops with .kind/.microbatch/.chunk) on the clock.
 
-    ``forward`` and ``backward`` are the times of one micro-batch on one whole stage. Split
+    ``forward`` and ``backward`` are the times of one micro-batch on one whole stage, or one such
+    time per rank (stages that differ: an embedding on the first, a loss on the last). Split
     backwards (I and W, zb-h1) take ``input`` and ``weight`` (each defaults to backward / 2).
     ``latency`` delays every dependency that crosses ranks. Raises ValueError if an op waits for
     something that never runs (a schedule that deadlocks), naming the stuck ops.
     """
-    forward, backward, latency = (_check_number(n, x) for n, x in
-                                  (("forward", forward), ("backward", backward), ("latency", latency)))
-    input = backward / 2 if input is None else _check_number("input", input)
-    weight = backward / 2 if weight is None else _check_number("weight", weight)
     p = len(ops)
     if p == 0:
         raise ValueError("ops has no stages")
+    per_rank = not isinstance(forward, (int, float)) or not isinstance(backward, (int, float))
+    if per_rank and (input is not None or weight is not None):
+        raise ValueError("per-rank forward/backward times take no input/weight split")
+    forwards, backwards = ([_check_number(n, x) for x in (v if isinstance(v, Sequence) else [v] * p)]
+                           for n, v in (("forward", forward), ("backward", backward)))
+    if len(forwards) != p or len(backwards) != p:
+        raise ValueError(f"per-rank forward/backward times need one per rank ({p})")
+    latency = _check_number("latency", latency)
+    backward = backwards[0]
+    input = backward / 2 if input is None else _check_number("input", input)
+    weight = backward / 2 if weight is None else _check_number("weight", weight)
     kinds = {op.kind for rank_ops in ops for op in rank_ops}
     if not kinds <= {"F", "B", "I", "W"}:
         raise ValueError(f"unknown op kinds {sorted(kinds - {'F', 'B', 'I', 'W'})}")
     chunks = getattr(ops, "chunks", None) or 1 + max((op.chunk for r in ops for op in r), default=0)
-    duration = {"F": forward / chunks, "B": backward / chunks,
-                "I": input / chunks, "W": weight / chunks}
+    duration = [{"F": forwards[r] / chunks, "B": backwards[r] / chunks,
+                 "I": (backwards[r] / 2 if per_rank else input) / chunks,
+                 "W": (backwards[r] / 2 if per_rank else weight) / chunks} for r in range(p)]
     last = chunks * p - 1
     grad = "I" if "I" in kinds else "B"
     done: dict[tuple[str, int, int], tuple[float, int]] = {}  # (kind, mb, virtual) -> (end, rank)
@@ -152,7 +162,7 @@ def simulate(ops: Sequence[Sequence[Any]], forward: float = 1.0, backward: float
                     end, dep_rank = done[dep]
                     ready = end + (latency if dep_rank != rank else 0.0)
                 start = max(free[rank], ready)
-                free[rank] = start + duration[op.kind]
+                free[rank] = start + duration[rank][op.kind]
                 key = (op.kind, op.microbatch, op.chunk * p + rank)
                 if key in done:
                     raise ValueError(f"stage {rank} runs {op} twice")

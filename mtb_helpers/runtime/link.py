@@ -9,8 +9,11 @@ cores. Results are gloo's, unchanged: a link changes when things finish, never w
 ``time_scale=N`` multiplies every modelled time (communication and padded compute) by N, keeping
 their ratios: an NVLink's microseconds are far under what gloo needs on loopback, so such a link
 is refused at N = 1, with the smallest N that works (``time_scale="auto"`` picks it). The floor
-is measured once per rank pool (:func:`measure_floor`): a collective costs the ranks' agreement
-plus a tiny gloo op, and gloo's loopback bandwidth caps β. The caller gets ``RunResults`` (the per-rank results) with
+is measured on a pool's first linked call (:func:`measure_floor`): a collective costs the ranks'
+agreement plus a tiny gloo op, and gloo's loopback bandwidth caps β. A machine gets busier (other
+notebooks, other users): after a call that overran its model the floor is measured again (at most
+every ``FLOOR_REFRESH`` seconds), so refusals and ``time_scale="auto"`` follow the machine as it is
+now, not as it was when the pool started. The caller gets ``RunResults`` (the per-rank results) with
 ``.timeline`` (see :mod:`mtb_helpers.runtime.timeline`). The link is duck-typed (``alpha``,
 ``bandwidth``, ``time(collective, nbytes, world_size)``): ``mtb_helpers.cost.Link`` is one, and
 the runtime imports no topic.
@@ -32,9 +35,10 @@ from mtb_helpers.runtime.comm_thread import CommStream
 from mtb_helpers.runtime.timeline import Event, RunResults, Timeline
 
 __all__ = ["padded", "pad_backward", "validate_link", "measure_floor", "Floor", "run_linked", "LinkedCall",
-           "active_time_scale"]
+           "active_time_scale", "comm_seconds", "stale_floor", "FLOOR_REFRESH"]
 
 OVERRUN_WARNING = 2e-3   # seconds beyond the model before the caller is told the machine lagged
+FLOOR_REFRESH = 10.0     # seconds: the floor is measured again after an overrun, at most this often
 
 _ACTIVE: "Emulation | None" = None   # the emulation of the call running on this rank, if any
 
@@ -73,6 +77,27 @@ class Emulation:
 def active_time_scale() -> float:
     """The time scale of the emulated link this rank runs under (1.0 without one)."""
     return _ACTIVE.scale if _ACTIVE is not None else 1.0
+
+
+def comm_seconds(since: float) -> float:
+    """Seconds after ``since`` (a ``time.perf_counter()`` reading) in which this rank's emulated
+    collectives or received messages were under way (0 without a link); each from its agreed start
+    or its message's departure, overlaps counted once. Sends are left out: they leave on the comm
+    stream beside the computation, while a receive is what a rank waits for (a ring hop's send
+    and receive run together). With it a block that both computes and communicates (a tensor-
+    parallel layer, a ring attention) is padded to "its modelled compute plus its communication",
+    the α-β model's sum, whatever its real compute took."""
+    em = _ACTIVE
+    if em is None:
+        return 0.0
+    spans = sorted((max(e.start, since), e.end) for e in em.events
+                   if e.kind == "comm" and e.name not in ("send", "isend") and e.end > since)
+    total, reached = 0.0, since
+    for start, end in spans:     # the union of the intervals
+        if end > reached:
+            total += end - max(start, reached)
+            reached = end
+    return total
 
 
 @contextlib.contextmanager
@@ -155,9 +180,11 @@ def validate_link(link: Any, time_scale: object) -> None:
 @dataclass(frozen=True)
 class Floor:
     """What gloo needs on this machine at best: ``latency`` seconds per emulated collective (the
-    ranks' agreement and a tiny op) and ``bandwidth`` bytes/s (its busbw on a 1 MiB all-reduce)."""
+    ranks' agreement and a tiny op) and ``bandwidth`` bytes/s (its busbw on a 1 MiB all-reduce),
+    measured at ``time.monotonic()`` = ``measured_at``."""
     latency: float
     bandwidth: float
+    measured_at: float = 0.0
 
     def smallest_scale(self, link: Any) -> float:
         """The smallest time scale from 1, 2, 5, 10, 20, 50, ... at which ``link`` is honoured
@@ -204,15 +231,26 @@ def _probe() -> tuple[float, float]:
 
 
 def measure_floor(pool: Any, timeout: float) -> Floor:
-    """The pool's floor, measured on its first linked call and kept on the pool."""
+    """The pool's floor: measured on its first linked call and kept on the pool until a call
+    overruns its model (``stale_floor``)."""
     if pool.link_floor is None:
         p = pool.world_size
         replies = pool.call(_probe, (), {}, timeout)
         latency = max(r[0] for r in replies)
         big = max(r[1] for r in replies)
         busbw = 2 * (p - 1) / p * 2**20 / max(big - latency / 2, 1e-6)
-        pool.link_floor = Floor(latency, busbw)
+        pool.link_floor = Floor(latency, busbw, time.monotonic())
     return pool.link_floor
+
+
+def stale_floor(pool: Any) -> None:
+    """A linked call on ``pool`` overran its model: the machine may be busier than when the floor
+    was measured. Forget the floor (the next linked call measures it again, ~30 gloo ops) unless
+    it was measured less than ``FLOOR_REFRESH`` seconds ago (a loop of overrunning calls probes
+    at most that often)."""
+    floor = pool.link_floor
+    if floor is not None and time.monotonic() - floor.measured_at >= FLOOR_REFRESH:
+        pool.link_floor = None
 
 
 def run_linked(pool: Any, fn: Callable, args: tuple, kwargs: dict, timeout: float, link: Any,
@@ -231,6 +269,7 @@ def run_linked(pool: Any, fn: Callable, args: tuple, kwargs: dict, timeout: floa
     timeline = Timeline(ranks, link, float(time_scale))
     late = [e for e in timeline.events() if e.overrun > OVERRUN_WARNING]
     if late:
+        stale_floor(pool)
         worst = max(late, key=lambda e: e.overrun)
         print(f"[mtb] emulated link: {len(late)} of {len(timeline.events())} operations took "
               f"longer than modelled (worst: {worst.name}, {worst.seconds * 1e3:.1f} ms for "
