@@ -342,3 +342,39 @@ def test_comm_seconds_counts_collectives_and_receives_not_compute_nor_sends():
         assert during == pytest.approx(sum(e.seconds for e in waited), abs=1e-9)
         assert after == 0.0
     assert list(run(_comm_seconds_job, world_size=2)) == [(0.0, 0.0)] * 2   # no link
+
+
+def _agreement_job():
+    from mtb_helpers.runtime.link import unmodelled
+    x = torch.ones(4)
+    dist.all_reduce(x)                          # modelled: α = 25 ms at least
+    with unmodelled():                          # an agreement: gloo's own time, no event
+        t0 = time.perf_counter()
+        y = torch.ones(4)
+        dist.all_reduce(y)
+        agreed = time.perf_counter() - t0
+    dist.all_reduce(x)                          # modelled again after the block
+    return agreed, float(y[0])
+
+
+def test_an_unmodelled_agreement_takes_gloos_time_and_leaves_the_timeline_alone():
+    results = run(_agreement_job, world_size=2, link=LINK)
+    for r, (agreed, value) in enumerate(results):
+        assert value == 2.0                                          # it ran, on every rank
+        assert agreed < LINK.alpha                                   # not the link's α
+        assert len(results.timeline.events(rank=r, name="all_reduce")) == 2
+
+
+def _cp_forward():
+    from mtb_helpers.cp.ring import RingAttention
+    r = dist.get_rank()
+    q = torch.randn(1, 2, 4, 4, generator=torch.Generator().manual_seed(r))
+    return RingAttention(causal=True)(q, q, q).shape
+
+
+def test_context_parallel_shape_agreement_costs_no_link_time():
+    """The ring's traffic is its t - 1 hops; the shard-shape agreement at its entry is not in
+    the timeline, so the α-β prediction of the step (which leaves it out) stays the measured one."""
+    results = run(_cp_forward, world_size=2, link=LINK)
+    names = {e.name for e in results.timeline.events()}
+    assert "all_gather" not in names and names, names

@@ -16,8 +16,9 @@ import torch
 import torch.distributed as dist
 
 from mtb_helpers.comm.records import OPS, note
+from mtb_helpers.runtime.link import unmodelled
 
-__all__ = ["issue", "group_size", "group_rank"]
+__all__ = ["issue", "agree", "group_size", "group_rank"]
 
 
 def group_size(group: dist.ProcessGroup | None = None) -> int:
@@ -26,6 +27,16 @@ def group_size(group: dist.ProcessGroup | None = None) -> int:
 
 def group_rank(group: dist.ProcessGroup | None = None) -> int:
     return dist.get_rank(group) if dist.is_initialized() else 0
+
+
+def agree(mine: torch.Tensor, group: dist.ProcessGroup | None = None) -> list[torch.Tensor]:
+    """Every rank's ``mine`` (same shape and dtype on every rank), in group-rank order: an
+    all-gather for a check the ranks make together (do we all hold shards of one shape?), not
+    part of the step's traffic, so neither recorded nor given an emulated link's time."""
+    everyone = [torch.empty_like(mine) for _ in range(group_size(group))]
+    with unmodelled():
+        dist.all_gather(everyone, mine, group=group)
+    return everyone
 
 
 def issue(op: str, x: torch.Tensor, *, region: str, direction: str, operator: str = "",

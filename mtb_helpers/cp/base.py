@@ -13,7 +13,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from mtb_helpers.comm.issue import group_rank, group_size
+from mtb_helpers.comm.issue import agree, group_rank, group_size
 from mtb_helpers.comm.sharding import Shard
 from mtb_helpers.cp.sharding import check_layout, check_sequence, shard_positions
 
@@ -65,9 +65,7 @@ class ContextParallelAttention:
         if self.t == 1:
             return
         mine = torch.tensor([_shape_code(x) for x in (q, k, v)], dtype=torch.int64)   # [3, 5]
-        everyone = [torch.empty_like(mine) for _ in range(self.t)]
-        dist.all_gather(everyone, mine, group=self.group)          # t x [3, 5], in rank order
-        codes = [code.tolist() for code in everyone]
+        codes = [code.tolist() for code in agree(mine, self.group)]   # t x [3, 5], in rank order
         if all(code == codes[0] for code in codes):
             return
         shapes = [[_shape_of(row) for row in code] for code in codes]

@@ -35,7 +35,7 @@ from mtb_helpers.runtime.comm_thread import CommStream
 from mtb_helpers.runtime.timeline import Event, RunResults, Timeline
 
 __all__ = ["padded", "pad_backward", "validate_link", "measure_floor", "Floor", "run_linked", "LinkedCall",
-           "active_time_scale", "comm_seconds", "stale_floor", "FLOOR_REFRESH"]
+           "active_time_scale", "unmodelled", "comm_seconds", "stale_floor", "FLOOR_REFRESH"]
 
 OVERRUN_WARNING = 2e-3   # seconds beyond the model before the caller is told the machine lagged
 FLOOR_REFRESH = 10.0     # seconds: the floor is measured again after an overrun, at most this often
@@ -53,14 +53,16 @@ class Emulation:
         self.free_at = 0.0   # when the stream's last collective ends (perf_counter seconds)
         self.out_free = self.in_free = 0.0   # when this rank's outgoing / incoming link is free
         self.stream = CommStream()
+        self.direct: threading.Thread | None = None   # a thread inside unmodelled()
         self.restore = link_ops.install(self)
 
     def modelled(self, collective: str, nbytes: int, p: int) -> float:
         return self.link.time(collective, nbytes, p) * self.scale
 
     def bypass(self) -> bool:
-        """True on the stream's own thread: its real ops must not be emulated twice."""
-        return threading.current_thread() is self.stream.thread
+        """True on the stream's own thread (its real ops must not be emulated twice) and inside
+        :func:`unmodelled` on the thread that entered it."""
+        return threading.current_thread() in (self.stream.thread, self.direct)
 
     def finish(self) -> None:
         """Wait for every queued operation; complete the messages that have arrived."""
@@ -77,6 +79,24 @@ class Emulation:
 def active_time_scale() -> float:
     """The time scale of the emulated link this rank runs under (1.0 without one)."""
     return _ACTIVE.scale if _ACTIVE is not None else 1.0
+
+
+@contextlib.contextmanager
+def unmodelled() -> Iterator[None]:
+    """The block's collectives run at gloo's own speed, outside the link's model and timeline:
+    for an agreement that moves none of the step's data (context parallelism's check that every
+    rank holds shards of one shape), which the α-β prediction of the step rightly leaves out.
+    The comm stream is drained first, so every rank still issues its collectives in one order."""
+    em = _ACTIVE
+    if em is None or em.direct is not None:
+        yield
+        return
+    em.finish()
+    em.direct = threading.current_thread()
+    try:
+        yield
+    finally:
+        em.direct = None
 
 
 def comm_seconds(since: float) -> float:
