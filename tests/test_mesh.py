@@ -54,7 +54,7 @@ def test_bad_meshes_and_names_are_refused():
 
 
 def test_the_grid_and_the_capstone_are_the_same_mesh():
-    from mtb_helpers.capstone.grid import Layout, coords as plan_alias, group_ranks
+    from mtb_helpers.capstone.grid import Layout, group_ranks
     from mtb_helpers.grid.layers import dp_group_ranks, tp_group_ranks
     for tp, dp in [(2, 2), (1, 4), (4, 1), (2, 3), (3, 2)]:
         mesh = Mesh(dp=dp, tp=tp)
@@ -69,7 +69,6 @@ def test_the_grid_and_the_capstone_are_the_same_mesh():
     layout = Layout(tp=2, pp=2, dp=2, cp=1)
     assert layout.mesh() == Mesh(pp=2, dp=2, cp=1, tp=2)
     assert layout.mesh().coords(5) == {"pp": 1, "dp": 0, "cp": 0, "tp": 1}
-    assert plan_alias(5, layout) == layout.mesh().coords(5)   # the alias plan/check.py still imports
 
 
 def _groups_on_rank(sizes: dict, flatten: tuple) -> dict:

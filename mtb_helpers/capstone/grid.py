@@ -48,11 +48,6 @@ class Layout:
         return f"tp={self.tp} pp={self.pp} dp={self.dp} cp={self.cp}"
 
 
-def coords(rank: int, layout: Layout) -> dict[str, int]:
-    """Alias of ``layout.mesh().coords(rank)``, kept only for mtb_helpers/plan/check.py; use the Mesh."""
-    return layout.mesh().coords(rank)
-
-
 def group_ranks(layout: Layout, dims: tuple[str, ...]) -> list[list[int]]:
     """Every group varying ``dims`` (the other coordinates fixed), each in rank order."""
     return layout.mesh().group_ranks(*dims)

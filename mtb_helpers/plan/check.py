@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from mtb_helpers.capstone.grid import Grid, Layout as GridLayout, coords
+from mtb_helpers.capstone.grid import Grid, Layout as GridLayout
 from mtb_helpers.capstone.layers import build_stage
 from mtb_helpers.capstone.model import GPTConfig, make_model
 from mtb_helpers.capstone.reference import TrainConfig
@@ -99,7 +99,7 @@ def check_plan(tp: int = 2, pp: int = 2, dp: int = 2, cp: int = 1, strategy: str
     spec, d = tiny_gpt(cfg), layout.dtype_bytes
     rows, predicted_held = [], []
     for rank, res in enumerate(results):
-        stage = coords(rank, grid_layout)["pp"]
+        stage = grid_layout.mesh().coords(rank)["pp"]
         count = stage_params(spec, layout, stage, mm)["dense"]
         want = mm.model_states(count, dp * cp, layout.zero_stage, OPTIMIZER_BYTES[name], d, d,
                                pad=True)
