@@ -39,8 +39,8 @@ def capstone_summary(report) -> str:
         return max((r for r in report.rows if r.quantity == quantity), key=lambda r: r.max_abs_err)
 
     loss, step, params = worst("loss"), worst("step"), worst("params")
-    failed = sorted({r.note.split(";")[0] for r in report.rows
-                     if r.quantity == "step" and not r.passed}, key=lambda n: int(n.split()[-1]))
+    # one "step" row per step, in step order (capstone/check.py: StepComparison.on_call)
+    failed = [r.note.split(";")[0] for r in report.rows if r.quantity == "step" and not r.passed]
     sent = report.extra["bytes"]["per_rank"][0]
     return "\n".join([
         report.title().split(" [")[0] + (" PASSED" if report.passed else " FAILED"),
