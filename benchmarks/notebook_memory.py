@@ -9,9 +9,11 @@ over processes is what the tree really costs) of the kernel and all its descenda
     python benchmarks/notebook_memory.py                       # every notebook in notebooks/
     python benchmarks/notebook_memory.py notebooks/03_tp_mlp.ipynb --interval 0.1
 
-Prints one row per notebook: peak PSS of the tree, and at that moment the kernel's share, the
-forkserver's and the ranks' (count and total). Binder gives 2 GB for JupyterLab and every open
-kernel; the course's target is a peak of at most 600 MiB per notebook.
+Prints one row per notebook: peak PSS of the tree, the cell being executed at that moment (its
+index in the notebook and its first line), and at that moment the kernel's share, the forkserver's
+and the ranks' (count and total). ``--cells N`` adds the N cells with the highest peaks, so a fix
+aims at the cell that needs it. Binder gives 2 GB for JupyterLab and every open kernel; the course's
+target (issue 24) is a peak of at most 560 MiB per notebook.
 """
 from __future__ import annotations
 
@@ -73,13 +75,20 @@ def measure_one(path: str, interval: float, timeout: int) -> dict:
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": os.path.dirname(path)}})
     peak: dict = {"total": 0}
+    per_cell: dict[int, dict] = {}   # cell index -> the highest sample taken while it ran
+    current = [-1]                   # the cell being executed (-1: the kernel is starting)
     stop = threading.Event()
 
     def sample(kernel_pid: int) -> None:
         while not stop.is_set():
+            cell = current[0]  # read before sampling: a sample belongs to the cell it started in
             parts = tree_pss(kernel_pid)
-            if parts and parts["total"] > peak["total"]:
-                peak.update(parts)
+            if parts:
+                parts["cell"] = cell
+                if parts["total"] > per_cell.get(cell, {"total": -1})["total"]:
+                    per_cell[cell] = parts
+                if parts["total"] > peak["total"]:
+                    peak.update(parts)
             stop.wait(interval)
 
     slow: list[str] = []
@@ -91,6 +100,7 @@ def measure_one(path: str, interval: float, timeout: int) -> dict:
         try:
             for index, cell in enumerate(nb.cells):
                 cell_started = time.monotonic()
+                current[0] = index
                 client.execute_cell(cell, index)
                 if time.monotonic() - cell_started > 30:  # a hang is not a memory figure
                     slow.append(f"cell {index}: {time.monotonic() - cell_started:.0f} s")
@@ -100,7 +110,16 @@ def measure_one(path: str, interval: float, timeout: int) -> dict:
         peak["seconds"] = time.monotonic() - started  # the cells, without the kernel's shutdown
     peak["slow"] = slow
     peak["notebook"] = os.path.basename(path)
+    peak["cells"] = [{**parts, "source": _first_line(nb.cells[cell]) if cell >= 0 else "(kernel start)"}
+                     for cell, parts in sorted(per_cell.items(), key=lambda kv: -kv[1]["total"])]
     return peak
+
+
+def _first_line(cell) -> str:
+    """The cell's first line that is not a comment or blank (what the cell does), shortened."""
+    lines = [line.strip() for line in cell.source.splitlines()]
+    line = next((x for x in lines if x and not x.startswith("#")), lines[0] if lines else "")
+    return line if len(line) <= 60 else line[:57] + "..."
 
 
 def main() -> None:
@@ -110,6 +129,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=int, default=120, help="per cell, seconds")
     parser.add_argument("--cpu", default="0", help="taskset CPU list (default 0: one CPU)")
     parser.add_argument("--json", action="store_true", help="one JSON object per notebook")
+    parser.add_argument("--cells", type=int, default=0, metavar="N",
+                        help="also list the N cells with the highest peak PSS of each notebook")
     parser.add_argument("--_one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._one:  # the child: already pinned by taskset
@@ -120,8 +141,9 @@ def main() -> None:
     if not pin:
         print("taskset not found: measuring on every CPU", file=sys.stderr)
     if not args.json:
-        print("| notebook | peak PSS, whole tree | kernel | forkserver | ranks (n) | other | run time |")
-        print("|---|---:|---:|---:|---:|---:|---:|")
+        print("| notebook | peak PSS, whole tree | in cell | kernel | forkserver | ranks (n) | other "
+              "| run time |")
+        print("|---|---:|---|---:|---:|---:|---:|---:|")
     for path in paths:
         out = subprocess.run([*pin, sys.executable, os.path.abspath(__file__), "--_one",
                               "--interval", str(args.interval), "--timeout", str(args.timeout),
@@ -133,10 +155,16 @@ def main() -> None:
         if args.json:
             print(json.dumps(row))
             continue
-        print(f"| {row['notebook']} | {row['total'] / MIB:,.0f} MiB | {row['kernel'] / MIB:,.0f} | "
-              f"{row['forkserver'] / MIB:,.0f} | {row['ranks'] / MIB:,.0f} ({row['n_ranks']}) | "
-              f"{row['other'] / MIB:,.0f} | "
-              f"{row['seconds']:.0f} s |", *row["slow"], flush=True)
+        print(f"| {row['notebook']} | {row['total'] / MIB:,.0f} MiB | {row['cell']} | "
+              f"{_parts(row)} | {row['seconds']:.0f} s |", *row["slow"], flush=True)
+        for cell in row["cells"][:args.cells]:
+            print(f"|  cell {cell['cell']}: `{cell['source']}` | {cell['total'] / MIB:,.0f} MiB | "
+                  f"{cell['cell']} | {_parts(cell)} | |", flush=True)
+
+
+def _parts(row: dict) -> str:
+    return (f"{row['kernel'] / MIB:,.0f} | {row['forkserver'] / MIB:,.0f} | "
+            f"{row['ranks'] / MIB:,.0f} ({row['n_ranks']}) | {row['other'] / MIB:,.0f}")
 
 
 if __name__ == "__main__":
