@@ -1,6 +1,7 @@
 """Binder's budget and the slider's speed, checked by structure (no timings): ranks share what
-the forkserver preloaded, idle pools stop by themselves, release() frees pools, and the explorer's
-overview is drawn on one Axes with the same panels as the per-panel figure."""
+the forkserver preloaded, idle pools stop by themselves, release() frees pools, pools beyond the
+memory budget are stopped (least recently used first, never one a slider is using), and the
+explorer's overview is drawn on one Axes with the same panels as the per-panel figure."""
 from __future__ import annotations
 
 import os
@@ -10,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 from mtb_helpers import run, shutdown  # noqa: E402
+from mtb_helpers.runtime import budget  # noqa: E402
 from mtb_helpers.runtime import ranks as ranks_module  # noqa: E402
 from mtb_helpers.runtime.start import RANK_LAZY_IMPORTS, preload_modules  # noqa: E402
 from tests.procs import forkserver_pid, wait_dead  # noqa: E402
@@ -59,6 +61,50 @@ def test_release_stops_only_the_pools_asked_for():
     ranks_module.release(3)
     assert wait_dead(three)
     assert run(os.getpid, world_size=2) == two
+
+
+def test_the_memory_reading_counts_this_process_the_forkserver_and_every_rank():
+    shutdown()
+    alone = budget.tree_mib()
+    pids = run(os.getpid, world_size=2)
+    under = budget.descendants(os.getpid())
+    assert set(pids) <= set(under) and forkserver_pid() in under
+    assert budget.tree_mib() > alone + 2 * 5  # each rank has a few MiB of its own, at least
+
+
+def _budget(monkeypatch, mib: float, grace: float) -> None:
+    monkeypatch.setattr(ranks_module, "MEMORY_BUDGET_MIB", mib)
+    monkeypatch.setattr(ranks_module, "SLIDER_GRACE_SECONDS", grace)
+
+
+def test_a_pool_starting_over_the_memory_budget_stops_the_least_recently_used_one_first(monkeypatch):
+    shutdown()
+    _budget(monkeypatch, 1e6, 0.0)           # within budget: every pool stays warm
+    two, three = run(os.getpid, world_size=2), run(os.getpid, world_size=3)
+    _budget(monkeypatch, 1.0, 0.0)           # now any tree is over it
+    four = run(os.getpid, world_size=4)
+    assert wait_dead(two + three), "pools over the memory budget kept their ranks"
+    assert sorted(ranks_module._pools) == [4]
+    assert run(os.getpid, world_size=4) == four   # the pool just started is the one kept
+
+
+def test_a_slider_moving_between_two_sizes_keeps_both_pools_over_the_budget(monkeypatch):
+    shutdown()
+    _budget(monkeypatch, 1.0, 60.0)          # over budget, but both pools used a moment ago
+    two, three = run(os.getpid, world_size=2), run(os.getpid, world_size=3)
+    assert run(os.getpid, world_size=2) == two and run(os.getpid, world_size=3) == three
+
+
+def test_while_pools_are_warm_the_watch_stops_the_idle_ones_once_over_the_budget(monkeypatch):
+    shutdown()
+    _budget(monkeypatch, 1e6, 0.0)
+    monkeypatch.setattr(ranks_module, "MEMORY_CHECK_SECONDS", 0.1)
+    two, three = run(os.getpid, world_size=2), run(os.getpid, world_size=3)
+    monkeypatch.setattr(ranks_module, "MEMORY_BUDGET_MIB", 1.0)   # as a kernel that grew past it
+    assert run(os.getpid, world_size=3) == three                  # a call: the watch looks again
+    assert wait_dead(two, within=30), "the idle pool was kept over the memory budget"
+    assert sorted(ranks_module._pools) == [3]    # the one in use stays, alone
+    assert run(os.getpid, world_size=3) == three
 
 
 def test_the_explorer_overview_is_one_axes_with_every_panel_of_the_per_panel_figure():

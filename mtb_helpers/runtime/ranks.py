@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from mtb_helpers.runtime import budget
 from mtb_helpers.runtime import worker as rank_worker
 from mtb_helpers.runtime.pool import Pool
 from mtb_helpers.runtime.errors import RankError, RankTimeoutError, WaitPoint
@@ -39,6 +40,16 @@ MAX_POOLED_RANKS = int(os.environ.get("MTB_MAX_POOLED_RANKS", "8"))
 # A pool with no call for this long is stopped (the next call starts a fresh one in ~1 s), and
 # the forkserver with the last pool: an open notebook nobody uses should not hold memory.
 IDLE_STOP_SECONDS = float(os.environ.get("MTB_IDLE_STOP_SECONDS", "180"))
+# Memory budget of this process and every process it started (PSS, runtime/budget.py): issue 24
+# asks every notebook to peak at 560 MiB at most on Binder; above this, warm pools that are not
+# in use are stopped, least recently used first. Checked when a pool is about to start (counting
+# RANK_MIB for each new rank) and, while two or more pools are warm, every MEMORY_CHECK_SECONDS
+# after calls. A pool used in the last SLIDER_GRACE_SECONDS is kept: a slider moving between two
+# world sizes keeps both warm (restarting one costs 0.1-0.3 s a move), whatever the budget says.
+MEMORY_BUDGET_MIB = float(os.environ.get("MTB_MEMORY_BUDGET_MIB", "520"))
+RANK_MIB = 35.0               # a rank's own pages once it has run checks (notebook 12: 23-32 MiB)
+MEMORY_CHECK_SECONDS = 2.0
+SLIDER_GRACE_SECONDS = 15.0
 
 _pools: dict[int, Pool] = {}   # the owner's warm pools, one per world size (the runtime's state)
 _pools_lock = threading.Lock()
@@ -202,6 +213,8 @@ def _warm_pool(world_size: int) -> Pool:
         if pool is not None and not pool.broken:
             return pool
         _evict(keep_room_for=world_size)
+        while _pools and _stop_one_over_budget(extra_mib=world_size * RANK_MIB, locked=True):
+            pass
         pool = _pools[world_size] = Pool(world_size)
         _start_idle_watch()
         return pool
@@ -218,9 +231,16 @@ def _start_idle_watch() -> None:
 
 
 def _stop_idle_pools() -> None:
-    """Every few seconds: stop pools idle for IDLE_STOP_SECONDS; the forkserver with the last."""
+    """Every few seconds: stop pools idle for IDLE_STOP_SECONDS; the forkserver with the last.
+    While two or more pools are warm and calls ran since the last look, keep to the memory budget."""
+    checked = time.monotonic()
     while True:
-        time.sleep(max(0.05, min(IDLE_STOP_SECONDS / 4, 10.0)))
+        time.sleep(max(0.05, min(IDLE_STOP_SECONDS / 4, 10.0, MEMORY_CHECK_SECONDS)))
+        with _pools_lock:
+            busy = len(_pools) > 1 and max(p.last_used for p in _pools.values()) > checked
+        if busy and time.monotonic() - checked >= MEMORY_CHECK_SECONDS:
+            checked = time.monotonic()
+            _stop_one_over_budget(extra_mib=0.0, locked=False)
         now = time.monotonic()
         with _pools_lock:
             idle = [s for s, p in _pools.items()
@@ -246,6 +266,43 @@ def _evict(keep_room_for: int) -> None:
         pool = _pools.pop(size)
         with pool.lock:
             pool.stop()
+
+
+def _stop_one_over_budget(extra_mib: float, locked: bool) -> bool:
+    """If the tree's memory plus ``extra_mib`` is over MEMORY_BUDGET_MIB, stop the least recently
+    used pool that is neither in a call, nor used in the last SLIDER_GRACE_SECONDS, nor the only
+    one; return whether one was stopped. ``locked``: the caller holds ``_pools_lock`` (a pool is
+    about to start); otherwise the tree is read without it, so no call waits for the reading."""
+    def candidate() -> int | None:
+        now = time.monotonic()
+        newest = max(_pools, key=lambda s: _pools[s].last_used, default=None)
+        idle = [(p.last_used, s) for s, p in _pools.items()
+                if (s != newest or extra_mib > 0) and now - p.last_used > SLIDER_GRACE_SECONDS
+                and not p.lock.locked() and not p.broken]
+        return min(idle)[1] if idle else None
+
+    if (candidate() if locked else _locked(candidate)) is None:
+        return False
+    used = budget.tree_mib()
+    if used is None or used + extra_mib <= MEMORY_BUDGET_MIB:
+        return False
+    if locked:
+        size = candidate()
+        pool = _pools.pop(size) if size is not None else None
+    else:
+        with _pools_lock:
+            size = candidate()
+            pool = _pools.pop(size) if size is not None else None
+    if pool is None:
+        return False
+    with pool.lock:
+        pool.stop()
+    return True
+
+
+def _locked(fn: Callable[[], Any]) -> Any:
+    with _pools_lock:
+        return fn()
 
 
 def _stop_forkserver() -> None:
