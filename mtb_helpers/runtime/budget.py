@@ -1,10 +1,14 @@
 """What this process and every process it started hold in memory, for the pools' memory budget.
 
 Binder gives JupyterLab and every open kernel 2 GB together, and a notebook's tree (kernel,
-forkserver, ranks) is measured against ``MEMORY_BUDGET_MIB`` (issue 24: 560 MiB at peak). The
-measure is the proportional set size (PSS): a page shared by k processes counts 1/k in each, so
-the sum over the tree is what the tree really costs, whatever the forks share. Linux only (it reads
-``/proc``); elsewhere :func:`tree_mib` returns None and only the rank-count budget applies.
+forkserver, ranks) is measured against ``MEMORY_BUDGET_MIB`` (issue 24: 560 MiB at peak). Memory
+pages are the proportional set size (PSS: a page shared by k processes counts 1/k in each, so the
+sum over the tree is what the tree costs, whatever the forks share), except the pages of files
+(libtorch's code, mapped by every process using torch): PSS would split those with every other
+process on the machine that maps them too, so the tree would look cheaper on a busy machine than
+in an idle Binder container. They count whole, once: the most any process of the tree maps. Linux
+only (it reads ``/proc``); elsewhere :func:`tree_mib` returns None and only the rank-count budget
+applies.
 
 Reading PSS walks every page of every process (~15 ms for a notebook's tree on an idle CPU, up to
 ~40 ms on a loaded one), so the runtime reads it when a pool is about to start and, while two or
@@ -18,15 +22,22 @@ import os
 MIB = 1024 * 1024
 
 
-def _pss_kib(pid: int) -> int:
-    """``pid``'s PSS in KiB (0 if it has gone)."""
+def _rollup_kib(pid: int) -> dict[str, int]:
+    """``pid``'s memory totals in KiB ({"Rss": ..., "Pss_Anon": ...}; empty if it has gone)."""
     try:
-        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
-            data = f.read()
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            lines = f.read().splitlines()[1:]
     except OSError:
-        return 0
-    start = data.find(b"\nPss:")
-    return int(data[start + 5:data.index(b"kB", start)]) if start >= 0 else 0
+        return {}
+    return {line.split(":")[0]: int(line.split()[1]) for line in lines if line.endswith("kB")}
+
+
+def _anon_and_file_kib(pid: int) -> tuple[int, int]:
+    """(PSS of ``pid``'s anonymous and shared-memory pages, its resident file pages) in KiB."""
+    r = _rollup_kib(pid)
+    if "Pss_Anon" not in r:   # kernels before 5.x: no split; count PSS as anonymous
+        return r.get("Pss", 0), 0
+    return r["Pss_Anon"] + r.get("Pss_Shmem", 0), r["Rss"] - r.get("Anonymous", 0)
 
 
 def descendants(root: int) -> list[int]:
@@ -56,4 +67,5 @@ def tree_mib(root: int | None = None) -> float | None:
     root = os.getpid() if root is None else root
     if not os.path.exists(f"/proc/{root}/smaps_rollup"):
         return None
-    return sum(_pss_kib(pid) for pid in [root, *descendants(root)]) * 1024 / MIB
+    parts = [_anon_and_file_kib(pid) for pid in [root, *descendants(root)]]
+    return (sum(anon for anon, _ in parts) + max(file for _, file in parts)) * 1024 / MIB
