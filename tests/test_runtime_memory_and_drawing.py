@@ -18,6 +18,8 @@ from tests.procs import forkserver_pid, wait_dead  # noqa: E402
 
 
 def test_ranks_start_with_torchs_lazy_imports_and_the_course_already_loaded_and_frozen():
+    import mtb_helpers.tp.layers  # noqa: F401  (the package loads lazily: the owner imports it)
+
     shutdown()  # a fresh forkserver, started now with this process's modules
 
     def what_a_fresh_rank_has():
