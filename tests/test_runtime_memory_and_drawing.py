@@ -109,6 +109,38 @@ def test_while_pools_are_warm_the_watch_stops_the_idle_ones_once_over_the_budget
     assert run(os.getpid, world_size=3) == three
 
 
+def _dies_within(pids: list[int], seconds: float) -> bool:
+    """On a rank: do the processes ``pids`` end (or turn zombie) within ``seconds``?"""
+    import time
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not any(alive(pid) for pid in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_watch_keeps_to_the_budget_during_a_long_call_too(monkeypatch):
+    # A 20-step training check is one call of tens of seconds: the idle pool beside it must go
+    # while it runs, not after it (notebook 12 peaked in such a cell with both pools warm).
+    shutdown()
+    _budget(monkeypatch, 1e6, 1.0)
+    monkeypatch.setattr(ranks_module, "MEMORY_CHECK_SECONDS", 0.1)
+    two, three = run(os.getpid, world_size=2), run(os.getpid, world_size=3)
+    monkeypatch.setattr(ranks_module, "MEMORY_BUDGET_MIB", 1.0)
+    # the 2-rank pool was used a moment ago: it becomes a candidate 1 s into this call
+    assert all(run(_dies_within, two, 20.0, world_size=3, timeout=60.0))
+    assert sorted(ranks_module._pools) == [3] and run(os.getpid, world_size=3) == three
+
+
 def test_the_explorer_overview_is_one_axes_with_every_panel_of_the_per_panel_figure():
     import matplotlib.pyplot as plt
 

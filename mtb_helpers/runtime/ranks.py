@@ -232,12 +232,14 @@ def _start_idle_watch() -> None:
 
 def _stop_idle_pools() -> None:
     """Every few seconds: stop pools idle for IDLE_STOP_SECONDS; the forkserver with the last.
-    While two or more pools are warm and calls ran since the last look, keep to the memory budget."""
+    While two or more pools are warm and a call runs or ran since the last look, keep to the
+    memory budget."""
     checked = time.monotonic()
     while True:
         time.sleep(max(0.05, min(IDLE_STOP_SECONDS / 4, 10.0, MEMORY_CHECK_SECONDS)))
-        with _pools_lock:
-            busy = len(_pools) > 1 and max(p.last_used for p in _pools.values()) > checked
+        with _pools_lock:   # memory grows during a long call too (a 20-step training check)
+            busy = len(_pools) > 1 and any(p.lock.locked() or p.last_used > checked
+                                           for p in _pools.values())
         if busy and time.monotonic() - checked >= MEMORY_CHECK_SECONDS:
             checked = time.monotonic()
             _stop_one_over_budget(extra_mib=0.0, locked=False)
