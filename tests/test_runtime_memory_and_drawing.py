@@ -91,10 +91,17 @@ def test_a_pool_starting_over_the_memory_budget_stops_the_least_recently_used_on
 
 
 def test_a_slider_moving_between_two_sizes_keeps_both_pools_over_the_budget(monkeypatch):
+    # the first move to 3 ranks stops the 4-rank pool (a notebook moving on to another size);
+    # going back to 4 within the grace shows a slider: from then on both pools stay warm
     shutdown()
-    _budget(monkeypatch, 1.0, 60.0)          # over budget, but both pools used a moment ago
-    two, three = run(os.getpid, world_size=2), run(os.getpid, world_size=3)
-    assert run(os.getpid, world_size=2) == two and run(os.getpid, world_size=3) == three
+    _budget(monkeypatch, 1.0, 60.0)
+    four = run(os.getpid, world_size=4)
+    three = run(os.getpid, world_size=3)
+    assert wait_dead(four) and sorted(ranks_module._pools) == [3]
+    four = run(os.getpid, world_size=4)
+    assert sorted(ranks_module._pools) == [3, 4]
+    for _ in range(2):
+        assert run(os.getpid, world_size=3) == three and run(os.getpid, world_size=4) == four
 
 
 def test_while_pools_are_warm_the_watch_stops_the_idle_ones_once_over_the_budget(monkeypatch):

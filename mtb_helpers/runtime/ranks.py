@@ -44,14 +44,17 @@ IDLE_STOP_SECONDS = float(os.environ.get("MTB_IDLE_STOP_SECONDS", "180"))
 # asks every notebook to peak at 560 MiB at most on Binder; above this, warm pools that are not
 # in use are stopped, least recently used first. Checked when a pool is about to start (counting
 # RANK_MIB for each new rank) and, while two or more pools are warm, every MEMORY_CHECK_SECONDS
-# after calls. A pool used in the last SLIDER_GRACE_SECONDS is kept: a slider moving between two
-# world sizes keeps both warm (restarting one costs 0.1-0.3 s a move), whatever the budget says.
+# while or after calls. A slider moving between two world sizes keeps both warm whatever the
+# budget says (restarting one costs 0.1-0.3 s a move): when a pool starts again less than
+# SLIDER_GRACE_SECONDS after the budget stopped it, pools used in that time are kept; and the
+# watch stops only pools unused for SLIDER_GRACE_SECONDS.
 MEMORY_BUDGET_MIB = float(os.environ.get("MTB_MEMORY_BUDGET_MIB", "520"))
 RANK_MIB = 35.0               # a rank's own pages once it has run checks (notebook 12: 23-32 MiB)
 MEMORY_CHECK_SECONDS = 2.0
 SLIDER_GRACE_SECONDS = 15.0
 
 _pools: dict[int, Pool] = {}   # the owner's warm pools, one per world size (the runtime's state)
+_stopped_for_memory: dict[int, float] = {}   # world size -> when the budget last stopped its pool
 _pools_lock = threading.Lock()
 
 
@@ -154,6 +157,7 @@ def shutdown() -> None:
     with _pools_lock:
         pools = list(_pools.values())
         _pools.clear()
+        _stopped_for_memory.clear()
     for pool in pools:
         with pool.lock:
             pool.stop()
@@ -213,7 +217,7 @@ def _warm_pool(world_size: int) -> Pool:
         if pool is not None and not pool.broken:
             return pool
         _evict(keep_room_for=world_size)
-        while _pools and _stop_one_over_budget(extra_mib=world_size * RANK_MIB, locked=True):
+        while _pools and _stop_one_over_budget(starting=world_size, locked=True):
             pass
         pool = _pools[world_size] = Pool(world_size)
         _start_idle_watch()
@@ -242,7 +246,7 @@ def _stop_idle_pools() -> None:
                                            for p in _pools.values())
         if busy and time.monotonic() - checked >= MEMORY_CHECK_SECONDS:
             checked = time.monotonic()
-            _stop_one_over_budget(extra_mib=0.0, locked=False)
+            _stop_one_over_budget()
         now = time.monotonic()
         with _pools_lock:
             idle = [s for s, p in _pools.items()
@@ -270,17 +274,21 @@ def _evict(keep_room_for: int) -> None:
             pool.stop()
 
 
-def _stop_one_over_budget(extra_mib: float, locked: bool) -> bool:
-    """If the tree's memory plus ``extra_mib`` is over MEMORY_BUDGET_MIB, stop the least recently
-    used pool that is neither in a call, nor used in the last SLIDER_GRACE_SECONDS, nor the only
-    one; return whether one was stopped. ``locked``: the caller holds ``_pools_lock`` (a pool is
-    about to start); otherwise the tree is read without it, so no call waits for the reading."""
+def _stop_one_over_budget(starting: int = 0, locked: bool = False) -> bool:
+    """If the tree's memory (plus RANK_MIB a rank for a pool of ``starting`` ranks about to
+    start) is over MEMORY_BUDGET_MIB, stop the least recently used pool that is not in a call and
+    (see MEMORY_BUDGET_MIB) not one a slider is using; return whether one was stopped.
+    ``locked``: the caller holds ``_pools_lock`` (a pool is about to start); otherwise the tree is
+    read without it, so no call waits for the reading."""
+    extra_mib = starting * RANK_MIB
     def candidate() -> int | None:
         now = time.monotonic()
         newest = max(_pools, key=lambda s: _pools[s].last_used, default=None)
+        # starting a pool the budget stopped a moment ago: a slider goes back and forth
+        sliding = not starting or now - _stopped_for_memory.get(starting, -1e9) < SLIDER_GRACE_SECONDS
         idle = [(p.last_used, s) for s, p in _pools.items()
-                if (s != newest or extra_mib > 0) and now - p.last_used > SLIDER_GRACE_SECONDS
-                and not p.lock.locked() and not p.broken]
+                if (s != newest or starting) and not p.lock.locked() and not p.broken
+                and (not sliding or now - p.last_used > SLIDER_GRACE_SECONDS)]
         return min(idle)[1] if idle else None
 
     if (candidate() if locked else _locked(candidate)) is None:
@@ -297,6 +305,7 @@ def _stop_one_over_budget(extra_mib: float, locked: bool) -> bool:
             pool = _pools.pop(size) if size is not None else None
     if pool is None:
         return False
+    _stopped_for_memory[size] = time.monotonic()
     with pool.lock:
         pool.stop()
     return True
