@@ -75,8 +75,8 @@ def test_the_memory_reading_counts_this_process_the_forkserver_and_every_rank():
 
 
 def _budget(monkeypatch, mib: float, grace: float) -> None:
-    monkeypatch.setattr(ranks_module, "MEMORY_BUDGET_MIB", mib)
-    monkeypatch.setattr(ranks_module, "SLIDER_GRACE_SECONDS", grace)
+    monkeypatch.setattr(budget, "MEMORY_BUDGET_MIB", mib)
+    monkeypatch.setattr(budget, "SLIDER_GRACE_SECONDS", grace)
 
 
 def test_a_pool_starting_over_the_memory_budget_stops_the_least_recently_used_one_first(monkeypatch):
@@ -107,9 +107,9 @@ def test_a_slider_moving_between_two_sizes_keeps_both_pools_over_the_budget(monk
 def test_while_pools_are_warm_the_watch_stops_the_idle_ones_once_over_the_budget(monkeypatch):
     shutdown()
     _budget(monkeypatch, 1e6, 0.0)
-    monkeypatch.setattr(ranks_module, "MEMORY_CHECK_SECONDS", 0.1)
+    monkeypatch.setattr(budget, "MEMORY_CHECK_SECONDS", 0.1)
     two, three = run(os.getpid, world_size=2), run(os.getpid, world_size=3)
-    monkeypatch.setattr(ranks_module, "MEMORY_BUDGET_MIB", 1.0)   # as a kernel that grew past it
+    monkeypatch.setattr(budget, "MEMORY_BUDGET_MIB", 1.0)   # as a kernel that grew past it
     assert run(os.getpid, world_size=3) == three                  # a call: the watch looks again
     assert wait_dead(two, within=30), "the idle pool was kept over the memory budget"
     assert sorted(ranks_module._pools) == [3]    # the one in use stays, alone
@@ -140,9 +140,9 @@ def test_the_watch_keeps_to_the_budget_during_a_long_call_too(monkeypatch):
     # while it runs, not after it (notebook 12 peaked in such a cell with both pools warm).
     shutdown()
     _budget(monkeypatch, 1e6, 1.0)
-    monkeypatch.setattr(ranks_module, "MEMORY_CHECK_SECONDS", 0.1)
+    monkeypatch.setattr(budget, "MEMORY_CHECK_SECONDS", 0.1)
     two, three = run(os.getpid, world_size=2), run(os.getpid, world_size=3)
-    monkeypatch.setattr(ranks_module, "MEMORY_BUDGET_MIB", 1.0)
+    monkeypatch.setattr(budget, "MEMORY_BUDGET_MIB", 1.0)
     # the 2-rank pool was used a moment ago: it becomes a candidate 1 s into this call
     assert all(run(_dies_within, two, 20.0, world_size=3, timeout=60.0))
     assert sorted(ranks_module._pools) == [3] and run(os.getpid, world_size=3) == three

@@ -10,16 +10,28 @@ in an idle Binder container. They count whole, once: the most any process of the
 only (it reads ``/proc``); elsewhere :func:`tree_mib` returns None and only the rank-count budget
 applies.
 
-Reading PSS walks every page of every process (~15 ms for a notebook's tree on an idle CPU, up to
-~40 ms on a loaded one), so the runtime reads it when a pool is about to start and, while two or
-more pools are warm, from its watch thread at most every ``MEMORY_CHECK_SECONDS`` after a call
-(ranks.py); never on a call's path.
+Reading it walks every page of every process (~15 ms for a notebook's tree on an idle CPU, up to
+~40 ms on a loaded one), so the runtime reads it only when a pool is about to start while another
+is warm and, while two or more pools are warm, from its watch thread (ranks.py) at most every
+``MEMORY_CHECK_SECONDS`` while or after calls; never on a call's path.
 """
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 MIB = 1024 * 1024
+# Above this (issue 24 asks every notebook to peak at 560 MiB at most on Binder), warm pools not
+# in use are stopped, least recently used first; a pool about to start counts RANK_MIB a rank. A
+# slider moving between two world sizes keeps both warm whatever the budget says (restarting one
+# costs 0.1-0.3 s a move): a pool starting again less than SLIDER_GRACE_SECONDS after the budget
+# stopped it keeps the pools used in that time, and the watch stops only pools unused that long.
+MEMORY_BUDGET_MIB = float(os.environ.get("MTB_MEMORY_BUDGET_MIB", "520"))
+RANK_MIB = 35.0               # a rank's own pages once it has run checks (notebook 12: 23-32 MiB)
+MEMORY_CHECK_SECONDS = 2.0
+SLIDER_GRACE_SECONDS = 15.0
+_stopped_for_memory: dict[int, float] = {}   # world size -> when the budget last stopped its pool
 
 
 def _rollup_kib(pid: int) -> dict[str, int]:
@@ -69,3 +81,50 @@ def tree_mib(root: int | None = None) -> float | None:
         return None
     parts = [_anon_and_file_kib(pid) for pid in [root, *descendants(root)]]
     return (sum(anon for anon, _ in parts) + max(file for _, file in parts)) * 1024 / MIB
+
+
+def forget() -> None:
+    """Forget which pools the budget stopped (``shutdown()``: the next pools start afresh)."""
+    _stopped_for_memory.clear()
+
+
+def stop_one_over_budget(pools: dict, pools_lock: threading.Lock, starting: int = 0,
+                         locked: bool = True) -> bool:
+    """If the tree's memory (plus RANK_MIB a rank for a pool of ``starting`` ranks about to
+    start) is over MEMORY_BUDGET_MIB, stop the least recently used pool of ``pools`` (world size
+    -> Pool) that is not in a call nor one a slider is using; return whether one was stopped.
+    ``locked``: the caller holds ``pools_lock`` (a pool is about to start); otherwise the tree is
+    read without it, so no call waits for the reading."""
+    def candidate() -> int | None:
+        now = time.monotonic()
+        newest = max(pools, key=lambda s: pools[s].last_used, default=None)
+        # a pool the budget stopped a moment ago starts again: a slider goes back and forth
+        sliding = not starting or now - _stopped_for_memory.get(starting, -1e9) < SLIDER_GRACE_SECONDS
+        idle = [(p.last_used, s) for s, p in pools.items()
+                if (s != newest or starting) and not p.lock.locked() and not p.broken
+                and (not sliding or now - p.last_used > SLIDER_GRACE_SECONDS)]
+        return min(idle)[1] if idle else None
+
+    def pop_candidate():
+        size = candidate()
+        return (size, pools.pop(size)) if size is not None else (None, None)
+
+    if locked:
+        found = candidate()
+    else:
+        with pools_lock:
+            found = candidate()
+    used = tree_mib() if found is not None else None
+    if used is None or used + starting * RANK_MIB <= MEMORY_BUDGET_MIB:
+        return False
+    if locked:
+        size, pool = pop_candidate()
+    else:
+        with pools_lock:
+            size, pool = pop_candidate()
+    if pool is None:
+        return False
+    _stopped_for_memory[size] = time.monotonic()
+    with pool.lock:
+        pool.stop()
+    return True

@@ -40,21 +40,10 @@ MAX_POOLED_RANKS = int(os.environ.get("MTB_MAX_POOLED_RANKS", "8"))
 # A pool with no call for this long is stopped (the next call starts a fresh one in ~1 s), and
 # the forkserver with the last pool: an open notebook nobody uses should not hold memory.
 IDLE_STOP_SECONDS = float(os.environ.get("MTB_IDLE_STOP_SECONDS", "180"))
-# Memory budget of this process and every process it started (PSS, runtime/budget.py): issue 24
-# asks every notebook to peak at 560 MiB at most on Binder; above this, warm pools that are not
-# in use are stopped, least recently used first. Checked when a pool is about to start (counting
-# RANK_MIB for each new rank) and, while two or more pools are warm, every MEMORY_CHECK_SECONDS
-# while or after calls. A slider moving between two world sizes keeps both warm whatever the
-# budget says (restarting one costs 0.1-0.3 s a move): when a pool starts again less than
-# SLIDER_GRACE_SECONDS after the budget stopped it, pools used in that time are kept; and the
-# watch stops only pools unused for SLIDER_GRACE_SECONDS.
-MEMORY_BUDGET_MIB = float(os.environ.get("MTB_MEMORY_BUDGET_MIB", "520"))
-RANK_MIB = 35.0               # a rank's own pages once it has run checks (notebook 12: 23-32 MiB)
-MEMORY_CHECK_SECONDS = 2.0
-SLIDER_GRACE_SECONDS = 15.0
+# Besides, pools not in use are stopped when the tree's memory is over budget.MEMORY_BUDGET_MIB
+# (MTB_MEMORY_BUDGET_MIB, 520 by default): at a pool's start and from the idle watch.
 
 _pools: dict[int, Pool] = {}   # the owner's warm pools, one per world size (the runtime's state)
-_stopped_for_memory: dict[int, float] = {}   # world size -> when the budget last stopped its pool
 _pools_lock = threading.Lock()
 
 
@@ -157,7 +146,7 @@ def shutdown() -> None:
     with _pools_lock:
         pools = list(_pools.values())
         _pools.clear()
-        _stopped_for_memory.clear()
+        budget.forget()
     for pool in pools:
         with pool.lock:
             pool.stop()
@@ -217,7 +206,7 @@ def _warm_pool(world_size: int) -> Pool:
         if pool is not None and not pool.broken:
             return pool
         _evict(keep_room_for=world_size)
-        while _pools and _stop_one_over_budget(starting=world_size, locked=True):
+        while _pools and budget.stop_one_over_budget(_pools, _pools_lock, starting=world_size):
             pass
         pool = _pools[world_size] = Pool(world_size)
         _start_idle_watch()
@@ -240,13 +229,13 @@ def _stop_idle_pools() -> None:
     memory budget."""
     checked = time.monotonic()
     while True:
-        time.sleep(max(0.05, min(IDLE_STOP_SECONDS / 4, 10.0, MEMORY_CHECK_SECONDS)))
+        time.sleep(max(0.05, min(IDLE_STOP_SECONDS / 4, 10.0, budget.MEMORY_CHECK_SECONDS)))
         with _pools_lock:   # memory grows during a long call too (a 20-step training check)
             busy = len(_pools) > 1 and any(p.lock.locked() or p.last_used > checked
                                            for p in _pools.values())
-        if busy and time.monotonic() - checked >= MEMORY_CHECK_SECONDS:
+        if busy and time.monotonic() - checked >= budget.MEMORY_CHECK_SECONDS:
             checked = time.monotonic()
-            _stop_one_over_budget()
+            budget.stop_one_over_budget(_pools, _pools_lock, locked=False)
         now = time.monotonic()
         with _pools_lock:
             idle = [s for s, p in _pools.items()
@@ -272,48 +261,6 @@ def _evict(keep_room_for: int) -> None:
         pool = _pools.pop(size)
         with pool.lock:
             pool.stop()
-
-
-def _stop_one_over_budget(starting: int = 0, locked: bool = False) -> bool:
-    """If the tree's memory (plus RANK_MIB a rank for a pool of ``starting`` ranks about to
-    start) is over MEMORY_BUDGET_MIB, stop the least recently used pool that is not in a call and
-    (see MEMORY_BUDGET_MIB) not one a slider is using; return whether one was stopped.
-    ``locked``: the caller holds ``_pools_lock`` (a pool is about to start); otherwise the tree is
-    read without it, so no call waits for the reading."""
-    extra_mib = starting * RANK_MIB
-    def candidate() -> int | None:
-        now = time.monotonic()
-        newest = max(_pools, key=lambda s: _pools[s].last_used, default=None)
-        # starting a pool the budget stopped a moment ago: a slider goes back and forth
-        sliding = not starting or now - _stopped_for_memory.get(starting, -1e9) < SLIDER_GRACE_SECONDS
-        idle = [(p.last_used, s) for s, p in _pools.items()
-                if (s != newest or starting) and not p.lock.locked() and not p.broken
-                and (not sliding or now - p.last_used > SLIDER_GRACE_SECONDS)]
-        return min(idle)[1] if idle else None
-
-    if (candidate() if locked else _locked(candidate)) is None:
-        return False
-    used = budget.tree_mib()
-    if used is None or used + extra_mib <= MEMORY_BUDGET_MIB:
-        return False
-    if locked:
-        size = candidate()
-        pool = _pools.pop(size) if size is not None else None
-    else:
-        with _pools_lock:
-            size = candidate()
-            pool = _pools.pop(size) if size is not None else None
-    if pool is None:
-        return False
-    _stopped_for_memory[size] = time.monotonic()
-    with pool.lock:
-        pool.stop()
-    return True
-
-
-def _locked(fn: Callable[[], Any]) -> Any:
-    with _pools_lock:
-        return fn()
 
 
 def _stop_forkserver() -> None:
