@@ -30,7 +30,7 @@ MIB = 1024 * 1024
 MEMORY_BUDGET_MIB = float(os.environ.get("MTB_MEMORY_BUDGET_MIB", "520"))
 RANK_MIB = 35.0               # a rank's own pages once it has run checks (notebook 12: 23-32 MiB)
 MEMORY_CHECK_SECONDS = 2.0
-SLIDER_GRACE_SECONDS = 15.0
+SLIDER_GRACE_SECONDS = 5.0    # a student moving a slider moves it again within this
 _stopped_for_memory: dict[int, float] = {}   # world size -> when the budget last stopped its pool
 
 
