@@ -23,7 +23,6 @@ import torch.distributed as dist
 from mtb_helpers.checking.bug import resolve, swap
 from mtb_helpers.checking.report import Report, compare
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
-from mtb_helpers.comm.records import record
 from mtb_helpers.cp.allgather import AllGatherAttention
 from mtb_helpers.cp.reference import (expected_bytes, expected_kv_bytes, expected_work,
                                       make_cp_inputs, reference_attention)
@@ -38,24 +37,22 @@ QUANTITIES = ("output", "q_grad", "k_grad", "v_grad")
 
 
 def _on_rank(layer_cls, q, k, v, dout, causal: bool, layouts: tuple[str, ...]) -> list[dict]:
-    """On every rank, for each layout in turn: this rank's shards through the layer, forward and
-    backward, each layout in its own collective record. Every layout cuts shards of one shape
-    [b, h, s/t, d], so only the first layer makes the ranks agree on it (one all-gather less
-    per further layout: a sync round of 4 ranks on one CPU costs as much as a ring hop)."""
+    """On every rank, one layer per layout on this rank's shards of that layout, forward and
+    backward, as one call (``together``): the ranks agree on the shard shapes once, and the ring
+    runs the layouts' rings in lockstep, both layouts' blocks in one message per hop (a sync
+    round of 4 ranks on one CPU costs milliseconds, what it carries next to nothing). Each layer
+    keeps its own messages, so each layout's record is the one a call of its own gives."""
     t = dist.get_world_size() if dist.is_initialized() else 1
     r = dist.get_rank() if dist.is_initialized() else 0
-    results = []
-    for i, layout in enumerate(layouts):
-        layer = layer_cls(causal, layout, shapes_agreed=i > 0)
-        shards = [shard_sequence(x, t, r, layout, dim=2).requires_grad_(True) for x in (q, k, v)]
-        with record() as rec:
-            out = layer(*shards)                               # [b,h,s/t,d]
-            out.backward(shard_sequence(dout, t, r, layout, dim=2))
-        results.append({"output": out.detach(), "q_grad": shards[0].grad,
-                        "k_grad": shards[1].grad, "v_grad": shards[2].grad,
-                        "record": rec.without_tensors(), "work": layer.work, "pairs": layer.pairs,
-                        "kv_peak_bytes": layer.kv_peak_bytes, "steps": layer.steps})
-    return results
+    layers = [layer_cls(causal, layout) for layout in layouts]
+    shards = [tuple(shard_sequence(x, t, r, layout, dim=2).requires_grad_(True) for x in (q, k, v))
+              for layout in layouts]
+    outs = layer_cls.together(layers, shards)                  # [b,h,s/t,d] per layout
+    torch.autograd.backward(outs, [shard_sequence(dout, t, r, layout, dim=2) for layout in layouts])
+    return [{"output": out.detach(), "q_grad": qkv[0].grad, "k_grad": qkv[1].grad,
+             "v_grad": qkv[2].grad, "record": layer.record.without_tensors(), "work": layer.work,
+             "pairs": layer.pairs, "kv_peak_bytes": layer.kv_peak_bytes, "steps": layer.steps}
+            for layer, qkv, out in zip(layers, shards, outs)]
 
 
 def validate(t: int, seq: int, heads: int, head_dim: int, batch: int, causal: bool,
@@ -118,8 +115,8 @@ def check_layouts(world_size: int = 2, seq: int = 16, heads: int = 2, head_dim: 
                   seed: int = 0, bug: str | None = None, batch: int = 1, timeout: float = 30.0,
                   link=None) -> dict[str, Report]:
     """``{layout: check_context_parallel(.., layout=layout)}`` for every layout in ``layouts``,
-    from one call to the ranks (they run the layouts one after the other, each in its own
-    record), so each report equals the one a call of its own would give."""
+    from one call to the ranks (the layouts' layers run together, each keeping its own record),
+    so each report equals the one a call of its own would give."""
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
     layouts = tuple(dict.fromkeys(layouts))
     if not layouts:
