@@ -87,7 +87,6 @@ def _rounds(variant, layouts) -> dict[str, int]:
     import torch.distributed as dist
 
     from mtb_helpers.cp import check
-    from mtb_helpers.cp.reference import make_cp_inputs
 
     counts: dict[str, int] = {}
     kinds = ("isend", "irecv", "all_gather", "all_reduce", "reduce_scatter_tensor",
@@ -103,8 +102,7 @@ def _rounds(variant, layouts) -> dict[str, int]:
     for name in real:
         setattr(dist, name, counted(name))
     try:
-        check._on_rank(check.VARIANTS[variant], *make_cp_inputs(1, 2, 8, 4, torch.float64, 0), True,
-                       layouts)
+        check._on_rank(check.VARIANTS[variant], (1, 2, 8, 4), torch.float64, 0, True, layouts)
     finally:
         for name, fn in real.items():
             setattr(dist, name, fn)
