@@ -27,7 +27,7 @@ import torch.distributed as dist
 from mtb_helpers.comm.issue import group_rank, group_size
 from mtb_helpers.comm.records import CollectiveRecord, note, record
 
-__all__ = ["Hop", "drive", "ring_pass", "kept_in"]
+__all__ = ["Hop", "drive", "kept_in"]
 
 
 class Hop(NamedTuple):
@@ -112,9 +112,3 @@ def drive(rings: list[Generator], group: dist.ProcessGroup | None = None,
         answers = dict(zip(hops, received))
     return results
 
-
-def ring_pass(x: torch.Tensor, *, region: str, direction: str,
-              group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """One hop on its own: ``x`` goes to rank ``r+1``; the returned tensor (same shape) came
-    from rank ``r-1``."""
-    return _pass_together([Hop(x, region, direction)], group, [None])[0]

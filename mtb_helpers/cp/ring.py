@@ -15,6 +15,11 @@ holds the finished dK, dV of rank r+1's block, so one last hop sends them home.
 
 Bytes one rank sends, with N the bytes of its K (or V) shard ``[b, heads, s/t, d]``:
 forward ``2 (t-1) N``; backward ``4 (t-1) N`` (K, V, dK, dV together) ``+ 2 N`` (the last hop).
+
+Both passes are generators: ``yield Hop(block, ...)`` passes a block on and evaluates to the block
+received, and ``exchange.drive`` performs the hop. So several layers called together (the check's
+two layouts) run their rings in lockstep, one message per hop for all of them, and each layer's
+record still holds its own hops with its own bytes.
 """
 from __future__ import annotations
 
