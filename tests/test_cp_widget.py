@@ -65,6 +65,8 @@ def test_balance_explorer_follows_the_slider():
 
 
 @pytest.mark.parametrize("variant, bug", [("ring", None), ("ring", "cp-no-rescale"),
+                                          ("ring", "cp-grads-not-sent-home"),
+                                          ("ring", "cp-local-causal-mask"),
                                           ("allgather", "cp-local-causal-mask")])
 def test_both_layouts_in_one_call_give_the_reports_of_two_calls(variant, bug):
     """The balance explorer's one call to the ranks: each layout's verdict, errors, work, bytes
