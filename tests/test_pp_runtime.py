@@ -91,6 +91,35 @@ def test_op_time_pads_every_op_to_its_fixed_duration():
             assert e.end - e.start >= (0.02 if e.kind == "F" else 0.01) * 0.99
 
 
+def test_padded_ops_follow_each_other_and_each_message_leaves_after_its_op():
+    """With fixed op times a rank is free when its previous op ended (the next op's start, unless
+    it waited for a message), and a message leaves only once the op that made it has ended."""
+    model, x, y = data(3, 4)
+    res = pipeline_step(model, x, y, schedule="1f1b", stages=3, microbatches=4, op_time=(0.004, 0.008))
+    for r in range(3):
+        mine = [e for e in res.timeline if e.rank == r]
+        ops = [e for e in mine if e.kind in "FB"]
+        for before, after in zip(ops, ops[1:]):
+            waited = [e.end for e in mine if e.kind == "recv" and before.end <= e.end <= after.start]
+            assert after.start == max([before.end] + waited)
+        for e in mine:
+            if e.kind == "send":   # an activation comes from F, a grad from B, of its micro-batch
+                kind = "F" if e.peer == r + 1 else "B"
+                op = next(o for o in ops if o.kind == kind and o.microbatch == e.microbatch)
+                assert op.end <= e.start
+    assert 0 < res.hop_latency < 0.004 and len(res.hops()) > 0
+
+
+def test_hops_are_measured_from_send_to_arrival_for_messages_a_receiver_waited_for():
+    ev = pp_runtime.TimelineEvent
+    timeline = [ev(0, "send", 0, 0, 1.0, 1.0, 1, 7), ev(1, "recv", 0, 0, 0.5, 1.25, 0, 7),   # waited
+                ev(0, "send", 1, 0, 2.0, 2.0, 1, 8), ev(1, "recv", 1, 0, 3.0, 3.0, 0, 8),     # was there
+                ev(1, "send", 0, 0, 4.0, 4.0, 0, 9), ev(0, "recv", 0, 0, 3.5, 4.75, 1, 9)]    # waited
+    res = pp_runtime.PipelineResult(0.0, {}, timeline, [1, 1], [])
+    assert res.hops() == [0.25, 0.75] and res.hop_latency == 0.5
+    assert pp_runtime.PipelineResult(0.0, {}, timeline[2:4], [1, 1], []).hop_latency == 0.0
+
+
 @pytest.mark.parametrize("kwargs,message", [
     (dict(blocks=3, stages=4), "has 6 layers"),
     (dict(m=3, microbatches=4), "batch of 6 rows"),

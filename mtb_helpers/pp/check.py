@@ -49,12 +49,13 @@ def reference_step(model: nn.Sequential, x: torch.Tensor, target: torch.Tensor,
 
 
 def simulated_for(schedule: str, stages: int, microbatches: int, chunks: int, op_time=None,
-                  recompute: bool = False):
+                  recompute: bool = False, latency: float = 0.0):
     """``simulate()`` of the same schedule with the same op times (F=1, B=2 when none; a
-    recomputing backward pays F + B)."""
+    recomputing backward pays F + B); ``latency``: seconds each message between ranks takes
+    (e.g. ``PipelineResult.hop_latency``, this machine's measured hop)."""
     ops = make_schedule(schedule, stages, microbatches, chunks)
     d = op_durations(op_time, 1, recompute) or {"F": 1.0, "I": 1.0, "W": 1.0}
-    return simulate(ops, d["F"], d["I"] + d["W"], input=d["I"], weight=d["W"])
+    return simulate(ops, d["F"], d["I"] + d["W"], input=d["I"], weight=d["W"], latency=latency)
 
 
 def check_pipeline(schedule: str = "1f1b", stages: int = 4, microbatches: int = 8,

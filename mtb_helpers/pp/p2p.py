@@ -118,7 +118,7 @@ class P2P:
         if not work.is_completed():   # about to block: say on what, in case it never arrives
             self.waiting_for(f"recv of the {msg.describe()}")
         work.wait()
-        self._note("recv", out, msg, start)
+        self._note("recv", out, msg, start, self.clock())   # arrived: the bookkeeping is not the wait
         return out
 
     def finish(self) -> None:
@@ -129,9 +129,10 @@ class P2P:
         self.pending.clear()
         self.done_waiting()
 
-    def _note(self, op: str, tensor: torch.Tensor, msg: Message, start: float) -> None:
+    def _note(self, op: str, tensor: torch.Tensor, msg: Message, start: float,
+              end: float | None = None) -> None:
         self.done_waiting()   # called once the op is over (a receive's wait() has returned)
-        self.events.append((op, msg, start, self.clock()))
+        self.events.append((op, msg, start, self.clock() if end is None else end))
         peer = msg.dst if op == "send" else msg.src
         arrow = "->" if op == "send" else "<-"
         nbytes = tensor.numel() * tensor.element_size()

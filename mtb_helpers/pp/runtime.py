@@ -22,6 +22,7 @@ import copy
 import math
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from collections import OrderedDict
@@ -47,7 +48,8 @@ __all__ = ["pipeline_step", "PipelineResult", "TimelineEvent", "split_model", "o
 @dataclass(frozen=True)
 class TimelineEvent:
     """What ``rank`` did from ``start`` to ``end`` (seconds, 0 = step start): an op ("F", "B",
-    "I", "W") or a message ("send", "recv": posting a send / waiting for a receive)."""
+    "I", "W") or a message ("send", "recv": posting a send / waiting for a receive; ``tag``
+    names the message, the same on its send and its receive)."""
     rank: int
     kind: str
     microbatch: int
@@ -55,6 +57,7 @@ class TimelineEvent:
     start: float
     end: float
     peer: int | None = None
+    tag: int | None = None
 
 
 @dataclass
@@ -89,6 +92,21 @@ class PipelineResult:
     def bubble_fraction(self) -> float:
         """Idle / (ranks x makespan) from the measured timeline (waits for data count as idle)."""
         return self.measured().bubble_fraction
+
+    def hops(self) -> list[float]:
+        """Seconds each message a receiver was already waiting for took, from its send (posted
+        when the sender's op ended) to the receiver having it: the α of this machine's link
+        between two ranks, scheduling of the processes on the CPU included."""
+        sent = {(e.rank, e.tag): e.start for e in self.timeline if e.kind == "send"}
+        return [e.end - sent[(e.peer, e.tag)] for e in self.timeline
+                if e.kind == "recv" and (e.peer, e.tag) in sent and e.start <= sent[(e.peer, e.tag)]]
+
+    @property
+    def hop_latency(self) -> float:
+        """The median of ``hops()`` (0 when no receiver waited: one stage, or nothing to wait
+        for): what ``simulate(..., latency=)`` needs to predict this machine's timeline."""
+        hops = self.hops()
+        return statistics.median(hops) if hops else 0.0
 
 
 def split_model(model: nn.Sequential, pieces: int) -> list[nn.Sequential]:
@@ -206,20 +224,31 @@ def _on_rank(pieces, x, target, loss_fn, ops, op_time, recompute, bug, status_di
         recvs = [e[3] for e in p2p.events[current["before"]:] if e[0] == "recv"]
         return max([current["start"]] + recvs)
 
+    def pace() -> None:
+        # the first call ends the op (before its send leaves); later calls find it ended
+        if "end" not in current:
+            pad(begin(), durations[current["kind"]])
+            current["end"] = time.perf_counter()
+
     if durations is not None:
-        stage.pace = lambda: pad(begin(), durations[current["kind"]])
+        stage.pace = pace
     dist.barrier()
     with record() as rec:
-        zero = time.perf_counter()
+        zero = end = time.perf_counter()
         for op in ops[r]:
-            current.update(kind=op.kind, before=len(p2p.events), start=time.perf_counter())
+            # with fixed op times the rank is free when its previous op ended, as a GPU stream
+            # is: posting that op's send and this bookkeeping happen inside this op's time
+            current.clear()
+            current.update(kind=op.kind, before=len(p2p.events),
+                           start=time.perf_counter() if durations is None else end)
             run_op[op.kind](op.microbatch, op.chunk)
             stage.computed()
-            events.append((op.kind, op.microbatch, op.chunk, begin(), time.perf_counter(), None))
+            end = current.get("end", time.perf_counter())
+            events.append((op.kind, op.microbatch, op.chunk, begin(), end, None, None))
         p2p.finish()
     for kind, msg, start, end in p2p.events:
         peer = msg.dst if kind == "send" else msg.src
-        events.append((kind, msg.microbatch, msg.sender // p, start, end, peer))
+        events.append((kind, msg.microbatch, msg.sender // p, start, end, peer, p2p.tag(msg)))
     grads = {name: prm.grad for piece in mine.values() for name, prm in piece.named_parameters()}
     return {"zero": zero, "events": events, "grads": grads, "losses": stage.losses,
             "peak_stashed": stage.peak_stashed, "peak_bytes": stage.peak_bytes,
@@ -257,9 +286,9 @@ def pipeline_step(model: nn.Sequential, x: torch.Tensor, target: torch.Tensor,
         if status_dir is not None:
             shutil.rmtree(status_dir, ignore_errors=True)
     zero = min(res["zero"] for res in results)
-    timeline = sorted((TimelineEvent(r, kind, k, c, start - zero, end - zero, peer)
+    timeline = sorted((TimelineEvent(r, kind, k, c, start - zero, end - zero, peer, tag)
                        for r, res in enumerate(results)
-                       for kind, k, c, start, end, peer in res["events"]),
+                       for kind, k, c, start, end, peer, tag in res["events"]),
                       key=lambda e: (e.start, e.rank))
     grads = {}
     for res in results:
