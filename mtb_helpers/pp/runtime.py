@@ -233,19 +233,22 @@ def _on_rank(pieces, x, target, loss_fn, ops, op_time, recompute, bug, status_di
     if durations is not None:
         stage.pace = pace
     dist.barrier()
-    with record() as rec:
-        zero = end = time.perf_counter()
-        for op in ops[r]:
-            # with fixed op times the rank is free when its previous op ended, as a GPU stream
-            # is: posting that op's send and this bookkeeping happen inside this op's time
-            current.clear()
-            current.update(kind=op.kind, before=len(p2p.events),
-                           start=time.perf_counter() if durations is None else end)
-            run_op[op.kind](op.microbatch, op.chunk)
-            stage.computed()
-            end = current.get("end", time.perf_counter())
-            events.append((op.kind, op.microbatch, op.chunk, begin(), end, None, None))
-        p2p.finish()
+    try:
+        with record() as rec:
+            zero = end = time.perf_counter()
+            for op in ops[r]:
+                # with fixed op times the rank is free when its previous op ended, as a GPU stream
+                # is: posting that op's send and this bookkeeping happen inside this op's time
+                current.clear()
+                current.update(kind=op.kind, before=len(p2p.events),
+                               start=time.perf_counter() if durations is None else end)
+                run_op[op.kind](op.microbatch, op.chunk)
+                stage.computed()
+                end = current.get("end", time.perf_counter())
+                events.append((op.kind, op.microbatch, op.chunk, begin(), end, None, None))
+            p2p.finish()
+    finally:
+        p2p.close()   # also when an op raised: the rank process serves later calls
     for kind, msg, start, end in p2p.events:
         peer = msg.dst if kind == "send" else msg.src
         events.append((kind, msg.microbatch, msg.sender // p, start, end, peer, p2p.tag(msg)))
@@ -314,7 +317,9 @@ def _blocked_on(status_dir: str | None, exc: RankTimeoutError) -> str:
     for r in sorted(exc.waiting):
         try:
             with open(os.path.join(status_dir, f"rank{r}.p2p")) as f:
-                lines.append(f"  rank {r} was blocked in the {f.read()}")
+                said = f.read()
+            if said:   # empty: its last wait had completed
+                lines.append(f"  rank {r} was blocked in the {said}")
         except OSError:
             pass
     return ("\nPoint-to-point ops the ranks were blocked in:\n" + "\n".join(lines)) if lines else ""
