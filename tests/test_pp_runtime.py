@@ -110,6 +110,27 @@ def test_padded_ops_follow_each_other_and_each_message_leaves_after_its_op():
     assert 0 < res.hop_latency < 0.004 and len(res.hops()) > 0
 
 
+def test_the_reference_is_built_once_per_problem_and_still_catches_a_bug(monkeypatch):
+    from mtb_helpers.pp import check as pp_check
+    pp_check._problem.cache_clear()
+    calls = []
+    real = pp_check.reference_step
+    monkeypatch.setattr(pp_check, "reference_step", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for name in ("gpipe", "1f1b"):   # one problem, two schedules: one reference (run dtype + fp64)
+        assert check_pipeline(name, stages=2, microbatches=4, dtype=F64, seed=5).passed
+    assert len(calls) == 2
+    assert not check_pipeline("1f1b", 2, 4, dtype=F64, seed=5, bug="pp-loss-not-scaled").passed
+    check_pipeline("1f1b", stages=2, microbatches=4, dtype=F64, seed=6)   # another problem
+    assert len(calls) == 4
+
+
+def test_the_callers_model_is_untouched_by_a_step():
+    model, x, y = data(2, 2)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    pipeline_step(model, x, y, schedule="1f1b", stages=2, microbatches=2)
+    assert all(p.grad is None and torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
 def test_hops_are_measured_from_send_to_arrival_for_messages_a_receiver_waited_for():
     ev = pp_runtime.TimelineEvent
     timeline = [ev(0, "send", 0, 0, 1.0, 1.0, 1, 7), ev(1, "recv", 0, 0, 0.5, 1.25, 0, 7),   # waited

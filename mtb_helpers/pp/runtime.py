@@ -277,7 +277,8 @@ def pipeline_step(model: nn.Sequential, x: torch.Tensor, target: torch.Tensor,
     ops, pieces = _validate(model, x, target, schedule, stages, microbatches, chunks)
     bug = resolve(bug, "pipeline")
     _check_makespan(ops, op_time, recompute, timeout)
-    pieces = [copy.deepcopy(piece) for piece in pieces]   # the caller's model stays untouched
+    if in_launched_job():   # the ranks run on these very pieces: the caller's model stays untouched
+        pieces = [copy.deepcopy(piece) for piece in pieces]
     status_dir = None if in_launched_job() else tempfile.mkdtemp(prefix="mtb-pp-")
     try:
         results = run(_on_rank, pieces, x.detach(), target.detach(), loss_fn, ops, op_time,
