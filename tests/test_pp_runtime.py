@@ -131,6 +131,28 @@ def test_the_callers_model_is_untouched_by_a_step():
     assert all(p.grad is None and torch.equal(p, before[n]) for n, p in model.named_parameters())
 
 
+def test_with_fixed_op_times_every_receive_is_posted_before_the_step(monkeypatch):
+    """``RankStage.receives`` names exactly the messages the ops then receive (a wrong tag would
+    hang, a wrong shape raise); the blocking-send bug, which pre-posted receives hide, is refused."""
+    from mtb_helpers.pp.p2p import ACTIVATION, GRAD, Message
+    from mtb_helpers.pp.schedules import Op
+    from mtb_helpers.pp.stage import RankStage
+    stage = RankStage(1, 3, 4, {0: None}, [], [], None, None, [((2, 8), F64)] * 3)
+    assert stage.receives(Op("F", 2, 0)) == [((2, 8), F64, Message(ACTIVATION, 0, 2, 0, 1))]
+    assert stage.receives(Op("B", 3, 0)) == [((2, 8), F64, Message(GRAD, 2, 3, 2, 1))]
+    last = RankStage(2, 3, 4, {0: None}, [], [], None, None, [((2, 8), F64)] * 3)
+    assert last.receives(Op("B", 0, 0)) == [] and last.receives(Op("F", 0, 0))[0][2].src == 1
+    for name in ("1f1b", "interleaved"):
+        v = 2 if name == "interleaved" else 1
+        model, x, y = data(3 * v, 6)
+        res = pipeline_step(model, x, y, F.mse_loss, name, 3, 6, v, op_time=(0.002, 0.004))
+        ref_loss, ref_grads = reference_step(model, x, y)
+        assert abs(res.loss - float(ref_loss)) <= 1e-12
+        assert all(torch.allclose(res.grads[n], g, rtol=0, atol=1e-12) for n, g in ref_grads.items())
+    with pytest.raises(ValueError, match="op_time=None"):
+        check_pipeline("1f1b", 2, 4, bug="pp-blocking-send", op_time=(0.01, 0.02))
+
+
 def test_hops_are_measured_from_send_to_arrival_for_messages_a_receiver_waited_for():
     ev = pp_runtime.TimelineEvent
     timeline = [ev(0, "send", 0, 0, 1.0, 1.0, 1, 7), ev(1, "recv", 0, 0, 0.5, 1.25, 0, 7),   # waited

@@ -6,6 +6,15 @@ Why no schedule can deadlock here: a stage never waits for its own sends. ``send
 rank only ever waits for data that an earlier op of another rank produces, exactly the
 dependencies the simulator follows: if ``simulate()`` finishes a schedule, so do the ranks.
 
+With fixed op times (``op_time``) a rank posts every receive of its step before the step starts
+(``expect``), as PyTorch's pipelining posts its receives ahead of the ops that need them: on one
+CPU, a receive posted while its message already waits at the sender wakes the sender's network
+thread, which sends the tensor back while this rank's thread, preempted, still holds the lock
+gloo's own network thread needs to read it, and that thread spins for its whole time slice
+(~3 ms, measured here): time the measured chart then showed as the schedule's. Posting earlier
+only removes waits, so no schedule can deadlock this way either (a blocking send, the deadlock
+of ``bugs.BlockingSend``, would find its receive posted: that bug needs ``op_time=None``).
+
 Every message carries its own tag, so two messages between the same pair of ranks (with
 interleaving, rank r sends rank r+1 activations of one chunk while it receives grads of another
 from it) can never be matched to the wrong receive, whatever order they are posted in::
@@ -75,6 +84,7 @@ class P2P:
         self.pending: list[tuple[dist.Work, torch.Tensor]] = []
         self.local: dict[int, torch.Tensor] = {}   # messages to this very rank (p = 1, v > 1)
         self.events: list[tuple[str, Message, float, float]] = []
+        self.posted: dict[int, tuple[dist.Work, torch.Tensor]] = {}   # tag -> receive, by expect()
 
     def tag(self, msg: Message) -> int:
         return msg.tag(self.virtual_stages, self.microbatches)
@@ -109,16 +119,28 @@ class P2P:
             self.pending.append((work, tensor))
         self._note("send", tensor, msg, start)
 
+    def expect(self, shape: torch.Size, dtype: torch.dtype, msg: Message) -> None:
+        """Post the receive of ``msg`` now; ``recv`` of it later only waits (messages from this
+        very rank are handed over in memory and need no receive)."""
+        if msg.dst != msg.src:
+            out = torch.empty(shape, dtype=dtype)
+            # rank msg.src -> irecv -> [b/m, ...] activation or grad, posted ahead
+            self.posted[self.tag(msg)] = (dist.irecv(out, src=msg.src, tag=self.tag(msg)), out)
+
     def recv(self, shape: torch.Size, dtype: torch.dtype, msg: Message) -> torch.Tensor:
-        """Post the receive and wait for it: the time spent waiting is this rank's bubble."""
+        """Post the receive (unless ``expect`` did) and wait for it: the time spent waiting is
+        this rank's bubble."""
         start = self.clock()
         if msg.dst == msg.src:   # produced earlier by this rank's own op (the schedule's order)
             out = self.local.pop(self.tag(msg))
             self._note("recv", out, msg, start)
             return out
-        out = torch.empty(shape, dtype=dtype)
-        # rank msg.src -> irecv -> [b/m, ...] activation or grad
-        work = dist.irecv(out, src=msg.src, tag=self.tag(msg))
+        if self.tag(msg) in self.posted:
+            work, out = self.posted.pop(self.tag(msg))
+        else:
+            out = torch.empty(shape, dtype=dtype)
+            # rank msg.src -> irecv -> [b/m, ...] activation or grad
+            work = dist.irecv(out, src=msg.src, tag=self.tag(msg))
         if not work.is_completed():   # about to block: say on what, in case it never arrives
             self.waiting_for(f"recv of the {msg.describe()}")
         work.wait()

@@ -232,6 +232,9 @@ def _on_rank(pieces, x, target, loss_fn, ops, op_time, recompute, bug, status_di
 
     if durations is not None:
         stage.pace = pace
+        for op in ops[r]:   # every receive posted before the clock starts (see pp.p2p)
+            for shape, dtype, msg in stage.receives(op):
+                p2p.expect(shape, dtype, msg)
     dist.barrier()
     try:
         with record() as rec:
@@ -275,7 +278,7 @@ def pipeline_step(model: nn.Sequential, x: torch.Tensor, target: torch.Tensor,
     """
     stages = int(os.environ["WORLD_SIZE"]) if in_launched_job() else stages
     ops, pieces = _validate(model, x, target, schedule, stages, microbatches, chunks)
-    bug = resolve(bug, "pipeline")
+    bug = resolve(bug, "pipeline", op_time=op_time)
     _check_makespan(ops, op_time, recompute, timeout)
     if in_launched_job():   # the ranks run on these very pieces: the caller's model stays untouched
         pieces = [copy.deepcopy(piece) for piece in pieces]
