@@ -91,6 +91,78 @@ def test_op_time_pads_every_op_to_its_fixed_duration():
             assert e.end - e.start >= (0.02 if e.kind == "F" else 0.01) * 0.99
 
 
+def test_padded_ops_follow_each_other_and_each_message_leaves_after_its_op():
+    """With fixed op times a rank is free when its previous op ended (the next op's start, unless
+    it waited for a message), and a message leaves only once the op that made it has ended."""
+    model, x, y = data(3, 4)
+    res = pipeline_step(model, x, y, schedule="1f1b", stages=3, microbatches=4, op_time=(0.004, 0.008))
+    for r in range(3):
+        mine = [e for e in res.timeline if e.rank == r]
+        ops = [e for e in mine if e.kind in "FB"]
+        for before, after in zip(ops, ops[1:]):
+            waited = [e.end for e in mine if e.kind == "recv" and before.end <= e.end <= after.start]
+            assert after.start == max([before.end] + waited)
+        for e in mine:
+            if e.kind == "send":   # an activation comes from F, a grad from B, of its micro-batch
+                kind = "F" if e.peer == r + 1 else "B"
+                op = next(o for o in ops if o.kind == kind and o.microbatch == e.microbatch)
+                assert op.end <= e.start
+    assert 0 < res.hop_latency < 0.004 and len(res.hops()) > 0
+
+
+def test_the_reference_is_built_once_per_problem_and_still_catches_a_bug(monkeypatch):
+    from mtb_helpers.pp import check as pp_check
+    pp_check._problem.cache_clear()
+    calls = []
+    real = pp_check.reference_step
+    monkeypatch.setattr(pp_check, "reference_step", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for name in ("gpipe", "1f1b"):   # one problem, two schedules: one reference (run dtype + fp64)
+        assert check_pipeline(name, stages=2, microbatches=4, dtype=F64, seed=5).passed
+    assert len(calls) == 2
+    assert not check_pipeline("1f1b", 2, 4, dtype=F64, seed=5, bug="pp-loss-not-scaled").passed
+    check_pipeline("1f1b", stages=2, microbatches=4, dtype=F64, seed=6)   # another problem
+    assert len(calls) == 4
+
+
+def test_the_callers_model_is_untouched_by_a_step():
+    model, x, y = data(2, 2)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    pipeline_step(model, x, y, schedule="1f1b", stages=2, microbatches=2)
+    assert all(p.grad is None and torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_with_fixed_op_times_every_receive_is_posted_before_the_step(monkeypatch):
+    """``RankStage.receives`` names exactly the messages the ops then receive (a wrong tag would
+    hang, a wrong shape raise); the blocking-send bug, which pre-posted receives hide, is refused."""
+    from mtb_helpers.pp.p2p import ACTIVATION, GRAD, Message
+    from mtb_helpers.pp.schedules import Op
+    from mtb_helpers.pp.stage import RankStage
+    stage = RankStage(1, 3, 4, {0: None}, [], [], None, None, [((2, 8), F64)] * 3)
+    assert stage.receives(Op("F", 2, 0)) == [((2, 8), F64, Message(ACTIVATION, 0, 2, 0, 1))]
+    assert stage.receives(Op("B", 3, 0)) == [((2, 8), F64, Message(GRAD, 2, 3, 2, 1))]
+    last = RankStage(2, 3, 4, {0: None}, [], [], None, None, [((2, 8), F64)] * 3)
+    assert last.receives(Op("B", 0, 0)) == [] and last.receives(Op("F", 0, 0))[0][2].src == 1
+    for name in ("1f1b", "interleaved"):
+        v = 2 if name == "interleaved" else 1
+        model, x, y = data(3 * v, 6)
+        res = pipeline_step(model, x, y, F.mse_loss, name, 3, 6, v, op_time=(0.002, 0.004))
+        ref_loss, ref_grads = reference_step(model, x, y)
+        assert abs(res.loss - float(ref_loss)) <= 1e-12
+        assert all(torch.allclose(res.grads[n], g, rtol=0, atol=1e-12) for n, g in ref_grads.items())
+    with pytest.raises(ValueError, match="op_time=None"):
+        check_pipeline("1f1b", 2, 4, bug="pp-blocking-send", op_time=(0.01, 0.02))
+
+
+def test_hops_are_measured_from_send_to_arrival_for_messages_a_receiver_waited_for():
+    ev = pp_runtime.TimelineEvent
+    timeline = [ev(0, "send", 0, 0, 1.0, 1.0, 1, 7), ev(1, "recv", 0, 0, 0.5, 1.25, 0, 7),   # waited
+                ev(0, "send", 1, 0, 2.0, 2.0, 1, 8), ev(1, "recv", 1, 0, 3.0, 3.0, 0, 8),     # was there
+                ev(1, "send", 0, 0, 4.0, 4.0, 0, 9), ev(0, "recv", 0, 0, 3.5, 4.75, 1, 9)]    # waited
+    res = pp_runtime.PipelineResult(0.0, {}, timeline, [1, 1], [])
+    assert res.hops() == [0.25, 0.75] and res.hop_latency == 0.5
+    assert pp_runtime.PipelineResult(0.0, {}, timeline[2:4], [1, 1], []).hop_latency == 0.0
+
+
 @pytest.mark.parametrize("kwargs,message", [
     (dict(blocks=3, stages=4), "has 6 layers"),
     (dict(m=3, microbatches=4), "batch of 6 rows"),

@@ -46,12 +46,12 @@ def test_the_explorers_png_shows_the_ordinary_figure():
 
 
 def test_a_slightly_different_run_keeps_the_static_layer_and_a_much_slower_one_widens_the_axis():
-    fast, simulated = _timelines("1f1b", 1.03)
+    fast, simulated = _timelines("1f1b", 0.97)   # runs on either side of the prediction
     slow, _ = _timelines("1f1b", 1.07)
     late, _ = _timelines("1f1b", 1.4)
     key = LIVE_MEASURED.key
-    assert key((fast, simulated, "1f1b", "s", 9.5)) == key((slow, simulated, "1f1b", "s", 9.5))
-    assert key((late, simulated, "1f1b", "s", 9.5)) != key((fast, simulated, "1f1b", "s", 9.5))
+    assert key((fast, simulated, "1f1b", "s", 9.5, 0.0)) == key((slow, simulated, "1f1b", "s", 9.5, 0.0))
+    assert key((late, simulated, "1f1b", "s", 9.5, 0.0)) != key((fast, simulated, "1f1b", "s", 9.5, 0.0))
     # the measured boxes are values: two runs on one layer give two pictures
     first = measured_vs_simulated_png(fast, simulated, "1f1b", width=9.5)
     assert measured_vs_simulated_png(slow, simulated, "1f1b", width=9.5) != first
@@ -61,3 +61,15 @@ def test_a_slightly_different_run_keeps_the_static_layer_and_a_much_slower_one_w
     bottom = fig.axes[1]
     assert bottom.get_xlim()[1] >= late.makespan and "makespan 0.462 s" in bottom.get_title()
     plt.close(fig)
+
+
+def test_a_prediction_with_message_times_says_so_in_its_title():
+    ops = schedule("1f1b", 4, 8)
+    simulated = simulate(ops, 0.005, 0.01, latency=0.0004)
+    measured = simulate(ops, 0.0051, 0.0102, latency=0.0004)
+    fig = plot_measured_vs_simulated(measured, simulated, "1f1b", latency=0.0004)
+    assert "each message 0.4 ms" in fig.axes[0].get_title()
+    plain = plot_measured_vs_simulated(measured, simulate(ops, 0.005, 0.01), "1f1b")
+    assert "message" not in plain.axes[0].get_title()
+    plt.close(fig)
+    plt.close(plain)

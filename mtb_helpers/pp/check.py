@@ -13,6 +13,7 @@ held and the measured and simulated bubble.
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -48,13 +49,31 @@ def reference_step(model: nn.Sequential, x: torch.Tensor, target: torch.Tensor,
     return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
 
 
+@functools.lru_cache(maxsize=8)
+def _problem(blocks: int, width: int, dtype: torch.dtype, seed: int, microbatches: int,
+             rows_per_microbatch: int) -> tuple:
+    """The model, X, the target and the one-process references (the run's dtype and float64) of
+    one problem. They do not depend on the schedule, the chunking or recompute, so an explorer
+    moved back to a problem it checked before compares against the same references without
+    building them again (read only: the ranks get copies, ``pipeline_step`` copies in-process)."""
+    model = make_pipeline_model(blocks, width, dtype, seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + 1)
+        x = torch.randn(rows_per_microbatch * microbatches, width, dtype=dtype)
+        target = torch.randn(rows_per_microbatch * microbatches, width, dtype=dtype)
+    ref = reference_step(model, x, target)
+    ref64 = reference_step(copy.deepcopy(model).double(), x.double(), target.double())
+    return model, x, target, ref, ref64
+
+
 def simulated_for(schedule: str, stages: int, microbatches: int, chunks: int, op_time=None,
-                  recompute: bool = False):
+                  recompute: bool = False, latency: float = 0.0):
     """``simulate()`` of the same schedule with the same op times (F=1, B=2 when none; a
-    recomputing backward pays F + B)."""
+    recomputing backward pays F + B); ``latency``: seconds each message between ranks takes
+    (e.g. ``PipelineResult.hop_latency``, this machine's measured hop)."""
     ops = make_schedule(schedule, stages, microbatches, chunks)
     d = op_durations(op_time, 1, recompute) or {"F": 1.0, "I": 1.0, "W": 1.0}
-    return simulate(ops, d["F"], d["I"] + d["W"], input=d["I"], weight=d["W"])
+    return simulate(ops, d["F"], d["I"] + d["W"], input=d["I"], weight=d["W"], latency=latency)
 
 
 def check_pipeline(schedule: str = "1f1b", stages: int = 4, microbatches: int = 8,
@@ -74,18 +93,11 @@ def check_pipeline(schedule: str = "1f1b", stages: int = 4, microbatches: int = 
     chunks = (2 if schedule == "interleaved" else 1) if chunks is None else chunks
     make_schedule(schedule, p, microbatches, chunks)
     op_durations(op_time, chunks, recompute)
-    model = make_pipeline_model(p * chunks, width, dtype, seed)
-    split_model(model, p * chunks)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed + 1)
-        x = torch.randn(rows_per_microbatch * microbatches, width, dtype=dtype)
-        target = torch.randn(rows_per_microbatch * microbatches, width, dtype=dtype)
+    model, x, target, (ref_loss, ref_grads), (ref64_loss, ref64_grads) = _problem(
+        p * chunks, width, dtype, seed, microbatches, rows_per_microbatch)
     res = pipeline_step(model, x, target, F.mse_loss, schedule, p, microbatches, chunks,
                         op_time=op_time, recompute=recompute,
                         bug=bug, timeout=timeout)
-    ref_loss, ref_grads = reference_step(model, x, target)
-    ref64_loss, ref64_grads = reference_step(copy.deepcopy(model).double(), x.double(),
-                                             target.double())
     rows = [compare("loss", p - 1, torch.tensor(res.loss, dtype=dtype), ref_loss, ref64_loss,
                     dtype)]
     pieces = split_model(model, p * chunks)

@@ -6,6 +6,15 @@ Why no schedule can deadlock here: a stage never waits for its own sends. ``send
 rank only ever waits for data that an earlier op of another rank produces, exactly the
 dependencies the simulator follows: if ``simulate()`` finishes a schedule, so do the ranks.
 
+With fixed op times (``op_time``) a rank posts every receive of its step before the step starts
+(``expect``), as PyTorch's pipelining posts its receives ahead of the ops that need them: on one
+CPU, a receive posted while its message already waits at the sender wakes the sender's network
+thread, which sends the tensor back while this rank's thread, preempted, still holds the lock
+gloo's own network thread needs to read it, and that thread spins for its whole time slice
+(~3 ms, measured here): time the measured chart then showed as the schedule's. Posting earlier
+only removes waits, so no schedule can deadlock this way either (a blocking send, the deadlock
+of ``bugs.BlockingSend``, would find its receive posted: that bug needs ``op_time=None``).
+
 Every message carries its own tag, so two messages between the same pair of ranks (with
 interleaving, rank r sends rank r+1 activations of one chunk while it receives grads of another
 from it) can never be matched to the wrong receive, whatever order they are posted in::
@@ -16,8 +25,10 @@ Each send and receive is noted in the rank's collective record (op "send" / "rec
 ``region`` naming what and which peer), and each wait for a receive is a "recv" event of the
 timeline. Before blocking, a rank writes what it waits for into ``status_file`` (when given), so
 that the owner can say which p2p op and peer each rank was stuck in if the step times out; once
-the op completes the file is removed, so a rank stuck elsewhere (a stalled forward) is never
-reported as blocked in a receive it finished long ago.
+the op completes the file is emptied, so a rank stuck elsewhere (a stalled forward) is never
+reported as blocked in a receive it finished long ago. The file is opened once per step and
+rewritten in place: creating and removing a file around every wait cost ~0.5 ms a message on
+one CPU, time the ranks' clock then counted as the pipeline's.
 """
 from __future__ import annotations
 
@@ -67,10 +78,13 @@ class P2P:
         self.virtual_stages = virtual_stages
         self.microbatches = microbatches
         self.clock = clock
-        self.status_file = status_file
+        self.status = None if status_file is None else os.open(
+            status_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        self.said = False   # the status file holds a wait that has not completed
         self.pending: list[tuple[dist.Work, torch.Tensor]] = []
         self.local: dict[int, torch.Tensor] = {}   # messages to this very rank (p = 1, v > 1)
         self.events: list[tuple[str, Message, float, float]] = []
+        self.posted: dict[int, tuple[dist.Work, torch.Tensor]] = {}   # tag -> receive, by expect()
 
     def tag(self, msg: Message) -> int:
         return msg.tag(self.virtual_stages, self.microbatches)
@@ -78,20 +92,20 @@ class P2P:
     def waiting_for(self, text: str) -> None:
         """Say what this rank is about to block on, and which line of the stage asked for it
         (read by the owner only after a timeout)."""
-        if self.status_file is not None:
+        if self.status is not None:
             caller = sys._getframe(2)   # the stage op that called send / recv
             where = caller.f_code.co_filename.replace("\\", "/").split("/mtb_helpers/")[-1]
-            with open(self.status_file, "w") as f:
-                f.write(f"{text}, called at mtb_helpers/{where}:{caller.f_lineno} "
-                        f"({caller.f_code.co_name})")
+            said = (f"{text}, called at mtb_helpers/{where}:{caller.f_lineno} "
+                    f"({caller.f_code.co_name})").encode()
+            os.ftruncate(self.status, 0)
+            os.pwrite(self.status, said, 0)
+            self.said = True
 
     def done_waiting(self) -> None:
         """The op this rank blocked on (if any) has completed: nothing is pending any more."""
-        if self.status_file is not None:
-            try:
-                os.remove(self.status_file)
-            except FileNotFoundError:
-                pass
+        if self.said:
+            os.ftruncate(self.status, 0)
+            self.said = False
 
     def send(self, tensor: torch.Tensor, msg: Message) -> None:
         """Post the send and return: the peer receives it whenever its schedule gets there."""
@@ -105,20 +119,32 @@ class P2P:
             self.pending.append((work, tensor))
         self._note("send", tensor, msg, start)
 
+    def expect(self, shape: torch.Size, dtype: torch.dtype, msg: Message) -> None:
+        """Post the receive of ``msg`` now; ``recv`` of it later only waits (messages from this
+        very rank are handed over in memory and need no receive)."""
+        if msg.dst != msg.src:
+            out = torch.empty(shape, dtype=dtype)
+            # rank msg.src -> irecv -> [b/m, ...] activation or grad, posted ahead
+            self.posted[self.tag(msg)] = (dist.irecv(out, src=msg.src, tag=self.tag(msg)), out)
+
     def recv(self, shape: torch.Size, dtype: torch.dtype, msg: Message) -> torch.Tensor:
-        """Post the receive and wait for it: the time spent waiting is this rank's bubble."""
+        """Post the receive (unless ``expect`` did) and wait for it: the time spent waiting is
+        this rank's bubble."""
         start = self.clock()
         if msg.dst == msg.src:   # produced earlier by this rank's own op (the schedule's order)
             out = self.local.pop(self.tag(msg))
             self._note("recv", out, msg, start)
             return out
-        out = torch.empty(shape, dtype=dtype)
-        # rank msg.src -> irecv -> [b/m, ...] activation or grad
-        work = dist.irecv(out, src=msg.src, tag=self.tag(msg))
+        if self.tag(msg) in self.posted:
+            work, out = self.posted.pop(self.tag(msg))
+        else:
+            out = torch.empty(shape, dtype=dtype)
+            # rank msg.src -> irecv -> [b/m, ...] activation or grad
+            work = dist.irecv(out, src=msg.src, tag=self.tag(msg))
         if not work.is_completed():   # about to block: say on what, in case it never arrives
             self.waiting_for(f"recv of the {msg.describe()}")
         work.wait()
-        self._note("recv", out, msg, start)
+        self._note("recv", out, msg, start, self.clock())   # arrived: the bookkeeping is not the wait
         return out
 
     def finish(self) -> None:
@@ -128,10 +154,18 @@ class P2P:
             work.wait()
         self.pending.clear()
         self.done_waiting()
+        self.close()
 
-    def _note(self, op: str, tensor: torch.Tensor, msg: Message, start: float) -> None:
+    def close(self) -> None:
+        """Close the status file (the step is over, or failed on this rank)."""
+        if self.status is not None:
+            os.close(self.status)
+            self.status = None
+
+    def _note(self, op: str, tensor: torch.Tensor, msg: Message, start: float,
+              end: float | None = None) -> None:
         self.done_waiting()   # called once the op is over (a receive's wait() has returned)
-        self.events.append((op, msg, start, self.clock()))
+        self.events.append((op, msg, start, self.clock() if end is None else end))
         peer = msg.dst if op == "send" else msg.src
         arrow = "->" if op == "send" else "<-"
         nbytes = tensor.numel() * tensor.element_size()

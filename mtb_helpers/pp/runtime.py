@@ -25,7 +25,6 @@ import shutil
 import tempfile
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -33,62 +32,16 @@ import torch.distributed as dist
 from torch import nn
 
 from mtb_helpers.checking.bug import resolve, swap
-from mtb_helpers.comm.records import CollectiveRecord, record
+from mtb_helpers.comm.records import record
 from mtb_helpers.pp.p2p import P2P
-from mtb_helpers.pp.schedules import SCHEDULES, Op, schedule as make_schedule
-from mtb_helpers.pp.simulator import Event, Timeline, simulate
+from mtb_helpers.pp.result import PipelineResult, TimelineEvent
+from mtb_helpers.pp.schedules import SCHEDULES, schedule as make_schedule
+from mtb_helpers.pp.simulator import simulate
 from mtb_helpers.pp.stage import RankStage, pad
 from mtb_helpers.runtime.errors import RankTimeoutError
 from mtb_helpers.runtime.ranks import in_launched_job, run
 
 __all__ = ["pipeline_step", "PipelineResult", "TimelineEvent", "split_model", "op_durations"]
-
-
-@dataclass(frozen=True)
-class TimelineEvent:
-    """What ``rank`` did from ``start`` to ``end`` (seconds, 0 = step start): an op ("F", "B",
-    "I", "W") or a message ("send", "recv": posting a send / waiting for a receive)."""
-    rank: int
-    kind: str
-    microbatch: int
-    chunk: int
-    start: float
-    end: float
-    peer: int | None = None
-
-
-@dataclass
-class PipelineResult:
-    """One pipeline step: loss, grads by parameter name, the measured timeline, peaks, records."""
-    loss: float
-    grads: dict[str, torch.Tensor]
-    timeline: list[TimelineEvent]
-    peak_stashed: list[int]
-    records: list[CollectiveRecord]
-    schedule: list = field(default_factory=list)
-    stash_bytes: list[int] = field(default_factory=list)       # peak bytes held per rank
-    recompute_bytes: list[int] = field(default_factory=list)   # peak bytes one re-run forward saves
-    config: dict = field(default_factory=dict)
-
-    def ops(self, rank: int) -> list[Op]:
-        """The compute ops ``rank`` ran, in the order it ran them."""
-        return [Op(e.kind, e.microbatch, e.chunk) for e in self.timeline
-                if e.rank == rank and e.kind in "FBIW"]
-
-    def measured(self) -> Timeline:
-        """The compute ops as a simulator ``Timeline``: same bubble definition, same Gantt."""
-        p = len(self.peak_stashed)
-        events = [[Event(Op(e.kind, e.microbatch, e.chunk), r, e.start, e.end)
-                   for e in self.timeline if e.rank == r and e.kind in "FBIW"] for r in range(p)]
-        makespan = max(e.end for evs in events for e in evs)
-        busy = [sum(e.end - e.start for e in evs) for evs in events]
-        return Timeline(events, makespan, self.config.get("chunks", 1), list(self.peak_stashed),
-                        busy)
-
-    @property
-    def bubble_fraction(self) -> float:
-        """Idle / (ranks x makespan) from the measured timeline (waits for data count as idle)."""
-        return self.measured().bubble_fraction
 
 
 def split_model(model: nn.Sequential, pieces: int) -> list[nn.Sequential]:
@@ -206,20 +159,37 @@ def _on_rank(pieces, x, target, loss_fn, ops, op_time, recompute, bug, status_di
         recvs = [e[3] for e in p2p.events[current["before"]:] if e[0] == "recv"]
         return max([current["start"]] + recvs)
 
+    def pace() -> None:
+        # the first call ends the op (before its send leaves); later calls find it ended
+        if "end" not in current:
+            pad(begin(), durations[current["kind"]])
+            current["end"] = time.perf_counter()
+
     if durations is not None:
-        stage.pace = lambda: pad(begin(), durations[current["kind"]])
+        stage.pace = pace
+        for op in ops[r]:   # every receive posted before the clock starts (see pp.p2p)
+            for shape, dtype, msg in stage.receives(op):
+                p2p.expect(shape, dtype, msg)
     dist.barrier()
-    with record() as rec:
-        zero = time.perf_counter()
-        for op in ops[r]:
-            current.update(kind=op.kind, before=len(p2p.events), start=time.perf_counter())
-            run_op[op.kind](op.microbatch, op.chunk)
-            stage.computed()
-            events.append((op.kind, op.microbatch, op.chunk, begin(), time.perf_counter(), None))
-        p2p.finish()
+    try:
+        with record() as rec:
+            zero = end = time.perf_counter()
+            for op in ops[r]:
+                # with fixed op times the rank is free when its previous op ended, as a GPU stream
+                # is: posting that op's send and this bookkeeping happen inside this op's time
+                current.clear()
+                current.update(kind=op.kind, before=len(p2p.events),
+                               start=time.perf_counter() if durations is None else end)
+                run_op[op.kind](op.microbatch, op.chunk)
+                stage.computed()
+                end = current.get("end", time.perf_counter())
+                events.append((op.kind, op.microbatch, op.chunk, begin(), end, None, None))
+            p2p.finish()
+    finally:
+        p2p.close()   # also when an op raised: the rank process serves later calls
     for kind, msg, start, end in p2p.events:
         peer = msg.dst if kind == "send" else msg.src
-        events.append((kind, msg.microbatch, msg.sender // p, start, end, peer))
+        events.append((kind, msg.microbatch, msg.sender // p, start, end, peer, p2p.tag(msg)))
     grads = {name: prm.grad for piece in mine.values() for name, prm in piece.named_parameters()}
     return {"zero": zero, "events": events, "grads": grads, "losses": stage.losses,
             "peak_stashed": stage.peak_stashed, "peak_bytes": stage.peak_bytes,
@@ -243,9 +213,10 @@ def pipeline_step(model: nn.Sequential, x: torch.Tensor, target: torch.Tensor,
     """
     stages = int(os.environ["WORLD_SIZE"]) if in_launched_job() else stages
     ops, pieces = _validate(model, x, target, schedule, stages, microbatches, chunks)
-    bug = resolve(bug, "pipeline")
+    bug = resolve(bug, "pipeline", op_time=op_time)
     _check_makespan(ops, op_time, recompute, timeout)
-    pieces = [copy.deepcopy(piece) for piece in pieces]   # the caller's model stays untouched
+    if in_launched_job():   # the ranks run on these very pieces: the caller's model stays untouched
+        pieces = [copy.deepcopy(piece) for piece in pieces]
     status_dir = None if in_launched_job() else tempfile.mkdtemp(prefix="mtb-pp-")
     try:
         results = run(_on_rank, pieces, x.detach(), target.detach(), loss_fn, ops, op_time,
@@ -257,9 +228,9 @@ def pipeline_step(model: nn.Sequential, x: torch.Tensor, target: torch.Tensor,
         if status_dir is not None:
             shutil.rmtree(status_dir, ignore_errors=True)
     zero = min(res["zero"] for res in results)
-    timeline = sorted((TimelineEvent(r, kind, k, c, start - zero, end - zero, peer)
+    timeline = sorted((TimelineEvent(r, kind, k, c, start - zero, end - zero, peer, tag)
                        for r, res in enumerate(results)
-                       for kind, k, c, start, end, peer in res["events"]),
+                       for kind, k, c, start, end, peer, tag in res["events"]),
                       key=lambda e: (e.start, e.rank))
     grads = {}
     for res in results:
@@ -285,7 +256,9 @@ def _blocked_on(status_dir: str | None, exc: RankTimeoutError) -> str:
     for r in sorted(exc.waiting):
         try:
             with open(os.path.join(status_dir, f"rank{r}.p2p")) as f:
-                lines.append(f"  rank {r} was blocked in the {f.read()}")
+                said = f.read()
+            if said:   # empty: its last wait had completed
+                lines.append(f"  rank {r} was blocked in the {said}")
         except OSError:
             pass
     return ("\nPoint-to-point ops the ranks were blocked in:\n" + "\n".join(lines)) if lines else ""

@@ -120,6 +120,17 @@ class RankStage:
         for p, g in zip(params, grads):
             p.grad = g if p.grad is None else p.grad + g
 
+    def receives(self, op) -> list[tuple[torch.Size, torch.dtype, Message]]:
+        """What ``op`` (an ``Op``) receives: F the activation from virtual stage s-1 (none on
+        stage 0), B or I the output grad from s+1 (none on the last stage, whose grad is the
+        loss's); as (shape, dtype, message), the arguments of ``P2P.recv``."""
+        s, k = self.virtual(op.chunk), op.microbatch
+        if op.kind == "F" and s > 0:
+            return [(*self.inputs[s], Message(ACTIVATION, s - 1, k, self.owner(s - 1), self.rank))]
+        if op.kind in "BI" and s < self.last:
+            return [(*self.inputs[s + 1], Message(GRAD, s + 1, k, self.owner(s + 1), self.rank))]
+        return []
+
     def computed(self) -> None:
         """The op's compute is done: with fixed op times, wait out the rest of it now, before
         its result is sent (a receiver must not start earlier than a real kernel would allow)."""

@@ -64,12 +64,19 @@ def explore_pipeline(name: str = "1f1b", stages: int = 4, microbatches: int = 8,
 
 
 def explore_pipeline_on_ranks(name: str = "1f1b", stages: int = 4, microbatches: int = 8,
-                              op_time: tuple[float, float] = (0.01, 0.02)) -> widgets.VBox:
+                              op_time: tuple[float, float] = (0.005, 0.01)) -> widgets.VBox:
     """Notebook 09's explorer: one pipeline step on real ranks per setting (schedule, stages,
-    micro-batches, recompute), its measured Gantt beside the simulated one, the check verdict and
-    the measured against the simulated bubble. Ops are padded to ``op_time`` = (F, B) seconds."""
+    micro-batches, recompute), its measured Gantt beside the predicted one, the check verdict and
+    the measured makespan and bubble against the prediction, with the gaps.
+
+    Ops are padded to ``op_time`` = (F, B) seconds. The prediction is ``simulate()`` with those
+    op times and every message between ranks taking this machine's hop α: on one CPU a message
+    costs a fraction of a millisecond (the sender's and the receiver's processes take turns),
+    which at these op times is several per cent of the makespan. α is measured on the first run
+    with each stage count (``PipelineResult.hop_latency``) and kept, so later runs are predicted
+    before they run."""
     from mtb_helpers.pp.check import check_pipeline, simulated_for
-    from mtb_helpers.pp.measured_plots import measured_vs_simulated_png
+    from mtb_helpers.pp.measured_plots import gap, measured_vs_simulated_png
 
     slider = dict(style={"description_width": "initial"}, continuous_update=False)
     schedule_box = widgets.Dropdown(options=list(SCHEDULES), value=name, description="schedule")
@@ -78,19 +85,30 @@ def explore_pipeline_on_ranks(name: str = "1f1b", stages: int = 4, microbatches:
                                   description="micro-batches m", **slider)
     recompute_box = widgets.Dropdown(options=[("off", False), ("on", True)], value=False,
                                      description="recompute")
+    hop: dict[int, float] = {}   # stages -> the hop α measured on the first run with that many
 
     def render() -> list:
         s, p, m, rc = schedule_box.value, stages_box.value, micro_box.value, recompute_box.value
         report = check_pipeline(s, p, m, op_time=op_time, recompute=rc)
-        pipe = report.extra["pipeline"]
-        sim = simulated_for(s, p, m, report.config["chunks"], op_time, rc)
-        fig = measured_vs_simulated_png(report.result.measured(), sim, s, width=9.5)
+        pipe, measured = report.extra["pipeline"], report.result.measured()
+        alpha = hop.setdefault(p, report.result.hop_latency)
+        sim = simulated_for(s, p, m, report.config["chunks"], op_time, rc, latency=alpha)
+        fig = measured_vs_simulated_png(measured, sim, s, width=9.5, latency=alpha)
+        rows = []
+        for quantity, got, want, fmt in (("makespan", measured.makespan, sim.makespan, "{:.3f} s"),
+                                         ("bubble", measured.bubble_fraction, sim.bubble_fraction,
+                                          "{:.3f}")):
+            value, unit, allowed, within = gap(quantity, got, want)
+            rows.append(f"{quantity} measured {fmt.format(got)}, predicted {fmt.format(want)}: "
+                        f"{value:+.1f} {unit} (allowed {allowed:g} {unit}: "
+                        f"{'within' if within else 'OUTSIDE'})")
         text = (f"check against one process: {'PASSED' if report.passed else 'FAILED'}; ops "
-                f"executed = schedule(): {pipe['ops_match_schedule']}\n"
-                f"bubble measured {pipe['measured_bubble_fraction']:.3f}, simulated "
-                f"{pipe['simulated_bubble_fraction']:.3f}; peak stashed {pipe['peak_stashed']} "
-                f"(simulator {pipe['simulated_peak_activations']}); bytes held "
-                f"{pipe['stash_bytes']}")
+                f"executed = schedule(): {pipe['ops_match_schedule']}\n" + "\n".join(rows) + "\n"
+                f"predicted: simulate() with F = {op_time[0] * 1e3:g} ms, B = {op_time[1] * 1e3:g} ms "
+                f"and each message between ranks {alpha * 1e3:.2f} ms (the hop α measured on the "
+                f"first run with {p} ranks)\n"
+                f"peak stashed {pipe['peak_stashed']} (simulator {pipe['simulated_peak_activations']}); "
+                f"bytes held {pipe['stash_bytes']}")
         return [fig, text]
 
     return live_view([[schedule_box, stages_box], [micro_box, recompute_box]], render)

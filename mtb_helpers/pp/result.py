@@ -1,0 +1,80 @@
+"""What one pipeline step on real ranks returns (``pipeline_step``): the loss, the grads, the
+measured timeline of ops and messages, the peaks, the records; the measured run as a simulator
+``Timeline`` and the hop time of this machine's link read from it.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+import torch
+
+from mtb_helpers.comm.records import CollectiveRecord
+from mtb_helpers.pp.schedules import Op
+from mtb_helpers.pp.simulator import Event, Timeline
+
+__all__ = ["PipelineResult", "TimelineEvent"]
+
+
+@dataclass(frozen=True)
+class TimelineEvent:
+    """What ``rank`` did from ``start`` to ``end`` (seconds, 0 = step start): an op ("F", "B",
+    "I", "W") or a message ("send", "recv": posting a send / waiting for a receive; ``tag``
+    names the message, the same on its send and its receive)."""
+    rank: int
+    kind: str
+    microbatch: int
+    chunk: int
+    start: float
+    end: float
+    peer: int | None = None
+    tag: int | None = None
+
+
+@dataclass
+class PipelineResult:
+    """One pipeline step: loss, grads by parameter name, the measured timeline, peaks, records."""
+    loss: float
+    grads: dict[str, torch.Tensor]
+    timeline: list[TimelineEvent]
+    peak_stashed: list[int]
+    records: list[CollectiveRecord]
+    schedule: list = field(default_factory=list)
+    stash_bytes: list[int] = field(default_factory=list)       # peak bytes held per rank
+    recompute_bytes: list[int] = field(default_factory=list)   # peak bytes one re-run forward saves
+    config: dict = field(default_factory=dict)
+
+    def ops(self, rank: int) -> list[Op]:
+        """The compute ops ``rank`` ran, in the order it ran them."""
+        return [Op(e.kind, e.microbatch, e.chunk) for e in self.timeline
+                if e.rank == rank and e.kind in "FBIW"]
+
+    def measured(self) -> Timeline:
+        """The compute ops as a simulator ``Timeline``: same bubble definition, same Gantt."""
+        p = len(self.peak_stashed)
+        events = [[Event(Op(e.kind, e.microbatch, e.chunk), r, e.start, e.end)
+                   for e in self.timeline if e.rank == r and e.kind in "FBIW"] for r in range(p)]
+        makespan = max(e.end for evs in events for e in evs)
+        busy = [sum(e.end - e.start for e in evs) for evs in events]
+        return Timeline(events, makespan, self.config.get("chunks", 1), list(self.peak_stashed),
+                        busy)
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle / (ranks x makespan) from the measured timeline (waits for data count as idle)."""
+        return self.measured().bubble_fraction
+
+    def hops(self) -> list[float]:
+        """Seconds each message a receiver was already waiting for took, from its send (posted
+        when the sender's op ended) to the receiver having it: the α of this machine's link
+        between two ranks, scheduling of the processes on the CPU included."""
+        sent = {(e.rank, e.tag): e.start for e in self.timeline if e.kind == "send"}
+        return [e.end - sent[(e.peer, e.tag)] for e in self.timeline
+                if e.kind == "recv" and (e.peer, e.tag) in sent and e.start <= sent[(e.peer, e.tag)]]
+
+    @property
+    def hop_latency(self) -> float:
+        """The median of ``hops()`` (0 when no receiver waited: one stage, or nothing to wait
+        for): what ``simulate(..., latency=)`` needs to predict this machine's timeline."""
+        hops = self.hops()
+        return statistics.median(hops) if hops else 0.0
