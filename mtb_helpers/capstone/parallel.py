@@ -7,6 +7,8 @@ course's layers (``layers.build_stage``), then for each step:
                       -> [s/c, B/dp], cut into m micro-batches [s/c, B/(dp m)]
     pipeline:         the schedule's ops for its stage (``pp.stage.RankStage``: F sends the
                       activation [s/(c t), b, h] to the next stage, B sends its grad back)
+    SP grads:         the replicated LayerNorm / bias grads summed over the tp group, one all-reduce
+                      (``finalize.SequenceParallelGrads``)
     gradients:        averaged over the dp x cp group by the DP strategy (DDP all-reduce, or ZeRO-1
                       reduce-scatter, sharded AdamW step, all-gather of the parameters)
     AdamW step
@@ -29,7 +31,8 @@ import torch.distributed as dist
 
 from mtb_helpers.capstone.data import batch_for_step, corpus, encode
 from mtb_helpers.capstone.grid import Grid, Layout
-from mtb_helpers.capstone.layers import ParallelEmbedding, build_stage, gather_param
+from mtb_helpers.capstone.finalize import SequenceParallelGrads
+from mtb_helpers.capstone.layers import ParallelEmbedding, build_stage, gather_param, replicated_params
 from mtb_helpers.capstone.model import GPTConfig, make_model
 from mtb_helpers.capstone.reference import TrainConfig
 from mtb_helpers.capstone.validate import DP_STRATEGIES, PP_SCHEDULES, validate
@@ -79,7 +82,8 @@ def train_on_rank(model, layout: Layout, run_cfg: TrainConfig, microbatches: int
     """Run on every rank: build the grid and this rank's stage, train steps ``first`` ..
     ``first + count - 1`` (all ``run_cfg.steps`` by default), starting from this rank's entry of
     ``states`` (what the previous call's ``snapshots[-1]`` were) or from ``model`` when None.
-    ``bug``: a ``Bug`` whose wrong classes stand in for ``Grid`` / ``ParallelEmbedding``."""
+    ``bug``: a ``Bug`` whose wrong classes stand in for ``Grid`` / ``ParallelEmbedding`` /
+    ``SequenceParallelGrads``."""
     grid = swap(bug, Grid).build(layout)
     count = run_cfg.steps - first if count is None else count
     state = None if states is None else states[dist.get_rank() if dist.is_initialized() else 0]
@@ -130,6 +134,9 @@ def _train(grid, model, layout, run_cfg, m, schedule, sequence_parallel, strateg
                          grid.context_group(), swap(bug, ParallelEmbedding))
     opt = STRATEGY_CLASSES[strategy](module, _resume(flat(module.parameters()), state),
                                      run_cfg.adam(), group=grid.gradient_group(), copy_model=False)
+    # under SP: the LayerNorm / bias grads, partial per tp rank, summed in one all-reduce a step
+    sp_grads = (swap(bug, SequenceParallelGrads)(replicated_params(module), tp_group)
+                if sequence_parallel else None)
 
     def loss_fn(logits, target):   # logits [s/c, b, V/t], target [s/c, b] -> mean over its tokens
         return vocab_parallel_cross_entropy(logits, target, "mean", group=tp_group,
@@ -153,6 +160,8 @@ def _train(grid, model, layout, run_cfg, m, schedule, sequence_parallel, strateg
             for op in ops:
                 run_op[op.kind](op.microbatch, op.chunk)
             stage.p2p.finish()
+            if sp_grads is not None:
+                sp_grads.finalize()  # the tp group: [Ψ_rep] partial sums -> their sum
             opt.reduce_gradients()   # the dp x cp group: sum, then / (dp c)
             opt.step()
         losses.append(sum(stage.losses.values()) if stage.losses else None)
