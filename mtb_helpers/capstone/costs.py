@@ -5,8 +5,9 @@ Groups: ``tp`` (the f / g all-reduces, the embedding's g, the vocabulary cross-e
 all-reduces), ``sp`` (sequence parallelism's all-gathers / reduce-scatters and, once per step, the
 one all-reduce of its LayerNorm and bias grads, ``finalize.py``; they run in the tensor group
 too), ``pp`` (point-to-point activations and input grads), ``cp`` (ring attention's K/V hops),
-``dp`` (the gradient reduction of the DP strategy over the dp x cp group). Ring costs as the records count them: all-reduce ``2(g-1)/g N``,
-all-gather and reduce-scatter ``(g-1)/g N`` of the full tensor, ``N`` bytes sent per hop.
+``dp`` (the gradient reduction of the DP strategy over the dp x cp group). Ring costs as the
+records count them: all-reduce ``2(g-1)/g N``, all-gather and reduce-scatter ``(g-1)/g N`` of the
+full tensor, ``N`` bytes sent per hop.
 
 Notation for one micro-batch on one rank: ``n = s/c`` positions of its context chunk,
 ``b = B/(dp m)`` sequences, ``A = n b h d`` bytes of a full-width activation, ``t`` = tp, ``c`` = cp,
