@@ -150,3 +150,22 @@ def test_all_strategies_inject_a_bug_only_where_it_applies():
 def test_bad_input_is_refused_before_any_rank_starts(no_ranks, call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_a_strategy_changing_its_model_in_place_cannot_change_the_next_calls_problem(monkeypatch):
+    """The one-process reference is cached per problem; under torchrun a strategy runs in the
+    caller's process and gets the model and start state themselves, so the check hands it copies."""
+    import mtb_helpers.dp.check as dp_check
+
+    real_run = dp_check.run
+
+    def careless_run(fn, strategy, model, start, *args, **kwargs):
+        for p in model.parameters():          # what a careless strategy might do in place
+            p.data.zero_()
+        start["params"].add_(1.0)
+        return real_run(fn, strategy, model, start, *args, **kwargs)
+
+    monkeypatch.setattr(dp_check, "run", careless_run)
+    check_data_parallel(world_size=2, strategy="ddp", seed=11)
+    monkeypatch.setattr(dp_check, "run", real_run)
+    assert check_data_parallel(world_size=2, strategy="ddp", seed=11).passed

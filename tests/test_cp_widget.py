@@ -65,6 +65,8 @@ def test_balance_explorer_follows_the_slider():
 
 
 @pytest.mark.parametrize("variant, bug", [("ring", None), ("ring", "cp-no-rescale"),
+                                          ("ring", "cp-grads-not-sent-home"),
+                                          ("ring", "cp-local-causal-mask"),
                                           ("allgather", "cp-local-causal-mask")])
 def test_both_layouts_in_one_call_give_the_reports_of_two_calls(variant, bug):
     """The balance explorer's one call to the ranks: each layout's verdict, errors, work, bytes
@@ -81,31 +83,44 @@ def test_both_layouts_in_one_call_give_the_reports_of_two_calls(variant, bug):
         assert [r.events for r in report.records] == [r.events for r in alone.records]
 
 
-def _agreements(layouts) -> list[str]:
-    """On a rank: the layouts whose layer made the ranks agree on the shard shapes."""
+def _rounds(variant, layouts) -> dict[str, int]:
+    """On a rank: the point-to-point messages and collectives one check call sends, by kind."""
     import torch
+    import torch.distributed as dist
 
     from mtb_helpers.cp import check
-    from mtb_helpers.cp.base import ContextParallelAttention as Layer
-    from mtb_helpers.cp.reference import make_cp_inputs
 
-    agree, seen = Layer._check_same_shards_everywhere, []
+    counts: dict[str, int] = {}
+    kinds = ("isend", "irecv", "all_gather", "all_reduce", "reduce_scatter_tensor",
+             "reduce_scatter_single", "barrier", "broadcast")
+    real = {name: getattr(dist, name) for name in kinds if hasattr(dist, name)}
 
-    def counted(self, *shards):
-        seen.append(self.layout)
-        return agree(self, *shards)
+    def counted(name):
+        def op(*args, **kwargs):
+            counts[name] = counts.get(name, 0) + 1
+            return real[name](*args, **kwargs)
+        return op
 
-    Layer._check_same_shards_everywhere = counted
+    for name in real:
+        setattr(dist, name, counted(name))
     try:
-        check._on_rank(check.RingAttention, *make_cp_inputs(1, 2, 8, 4, torch.float64, 0), True, layouts)
+        check._on_rank(check.VARIANTS[variant], (1, 2, 8, 4), torch.float64, 0, True, layouts)
     finally:
-        Layer._check_same_shards_everywhere = agree
-    return seen
+        for name, fn in real.items():
+            setattr(dist, name, fn)
+    return counts
 
 
-def test_one_call_agrees_on_the_shard_shapes_once_for_both_layouts():
+@pytest.mark.parametrize("t", [2, 4])
+def test_both_layouts_cost_the_sync_rounds_of_one(t):
+    """The balance explorer's call: one shape agreement for both layouts, and the two rings in
+    lockstep, each hop one message carrying both layouts' blocks (t-1 forward, t-1 backward, 1
+    home), as many rounds as one layout alone."""
     from mtb_helpers import run
-    assert run(_agreements, ("contiguous", "zigzag"), world_size=2) == [["contiguous"]] * 2
+    one, both = (run(_rounds, "ring", layouts, world_size=t)
+                 for layouts in (("contiguous",), ("contiguous", "zigzag")))
+    want = {"all_gather": 1, "isend": 2 * t - 1, "irecv": 2 * t - 1}
+    assert one == both == [want] * t, (one, both)
 
 
 def test_every_figure_has_a_title_axis_labels_and_a_legend():

@@ -145,3 +145,23 @@ def test_context_parallel_names_a_shape_that_differs_elsewhere_than_the_sequence
     outs = run(_cp_message, "ring", shapes, world_size=3, timeout=30)
     assert len(set(outs)) == 1
     assert "rank 0: [1, 2, 4, 4]; rank 1: [1, 2, 4, 8]; rank 2: [2, 4, 4]" in outs[0], outs[0]
+
+
+def _two_layers_message(lengths):
+    """Two ring layers called together; the second layer's shards are uneven across ranks."""
+    import torch.distributed as dist
+
+    from mtb_helpers.cp import RingAttention
+    r = dist.get_rank()
+    even = tuple(torch.zeros(1, 2, 4, 4, dtype=torch.float64) for _ in range(3))
+    uneven = tuple(torch.zeros(1, 2, lengths[r], 4, dtype=torch.float64) for _ in range(3))
+    try:
+        RingAttention.together([RingAttention(True), RingAttention(True)], [even, uneven])
+    except ValueError as err:
+        return str(err)
+    return "computed"
+
+
+def test_layers_called_together_agree_once_and_name_the_uneven_layer():
+    outs = run(_two_layers_message, [4, 6, 4], world_size=3, timeout=30)
+    assert len(set(outs)) == 1 and "per rank is rank 0: 4, rank 1: 6, rank 2: 4;" in outs[0], outs

@@ -13,11 +13,11 @@ Bytes one rank sends (N = bytes of its K shard): forward ``2 (t-1) N``, backward
 """
 from __future__ import annotations
 
-
 import torch
 
 from mtb_helpers.comm.issue import issue
 from mtb_helpers.cp.base import ContextParallelAttention
+from mtb_helpers.cp.exchange import kept_in
 from mtb_helpers.cp.sharding import shard_sequence, unshard_sequence
 
 __all__ = ["AllGatherAttention", "allgather_attention", "GATHER_KV"]
@@ -31,20 +31,27 @@ class _GatherKV(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kv, layer):
         ctx.layer = layer
-        gathered = issue("all_gather", kv, region=GATHER_KV, direction="forward", dim=3,
-                         group=layer.group)        # [2,b,h,s/t,d] -> all-gather -> [2,b,h,s,d]
+        with kept_in(layer.record):
+            gathered = issue("all_gather", kv, region=GATHER_KV, direction="forward", dim=3,
+                             group=layer.group)    # [2,b,h,s/t,d] -> all-gather -> [2,b,h,s,d]
         return layer.reassemble(gathered)
 
     @staticmethod
     def backward(ctx, dfull):
-        return ctx.layer.scatter_grads(dfull.contiguous()), None
+        with kept_in(ctx.layer.record):
+            return ctx.layer.scatter_grads(dfull.contiguous()), None
 
 
 class AllGatherAttention(ContextParallelAttention):
     """Attention of this rank's query shard over the all-gathered K/V."""
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        self._validate(q, k, v)
+    @classmethod
+    def attend(cls, layers, shards):
+        """One layer after the other (each gathers its own K/V)."""
+        return [layer.forward(*triple) for layer, triple in zip(layers, shards)]
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """This rank's output shard; every rank already agreed on the shapes (``together``)."""
         n = q.shape[2]
         full = _GatherKV.apply(torch.stack([k, v]), self)   # [2,b,h,s/t,d] -> [2,b,h,s,d]
         self.hold(full)

@@ -1,5 +1,6 @@
 """What both context-parallel attentions share: shapes, global positions, the chunk pairs a causal
-mask leaves to compute, and the measurements (work and K/V memory) the check reads back.
+mask leaves to compute, the shape agreement at the entry of a call, and the measurements
+(work, K/V memory, the layer's own messages) the check reads back.
 
 Inputs and output are this rank's sequence shard ``[b, heads, s/t, d]`` as
 ``shard_sequence(x, t, r, layout, dim=2)`` cut it. A shard holds 1 chunk (contiguous) or 2
@@ -14,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from mtb_helpers.comm.issue import agree, group_rank, group_size
+from mtb_helpers.comm.records import CollectiveRecord
 from mtb_helpers.comm.sharding import Shard
 from mtb_helpers.cp.sharding import check_layout, check_sequence, shard_positions
 
@@ -25,7 +27,9 @@ class ContextParallelAttention:
 
     After a call, ``work[direction]`` is the number of attention scores (query-key products)
     this rank computed per (batch, head), ``pairs[direction]`` the chunk pairs, and
-    ``kv_peak_bytes`` the most K/V bytes it held at once."""
+    ``kv_peak_bytes`` the most K/V bytes it held at once, ``record`` the messages it sent (a
+    ``CollectiveRecord``; an enclosing ``with record()`` sees them too). ``together`` runs several
+    layers (a check's layouts) as one call."""
     # q, k, v [b, heads, s/t, d]: this rank's positions of the sequence, and the output at those
     # same query positions. Zigzag is Shard(2) of the sequence in zigzag chunk order (cp/sharding),
     # as PyTorch's context_parallel load balancer reorders the sequence before sharding it.
@@ -33,50 +37,50 @@ class ContextParallelAttention:
     output_layouts = Shard(2)
 
     def __init__(self, causal: bool = False, layout: str = "contiguous",
-                 group: dist.ProcessGroup | None = None, shapes_agreed: bool = False):
-        """``shapes_agreed``: every rank already agreed on the shapes of the shards this layer
-        will get (a check running several layouts makes its first layer agree, not each)."""
+                 group: dist.ProcessGroup | None = None):
         check_layout(layout)
         self.causal, self.layout, self.group = bool(causal), layout, group
-        self.shapes_agreed = shapes_agreed
         self.t, self.rank = group_size(group), group_rank(group)
         self.chunks = 2 if layout == "zigzag" else 1
         self.work = {"forward": 0, "backward": 0}
         self.pairs = {"forward": 0, "backward": 0}
         self.kv_peak_bytes = 0
         self.steps: list[dict] = []
+        self.record = CollectiveRecord()   # this layer's own messages (also in any record())
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """This rank's output shard ``[b, heads, s/t, d]``, differentiable."""
+        return self.together([self], [(q, k, v)])[0]
+
+    @classmethod
+    def together(cls, layers: list[ContextParallelAttention],
+                 shards: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        """Each layer on its own ``(q, k, v)`` shards, as one call: the ranks agree once on the
+        shapes of every layer's shards (one small all-gather), then ``attend`` runs the layers
+        (the ring runs their rings in lockstep, one message per hop for all of them)."""
+        if len(layers) != len(shards) or not layers:
+            raise ValueError(f"together() needs one (q, k, v) per layer, got {len(layers)} layers "
+                             f"and {len(shards)} shard triples")
+        if any(layer.group is not layers[0].group for layer in layers):
+            raise ValueError("together() runs layers of one process group")
+        _check_same_shards_everywhere(layers[0].group, shards)
+        for layer, (q, k, v) in zip(layers, shards):
+            layer._validate(q, k, v)
+        return cls.attend(layers, shards)
+
+    @classmethod
+    def attend(cls, layers: list[ContextParallelAttention],
+               shards: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        """The layers' outputs, shapes already agreed (each variant says how)."""
+        raise NotImplementedError
 
     def _validate(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        if not self.shapes_agreed:
-            self._check_same_shards_everywhere(q, k, v)
+        """Local checks, after every rank agreed on the shapes (so all ranks raise alike)."""
         if not (q.dim() == 4 and q.shape == k.shape == v.shape):
             raise ValueError(f"q, k, v must be [b, heads, s/t, d] shards of one shape; got "
                              f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
         check_sequence(q.shape[2] * self.t, self.t, self.layout)
         self.scale = 1.0 / math.sqrt(q.shape[-1])
-
-    def _check_same_shards_everywhere(self, q: torch.Tensor, k: torch.Tensor,
-                                      v: torch.Tensor) -> None:
-        """ValueError on every rank unless every rank holds q, k, v shards of the same shapes.
-        Gloo does not refuse unequal ring hops or all-gathers: it aborts the process ("Received
-        data size doesn't match expected size") or hangs. One small all-gather of the shapes
-        first (not in the collective record: it checks, it moves none of the data) lets every
-        rank see the same mismatch and raise the same error, naming each rank's length."""
-        if self.t == 1:
-            return
-        mine = torch.tensor([_shape_code(x) for x in (q, k, v)], dtype=torch.int64)   # [3, 5]
-        codes = [code.tolist() for code in agree(mine, self.group)]   # t x [3, 5], in rank order
-        if all(code == codes[0] for code in codes):
-            return
-        shapes = [[_shape_of(row) for row in code] for code in codes]
-        lengths = ", ".join(f"rank {r}: {qs[2] if len(qs) > 2 else '?'}"
-                            for r, (qs, _, _) in enumerate(shapes))
-        held = "; ".join(f"rank {r}: " + (f"{qs}" if qs == ks == vs else f"q {qs}, k {ks}, v {vs}")
-                         for r, (qs, ks, vs) in enumerate(shapes))
-        raise ValueError(
-            f"context-parallel attention needs shards of one shape [b, heads, s/t, d] on every "
-            f"rank (shard_sequence(x, t, r, layout, dim=2) cuts them so); the sequence length "
-            f"(dim 2) per rank is {lengths}; shapes held: {held}")
 
     def positions(self, source: int, n: int) -> torch.Tensor:
         """Global positions of the ``n`` rows rank ``source`` holds (the causal mask compares these)."""
@@ -108,6 +112,33 @@ class ContextParallelAttention:
         """Note K/V tensors alive at once (for the memory comparison)."""
         self.kv_peak_bytes = max(self.kv_peak_bytes,
                                  sum(x.numel() * x.element_size() for x in tensors))
+
+
+def _check_same_shards_everywhere(group: dist.ProcessGroup | None,
+                                  shards: list[tuple[torch.Tensor, ...]]) -> None:
+    """ValueError on every rank unless every rank holds q, k, v shards of the same shapes (for
+    every layer of the call). Gloo does not refuse unequal ring hops or all-gathers: it aborts the
+    process ("Received data size doesn't match expected size") or hangs. One small all-gather of
+    the shapes first (not in the collective record: it checks, it moves none of the data) lets
+    every rank see the same mismatch and raise the same error, naming each rank's length."""
+    if group_size(group) == 1:
+        return
+    mine = torch.tensor([_shape_code(x) for triple in shards for x in triple],
+                        dtype=torch.int64)                            # [3 x layers, 5]
+    codes = [code.tolist() for code in agree(mine, group)]           # t x [3 x layers, 5], rank order
+    if all(code == codes[0] for code in codes):
+        return
+    first = next(i for i in range(0, len(codes[0]), 3)
+                 if any(code[i:i + 3] != codes[0][i:i + 3] for code in codes))   # a layer's q, k, v
+    shapes = [[_shape_of(row) for row in code[first:first + 3]] for code in codes]
+    lengths = ", ".join(f"rank {r}: {qs[2] if len(qs) > 2 else '?'}"
+                        for r, (qs, _, _) in enumerate(shapes))
+    held = "; ".join(f"rank {r}: " + (f"{qs}" if qs == ks == vs else f"q {qs}, k {ks}, v {vs}")
+                     for r, (qs, ks, vs) in enumerate(shapes))
+    raise ValueError(
+        f"context-parallel attention needs shards of one shape [b, heads, s/t, d] on every "
+        f"rank (shard_sequence(x, t, r, layout, dim=2) cuts them so); the sequence length "
+        f"(dim 2) per rank is {lengths}; shapes held: {held}")
 
 
 def _shape_code(x: torch.Tensor) -> list[int]:

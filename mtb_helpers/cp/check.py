@@ -6,14 +6,16 @@
 
 The caller draws ``q, k, v, dO`` ``[b, heads, s, d]`` from ``seed`` and runs PyTorch's
 ``scaled_dot_product_attention`` on the full sequence (in the run's dtype and in float64). Every
-rank takes its shards (``shard_sequence(.., layout, dim=2)``), runs the layer forward and
-backward inside a collective record and returns its output and dQ, dK, dV shards, which are
+rank draws the same tensors from the same seed, takes its shards (``shard_sequence(.., layout,
+dim=2)``), runs the layer forward and backward (the layer keeps the record of its messages) and
+returns its output and dQ, dK, dV shards, which are
 compared with the same shards of the reference. ``report.extra["cp"]`` holds, per rank, the work
 it did (scores computed) next to ``expected_work``, the bytes it sent next to the formulas, the
 most K/V it held, and (ring) which block it held at each step with its running max.
 ``bug=`` swaps in a broken layer (``cp/bugs.py``), refused where it has nothing to break.
 ``check_layouts(.., layouts=("contiguous", "zigzag"))`` gives both layouts' reports from one
-call to the ranks (the balance explorer's comparison).
+call to the ranks (the balance explorer's comparison): one shape agreement, and the ring variant's
+two rings in lockstep, one message per hop carrying both layouts' blocks.
 """
 from __future__ import annotations
 
@@ -23,7 +25,6 @@ import torch.distributed as dist
 from mtb_helpers.checking.bug import resolve, swap
 from mtb_helpers.checking.report import Report, compare
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
-from mtb_helpers.comm.records import record
 from mtb_helpers.cp.allgather import AllGatherAttention
 from mtb_helpers.cp.reference import (expected_bytes, expected_kv_bytes, expected_work,
                                       make_cp_inputs, reference_attention)
@@ -37,25 +38,27 @@ VARIANTS = {"ring": RingAttention, "allgather": AllGatherAttention}
 QUANTITIES = ("output", "q_grad", "k_grad", "v_grad")
 
 
-def _on_rank(layer_cls, q, k, v, dout, causal: bool, layouts: tuple[str, ...]) -> list[dict]:
-    """On every rank, for each layout in turn: this rank's shards through the layer, forward and
-    backward, each layout in its own collective record. Every layout cuts shards of one shape
-    [b, h, s/t, d], so only the first layer makes the ranks agree on it (one all-gather less
-    per further layout: a sync round of 4 ranks on one CPU costs as much as a ring hop)."""
+def _on_rank(layer_cls, sizes: tuple[int, int, int, int], dtype: torch.dtype, seed: int, causal: bool,
+             layouts: tuple[str, ...]) -> list[dict]:
+    """On every rank, one layer per layout on this rank's shards of that layout, forward and
+    backward, as one call (``together``): the ranks agree on the shard shapes once, and the ring
+    runs the layouts' rings in lockstep, both layouts' blocks in one message per hop (a sync
+    round of 4 ranks on one CPU costs milliseconds, what it carries next to nothing). Each layer
+    keeps its own messages, so each layout's record is the one a call of its own gives.
+    ``q, k, v, dO`` are drawn here from the caller's ``sizes``, dtype and seed, the very tensors
+    the caller drew (cheaper than shipping them to every rank)."""
+    q, k, v, dout = make_cp_inputs(*sizes, dtype, seed)        # [b, heads, s, d] each
     t = dist.get_world_size() if dist.is_initialized() else 1
     r = dist.get_rank() if dist.is_initialized() else 0
-    results = []
-    for i, layout in enumerate(layouts):
-        layer = layer_cls(causal, layout, shapes_agreed=i > 0)
-        shards = [shard_sequence(x, t, r, layout, dim=2).requires_grad_(True) for x in (q, k, v)]
-        with record() as rec:
-            out = layer(*shards)                               # [b,h,s/t,d]
-            out.backward(shard_sequence(dout, t, r, layout, dim=2))
-        results.append({"output": out.detach(), "q_grad": shards[0].grad,
-                        "k_grad": shards[1].grad, "v_grad": shards[2].grad,
-                        "record": rec.without_tensors(), "work": layer.work, "pairs": layer.pairs,
-                        "kv_peak_bytes": layer.kv_peak_bytes, "steps": layer.steps})
-    return results
+    layers = [layer_cls(causal, layout) for layout in layouts]
+    shards = [tuple(shard_sequence(x, t, r, layout, dim=2).requires_grad_(True) for x in (q, k, v))
+              for layout in layouts]
+    outs = layer_cls.together(layers, shards)                  # [b,h,s/t,d] per layout
+    torch.autograd.backward(outs, [shard_sequence(dout, t, r, layout, dim=2) for layout in layouts])
+    return [{"output": out.detach(), "q_grad": qkv[0].grad, "k_grad": qkv[1].grad,
+             "v_grad": qkv[2].grad, "record": layer.record.without_tensors(), "work": layer.work,
+             "pairs": layer.pairs, "kv_peak_bytes": layer.kv_peak_bytes, "steps": layer.steps}
+            for layer, qkv, out in zip(layers, shards, outs)]
 
 
 def validate(t: int, seq: int, heads: int, head_dim: int, batch: int, causal: bool,
@@ -118,8 +121,8 @@ def check_layouts(world_size: int = 2, seq: int = 16, heads: int = 2, head_dim: 
                   seed: int = 0, bug: str | None = None, batch: int = 1, timeout: float = 30.0,
                   link=None) -> dict[str, Report]:
     """``{layout: check_context_parallel(.., layout=layout)}`` for every layout in ``layouts``,
-    from one call to the ranks (they run the layouts one after the other, each in its own
-    record), so each report equals the one a call of its own would give."""
+    from one call to the ranks (the layouts' layers run together, each keeping its own record),
+    so each report equals the one a call of its own would give."""
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
     layouts = tuple(dict.fromkeys(layouts))
     if not layouts:
@@ -129,10 +132,11 @@ def check_layouts(world_size: int = 2, seq: int = 16, heads: int = 2, head_dim: 
         bug_obj = resolve(bug, f"cp-{variant}", world_size=t, causal=causal, layout=layout)
     layer_cls = swap(bug_obj, VARIANTS[variant])
     q, k, v, dout = make_cp_inputs(batch, heads, seq, head_dim, dtype, seed)
-    per_rank = run(_on_rank, layer_cls, q, k, v, dout, causal, layouts, world_size=t,
-                   timeout=timeout, link=link)   # link=: an emulated link (cost/)
+    per_rank = run(_on_rank, layer_cls, (batch, heads, seq, head_dim), dtype, seed, causal, layouts,
+                   world_size=t, timeout=timeout, link=link)   # link=: an emulated link (cost/)
     ref = reference_attention(q, k, v, dout, causal)
-    ref64 = reference_attention(*(x.double() for x in (q, k, v, dout)), causal)
+    ref64 = ref if dtype == torch.float64 else reference_attention(
+        *(x.double() for x in (q, k, v, dout)), causal)
     shard_bytes = batch * heads * (seq // t) * head_dim * q.element_size()
     reports = {}
     for i, layout in enumerate(layouts):

@@ -27,8 +27,9 @@ def online_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: t
                   v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fold one key block in: ``scores [.., n, k]`` (``-inf`` where masked), ``v [.., k, d]``."""
     m_new = torch.maximum(m, scores.amax(-1, keepdim=True))      # [.., n, 1]
-    alpha = torch.exp(m - _safe(m_new))                          # [.., n, 1]; 0 for the first block
-    p = torch.exp(scores - _safe(m_new))                         # [.., n, k]
+    shift = _safe(m_new)
+    alpha = torch.exp(m - shift)                                 # [.., n, 1]; 0 for the first block
+    p = torch.exp(scores - shift)                                # [.., n, k]
     l = l * alpha + p.sum(-1, keepdim=True)                      # [.., n, 1]
     acc = acc * alpha + p @ v                                    # [.., n, k] @ [.., k, d] -> [.., n, d]
     return m_new, l, acc

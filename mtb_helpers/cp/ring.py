@@ -15,13 +15,18 @@ holds the finished dK, dV of rank r+1's block, so one last hop sends them home.
 
 Bytes one rank sends, with N the bytes of its K (or V) shard ``[b, heads, s/t, d]``:
 forward ``2 (t-1) N``; backward ``4 (t-1) N`` (K, V, dK, dV together) ``+ 2 N`` (the last hop).
+
+Both passes are generators: ``yield Hop(block, ...)`` passes a block on and evaluates to the block
+received, and ``exchange.drive`` performs the hop. So several layers called together (the check's
+two layouts) run their rings in lockstep, one message per hop for all of them, and each layer's
+record still holds its own hops with its own bytes.
 """
 from __future__ import annotations
 
 import torch
 
 from mtb_helpers.cp.base import ContextParallelAttention
-from mtb_helpers.cp.exchange import ring_pass
+from mtb_helpers.cp.exchange import Hop, drive
 from mtb_helpers.cp.online import finish, online_update
 
 __all__ = ["RingAttention", "ring_attention", "KV", "KV_GRADS", "GRADS_HOME"]
@@ -31,20 +36,28 @@ KV, KV_GRADS, GRADS_HOME = "cp.kv", "cp.kv+grads", "cp.grads-home"
 
 class _Ring(torch.autograd.Function):
     """forward: the ring of K/V blocks with the online softmax; backward: the ring again,
-    dK/dV travelling with K/V, then home."""
+    dK/dV travelling with K/V, then home. Several layers (a check's layouts) run their rings in
+    lockstep: one message per hop carries every layer's block (``exchange.drive``)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, layer):
-        out, lse = layer.forward_ring(q, k, v)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.layer = layer
-        return out
+    def forward(ctx, layers, *qkv):
+        shards = [qkv[3 * i:3 * i + 3] for i in range(len(layers))]       # (q, k, v) per layer
+        results = drive([layer.forward_ring(*s) for layer, s in zip(layers, shards)],
+                        layers[0].group, [layer.record for layer in layers])
+        outs = tuple(out for out, _ in results)
+        ctx.save_for_backward(*qkv, *outs, *(lse for _, lse in results))
+        ctx.layers = layers
+        return outs
 
     @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ctx.layer.backward_ring(q, k, v, out, lse, dout.contiguous())
-        return dq, dk, dv, None
+    def backward(ctx, *douts):
+        n = len(ctx.layers)
+        saved = ctx.saved_tensors
+        qkv, outs, lses = saved[:3 * n], saved[3 * n:4 * n], saved[4 * n:]
+        rings = [layer.backward_ring(*qkv[3 * i:3 * i + 3], outs[i], lses[i], douts[i].contiguous())
+                 for i, layer in enumerate(ctx.layers)]
+        grads = drive(rings, ctx.layers[0].group, [layer.record for layer in ctx.layers])
+        return (None, *(g for dq_dk_dv in grads for g in dq_dk_dv))
 
 
 class RingAttention(ContextParallelAttention):
@@ -53,15 +66,18 @@ class RingAttention(ContextParallelAttention):
     ``steps`` (after a forward) says, per step, which rank's block this rank held, how many chunk
     pairs it computed and the running max of its queries (batch 0, head 0)."""
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        self._validate(q, k, v)
-        return _Ring.apply(q, k, v, self)
+    @classmethod
+    def attend(cls, layers, shards):
+        """Every layer's ring, in lockstep (their hops share one message each)."""
+        return list(_Ring.apply(layers, *(x for triple in shards for x in triple)))
 
     def update(self, m, l, acc, scores, v):
         """One online-softmax step (``online.online_update``)."""
         return online_update(m, l, acc, scores, v)
 
     def forward_ring(self, q, k, v):
+        """A generator (``exchange.drive`` runs it): it yields a ``Hop`` to pass a block on and
+        gets the block of rank r-1 back; it returns ``(O, lse)``."""
         b, h, n, d = q.shape
         q_pos = self.positions(self.rank, n)
         m = torch.full((b, h, n, 1), -torch.inf, dtype=q.dtype)
@@ -80,14 +96,15 @@ class RingAttention(ContextParallelAttention):
                                "pairs": self.pairs["forward"] - before,
                                "running_max": m[0, 0, :, 0].tolist()})
             if step < self.t - 1:
-                incoming = ring_pass(kv, region=KV, direction="forward", group=self.group)
-                self.hold(kv, incoming)                           # [2,b,h,n,d] -> r+1; r-1 -> here
+                incoming = yield Hop(kv, region=KV, direction="forward")  # [2,b,h,n,d] -> r+1; r-1 -> here
+                self.hold(kv, incoming)
                 kv = incoming
             else:
                 self.hold(kv)
         return finish(m, l, acc)
 
     def backward_ring(self, q, k, v, out, lse, dout):
+        """A generator, as ``forward_ring``; it returns ``(dQ, dK, dV)``."""
         n = q.shape[2]
         q_pos = self.positions(self.rank, n)
         delta = (dout * out).sum(-1, keepdim=True)                # [b,h,n,d] -> [b,h,n,1]
@@ -106,16 +123,15 @@ class RingAttention(ContextParallelAttention):
                 dq[:, :, qs] += ds @ kb * self.scale              # [b,h,nq,nk] @ [b,h,nk,d] -> [b,h,nq,d]
                 dkv[0][:, :, ks] += ds.transpose(-2, -1) @ q[:, :, qs] * self.scale  # -> [b,h,nk,d]
             if step < self.t - 1:
-                both = ring_pass(torch.cat([kv, dkv]), region=KV_GRADS, direction="backward",
-                                 group=self.group)                # [4,b,h,n,d] -> r+1; r-1 -> here
+                both = yield Hop(torch.cat([kv, dkv]), region=KV_GRADS,
+                                 direction="backward")            # [4,b,h,n,d] -> r+1; r-1 -> here
                 kv, dkv = both[:2], both[2:]
-        dkv = self.send_grads_home(dkv)
+        dkv = yield self.send_grads_home(dkv)
         return dq, dkv[0], dkv[1]
 
-    def send_grads_home(self, dkv: torch.Tensor) -> torch.Tensor:
+    def send_grads_home(self, dkv: torch.Tensor) -> Hop:
         """Rank r holds the finished dK, dV of rank r+1's block: one more hop delivers them."""
-        return ring_pass(dkv, region=GRADS_HOME, direction="backward",
-                         group=self.group)                        # [2,b,h,n,d] -> r+1; r-1 -> here
+        return Hop(dkv, region=GRADS_HOME, direction="backward")   # [2,b,h,n,d] -> r+1; r-1 -> here
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,

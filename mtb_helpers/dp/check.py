@@ -199,10 +199,11 @@ def check_data_parallel(world_size: int = 2, strategy: str = "ddp", batch: int =
 
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
     wrong = _validate(strategy, batch, hidden, ffn_hidden, lr, weight_decay, t, bug, steps)
-    # the ranks get copies (pickled; under torchrun each strategy copies the model or clones
-    # its shards), so the cached problem is never changed
     adam, model, start, batches, refs, refs64 = _problem(batch, hidden, ffn_hidden, float(lr),
                                                          float(weight_decay), dtype, seed, steps)
+    # the cached problem is shared by every call with the same settings: a strategy running in
+    # this process (under torchrun) gets its own model and start, whatever it does to them
+    model, start = copy.deepcopy(model), copy.deepcopy(start)
     results = run(_on_rank, strategy, model, start, batches, adam, wrong,
                   world_size=t, timeout=timeout, link=link)   # link=: an emulated link (cost/)
     layout = _layout(strategy, model, t)
