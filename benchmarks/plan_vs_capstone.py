@@ -42,7 +42,8 @@ import torch.distributed as dist
 from mtb_helpers import run, shutdown
 from mtb_helpers.capstone.data import batch_for_step, corpus, encode
 from mtb_helpers.capstone.grid import Grid, Layout as GridLayout
-from mtb_helpers.capstone.layers import build_stage
+from mtb_helpers.capstone.finalize import SequenceParallelGrads
+from mtb_helpers.capstone.layers import build_stage, replicated_params
 from mtb_helpers.capstone.model import GPTConfig, make_model
 from mtb_helpers.capstone.parallel import GridP2P
 from mtb_helpers.capstone.reference import TrainConfig
@@ -80,6 +81,7 @@ def timed_steps(model, layout: GridLayout, pads: list | None, steps: int, batch:
         tp_group = grid.tensor_group()
         module = build_stage(model, at["pp"], layout.pp, True, tp_group, grid.context_group())
         params = flat(module.parameters())
+        sp_grads = SequenceParallelGrads(replicated_params(module), tp_group)
         opt = STRATEGY_CLASSES["ddp"](module, {"params": params, "exp_avg": torch.zeros_like(params),
                                                "exp_avg_sq": torch.zeros_like(params), "step": 0},
                                       TrainConfig().adam(), group=grid.gradient_group(),
@@ -120,6 +122,7 @@ def timed_steps(model, layout: GridLayout, pads: list | None, steps: int, batch:
                 op_records[op.kind].append(rec.without_tensors())
             with record() as after:
                 stage.p2p.finish()
+                sp_grads.finalize()   # the capstone's: SP's LayerNorm / bias grads, one all-reduce
                 opt.reduce_gradients()
                 with padded("optimizer", optimizer_s) if optimizer_s else contextlib.nullcontext():
                     opt.step()

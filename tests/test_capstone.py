@@ -10,9 +10,11 @@ import torch
 
 from mtb_helpers.capstone.data import ALPHABET, VOCAB, batch_for_step, corpus, decode, encode
 from mtb_helpers.capstone.grid import Layout, group_ranks
-from mtb_helpers.capstone.layers import build_stage, gather_param, param_kind, shard_param
+from mtb_helpers.capstone.finalize import FINALIZE, SequenceParallelGrads
+from mtb_helpers.capstone.layers import (build_stage, gather_param, param_kind, replicated_params,
+                                         shard_param)
 from mtb_helpers.capstone.model import GPTConfig, make_model
-from mtb_helpers.capstone.parallel import train_parallel
+from mtb_helpers.capstone.parallel import full_model, train_parallel
 from mtb_helpers.capstone.reference import TrainConfig, train_reference
 from mtb_helpers.capstone.validate import admissible_layouts
 
@@ -141,3 +143,49 @@ def test_the_explorer_offers_only_layouts_that_divide_and_summarises_a_run():
     assert "tp=8 pp=1 dp=1 cp=1" not in options and len(options) == len(set(options))
     text = capstone_summary(check_capstone(1, 1, 1, 1, steps=2))
     assert text.splitlines()[0] == "capstone PASSED" and "tolerance 1e-10" in text
+
+
+def _finalize_on_rank():
+    import torch.distributed as dist
+
+    from mtb_helpers.comm.records import record
+
+    r = dist.get_rank()
+    params = [torch.nn.Parameter(torch.zeros(3, dtype=torch.float64)) for _ in range(2)]
+    for i, p in enumerate(params):   # rank r's partial grads: its own rows' contribution
+        p.grad = torch.full((3,), 10.0 * i + r + 1, dtype=torch.float64)
+    with record() as rec:
+        SequenceParallelGrads(params, None).finalize()
+    events = [(e.op, e.operator, e.shape) for e in rec.events]
+    return [p.grad.tolist() for p in params], events
+
+
+def test_finalize_sums_every_replicated_grad_over_the_group_in_one_all_reduce():
+    from mtb_helpers import run
+    for grads, events in run(_finalize_on_rank, world_size=2):
+        assert grads == [[3.0] * 3, [23.0] * 3]          # (1 + 2), (11 + 12): summed, not averaged
+        assert events == [("all_reduce", FINALIZE, (6,))]  # both parameters in one collective
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_the_replicated_parameters_are_the_layernorms_and_the_row_biases(stage):
+    stage_module = build_stage(make_model(), stage, 2, True, None, None)
+    names = {n for n, p in stage_module.named_parameters()
+             if any(p is q for q in replicated_params(stage_module))}
+    blocks = [f"block{i}." for i in ((0, 1) if stage == 0 else (2, 3))]
+    want = {b + rest for b in blocks for rest in ("ln1.weight", "ln1.bias", "attn.out.bias",
+                                                  "mlp.ln.weight", "mlp.ln.bias", "mlp.fc2.bias")}
+    assert names == want | ({"head.ln_f.weight", "head.ln_f.bias"} if stage == 1 else set())
+
+
+def _full_model_after_training(cfg, seed, dtype):
+    return {n: p.clone() for n, p in full_model(cfg, seed, dtype).named_parameters()}
+
+
+def test_the_full_model_a_rank_keeps_between_calls_is_never_written():
+    from mtb_helpers import run
+    cfg = GPTConfig()
+    train_parallel(2, 2, 1, 1, steps=2)   # trains on the ranks from their kept full model
+    fresh = dict(make_model(cfg, 0, torch.float64).named_parameters())
+    for kept in run(_full_model_after_training, cfg, 0, torch.float64, world_size=4):
+        assert all(torch.equal(kept[n], p) for n, p in fresh.items())

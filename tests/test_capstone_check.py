@@ -62,6 +62,8 @@ def test_bugs_are_registered_in_the_one_shape():
     ("capstone-dp-allreduce-in-tp-group", (1, 1, 2, 1), 2),
     ("capstone-grads-not-averaged-over-cp", (1, 1, 2, 2), 2),
     ("capstone-cp-local-positions", (1, 2, 1, 2), 1),
+    ("capstone-sp-grads-not-reduced", (2, 2, 1, 1), 2),
+    ("capstone-sp-grads-not-reduced", (2, 1, 2, 1), 2),
 ])
 def test_each_bug_fails_exactly_what_it_breaks(bug, layout, first_bad_step):
     report = check_capstone(*layout, steps=3, bug=bug)
@@ -79,6 +81,11 @@ def test_each_bug_fails_exactly_what_it_breaks(bug, layout, first_bad_step):
 @pytest.mark.parametrize("bug", ["capstone-grads-not-averaged-over-cp", "capstone-cp-local-positions"])
 def test_context_bugs_have_nothing_to_break_without_context_parallelism(bug):
     assert check_capstone(1, 1, 2, 1, steps=2, bug=bug).passed
+
+
+def test_the_sp_grad_bug_has_nothing_to_break_without_sequence_parallelism():
+    assert check_capstone(2, 2, 1, 1, steps=2, sequence_parallel=False,
+                          bug="capstone-sp-grads-not-reduced").passed
 
 
 def test_report_is_strict_json_with_curves_grid_and_bytes():

@@ -33,7 +33,7 @@ def test_help_lists_the_deliberate_bugs(capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     for name in ("capstone-dp-allreduce-in-tp-group", "capstone-grads-not-averaged-over-cp",
-                 "capstone-cp-local-positions"):
+                 "capstone-cp-local-positions", "capstone-sp-grads-not-reduced"):
         assert name in out
 
 

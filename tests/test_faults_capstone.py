@@ -27,7 +27,7 @@ def test_timeout_guards_each_call_not_the_run(monkeypatch):
 
     monkeypatch.setattr(parallel, "run", fake_run)
     monkeypatch.setattr(parallel.time, "perf_counter", lambda: clock[0])
-    monkeypatch.setattr(parallel, "make_model", lambda *a: type("M", (), {
+    monkeypatch.setattr(parallel, "full_model", lambda *a: type("M", (), {
         "named_parameters": lambda self: iter(())})())
     seen = []
     parallel.train_parallel(steps=30, timeout=4.0, progress=lambda *a: seen.append(a))
@@ -72,6 +72,7 @@ def test_compounding_differences_are_drift_not_failure(monkeypatch):
     ("capstone-dp-allreduce-in-tp-group", (1, 1, 2, 1), 2),
     ("capstone-grads-not-averaged-over-cp", (1, 1, 2, 2), 2),
     ("capstone-cp-local-positions", (1, 2, 1, 2), 1),
+    ("capstone-sp-grads-not-reduced", (2, 2, 1, 1), 2),
 ])
 def test_a_bug_fails_at_the_step_it_breaks(bug, layout, first_bad_loss):
     report = check_capstone(*layout, steps=3, bug=bug)

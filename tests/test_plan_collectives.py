@@ -1,14 +1,16 @@
 """The planner's step time counts every tensor-parallel collective the capstone pays: on real ranks,
 one recorded training step of the capstone issues, per pipeline stage and micro-batch, the layers'
-2 + 2 per block plus exactly the small collectives ``tp_small_collectives`` lists (LayerNorm and
-bias grads under sequence parallelism, the embedding's and the LM head's, the cross-entropy's
-three), each of the size the planner prices. Counts and sizes only: no timing."""
+2 + 2 per block plus exactly the small collectives ``tp_small_collectives`` lists (the embedding's
+and the LM head's, the cross-entropy's three), and once per step the one all-reduce of the
+LayerNorm and bias grads under sequence parallelism, each of the size the planner prices. Counts
+and sizes only: no timing."""
 from __future__ import annotations
 
 from collections import Counter
 
 import pytest
 
+from mtb_helpers.capstone.finalize import FINALIZE
 from mtb_helpers.capstone.model import GPTConfig
 from mtb_helpers.capstone.parallel import train_parallel
 from mtb_helpers.plan import Layout, tiny_gpt
@@ -21,18 +23,19 @@ NAMES = {"all_reduce": "all-reduce", "all_gather": "all-gather", "reduce_scatter
 
 def recorded(record, t: int) -> dict[str, Counter]:
     """The tensor group's collectives of one rank's step, per direction: (collective, S in elements)
-    -> count per micro-batch (the gradients' data-parallel bucket and context parallelism's ring
-    hops left out: they are other terms)."""
-    out = {"forward": Counter(), "backward": Counter()}
+    -> count per micro-batch, and under ``"step"`` the step's one finalize all-reduce (the
+    gradients' data-parallel bucket and context parallelism's ring hops left out: they are other
+    terms)."""
+    out = {"forward": Counter(), "backward": Counter(), "step": Counter()}
     for e in record.communicating():
         if e.op not in NAMES or e.group_size != t or e.region == "ddp_grad_bucket":
             continue
         size = e.bytes * (t if e.op == "all_gather" else 1) // D      # nccl-tests' S
-        out[e.direction][(NAMES[e.op], size)] += 1
-    for counts in out.values():
-        assert all(n % MICRO == 0 for n in counts.values())
-        for key in counts:
-            counts[key] //= MICRO
+        out["step" if e.operator == FINALIZE else e.direction][(NAMES[e.op], size)] += 1
+    for way in ("forward", "backward"):
+        assert all(n % MICRO == 0 for n in out[way].values())
+        for key in out[way]:
+            out[way][key] //= MICRO
     return out
 
 
@@ -53,10 +56,13 @@ def test_planner_counts_every_tensor_parallel_collective_a_capstone_step_issues(
             else [("all-reduce", act, 2 * blocks)])
     for res in run.per_rank:
         stage = res["index"]["pp"]
-        want = {way: Counter() for way in ("forward", "backward")}
+        want = {way: Counter() for way in ("forward", "backward", "step")}
         for way in want:
-            for kind, size, n in main + small[stage][way]:
+            for kind, size, n in (main if way != "step" else []) + small[stage][way]:
                 want[way][(kind, size)] += n
         assert recorded(res["record"], tp) == want, f"stage {stage}"
-    assert any(entry[0] == "all-reduce" and entry[1] == CFG.hidden
-               for st in small for entry in st["backward"]) == sp   # the LayerNorm grads: SP only
+    # the LayerNorm and bias grads (SP only): one all-reduce a step of 6 [h] per block, + the
+    # final LayerNorm's 2 on the last stage
+    assert [st["step"] for st in small] == ([[("all-reduce", (6 * blocks + 2 * (s == pp - 1))
+                                                * CFG.hidden, 1)] for s in range(pp)] if sp
+                                            else [[]] * pp)

@@ -2,8 +2,9 @@
 
 model.py (the single-process GPT), data.py (the shipped text), reference.py (AdamW on one
 process), grid.py (the 4D rank grid and its groups), layers.py (the model rebuilt from the
-course's parallel layers), parallel.py (``train_parallel``), validate.py, bugs.py, check.py
-(``check_capstone``), plots.py, widget.py, cli.py (``minitrainbench train``)."""
+course's parallel layers), finalize.py (SP's LayerNorm / bias grads, one all-reduce a step),
+parallel.py (``train_parallel``), validate.py, bugs.py, check.py (``check_capstone``), plots.py,
+widget.py, cli.py (``minitrainbench train``)."""
 from mtb_helpers.capstone.data import VOCAB, batch_for_step, corpus, decode, encode
 from mtb_helpers.capstone.grid import Grid, Layout, group_ranks
 from mtb_helpers.capstone.model import GPTConfig, TinyGPT, make_model

@@ -1,18 +1,20 @@
 """Deliberately wrong pieces of the 4D run, for ``check_capstone(bug=...)``.
 
 Each is a subclass of a correct piece overriding one method (marked ``# BUG``); ``train_on_rank``
-builds whatever ``Bug.replaces`` puts in place of ``Grid`` or ``ParallelEmbedding``.
+builds whatever ``Bug.replaces`` puts in place of ``Grid``, ``ParallelEmbedding`` or
+``SequenceParallelGrads``.
 """
 from __future__ import annotations
 
 import torch
 
+from mtb_helpers.capstone.finalize import SequenceParallelGrads
 from mtb_helpers.capstone.grid import Grid
 from mtb_helpers.capstone.layers import ParallelEmbedding
 from mtb_helpers.checking.bug import Bug
 
 __all__ = ["BUGS", "CAPSTONE_BUGS", "GradientsInTensorGroup", "GradientsWithoutContext",
-           "LocalPositions"]
+           "LocalPositions", "SequenceParallelGradsLeftPartial"]
 
 
 class GradientsInTensorGroup(Grid):
@@ -36,6 +38,13 @@ class LocalPositions(ParallelEmbedding):
         return self.pos[:n]        # BUG: every context chunk thinks it starts at position 0
 
 
+class SequenceParallelGradsLeftPartial(SequenceParallelGrads):
+    """capstone-sp-grads-not-reduced."""
+
+    def finalize(self) -> None:
+        return None                # BUG: each copy keeps the grad of its own sequence rows only
+
+
 CHECK = "capstone"
 BUGS: dict[str, Bug] = {
     "capstone-dp-allreduce-in-tp-group": Bug(
@@ -50,5 +59,10 @@ BUGS: dict[str, Bug] = {
         "capstone: each context-parallel rank adds the positions 0..s/cp-1 instead of its "
         "chunk's global positions (wrong whenever cp > 1)",
         (CHECK,), {ParallelEmbedding: LocalPositions}),
+    "capstone-sp-grads-not-reduced": Bug(
+        "capstone: under sequence parallelism the LayerNorm and bias grads are never summed over "
+        "the tensor group, so each tensor rank steps its copy with the grad of its own sequence "
+        "rows and the copies drift apart (wrong whenever tp > 1 with sequence parallelism)",
+        (CHECK,), {SequenceParallelGrads: SequenceParallelGradsLeftPartial}),
 }
 CAPSTONE_BUGS = tuple(BUGS)

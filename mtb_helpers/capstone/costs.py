@@ -2,15 +2,18 @@
 records, and the formulas they must equal.
 
 Groups: ``tp`` (the f / g all-reduces, the embedding's g, the vocabulary cross-entropy's three
-all-reduces), ``sp`` (sequence parallelism's all-gathers / reduce-scatters and its LayerNorm and
-bias grad all-reduces; they run in the tensor group too), ``pp`` (point-to-point activations and
-input grads), ``cp`` (ring attention's K/V hops), ``dp`` (the gradient reduction of the DP strategy
-over the dp x cp group). Ring costs as the records count them: all-reduce ``2(g-1)/g N``,
-all-gather and reduce-scatter ``(g-1)/g N`` of the full tensor, ``N`` bytes sent per hop.
+all-reduces), ``sp`` (sequence parallelism's all-gathers / reduce-scatters and, once per step, the
+one all-reduce of its LayerNorm and bias grads, ``finalize.py``; they run in the tensor group
+too), ``pp`` (point-to-point activations and input grads), ``cp`` (ring attention's K/V hops),
+``dp`` (the gradient reduction of the DP strategy over the dp x cp group). Ring costs as the
+records count them: all-reduce ``2(g-1)/g N``, all-gather and reduce-scatter ``(g-1)/g N`` of the
+full tensor, ``N`` bytes sent per hop.
 
 Notation for one micro-batch on one rank: ``n = s/c`` positions of its context chunk,
 ``b = B/(dp m)`` sequences, ``A = n b h d`` bytes of a full-width activation, ``t`` = tp, ``c`` = cp,
-``g = dp c``, ``L_p`` blocks on the stage, ``Ψ_r`` parameters on the rank.
+``g = dp c``, ``L_p`` blocks on the stage, ``Ψ_r`` parameters on the rank, ``Ψ_rep = (6 L_p + 2
+(last stage)) h`` of them replicated under SP (each block's two LayerNorms' weight and bias, Wo's
+and fc2's biases; the final LayerNorm).
 """
 from __future__ import annotations
 
@@ -29,8 +32,8 @@ _SP_REGIONS = (SCATTER_SP, GATHER_SP, REDUCE_SCATTER_SP, GRAD_ALLREDUCE_SP)
 FORMULAS = {
     "tp": "per micro-batch: blocks 8(t-1)/t·A each without SP; embedding g 2(t-1)/t·A; "
           "head f 2(t-1)/t·A without SP; cross-entropy 3·2(t-1)/t·A/h",
-    "sp": "per micro-batch: blocks 8(t-1)/t·A + 6·2(t-1)/t·h·e each; embedding split (t-1)/t·A; "
-          "head 2(t-1)/t·A + 2·2(t-1)/t·h·e",
+    "sp": "per micro-batch: blocks 8(t-1)/t·A each; embedding split (t-1)/t·A; head 2(t-1)/t·A; "
+          "once per step: LayerNorm and bias grads 2(t-1)/t·Ψ_rep·e, one all-reduce",
     "pp": "per micro-batch: A/t (A without SP) to the next stage, A/t back to the previous one",
     "cp": "per micro-batch and block, N = A/t bytes of this rank's K (or V): forward 2(c-1)N, "
           "backward 4(c-1)N + 2N (K, V, dK, dV around the ring, dK and dV home)",
@@ -72,9 +75,10 @@ def formula_bytes(layout: Layout, cfg: GPTConfig, batch: int, microbatches: int,
     ring = lambda nbytes: 2 * (t - 1) * nbytes // t   # noqa: E731  (all-reduce)
     half = lambda nbytes: (t - 1) * nbytes // t       # noqa: E731  (all-gather / reduce-scatter)
     tp = sp = 0
+    finalize = 0   # once per step, not per micro-batch
     if sequence_parallel:
-        sp += blocks * (8 * half(a) + 6 * ring(h * d))
-        sp += (half(a) if first else 0) + ((2 * half(a) + 2 * ring(h * d)) if last else 0)
+        sp += blocks * 8 * half(a) + (half(a) if first else 0) + (2 * half(a) if last else 0)
+        finalize = ring((6 * blocks + (2 if last else 0)) * h * d)
     else:
         tp += blocks * 4 * ring(a) + (ring(a) if last else 0)
     tp += (ring(a) if first else 0) + (3 * ring(n * b * d) if last else 0)
@@ -84,4 +88,4 @@ def formula_bytes(layout: Layout, cfg: GPTConfig, batch: int, microbatches: int,
     cp = blocks * ((6 * (c - 1) + 2) * kv if c > 1 else 0)
     psi = numel if strategy == "ddp" else padded_numel(numel, g)
     dp = 2 * (g - 1) * psi * d // g
-    return {"tp": m * tp, "sp": m * sp, "pp": m * pp, "cp": m * cp, "dp": dp}
+    return {"tp": m * tp, "sp": m * sp + finalize, "pp": m * pp, "cp": m * cp, "dp": dp}

@@ -11,6 +11,10 @@ Inside one tensor-parallel group of t ranks (``sequence_parallel=True``, Korthik
             -> SequenceParallelMLPBlock (LN, all-gather, fc1, GeLU, fc2, reduce-scatter, residual)
     head:   SP LayerNorm -> all-gather (seq) -> LM head column-split by vocabulary [s/c, b, V/t]
     loss:   vocab_parallel_cross_entropy (three all-reduces of [s/c, b]), mean over this rank's tokens
+    step:   the replicated LayerNorm weights / biases and Wo's, fc2's biases saw only this rank's
+            rows: their grads, partial, are summed over the group once per step, in one all-reduce
+            (``finalize.SequenceParallelGrads``, as Megatron-LM's finalize_model_grads), not per
+            parameter and micro-batch as notebook 04's layers do
 
 With ``sequence_parallel=False`` the activations stay replicated ``[s/c, b, h]``, the layers are
 the plain tensor-parallel ones (one ``f`` and one ``g`` per attention and per MLP).
@@ -27,15 +31,16 @@ from mtb_helpers.comm.issue import group_rank, group_size
 from mtb_helpers.comm.regions import scatter_to_sequence_parallel_region
 from mtb_helpers.comm.sharding import Replicate, Shard, on_mesh
 from mtb_helpers.cp.ring import ring_attention
-from mtb_helpers.sp.layers import (SequenceParallelColumnLinear, SequenceParallelLayerNorm,
-                                   SequenceParallelMLPBlock, SequenceParallelRowLinear,
-                                   TensorParallelMLPBlock)
+from mtb_helpers.capstone.finalize import StepBiasRowLinear, StepLayerNorm
+from mtb_helpers.sp.layers import (PositionKeyedDropout, SequenceParallelColumnLinear,
+                                   SequenceParallelMLPBlock, TensorParallelMLPBlock)
 from mtb_helpers.attention.layers import LocalAttention, ParallelSelfAttention, check_heads, grouped_qkv
 from mtb_helpers.tp.layers import ColumnParallelLinear, RowParallelLinear
 from mtb_helpers.attention.vocab import VocabParallelEmbedding
 
 __all__ = ["ContextParallelCore", "ParallelEmbedding", "ParallelBlock", "ParallelHead",
-           "build_stage", "stage_blocks", "param_kind", "shard_param", "gather_param"]
+           "build_stage", "stage_blocks", "param_kind", "replicated_params", "shard_param",
+           "gather_param"]
 
 
 def sequence_layouts(sequence_parallel: bool):
@@ -101,12 +106,15 @@ class ParallelBlock(nn.Module):
         qkv_full = grouped_qkv(a.wq, a.wk, a.wv, t)
         core = (ContextParallelCore(a.heads, d, t, cp_group) if group_size(cp_group) > 1
                 else LocalAttention(a.heads, d, True, t))
-        if sequence_parallel:
-            ln1 = SequenceParallelLayerNorm.from_full(block.ln1, "ln1", tp_group)
+        if sequence_parallel:   # LayerNorm and bias grads: summed once per step (finalize.py)
+            ln1 = StepLayerNorm.from_full(block.ln1, "ln1", tp_group)
             qkv = SequenceParallelColumnLinear.from_full(qkv_full, group=tp_group)
-            out = SequenceParallelRowLinear.from_full(a.wo, group=tp_group)
-            mlp = SequenceParallelMLPBlock.from_full(block.ln2, block.mlp.fc1, block.mlp.fc2,
-                                                     dropout_p=0.0, group=tp_group)
+            out = StepBiasRowLinear.from_full(a.wo, group=tp_group)
+            mlp = SequenceParallelMLPBlock(
+                StepLayerNorm.from_full(block.ln2, "ln", tp_group),
+                SequenceParallelColumnLinear.from_full(block.mlp.fc1, group=tp_group),
+                StepBiasRowLinear.from_full(block.mlp.fc2, group=tp_group),
+                PositionKeyedDropout(0.0, sequence_parallel=True, group=tp_group))
         else:
             ln1 = nn.LayerNorm(block.ln1.normalized_shape, dtype=block.ln1.weight.dtype)
             ln1.load_state_dict(block.ln1.state_dict())
@@ -133,7 +141,7 @@ class ParallelHead(nn.Module):
     @classmethod
     def from_full(cls, head, sequence_parallel: bool, tp_group) -> "ParallelHead":
         if sequence_parallel:   # the gather of the sequence happens inside the LM head
-            return cls(SequenceParallelLayerNorm.from_full(head.ln_f, "ln_f", tp_group),
+            return cls(StepLayerNorm.from_full(head.ln_f, "ln_f", tp_group),
                        SequenceParallelColumnLinear.from_full(head.lm_head, group=tp_group))
         ln_f = nn.LayerNorm(head.ln_f.normalized_shape, dtype=head.ln_f.weight.dtype)
         ln_f.load_state_dict(head.ln_f.state_dict())
@@ -190,6 +198,12 @@ def param_kind(stage_name: str) -> tuple[str, str]:
     rest = rest.replace("mlp.mlp.", "mlp.")   # TensorParallelMLPBlock nests its ParallelMLP
     full, kind = _BLOCK[rest]
     return f"blocks.{int(block[len('block'):])}.{full}", kind
+
+
+def replicated_params(module: nn.Module) -> list[nn.Parameter]:
+    """The stage's ``rep`` parameters (LayerNorms, Wo's and fc2's biases), in module order: under
+    sequence parallelism their grads are partial until ``finalize.SequenceParallelGrads``."""
+    return [p for name, p in module.named_parameters() if param_kind(name)[1] == "rep"]
 
 
 def shard_param(full: dict[str, torch.Tensor], stage_name: str, t: int, r: int) -> torch.Tensor:

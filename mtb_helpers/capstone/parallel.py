@@ -1,12 +1,14 @@
 """``train_parallel``: the tiny GPT trained on a tp x pp x dp x cp grid of real gloo ranks.
 
-Every rank builds its piece of the model from the same full model (``make_model(seed)``) with the
-course's layers (``layers.build_stage``), then for each step:
+Every rank builds its piece of the model from the same full model (``make_model(seed)``, made by
+the rank itself from the seed: ``full_model``) with the course's layers (``layers.build_stage``), then for each step:
 
     its batch slice:  ids [s, B] -> rows of its context chunk, columns of its data-parallel slice
                       -> [s/c, B/dp], cut into m micro-batches [s/c, B/(dp m)]
     pipeline:         the schedule's ops for its stage (``pp.stage.RankStage``: F sends the
                       activation [s/(c t), b, h] to the next stage, B sends its grad back)
+    SP grads:         the replicated LayerNorm / bias grads summed over the tp group, one all-reduce
+                      (``finalize.SequenceParallelGrads``)
     gradients:        averaged over the dp x cp group by the DP strategy (DDP all-reduce, or ZeRO-1
                       reduce-scatter, sharded AdamW step, all-gather of the parameters)
     AdamW step
@@ -29,8 +31,9 @@ import torch.distributed as dist
 
 from mtb_helpers.capstone.data import batch_for_step, corpus, encode
 from mtb_helpers.capstone.grid import Grid, Layout
-from mtb_helpers.capstone.layers import ParallelEmbedding, build_stage, gather_param
-from mtb_helpers.capstone.model import GPTConfig, make_model
+from mtb_helpers.capstone.finalize import SequenceParallelGrads
+from mtb_helpers.capstone.layers import ParallelEmbedding, build_stage, gather_param, replicated_params
+from mtb_helpers.capstone.model import GPTConfig, TinyGPT, make_model
 from mtb_helpers.capstone.reference import TrainConfig
 from mtb_helpers.capstone.validate import DP_STRATEGIES, PP_SCHEDULES, validate
 from mtb_helpers.checking.bug import Bug, resolve, swap
@@ -43,9 +46,8 @@ from mtb_helpers.pp.stage import RankStage
 from mtb_helpers.runtime.ranks import run
 from mtb_helpers.attention.vocab import vocab_parallel_cross_entropy
 
-__all__ = ["GridP2P", "ParallelRun", "train_parallel", "train_on_rank", "full_state", "snapshot",
-           "DP_STRATEGIES",
-           "PP_SCHEDULES"]
+__all__ = ["GridP2P", "ParallelRun", "train_parallel", "train_on_rank", "full_model", "full_state",
+           "snapshot", "DP_STRATEGIES", "PP_SCHEDULES"]
 
 
 
@@ -73,18 +75,30 @@ class GridP2P(P2P):
         return out
 
 
-def train_on_rank(model, layout: Layout, run_cfg: TrainConfig, microbatches: int, schedule: str,
-                  sequence_parallel: bool, strategy: str, bug: Bug | None = None, first: int = 0,
-                  count: int | None = None, states: list | None = None) -> dict:
-    """Run on every rank: build the grid and this rank's stage, train steps ``first`` ..
-    ``first + count - 1`` (all ``run_cfg.steps`` by default), starting from this rank's entry of
-    ``states`` (what the previous call's ``snapshots[-1]`` were) or from ``model`` when None.
-    ``bug``: a ``Bug`` whose wrong classes stand in for ``Grid`` / ``ParallelEmbedding``."""
+@functools.lru_cache(maxsize=2)
+def full_model(cfg: GPTConfig, seed: int, dtype: torch.dtype) -> TinyGPT:
+    """``make_model(cfg, seed, dtype)``, made once per process and setting: each rank makes the
+    same model from the same seed instead of unpickling the owner's (~25 ms a rank a call, and
+    ~30 ms to pickle it). Only read: ``build_stage`` copies from it, and the DP strategy moves the
+    stage's parameters into its own flat buffer before the first step."""
+    return make_model(cfg, seed, dtype)
+
+
+def train_on_rank(model: tuple[GPTConfig, int, torch.dtype], layout: Layout, run_cfg: TrainConfig,
+                  microbatches: int, schedule: str, sequence_parallel: bool, strategy: str,
+                  bug: Bug | None = None, first: int = 0, count: int | None = None,
+                  states: list | None = None) -> dict:
+    """Run on every rank: build the grid and this rank's stage of ``full_model(*model)``, train
+    steps ``first`` .. ``first + count - 1`` (all ``run_cfg.steps`` by default), starting from
+    this rank's entry of ``states`` (what the previous call's ``snapshots[-1]`` were) or from the
+    model when None.
+    ``bug``: a ``Bug`` whose wrong classes stand in for ``Grid`` / ``ParallelEmbedding`` /
+    ``SequenceParallelGrads``."""
     grid = swap(bug, Grid).build(layout)
     count = run_cfg.steps - first if count is None else count
     state = None if states is None else states[dist.get_rank() if dist.is_initialized() else 0]
     try:
-        return _train(grid, model, layout, run_cfg, microbatches, schedule, sequence_parallel,
+        return _train(grid, full_model(*model), layout, run_cfg, microbatches, schedule, sequence_parallel,
                       strategy, bug, range(first, first + count), state)
     finally:
         grid.destroy()
@@ -130,6 +144,9 @@ def _train(grid, model, layout, run_cfg, m, schedule, sequence_parallel, strateg
                          grid.context_group(), swap(bug, ParallelEmbedding))
     opt = STRATEGY_CLASSES[strategy](module, _resume(flat(module.parameters()), state),
                                      run_cfg.adam(), group=grid.gradient_group(), copy_model=False)
+    # under SP: the LayerNorm / bias grads, partial per tp rank, summed in one all-reduce a step
+    sp_grads = (swap(bug, SequenceParallelGrads)(replicated_params(module), tp_group)
+                if sequence_parallel else None)
 
     def loss_fn(logits, target):   # logits [s/c, b, V/t], target [s/c, b] -> mean over its tokens
         return vocab_parallel_cross_entropy(logits, target, "mean", group=tp_group,
@@ -153,6 +170,8 @@ def _train(grid, model, layout, run_cfg, m, schedule, sequence_parallel, strateg
             for op in ops:
                 run_op[op.kind](op.microbatch, op.chunk)
             stage.p2p.finish()
+            if sp_grads is not None:
+                sp_grads.finalize()  # the tp group: [Ψ_rep] partial sums -> their sum
             opt.reduce_gradients()   # the dp x cp group: sum, then / (dp c)
             opt.step()
         losses.append(sum(stage.losses.values()) if stage.losses else None)
@@ -234,14 +253,14 @@ def train_parallel(tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, steps: in
     run_cfg = TrainConfig(steps, batch, lr, weight_decay, seed)
     validate(layout, cfg, run_cfg, microbatches, schedule, sequence_parallel, strategy, timeout)
     wrong = resolve(bug, "capstone")
-    model = make_model(cfg, seed, dtype)
+    model = full_model(cfg, seed, dtype)
     done, states, losses, pace, results = 0, None, [], None, []
     while done < steps:
         budget = timeout * CALL_SHARE if progress is None else min(timeout * CALL_SHARE,
                                                                     PROGRESS_EVERY)
         count = min(steps - done, FIRST_CALL_STEPS if pace is None else max(1, int(budget / pace)))
         began = time.perf_counter()
-        results = run(train_on_rank, model, layout, run_cfg, microbatches, schedule,
+        results = run(train_on_rank, (cfg, seed, dtype), layout, run_cfg, microbatches, schedule,
                       sequence_parallel, strategy, wrong, done, count, states,
                       world_size=layout.world_size, timeout=timeout)
         pace = (time.perf_counter() - began) / count

@@ -18,15 +18,16 @@ Communication per micro-batch (ring algorithms; ``d`` bytes per element, ``s' = 
         The small ones besides (``tp_small_collectives``; Korthikanti et al. count only the
         above, and on a real model they cost α, not bytes): with sequence parallelism every
         parameter replicated over the group but fed a sequence shard has a partial gradient,
-        all-reduced over the group in backward, one [h] all-reduce per parameter and micro-batch
-        (each LayerNorm's weight and bias, the row-parallel layers' biases: 6 per GPT layer, 2 per
-        Llama layer; the course's layers reduce each as soon as backward produces it, Megatron-LM
-        once per step, coalesced, in ``finalize_model_grads``). The first stage's vocabulary-
-        parallel embedding all-reduces [s', b, h] forward (g; under SP its split gathers back in
-        backward); the last stage gathers the sequence for the LM head forward (its reduce-
-        scatter backward, and its final norm's grads), or under plain TP all-reduces the head's
-        input grad (f), and the vocabulary-parallel cross-entropy all-reduces [s', b] three times
-        forward (the logits' max, the sum of exponentials, the target's logit).
+        summed over the group once per step, after the last backward, in one all-reduce of all
+        of them (each LayerNorm's weight and bias, the row-parallel layers' biases: 6 [h] per GPT
+        layer, 2 per Llama layer, plus the final norm's; Megatron-LM's ``finalize_model_grads``
+        and the capstone's ``finalize.py``; notebook 04's layer reduces each one in backward,
+        per micro-batch). The first stage's vocabulary-parallel embedding all-reduces [s', b, h]
+        forward (g; under SP its split gathers back in backward); the last stage gathers the
+        sequence for the LM head forward (its reduce-scatter backward), or under plain TP
+        all-reduces the head's input grad (f), and the vocabulary-parallel cross-entropy
+        all-reduces [s', b] three times forward (the logits' max, the sum of exponentials, the
+        target's logit).
     cp  per layer (cp - 1) ring hops of this rank's K and V [s', b, kv·d_head/tp] forward; backward
         (cp - 1) hops of K, V, dK, dV together and one more of dK, dV home (the course's ring,
         ``cp/ring.py``): hidden behind attention's own compute (with
@@ -106,32 +107,34 @@ def _pipeline(name: str, pp: int, m: int, chunks: int, ratio: float, lat: float)
 
 
 def tp_small_collectives(model: ModelSpec, layout: Layout) -> list[dict[str, list[tuple]]]:
-    """Per pipeline stage, the tensor-parallel collectives of one micro-batch besides the layers'
-    2 + 2 (the module docstring says where each comes from): ``{"forward": [...], "backward":
-    [...]}``, each entry ``(collective, S in elements, count)`` with nccl-tests' S (all-gather
-    and reduce-scatter: the whole [s', b, h]). Empty with one tensor-parallel rank."""
+    """Per pipeline stage, the tensor-parallel collectives besides the layers' 2 + 2 (the module
+    docstring says where each comes from): ``{"forward": [...], "backward": [...]}`` of one
+    micro-batch and ``"step": [...]`` once per step after the last backward (SP's replicated
+    grads), each entry ``(collective, S in elements, count)`` with nccl-tests' S (all-gather and
+    reduce-scatter: the whole [s', b, h]). Empty with one tensor-parallel rank."""
     t, h = layout.tp, model.hidden
     tokens = model.seq_len // layout.cp * layout.microbatch
     sp = layout.sequence_parallel
     out = []
     for r, n in enumerate(rank_layers(model, layout)):
-        fwd, bwd = [], []
+        fwd, bwd, step = [], [], []
         if t > 1:
             per_layer = 2 * NORMS[model.norm] + (2 if model.bias else 0)
-            if sp:
-                bwd.append(("all-reduce", h, per_layer * n))
+            if sp:                      # one all-reduce of every replicated grad, once per step
+                rep = per_layer * n + (NORMS[model.norm] if r == layout.pp - 1 else 0)
+                step.append(("all-reduce", rep * h, 1))
             if r == 0:                  # vocabulary-parallel embedding: g; under SP, split
                 fwd.append(("all-reduce", tokens * h, 1))
                 if sp:
                     bwd.append(("all-gather", tokens * h, 1))
-            if r == layout.pp - 1:      # final norm, LM head, vocabulary-parallel cross-entropy
+            if r == layout.pp - 1:      # LM head, vocabulary-parallel cross-entropy
                 if sp:
                     fwd.append(("all-gather", tokens * h, 1))
-                    bwd += [("reduce-scatter", tokens * h, 1), ("all-reduce", h, NORMS[model.norm])]
+                    bwd.append(("reduce-scatter", tokens * h, 1))
                 else:
                     bwd.append(("all-reduce", tokens * h, 1))
                 fwd.append(("all-reduce", tokens, 3))
-        out.append({"forward": fwd, "backward": bwd})
+        out.append({"forward": fwd, "backward": bwd, "step": step})
     return out
 
 
@@ -179,8 +182,12 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout, mfu: float
         if model.experts > 1 else 0.0
     per_layer_comm = (tp_fwd + cp_fwd + 2 * a2a, tp_bwd + cp_bwd + 2 * a2a)
     stages = rank_layers(model, L)
+    small_tp = tp_small_collectives(model, L)
     small = [tuple(sum(n * _time(kind, elements * d, t, tp_link) for kind, elements, n in st[way])
-                   for way in ("forward", "backward")) for st in tp_small_collectives(model, L)]
+                   for way in ("forward", "backward")) for st in small_tp]
+    # once per step, after each stage's last backward (SP's replicated grads): the slowest stage's
+    finalize = max(sum(n * _time(kind, elements * d, t, tp_link) for kind, elements, n in st["step"])
+                   for st in small_tp)
     # the slowest stage sets the pace of every stage (the simulator takes one time per op)
     ops = [(fc + n * per_layer_comm[0] + sf, bc + n * per_layer_comm[1] + sb, r)
            for r, ((fc, bc), n, (sf, sb)) in enumerate(zip(stage_compute(model, L, rate), stages,
@@ -215,9 +222,9 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout, mfu: float
     else:
         total = reduce + gather
         exposed = (max(0.0, reduce - bwd) + max(0.0, gather - f)) if overlap else total
-    step = makespan + exposed
+    step = makespan + exposed + finalize
     terms = {"compute": m * (fwd_c + bwd_c),
-             "tensor parallel": m * (layers * (tp_fwd + tp_bwd) + tp_small),
+             "tensor parallel": m * (layers * (tp_fwd + tp_bwd) + tp_small) + finalize,
              "context parallel": m * layers * (cp_fwd + cp_bwd),
              "expert parallel": m * layers * 4 * a2a,
              "pipeline bubble and p2p": makespan - m * (f + bwd),
