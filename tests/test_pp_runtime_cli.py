@@ -87,3 +87,8 @@ def test_the_explorer_runs_a_step_on_ranks_and_redraws_when_a_control_moves():
     frame.children[0].children[0].value = "interleaved"      # m = 3 is not a multiple of p = 2
     out = shown(frame)
     assert "ValueError" in out and "divisible by stages" in out
+    frame.children[1].children[0].value = 4                  # now a multiple: interleaved runs
+    out = shown(frame)
+    # each chunk's op keeps the explorer's op time, so a stage's F and B double
+    assert "check against one process: PASSED" in out
+    assert "F = 4 ms, B = 8 ms per stage (2 and 4 ms per chunk)" in out
