@@ -17,10 +17,11 @@ A pipeline overlaps its ranks; its step is the simulator's makespan with every m
 its α-β time: :func:`predict_pipeline_step_time`. A step on a tp x pp x dp x cp grid (the
 capstone's) combines both: :func:`predict_grid_step_time`. Each F or B op of a stage costs its
 padded compute plus the α-β time of the collectives it issues (tensor and sequence parallelism's
-gathers and reductions, the LayerNorm and bias grads, the cross-entropy's, context parallelism's
-ring hops); the simulator runs the schedule with one F and one B time per stage and the
-activation messages' α-β latency; each stage then reduces its gradients over its data-parallel
-group and steps its optimizer, after its own last op: the step ends when the last stage does.
+gathers and reductions, the cross-entropy's, context parallelism's ring hops); the simulator
+runs the schedule with one F and one B time per stage and the activation messages' α-β latency;
+after its own last op each stage sums its sequence-parallel LayerNorm and bias grads over its
+tensor group (one all-reduce, ``capstone/finalize.py``), reduces its gradients over its
+data-parallel group and steps its optimizer: the step ends when the last stage does.
 """
 from __future__ import annotations
 
