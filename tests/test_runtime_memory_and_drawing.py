@@ -75,8 +75,19 @@ def test_the_memory_reading_counts_this_process_the_forkserver_and_every_rank():
 
 
 def _budget(monkeypatch, mib: float, grace: float) -> None:
+    monkeypatch.setattr(budget, "ENFORCED", True)   # as in a notebook's kernel
     monkeypatch.setattr(budget, "MEMORY_BUDGET_MIB", mib)
     monkeypatch.setattr(budget, "SLIDER_GRACE_SECONDS", grace)
+
+
+def test_outside_a_kernel_the_memory_budget_stops_no_pool_unless_asked_for(monkeypatch):
+    """pytest owns these pools, not a Jupyter kernel: however big the tree, they stay warm."""
+    shutdown()
+    monkeypatch.setattr(budget, "MEMORY_BUDGET_MIB", 1.0)   # any tree is over it
+    assert not budget.applies()
+    two = run(os.getpid, world_size=2)
+    run(os.getpid, world_size=3)
+    assert run(os.getpid, world_size=2) == two
 
 
 def test_a_pool_starting_over_the_memory_budget_stops_the_least_recently_used_one_first(monkeypatch):
@@ -170,3 +181,16 @@ def test_the_explorer_overview_is_one_axes_with_every_panel_of_the_per_panel_fig
     assert len(red_frames) == len(red_panels) > 0
     assert fast._suptitle.get_text() == panels._suptitle.get_text() and fast.legends
     plt.close("all")
+
+
+def test_in_a_jupyter_kernel_the_memory_budget_applies():
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        reply = kc.execute_interactive("from mtb_helpers.runtime import budget\n"
+                                       "assert budget.applies(), 'not seen as a kernel'", timeout=60)
+        assert reply["content"]["status"] == "ok", reply["content"]
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

@@ -18,6 +18,7 @@ is warm and, while two or more pools are warm, from its watch thread (ranks.py) 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 
@@ -32,6 +33,20 @@ RANK_MIB = 35.0               # a rank's own pages once it has run checks (noteb
 MEMORY_CHECK_SECONDS = 2.0
 SLIDER_GRACE_SECONDS = 5.0    # a student moving a slider moves it again within this
 _stopped_for_memory: dict[int, float] = {}   # world size -> when the budget last stopped its pool
+# The budget is for a notebook's tree: it applies in a Jupyter kernel (Binder, Colab, JupyterLab)
+# or wherever MTB_MEMORY_BUDGET_MIB is set. A test suite or a script that owns pools is often
+# bigger than the budget by itself, and would see its warm pools stopped under it between calls.
+ENFORCED = "MTB_MEMORY_BUDGET_MIB" in os.environ
+
+
+def applies() -> bool:
+    """Whether the budget stops pools in this process: set by the environment, or a kernel."""
+    if ENFORCED:
+        return True
+    zmqshell, ipython = sys.modules.get("ipykernel.zmqshell"), sys.modules.get("IPython")
+    if zmqshell is None or ipython is None:
+        return False
+    return isinstance(ipython.get_ipython(), zmqshell.ZMQInteractiveShell)
 
 
 def _rollup_kib(pid: int) -> dict[str, int]:
@@ -94,7 +109,10 @@ def stop_one_over_budget(pools: dict, pools_lock: threading.Lock, starting: int 
     start) is over MEMORY_BUDGET_MIB, stop the least recently used pool of ``pools`` (world size
     -> Pool) that is not in a call nor one a slider is using; return whether one was stopped.
     ``locked``: the caller holds ``pools_lock`` (a pool is about to start); otherwise the tree is
-    read without it, so no call waits for the reading."""
+    read without it, so no call waits for the reading. Nothing happens where it does not
+    ``applies()``."""
+    if not applies():
+        return False
     def candidate() -> int | None:
         now = time.monotonic()
         newest = max(pools, key=lambda s: pools[s].last_used, default=None)
