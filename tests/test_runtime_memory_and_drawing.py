@@ -129,21 +129,9 @@ def test_while_pools_are_warm_the_watch_stops_the_idle_ones_once_over_the_budget
 
 def _dies_within(pids: list[int], seconds: float) -> bool:
     """On a rank: do the processes ``pids`` end (or turn zombie) within ``seconds``?"""
-    import time
+    from tests.procs import wait_dead   # ranks are forks of this process: same sys.path
 
-    def alive(pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            return False
-
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not any(alive(pid) for pid in pids):
-            return True
-        time.sleep(0.05)
-    return False
+    return wait_dead(pids, within=seconds)
 
 
 def test_the_watch_keeps_to_the_budget_during_a_long_call_too(monkeypatch):
