@@ -115,6 +115,20 @@ def test_a_slider_moving_between_two_sizes_keeps_both_pools_over_the_budget(monk
         assert run(os.getpid, world_size=3) == three and run(os.getpid, world_size=4) == four
 
 
+def test_cells_run_top_to_bottom_are_no_slider_the_pool_used_before_goes(monkeypatch):
+    # notebooks 04 and 09 run cells on 2, 4, 2, ... ranks within seconds: in a kernel running
+    # cells (not answering a widget) that is no slider, so only the pool in use stays warm
+    shutdown()
+    _budget(monkeypatch, 1.0, 60.0)
+    monkeypatch.setattr(budget, "answering_widget", lambda: False)   # a cell is running
+    four = run(os.getpid, world_size=4)
+    three = run(os.getpid, world_size=3)
+    assert wait_dead(four) and sorted(ranks_module._pools) == [3]
+    run(os.getpid, world_size=4)
+    assert wait_dead(three), "a cell's pool was kept as if a slider used it"
+    assert sorted(ranks_module._pools) == [4]
+
+
 def test_while_pools_are_warm_the_watch_stops_the_idle_ones_once_over_the_budget(monkeypatch):
     shutdown()
     _budget(monkeypatch, 1e6, 0.0)
@@ -171,13 +185,23 @@ def test_the_explorer_overview_is_one_axes_with_every_panel_of_the_per_panel_fig
     plt.close("all")
 
 
-def test_in_a_jupyter_kernel_the_memory_budget_applies():
+def test_in_a_jupyter_kernel_the_memory_budget_applies_and_tells_a_widget_from_a_cell():
     from jupyter_client.manager import start_new_kernel
 
     km, kc = start_new_kernel(kernel_name="python3")
     try:
         reply = kc.execute_interactive("from mtb_helpers.runtime import budget\n"
-                                       "assert budget.applies(), 'not seen as a kernel'", timeout=60)
+                                       "assert budget.applies(), 'not seen as a kernel'\n"
+                                       "assert not budget.answering_widget(), 'a cell seen as a widget'\n"
+                                       "seen = []\n"
+                                       "get_ipython().kernel.comm_manager.register_target(\n"
+                                       "    'mtb-test', lambda comm, msg: seen.append(budget.answering_widget()))",
+                                       timeout=60)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        # a widget's message (here a comm opening, as ipywidgets' are): the kernel answers a widget
+        kc.shell_channel.send(kc.session.msg("comm_open", {"comm_id": "c1", "target_name": "mtb-test",
+                                                           "data": {}}))
+        reply = kc.execute_interactive("assert seen == [True], seen", timeout=60)
         assert reply["content"]["status"] == "ok", reply["content"]
     finally:
         kc.stop_channels()

@@ -13,13 +13,13 @@ applies.
 Reading it walks every page of every process (~15 ms for a notebook's tree on an idle CPU, up to
 ~40 ms on a loaded one), so the runtime reads it only when a pool is about to start while another
 is warm and, while two or more pools are warm, from its watch thread (ranks.py) at most every
-``MEMORY_CHECK_SECONDS`` while or after calls; never on a call's path.
+``MEMORY_CHECK_SECONDS`` while or after calls (a ``run`` starting in those ~15 ms waits for the
+pools' lock), and only when a pool could be stopped.
 """
 from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 
 MIB = 1024 * 1024
@@ -27,7 +27,8 @@ MIB = 1024 * 1024
 # in use are stopped, least recently used first; a pool about to start counts RANK_MIB a rank. A
 # slider moving between two world sizes keeps both warm whatever the budget says (restarting one
 # costs 0.1-0.3 s a move): a pool starting again less than SLIDER_GRACE_SECONDS after the budget
-# stopped it keeps the pools used in that time, and the watch stops only pools unused that long.
+# stopped it keeps the pools used in that time, and the watch stops only pools unused that long;
+# in a kernel, only while it answers widgets (cells run top to bottom are no slider).
 MEMORY_BUDGET_MIB = float(os.environ.get("MTB_MEMORY_BUDGET_MIB", "520"))
 RANK_MIB = 35.0               # a rank's own pages once it has run checks (notebook 12: 23-32 MiB)
 MEMORY_CHECK_SECONDS = 2.0
@@ -47,6 +48,22 @@ def applies() -> bool:
     if zmqshell is None or ipython is None:
         return False
     return isinstance(ipython.get_ipython(), zmqshell.ZMQInteractiveShell)
+
+
+def answering_widget() -> bool:
+    """Whether the kernel's latest request is a widget's (a slider moved: ``comm_msg``) rather
+    than a cell being run (``execute_request``). A notebook run top to bottom moves between two
+    world sizes within seconds as a slider does (notebooks 04 and 09: 2, 4, 2, ... ranks), and
+    then has no reason to keep both pools. Outside a kernel nothing tells them apart: True."""
+    ipython = sys.modules.get("IPython")
+    kernel = getattr(ipython.get_ipython(), "kernel", None) if ipython is not None else None
+    if kernel is None:
+        return True
+    if hasattr(kernel, "get_parent"):   # ipykernel 6+
+        parent = kernel.get_parent("shell")
+    else:                               # ipykernel 5 (Colab)
+        parent = getattr(kernel, "_parent_header", {})
+    return parent.get("header", {}).get("msg_type") != "execute_request"
 
 
 def _rollup_kib(pid: int) -> dict[str, int]:
@@ -103,46 +120,32 @@ def forget() -> None:
     _stopped_for_memory.clear()
 
 
-def stop_one_over_budget(pools: dict, pools_lock: threading.Lock, starting: int = 0,
-                         locked: bool = True) -> bool:
-    """If the tree's memory (plus RANK_MIB a rank for a pool of ``starting`` ranks about to
-    start) is over MEMORY_BUDGET_MIB, stop the least recently used pool of ``pools`` (world size
-    -> Pool) that is not in a call nor one a slider is using; return whether one was stopped.
-    ``locked``: the caller holds ``pools_lock`` (a pool is about to start); otherwise the tree is
-    read without it, so no call waits for the reading. Nothing happens where it does not
-    ``applies()``."""
+def pool_over_budget(pools: dict, starting: int = 0):
+    """The pool to stop for the memory budget, taken out of ``pools`` (world size -> Pool), or
+    None. The caller holds the pools' lock and stops the pool it gets.
+
+    Over budget means: the tree's memory, plus RANK_MIB a rank for a pool of ``starting`` ranks
+    about to start, is above MEMORY_BUDGET_MIB. The pool taken is the least recently used one
+    that is neither in a call nor one a slider is using (nor, when no pool is starting, the one
+    used last); while cells run, no pool counts as a slider's (:func:`answering_widget`). The
+    tree is read (~15 ms) only when there is such a pool. Nothing is taken where the budget does
+    not ``applies()``."""
     if not applies():
-        return False
-    def candidate() -> int | None:
-        now = time.monotonic()
-        newest = max(pools, key=lambda s: pools[s].last_used, default=None)
-        # a pool the budget stopped a moment ago starts again: a slider goes back and forth
-        sliding = not starting or now - _stopped_for_memory.get(starting, -1e9) < SLIDER_GRACE_SECONDS
-        idle = [(p.last_used, s) for s, p in pools.items()
-                if (s != newest or starting) and not p.lock.locked() and not p.broken
-                and (not sliding or now - p.last_used > SLIDER_GRACE_SECONDS)]
-        return min(idle)[1] if idle else None
-
-    def pop_candidate():
-        size = candidate()
-        return (size, pools.pop(size)) if size is not None else (None, None)
-
-    if locked:
-        found = candidate()
-    else:
-        with pools_lock:
-            found = candidate()
-    used = tree_mib() if found is not None else None
+        return None
+    now = time.monotonic()
+    newest = max(pools, key=lambda s: pools[s].last_used, default=None)
+    # a widget's call, and (for a pool about to start) one the budget stopped a moment ago
+    # starts again: a slider goes back and forth between two world sizes
+    sliding = answering_widget() and (
+        not starting or now - _stopped_for_memory.get(starting, -1e9) < SLIDER_GRACE_SECONDS)
+    idle = [(p.last_used, s) for s, p in pools.items()
+            if (s != newest or starting) and not p.lock.locked() and not p.broken
+            and (not sliding or now - p.last_used > SLIDER_GRACE_SECONDS)]
+    if not idle:
+        return None
+    used = tree_mib()
     if used is None or used + starting * RANK_MIB <= MEMORY_BUDGET_MIB:
-        return False
-    if locked:
-        size, pool = pop_candidate()
-    else:
-        with pools_lock:
-            size, pool = pop_candidate()
-    if pool is None:
-        return False
-    _stopped_for_memory[size] = time.monotonic()
-    with pool.lock:
-        pool.stop()
-    return True
+        return None
+    size = min(idle)[1]
+    _stopped_for_memory[size] = now
+    return pools.pop(size)

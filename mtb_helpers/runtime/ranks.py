@@ -206,8 +206,9 @@ def _warm_pool(world_size: int) -> Pool:
         if pool is not None and not pool.broken:
             return pool
         _evict(keep_room_for=world_size)
-        while _pools and budget.stop_one_over_budget(_pools, _pools_lock, starting=world_size):
-            pass
+        while (over := budget.pool_over_budget(_pools, starting=world_size)) is not None:
+            with over.lock:
+                over.stop()
         pool = _pools[world_size] = Pool(world_size)
         _start_idle_watch()
         return pool
@@ -235,7 +236,11 @@ def _stop_idle_pools() -> None:
                                            for p in _pools.values())
         if busy and time.monotonic() - checked >= budget.MEMORY_CHECK_SECONDS:
             checked = time.monotonic()
-            budget.stop_one_over_budget(_pools, _pools_lock, locked=False)
+            with _pools_lock:
+                over = budget.pool_over_budget(_pools)
+            if over is not None:
+                with over.lock:
+                    over.stop()
         now = time.monotonic()
         with _pools_lock:
             idle = [s for s, p in _pools.items()
