@@ -4,8 +4,12 @@ memory budget are stopped (least recently used first, never one a slider is usin
 explorer's overview is drawn on one Axes with the same panels as the per-panel figure."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
+import textwrap
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -32,6 +36,29 @@ def test_ranks_start_with_torchs_lazy_imports_and_the_course_already_loaded_and_
     assert layers and frozen
     assert "mtb_helpers.runtime.worker" == preload_modules()[0]
     assert not any(".plots" in m or ".widget" in m for m in preload_modules())
+
+
+def test_a_course_modules_rank_imports_are_preloaded_only_where_it_is_loaded():
+    # torch._dynamo (the first torch.optim optimizer imports it) took 0.8 s of a first redraw on
+    # one CPU in notebooks whose ranks build no optimizer; where dp's are loaded, ranks share it
+    code = textwrap.dedent("""
+        import json, sys
+        import mtb_helpers.collectives.ops
+        from mtb_helpers import run, shutdown
+        has = lambda: "torch._dynamo" in sys.modules
+        ranks = run(has, world_size=2)
+        without = [has(), ranks]
+        shutdown()
+        import mtb_helpers.dp.strategies
+        from mtb_helpers.runtime.start import rank_imports
+        ranks = run(has, world_size=2)   # the forkserver starts: the owner imports it first
+        print(json.dumps([without, [has(), ranks, "torch._dynamo" in rank_imports()]]))
+        """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    without, declared = json.loads(out.stdout.strip().splitlines()[-1])
+    assert without == [False, [False, False]], "torch._dynamo imported where no rank needs it"
+    assert declared == [True, [True, True], True], "dp's optimizers: torch._dynamo not preloaded"
 
 
 def test_ranks_and_multiprocessings_helpers_leave_the_owners_process_group():

@@ -35,6 +35,9 @@ __all__ = ["STRATEGIES", "SHARDED", "Adam", "make_mlp", "flat", "padded_numel", 
            "held_bytes", "Strategy", "DDP", "ZeRO1", "ZeRO2"]
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
+# Ranks build torch.optim optimizers (Adam.make; capstone and notebook 14 too): the first one
+# imports torch._dynamo, which the forkserver then preloads once for every rank (runtime/start.py)
+RANK_IMPORTS = ("torch._dynamo",)
 # which of the compared quantities each strategy keeps only a shard of
 SHARDED = {"ddp": (), "zero1": ("grads", "exp_avg", "exp_avg_sq"),
            "zero2": ("grads", "exp_avg", "exp_avg_sq"),

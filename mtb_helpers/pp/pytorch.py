@@ -34,6 +34,9 @@ from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.pp.schedules import schedule as course_schedule
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
+# the ranks' torch.distributed.pipelining imports torch._dynamo: the forkserver preloads it (runtime/start.py)
+RANK_IMPORTS = ("torch._dynamo",)
+
 __all__ = ["pytorch_pipeline", "pp_on_rank", "torch_schedule", "make_blocks"]
 
 PP_SCHEDULES = ("gpipe", "1f1b")

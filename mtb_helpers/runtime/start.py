@@ -3,7 +3,7 @@
 Every page a rank shares with the forkserver costs Binder's memory budget once instead of once per
 rank. On Linux the forkserver is a fork of the owner (fork_helper.py), so the kernel, the
 forkserver and every rank share one torch; the owner first imports what torch would import lazily
-in each rank (RANK_LAZY_IMPORTS). Elsewhere the forkserver is a new interpreter that imports,
+in each rank (:func:`rank_imports`). Elsewhere the forkserver is a new interpreter that imports,
 before it forks any rank: torch (via the worker module), those lazy imports and the course modules
 the owner has imported that ranks unpickle functions from (layers, checks). Either way it then
 freezes the garbage collector so that ranks do not copy every page of those objects just by
@@ -25,12 +25,14 @@ from mtb_helpers.runtime.signals import interrupts_deferred
 
 _start_lock = threading.Lock()
 
-# What torch imports lazily inside a rank during the course's checks (found by comparing a fresh
-# rank's sys.modules with one after every check ran): sympy (symbolic shapes) is ~45 MB and
-# torch._dynamo (the optimizer step imports it) ~70 MB per rank when each rank imports them for
-# itself; imported before the forkserver starts, they cost ~70 MB once, shared by every rank.
-RANK_LAZY_IMPORTS = ("torch.fx.experimental.symbolic_shapes", "torch.utils.serialization",
-                     "torch._dynamo")
+# What torch imports lazily inside a rank during every topic's checks (found by comparing a fresh
+# rank's sys.modules with one after each check ran): sympy (symbolic shapes) is ~45 MB per rank
+# when each rank imports it for itself; imported before the forkserver starts, once, shared by
+# every rank. A course module whose rank code imports more declares it in ``RANK_IMPORTS``, and
+# that is preloaded only where that module is loaded: dp/strategies.py's torch._dynamo (the first
+# torch.optim optimizer imports it; ~35 MB a rank, 0.8 s on one CPU) is not needed by a notebook
+# whose ranks build no optimizer, and would delay its first ranks.
+RANK_LAZY_IMPORTS = ("torch.fx.experimental.symbolic_shapes", "torch.utils.serialization")
 # Owner-side modules the ranks never need: drawing, widgets, the command line.
 _NOT_FOR_RANKS = (".plots", ".widget", ".widgets", ".cli", ".explorer")
 
@@ -68,7 +70,7 @@ def _spawn_in_own_session(path, args, passfds) -> int:
     that had started ranks took 2.6 s (jupyter_client's deadline) to shut down instead of 0.7 s.
     They still end with their owner: both exit when the owner's end of their pipe closes."""
     if may_fork(args):
-        for name in RANK_LAZY_IMPORTS:  # imported once, shared by the owner and every rank
+        for name in rank_imports():  # imported once, shared by the owner and every rank
             importlib.import_module(name)
         return fork_helper(args, passfds)
     proc = subprocess.Popen(args, executable=path, pass_fds=tuple(passfds), close_fds=True,
@@ -77,11 +79,22 @@ def _spawn_in_own_session(path, args, passfds) -> int:
     return proc.pid
 
 
+def _course_modules() -> list[str]:
+    return sorted(name for name in list(sys.modules) if name.startswith("mtb_helpers.")
+                  and not any(part in name for part in _NOT_FOR_RANKS))
+
+
+def rank_imports() -> list[str]:
+    """What ranks will import lazily: RANK_LAZY_IMPORTS and the ``RANK_IMPORTS`` of the course
+    modules loaded in this process."""
+    declared = (name for module in _course_modules()
+                for name in getattr(sys.modules.get(module), "RANK_IMPORTS", ()))
+    return list(dict.fromkeys([*RANK_LAZY_IMPORTS, *declared]))
+
+
 def preload_modules() -> list[str]:
     """What the forkserver imports before forking ranks (only read when it starts)."""
-    course = sorted(name for name in list(sys.modules) if name.startswith("mtb_helpers.")
-                    and not any(part in name for part in _NOT_FOR_RANKS))
-    return ["mtb_helpers.runtime.worker", *RANK_LAZY_IMPORTS, *course,
+    return ["mtb_helpers.runtime.worker", *rank_imports(), *_course_modules(),
             "mtb_helpers.runtime.forkserver_setup"]
 
 

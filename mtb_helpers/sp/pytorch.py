@@ -36,6 +36,9 @@ from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.sp.layers import SequenceParallelMLPBlock
 from mtb_helpers.sp.memory import make_block_inputs
 
+# the ranks' CommDebugMode imports torch._dynamo: the forkserver preloads it (runtime/start.py)
+RANK_IMPORTS = ("torch._dynamo",)
+
 __all__ = ["pytorch_sequence_parallel", "sp_on_rank", "full_grad", "PlainBlock"]
 
 _PARAMS = ("ln.weight", "ln.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")

@@ -38,6 +38,9 @@ from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.tp.layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear
 from mtb_helpers.tp.reference import draw_inputs
 
+# the ranks' CommDebugMode imports torch._dynamo: the forkserver preloads it (runtime/start.py)
+RANK_IMPORTS = ("torch._dynamo",)
+
 __all__ = ["Agreement", "pytorch_column", "pytorch_row", "pytorch_mlp", "tp_on_rank",
            "TensorParallelPlan", "torch_counts", "course_counts", "local", "max_errors",
            "agreement"]
