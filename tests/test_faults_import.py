@@ -50,8 +50,8 @@ def test_run_loads_on_first_use_without_any_topic():
     assert found["before"]["torch"] and found["before"]["mtb_helpers.runtime.ranks"]
     assert not found["before"]["mtb_helpers.tp"], found
     assert not found["before"]["torch.distributed.tensor"], found
-    # a call starts ranks (their forkserver preloads torch._dynamo, which brings DTensor in),
-    # still without importing a topic
+    # a call starts ranks (their forkserver preloads torch's lazy imports), still without
+    # importing a topic
     assert not found["after"]["mtb_helpers.tp"], found
 
 
