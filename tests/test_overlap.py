@@ -346,3 +346,29 @@ def _resume() -> float:
 
 def test_sharded_optimizer_resumes_from_its_state_dict():
     assert all(err < 1e-14 for err in run(_resume, world_size=2))
+
+
+def _wrappers_freed_after_a_step() -> dict[str, bool]:
+    """On a rank: train one step under each wrapper, drop it; is it gone after a collection?"""
+    import gc
+    import weakref
+
+    gone = {}
+    for name, wrap in (("ddp", lambda m: OverlappedDDP(m, bucket_cap_mb=0.0001)),
+                       ("fsdp", lambda m: FSDP(m))):
+        torch.manual_seed(0)
+        model = wrap(nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 2)).double())
+        model(torch.randn(3, 4, dtype=torch.float64)).sum().backward()
+        model.finish_gradient_synchronization()
+        ref = weakref.ref(model)
+        del model
+        gc.collect()
+        gone[name] = ref() is None
+    return gone
+
+
+def test_a_wrapper_dropped_after_training_is_freed():
+    # their gradient hooks live on the parameters, out of the garbage collector's sight: holding
+    # the wrapper strongly kept it, its module and its buckets alive for the rank's lifetime
+    # (notebook 14's ranks grew by ~4 MiB on every measured step)
+    assert run(_wrappers_freed_after_a_step, world_size=2) == [{"ddp": True, "fsdp": True}] * 2
