@@ -33,6 +33,7 @@ MEMORY_BUDGET_MIB = float(os.environ.get("MTB_MEMORY_BUDGET_MIB", "520"))
 RANK_MIB = 35.0               # a rank's own pages once it has run checks (notebook 12: 23-32 MiB)
 MEMORY_CHECK_SECONDS = 2.0
 SLIDER_GRACE_SECONDS = 5.0    # a student moving a slider moves it again within this
+TRIM_SECONDS = 10.0           # the owner's freed heap is given back this long after a call
 _stopped_for_memory: dict[int, float] = {}   # world size -> when the budget last stopped its pool
 # The budget is for a notebook's tree: it applies in a Jupyter kernel (Binder, Colab, JupyterLab)
 # or wherever MTB_MEMORY_BUDGET_MIB is set. A test suite or a script that owns pools is often

@@ -226,22 +226,26 @@ def _start_idle_watch() -> None:
 
 def _stop_idle_pools() -> None:
     """Every few seconds: stop pools idle for IDLE_STOP_SECONDS; the forkserver with the last.
-    While a call runs or ran since the last look, where the memory budget applies: give the
-    owner's freed heap pages back, and with two or more pools warm, keep to the budget."""
+    Where the memory budget applies, while a call runs or ran in the last TRIM_SECONDS: give
+    the owner's freed heap pages back, and (a call since the last look, two or more pools warm)
+    keep to the budget."""
     checked = time.monotonic()
     while True:
         time.sleep(max(0.05, min(IDLE_STOP_SECONDS / 4, 10.0, budget.MEMORY_CHECK_SECONDS)))
+        now = time.monotonic()
         with _pools_lock:   # memory grows during a long call too (a 20-step training check)
             calling = any(p.lock.locked() or p.last_used > checked for p in _pools.values())
+            # the cell goes on after its calls (a check compares, draws): trim a while longer
+            recent = any(p.lock.locked() or now - p.last_used < budget.TRIM_SECONDS
+                         for p in _pools.values())
             several = len(_pools) > 1
-        if (calling and budget.applies()
-                and time.monotonic() - checked >= budget.MEMORY_CHECK_SECONDS):
-            checked = time.monotonic()
+        if recent and budget.applies() and now - checked >= budget.MEMORY_CHECK_SECONDS:
+            checked = now
             # a check's one-process reference leaves freed pages in the kernel's heap, which
             # glibc keeps (notebook 12: ~17 MiB); ~1 ms here, never on a call's path
             allocator.trim()
             with _pools_lock:
-                over = budget.pool_over_budget(_pools) if several else None
+                over = budget.pool_over_budget(_pools) if calling and several else None
             if over is not None:
                 with over.lock:
                     over.stop()
