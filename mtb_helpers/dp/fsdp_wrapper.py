@@ -225,9 +225,7 @@ class FSDP(nn.Module):
         self._bwd_start.setdefault(u, self._clock.now())
 
     def _make_grad_ready(self, u: int, g: FlatGroup):
-        # weakly: a tensor's hook is out of the garbage collector's sight, so a closure over this
-        # wrapper and its group kept both alive as long as the rank (notebook 14: +3 MiB a rank
-        # on every measured step)
+        # weakly: a tensor's hook is out of the garbage collector's sight (see overlap.py)
         wrapper, group = weakref.ref(self), weakref.ref(g)
 
         def grad_ready(full: torch.Tensor) -> None:
@@ -237,7 +235,6 @@ class FSDP(nn.Module):
         return grad_ready
 
     def _grad_ready(self, u: int, g: FlatGroup, full: torch.Tensor) -> None:
-        """One unit's gradient is complete: start its reduce-scatter, reshard its parameters."""
         grad, full.grad = full.grad, None
         start = self._bwd_start.pop(u, self._clock.now())
         self._clock.add("compute", f"backward {self.unit_names[u]}", start, self._clock.now())
