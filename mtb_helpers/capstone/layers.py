@@ -21,6 +21,7 @@ the plain tensor-parallel ones (one ``f`` and one ``g`` per attention and per ML
 """
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 
 import torch
@@ -188,6 +189,7 @@ _ENDS = {"embed.tok.weight": ("embed.tok.weight", "row"),
          "head.lm_head.weight": ("head.lm_head.weight", "row")}
 
 
+@functools.lru_cache(maxsize=1024)   # a pure function of a name, asked ~150 times a step checked
 def param_kind(stage_name: str) -> tuple[str, str]:
     """``(full name, kind)`` of a stage parameter: kind ``rep`` (whole on every rank), ``row``
     (dim 0 split), ``col`` (dim 1 split) or ``qkv`` (the fused, head-grouped Q/K/V rows; the
