@@ -10,7 +10,8 @@ Inside one tensor-parallel group of t ranks (``sequence_parallel=True``, Korthik
             -> Wo row-split, reduce-scatter (seq) -> [s/(c t), b, h] + residual
             -> SequenceParallelMLPBlock (LN, all-gather, fc1, GeLU, fc2, reduce-scatter, residual)
     head:   SP LayerNorm -> all-gather (seq) -> LM head column-split by vocabulary [s/c, b, V/t]
-    loss:   vocab_parallel_cross_entropy (three all-reduces of [s/c, b]), mean over this rank's tokens
+    loss:   vocab_parallel_cross_entropy (all-reduces of [s/c, b], the max, then [2, s/c, b]: the
+            sum of exponentials and the target logit together), mean over this rank's tokens
     step:   the replicated LayerNorm weights / biases and Wo's, fc2's biases saw only this rank's
             rows: their grads, partial, are summed over the group once per step, in one all-reduce
             (``finalize.SequenceParallelGrads``, as Megatron-LM's finalize_model_grads), not per

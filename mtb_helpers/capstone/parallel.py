@@ -149,8 +149,9 @@ def _train(grid, model, layout, run_cfg, m, schedule, sequence_parallel, strateg
                 if sequence_parallel else None)
 
     def loss_fn(logits, target):   # logits [s/c, b, V/t], target [s/c, b] -> mean over its tokens
+        # the max, then the sum of exponentials and the target logit in one all-reduce
         return vocab_parallel_cross_entropy(logits, target, "mean", group=tp_group,
-                                            vocab_size=cfg.vocab)
+                                            vocab_size=cfg.vocab, fuse_sums=True)
 
     n, bd = cfg.seq // layout.cp, run_cfg.batch // layout.dp
     rows, cols = slice(at["cp"] * n, (at["cp"] + 1) * n), slice(at["dp"] * bd, (at["dp"] + 1) * bd)
