@@ -224,39 +224,65 @@ class ParallelRun:
         return [r["record"] for r in self.per_rank]
 
 
+def _cells(results: list[dict], layout: Layout) -> list[list[dict]]:
+    """Every (pp stage, tp index) cell's ranks (its dp x cp replicas), stage-major."""
+    cells: dict[tuple[int, int], list[dict]] = {}
+    for res in results:
+        cells.setdefault((res["index"]["pp"], res["index"]["tp"]), []).append(res)
+    return [cells[(stage, j)] for stage in range(layout.pp) for j in range(layout.tp)]
+
+
+@functools.lru_cache(maxsize=16)
+def _gather_order(layout: Layout, held: tuple) -> tuple[list[str], list[torch.Size], torch.Tensor]:
+    """How the cells' flat vectors, concatenated stage-major, make the full model: ``(full names,
+    their shapes, index)`` with ``cat(cell vectors)[index]`` the full tensors flattened and
+    concatenated in that name order. Found once per layout and model by running ``gather_param``
+    itself on the positions ``0, 1, 2, ..`` of the concatenation (exact in float64), so it cuts
+    and joins exactly as ``gather_param`` does. ``held``: per cell ``((stage name, shape), ..)``."""
+    names, shapes, index, start = [], [], [], 0
+    for stage in range(layout.pp):
+        pieces = []
+        for cell in held[stage * layout.tp:(stage + 1) * layout.tp]:
+            sizes = [math.prod(shape) for _, shape in cell]
+            positions = torch.arange(start, start + sum(sizes), dtype=torch.float64)
+            pieces.append({n: part.view(shape) for (n, shape), part in zip(cell, positions.split(sizes))})
+            start += sum(sizes)
+        for name, _ in held[stage * layout.tp]:
+            for full, tensor in gather_param([p[name] for p in pieces], name).items():
+                names.append(full)
+                shapes.append(tensor.shape)
+                index.append(tensor.reshape(-1))
+    return names, shapes, torch.cat(index).long()
+
+
 def full_state(results: list[dict], layout: Layout, i: int) -> dict:
     """Snapshot ``i`` of one call (0: before its first step) as the one-process model's state,
     ``{"params"|"exp_avg"|"exp_avg_sq": {full name: tensor}, "step": int}``: parameters from each
     (pp, tp) shard's first replica, Adam's moments pieced together from every dp x cp rank's
-    slice (ZeRO-1), tensor-parallel shards gathered (``gather_param``)."""
-    out: dict = {"params": {}, "exp_avg": {}, "exp_avg_sq": {}}
-    cells: dict[tuple[int, int], list[dict]] = {}
-    for res in results:
-        cells.setdefault((res["index"]["pp"], res["index"]["tp"]), []).append(res)
-    for stage in range(layout.pp):
-        pieces: dict[str, list] = {k: [] for k in out}      # per tp index: {stage name: tensor}
-        for j in range(layout.tp):
-            owners = cells[(stage, j)]
-            snaps = [o["snapshots"][i] for o in owners]
-            numel = len(snaps[0]["params"])
-            flats = {"params": snaps[0]["params"]}
-            for k in ("exp_avg", "exp_avg_sq"):
-                if snaps[-1]["own"] == (0, numel):   # the last replica holds all (DDP): its moments
-                    flats[k] = snaps[-1][k]
-                    continue
-                size = max(numel, *(snap["own"][1] for snap in snaps))
-                vec = torch.zeros(size, dtype=flats["params"].dtype)
-                for snap in snaps:
-                    vec[snap["own"][0]:snap["own"][1]] = snap[k]
-                flats[k] = vec[:numel]
-            held = owners[0]["params"]
-            sizes = [p.numel() for p in held.values()]
-            for k, vec in flats.items():
-                pieces[k].append({n: part.view(p.shape)
-                                  for (n, p), part in zip(held.items(), vec.split(sizes))})
-        for k in out:
-            for name in pieces[k][0]:
-                out[k].update(gather_param([p[name] for p in pieces[k]], name))
+    slice (ZeRO-1), tensor-parallel shards gathered (as ``gather_param`` does, with one index
+    for the whole model: ``_gather_order``)."""
+    cells = _cells(results, layout)
+    held = tuple(tuple((n, p.shape) for n, p in cell[0]["params"].items()) for cell in cells)
+    names, shapes, index = _gather_order(layout, held)
+    vectors: dict[str, list] = {"params": [], "exp_avg": [], "exp_avg_sq": []}
+    for owners in cells:
+        snaps = [o["snapshots"][i] for o in owners]
+        numel = len(snaps[0]["params"])
+        vectors["params"].append(snaps[0]["params"])
+        for k in ("exp_avg", "exp_avg_sq"):
+            if snaps[-1]["own"] == (0, numel):   # the last replica holds all (DDP): its moments
+                vectors[k].append(snaps[-1][k])
+                continue
+            size = max(numel, *(snap["own"][1] for snap in snaps))
+            vec = torch.zeros(size, dtype=snaps[0]["params"].dtype)
+            for snap in snaps:
+                vec[snap["own"][0]:snap["own"][1]] = snap[k]
+            vectors[k].append(vec[:numel])
+    sizes = [math.prod(shape) for shape in shapes]
+    out: dict = {}
+    for k, vecs in vectors.items():
+        full = torch.cat(vecs)[index]   # [Ψ] in the full model's pieces, each flattened
+        out[k] = {n: part.view(shape) for n, part, shape in zip(names, full.split(sizes), shapes)}
     out["step"] = results[0]["snapshots"][i]["step"]
     return out
 
