@@ -12,6 +12,7 @@ before by a warm-up call); "median" is over the moves back to 4 ranks.
 
     taskset -c 0 python benchmarks/explorer_redraw.py                  # every explorer, this tree
     taskset -c 0 python benchmarks/explorer_redraw.py --baseline /work/wt/_base   # before and after
+    taskset -c 0 python benchmarks/explorer_redraw.py --only tp-mlp --baseline DIR --repeat 5
     taskset -c 0 python benchmarks/explorer_redraw.py --only tp-mlp --moves 8 --profile
     taskset -c 0 python benchmarks/explorer_redraw.py --warm-up       # import cell as in notebooks
 
@@ -20,9 +21,15 @@ forkserver starts in that cell (torch's lazy imports with it) and the pools in t
 so "first" is what a student who runs the explorer cell right after the import cell waits for.
 Without it (the default) "first" starts the forkserver and the pool from cold.
 
-``--baseline DIR`` measures each explorer twice, one kernel importing the package from DIR (an
-untouched checkout of an older commit) and one importing it from this tree, alternately, so that
-both see the same machine; the table gains the ratio of the medians.
+``--baseline DIR`` measures each explorer in two kernels, one importing the package from DIR (an
+untouched checkout of an older commit) and one importing it from this tree. Both are built in
+turn (the other idle), then their timed moves alternate, the order swapped every pair (before,
+now, now, before, ...), so both see the same moments of the machine; the table gains the ratio
+of the medians. ``--repeat K`` runs K such rounds, fresh kernels each: the move columns then pool
+every round's moves, "new setting" and "first" are medians over rounds, and with ``--baseline``
+a last column gives the median and range of the K rounds' ratios (how far one round's ratio
+moves). ``--profile`` writes the last profiled move of this tree to /tmp/explorer_redraw.prof
+(the baseline's to /tmp/explorer_redraw.0.prof).
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ import statistics
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROFILE = "/tmp/explorer_redraw.prof"
 
 # name -> (the import cell, the cell that builds the explorer in ``w`` at 4 ranks, how to find its
 # main control, values to alternate between: the first is the 4-rank setting that is timed)
@@ -109,37 +117,81 @@ def _execute(kc, code: str, timeout: float = 300.0, figures: int = 0) -> float:
     return elapsed
 
 
-def measure(name: str, moves: int, profile: bool, tree: str, warm: bool = False) -> dict:
-    """Time one explorer in a fresh kernel importing the package from ``tree``."""
-    from jupyter_client.manager import start_new_kernel
+class Kernel:
+    """One fresh kernel importing the package from ``tree``, with one explorer built in it."""
 
-    imports, build, prefix, values = EXPLORERS[name]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [tree, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]))
-    km, kc = start_new_kernel(kernel_name="python3", env=env)
-    try:
-        _execute(kc, "%matplotlib inline\nfrom IPython.display import display\n" + imports
+    def __init__(self, name: str, tree: str, warm: bool, profile: str | None) -> None:
+        from jupyter_client.manager import start_new_kernel
+
+        self.name, self.tree, self.profile = name, tree, profile
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [tree, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]))
+        self.km, self.kc = start_new_kernel(kernel_name="python3", env=env)
+        self.times: list[float] = []
+        imports = EXPLORERS[name][0]
+        _execute(self.kc, "%matplotlib inline\nfrom IPython.display import display\n" + imports
                  + ("\nfrom mtb_helpers import warm_up\nwarm_up(2, 4)" if warm else ""))
-        first = _execute(kc, build + "\ndisplay(w)", figures=1)
-        _execute(kc, FIND.format(prefix=prefix, values=values))
-        _execute(kc, "import mtb_helpers as _m\nif isinstance(_values[1], int) and _values[1] > 1:\n"
-                     "    _m.run(int, world_size=_values[1])")   # its pool warm, not its figures
-        new = _execute(kc, "_main.value = _values[1]", figures=1)
-        times = []
-        for _ in range(moves):
-            code = "_main.value = _values[0]"
-            if profile:
-                code = ("import cProfile, pstats\n_p = cProfile.Profile(); _p.enable()\n" + code
-                        + "\n_p.disable(); pstats.Stats(_p).sort_stats('cumtime')"
-                          ".dump_stats('/tmp/explorer_redraw.prof')")
-            times.append(_execute(kc, code, figures=1))
-            _execute(kc, "_main.value = _values[1]", figures=1)
-        return {"explorer": name, "median_ms": 1000 * statistics.median(times),
-                "min_ms": 1000 * min(times), "max_ms": 1000 * max(times), "moves": len(times),
-                "first_ms": 1000 * first, "new_ms": 1000 * new}
+
+    def build(self) -> None:
+        """Build and display the explorer ("first"), warm the other setting's pool, move there
+        once ("new setting")."""
+        _, build, prefix, values = EXPLORERS[self.name]
+        self.first = _execute(self.kc, build + "\ndisplay(w)", figures=1)
+        _execute(self.kc, FIND.format(prefix=prefix, values=values))
+        _execute(self.kc, "import mtb_helpers as _m\nif isinstance(_values[1], int) and _values[1] > 1:\n"
+                          "    _m.run(int, world_size=_values[1])")   # its pool warm, not its figures
+        self.new = _execute(self.kc, "_main.value = _values[1]", figures=1)
+
+    def move(self) -> None:
+        """One timed move to the 4-rank setting, then an untimed move back."""
+        code = "_main.value = _values[0]"
+        if self.profile:
+            code = ("import cProfile, pstats\n_p = cProfile.Profile(); _p.enable()\n" + code
+                    + "\n_p.disable(); pstats.Stats(_p).sort_stats('cumtime')"
+                      f".dump_stats({self.profile!r})")
+        self.times.append(_execute(self.kc, code, figures=1))
+        _execute(self.kc, "_main.value = _values[1]", figures=1)
+
+    def close(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+
+
+def measure_round(name: str, moves: int, profile: bool, trees: list[str],
+                  warm: bool = False) -> list[dict]:
+    """One round: one fresh kernel per tree (each built in turn, the others idle), then their
+    timed moves interleaved, the order swapped every pair (A B, B A, A B, ...): a machine that
+    drifts during the round slows both trees alike instead of the one measured last."""
+    kernels: list[Kernel] = []
+    tree = trees[0]
+    try:
+        for i, tree in enumerate(trees):
+            # this tree's profile; the last tree's ("now") goes where --profile's help says
+            path = PROFILE if i == len(trees) - 1 else PROFILE.replace(".prof", f".{i}.prof")
+            kernels.append(Kernel(name, tree, warm, path if profile else None))
+            kernels[-1].build()
+        for i in range(moves):
+            for k in (kernels if i % 2 == 0 else kernels[::-1]):
+                tree = k.tree
+                k.move()
+        return [{"explorer": name, "times": k.times, "first_ms": 1000 * k.first,
+                 "new_ms": 1000 * k.new} for k in kernels]
+    except Exception as exc:
+        said = str(exc).splitlines()[-1] if str(exc) else repr(exc)
+        raise RuntimeError(f"in {tree}: {said}") from exc
     finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
+        for k in kernels:
+            k.close()
+
+
+def summary(rounds: list[dict]) -> dict:
+    """One tree's rounds: median, min and max over every timed move of every round; the medians
+    over rounds of "new setting" and "first"."""
+    times = [t for r in rounds for t in r["times"]]
+    return {"median_ms": 1000 * statistics.median(times), "min_ms": 1000 * min(times),
+            "max_ms": 1000 * max(times), "moves": len(times),
+            "new_ms": statistics.median(r["new_ms"] for r in rounds),
+            "first_ms": statistics.median(r["first_ms"] for r in rounds)}
 
 
 def _cells(row: dict | None) -> str:
@@ -152,29 +204,45 @@ def _cells(row: dict | None) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", choices=list(EXPLORERS), default=list(EXPLORERS))
-    parser.add_argument("--moves", type=int, default=6, help="timed moves to 4 ranks (>= 6)")
+    parser.add_argument("--moves", type=int, default=6, help="timed moves to 4 ranks per round (>= 6)")
+    parser.add_argument("--repeat", "--repeats", dest="repeat", type=int, default=1, metavar="K",
+                        help="whole rounds (fresh kernels each) per explorer; with --baseline the "
+                             "table adds the median and range of the rounds' ratios")
     parser.add_argument("--baseline", metavar="DIR",
                         help="also measure the package imported from DIR (an older checkout)")
     parser.add_argument("--warm-up", action="store_true",
                         help="the import cell also calls warm_up(2, 4), as the notebooks' do")
     parser.add_argument("--profile", action="store_true",
-                        help="cProfile the last move into /tmp/explorer_redraw.prof")
+                        help=f"cProfile the last move into {PROFILE}")
     args = parser.parse_args()
+    if args.moves < 1 or args.repeat < 1:
+        parser.error("--moves and --repeat must be at least 1")
     trees = ([("before", os.path.abspath(args.baseline))] if args.baseline else []) + [("now", ROOT)]
+    per_round = args.baseline and args.repeat > 1
     head = " | ".join(f"{label}: median redraw at 4 ranks (min-max) | {label}: new setting | "
                       f"{label}: first (cold pool)" for label, _ in trees)
-    print(f"| explorer | {head} |" + (" now / before |" if args.baseline else ""))
-    print("|---|" + "---:|---:|---:|" * len(trees) + ("---:|" if args.baseline else ""))
+    print(f"| explorer | {head} |" + (" now / before |" if args.baseline else "")
+          + (f" now / before per round, median (min-max of {args.repeat}) |" if per_round else ""))
+    print("|---|" + "---:|---:|---:|" * len(trees) + ("---:|" if args.baseline else "")
+          + ("---:|" if per_round else ""))
     for name in args.only:
-        rows = []
-        for _, tree in trees:
-            try:
-                rows.append(measure(name, args.moves, args.profile, tree, args.warm_up))
-            except Exception as exc:  # noqa: BLE001  (one broken explorer must not hide the others)
-                print(f"<!-- {name} in {tree}: {str(exc).splitlines()[-1][:200]} -->", flush=True)
-                rows.append(None)
+        rounds = []
+        try:
+            for _ in range(args.repeat):
+                rounds.append(measure_round(name, args.moves, args.profile,
+                                            [tree for _, tree in trees], args.warm_up))
+            rows = [summary([r[i] for r in rounds]) for i in range(len(trees))]
+        except Exception as exc:  # noqa: BLE001  (one broken explorer must not hide the others)
+            print(f"<!-- {name}: {str(exc).splitlines()[-1][:200]} -->", flush=True)
+            rows = [None] * len(trees)
         ratio = (f" {rows[1]['median_ms'] / rows[0]['median_ms']:.2f} |"
                  if args.baseline and None not in rows else (" |" if args.baseline else ""))
+        if per_round and None not in rows:
+            each = [statistics.median(now["times"]) / statistics.median(before["times"])
+                    for before, now in rounds]
+            ratio += f" {statistics.median(each):.2f} ({min(each):.2f}-{max(each):.2f}) |"
+        elif per_round:
+            ratio += " |"
         print(f"| {name} | " + " | ".join(_cells(r) for r in rows) + " |" + ratio, flush=True)
 
 

@@ -58,7 +58,7 @@ TOPICS: tuple[Topic, ...] = (
           checks=("check_column_parallel", "check_row_parallel", "check_tp_mlp")),
     Topic("attention", checks=("check_tp_attention", "vocab_check.check_vocab_parallel"),
           layers=("layers", "vocab")),
-    Topic("sp", checks=("check_sequence_parallel",)),
+    Topic("sp", checks=("check_sequence_parallel",), layers=("layers", "dropout")),
     Topic("pp", group="pp", group_help="pipeline schedules and their bubble",
           checks=("check_pipeline",),
           layers=("schedules", "simulator", "runtime", "stage", "p2p")),

@@ -145,3 +145,26 @@ def test_ctrl_c_while_the_command_starts_is_one_line_and_130(tmp_path, launcher,
     else:
         assert out == ""
     assert left == []
+
+
+def test_an_interrupt_caught_after_a_string_exec_still_exits_130_under_python_m(tmp_path):
+    """Ctrl-C that lands inside code run from a string (dataclasses' generated methods, while the
+    command imports) leaves CPython's unhandled-KeyboardInterrupt flag set; ``python -m`` then died
+    by SIGINT (-2) after main() had printed the document and returned 130."""
+    (tmp_path / "interrupted_in_exec.py").write_text(textwrap.dedent("""
+        import sys
+        import mtb_helpers.cli as cli
+
+        def interrupted_inside_a_string_exec(argv, as_json):
+            exec("raise KeyboardInterrupt", {})
+
+        cli._main = interrupted_inside_a_string_exec
+        sys.exit(cli.main(["tp", "check", "--json"]))
+    """))
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), repo])}
+    proc = subprocess.run([sys.executable, "-m", "interrupted_in_exec"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 130, (proc.returncode, proc.stderr)
+    assert proc.stderr == "minitrainbench: interrupted\n", proc.stderr
+    assert json.loads(proc.stdout)["error"]["type"] == "KeyboardInterrupt"

@@ -7,9 +7,10 @@ them its own sequence rows ``[s/(c t), b, h]``: its grad is a partial sum over t
 ``[h]`` all-reduce per parameter and micro-batch: 6 per block plus the final LayerNorm's 2, times
 ``m``. On a slow shared CPU each is a round trip of a few processes (~1 ms), so the capstone does
 what Megatron-LM does in ``finalize_model_grads`` (``_allreduce_non_tensor_model_parallel_grads``,
-earlier ``_allreduce_layernorm_grads``): the layers leave those grads partial, the micro-batches
-accumulate into them, and after the last backward the stage sums them over the tensor group in
-ONE all-reduce of their concatenation, ``[Ψ_rep] = [(6 L_p + 2 (last stage)) h]``:
+earlier ``_allreduce_layernorm_grads``): the same layers built with ``grad_sync="step"``
+(``sp/layers.py``) leave those grads partial, the micro-batches accumulate into them, and after
+the last backward the stage sums them over the tensor group in ONE all-reduce of their
+concatenation, ``[Ψ_rep] = [(6 L_p + 2 (last stage)) h]``:
 
     grads of the rep parameters -> cat -> [Ψ_rep] -> all-reduce (tp group) -> split back
 
@@ -18,34 +19,13 @@ Summing the micro-batches first and then the ranks is the same sum in another or
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from mtb_helpers.comm.issue import issue
-from mtb_helpers.comm.regions import GRAD_ALLREDUCE_SP, reduce_scatter_to_sequence_parallel_region
-from mtb_helpers.sp.layers import SequenceParallelLayerNorm, SequenceParallelRowLinear
+from mtb_helpers.comm.regions import GRAD_ALLREDUCE_SP
 
-__all__ = ["StepLayerNorm", "StepBiasRowLinear", "SequenceParallelGrads", "FINALIZE"]
+__all__ = ["SequenceParallelGrads", "FINALIZE"]
 
 FINALIZE = "finalize"   # the operator of the one all-reduce in the record
-
-
-class StepLayerNorm(SequenceParallelLayerNorm):
-    """LayerNorm on ``[s/(c t), b, h]`` whose weight and bias grads stay partial (this rank's rows)
-    until ``SequenceParallelGrads.finalize``."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
-
-
-class StepBiasRowLinear(SequenceParallelRowLinear):
-    """``x [s, b, in/t]`` -> partial ``[s, b, out]`` -> reduce-scatter (seq) -> ``[s/t, b, out]`` +
-    bias; the bias grad stays partial until ``SequenceParallelGrads.finalize``."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        partial = F.linear(x, self.weight)   # [s, b, in/t] @ [in/t, out] -> [s, b, out] (partial)
-        # [s, b, out] -> reduce-scatter along the sequence -> [s/t, b, out]
-        y = reduce_scatter_to_sequence_parallel_region(partial, self.group)
-        return y if self.bias is None else y + self.bias
 
 
 class SequenceParallelGrads:

@@ -33,9 +33,9 @@ from mtb_helpers.comm.issue import group_rank, group_size
 from mtb_helpers.comm.regions import scatter_to_sequence_parallel_region
 from mtb_helpers.comm.sharding import Replicate, Shard, on_mesh
 from mtb_helpers.cp.ring import ring_attention
-from mtb_helpers.capstone.finalize import StepBiasRowLinear, StepLayerNorm
-from mtb_helpers.sp.layers import (PositionKeyedDropout, SequenceParallelColumnLinear,
-                                   SequenceParallelMLPBlock, TensorParallelMLPBlock)
+from mtb_helpers.sp.layers import (SequenceParallelColumnLinear, SequenceParallelLayerNorm,
+                                   SequenceParallelMLPBlock, SequenceParallelRowLinear,
+                                   TensorParallelMLPBlock)
 from mtb_helpers.attention.layers import LocalAttention, ParallelSelfAttention, check_heads, grouped_qkv
 from mtb_helpers.tp.layers import ColumnParallelLinear, RowParallelLinear
 from mtb_helpers.attention.vocab import VocabParallelEmbedding
@@ -109,14 +109,11 @@ class ParallelBlock(nn.Module):
         core = (ContextParallelCore(a.heads, d, t, cp_group) if group_size(cp_group) > 1
                 else LocalAttention(a.heads, d, True, t))
         if sequence_parallel:   # LayerNorm and bias grads: summed once per step (finalize.py)
-            ln1 = StepLayerNorm.from_full(block.ln1, "ln1", tp_group)
+            ln1 = SequenceParallelLayerNorm.from_full(block.ln1, "ln1", tp_group, grad_sync="step")
             qkv = SequenceParallelColumnLinear.from_full(qkv_full, group=tp_group)
-            out = StepBiasRowLinear.from_full(a.wo, group=tp_group)
-            mlp = SequenceParallelMLPBlock(
-                StepLayerNorm.from_full(block.ln2, "ln", tp_group),
-                SequenceParallelColumnLinear.from_full(block.mlp.fc1, group=tp_group),
-                StepBiasRowLinear.from_full(block.mlp.fc2, group=tp_group),
-                PositionKeyedDropout(0.0, sequence_parallel=True, group=tp_group))
+            out = SequenceParallelRowLinear.from_full(a.wo, group=tp_group, grad_sync="step")
+            mlp = SequenceParallelMLPBlock.from_full(block.ln2, block.mlp.fc1, block.mlp.fc2,
+                                                     dropout_p=0.0, group=tp_group, grad_sync="step")
         else:
             ln1 = nn.LayerNorm(block.ln1.normalized_shape, dtype=block.ln1.weight.dtype)
             ln1.load_state_dict(block.ln1.state_dict())
@@ -143,7 +140,7 @@ class ParallelHead(nn.Module):
     @classmethod
     def from_full(cls, head, sequence_parallel: bool, tp_group) -> "ParallelHead":
         if sequence_parallel:   # the gather of the sequence happens inside the LM head
-            return cls(StepLayerNorm.from_full(head.ln_f, "ln_f", tp_group),
+            return cls(SequenceParallelLayerNorm.from_full(head.ln_f, "ln_f", tp_group, grad_sync="step"),
                        SequenceParallelColumnLinear.from_full(head.lm_head, group=tp_group))
         ln_f = nn.LayerNorm(head.ln_f.normalized_shape, dtype=head.ln_f.weight.dtype)
         ln_f.load_state_dict(head.ln_f.state_dict())

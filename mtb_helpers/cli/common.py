@@ -107,7 +107,19 @@ def interrupted(as_json: bool, diagnosis: str = "interrupted (Ctrl-C): every ran
     print("minitrainbench: interrupted", file=sys.stderr, flush=True)
     if as_json and is_primary():
         print_failure_json(KeyboardInterrupt(), diagnosis)
+    forget_unhandled_interrupt()
     return 130
+
+
+def forget_unhandled_interrupt() -> None:
+    """Clear CPython's "unhandled KeyboardInterrupt" flag: the interrupt WAS handled.
+
+    CPython sets that flag when code run from a string (``exec``/``eval`` of source text, e.g. the
+    methods ``dataclasses`` generates while a module is imported) ends with a KeyboardInterrupt,
+    even when a caller catches it later; under ``python -m`` the interpreter then kills itself with
+    SIGINT after ``main()`` returned 130 (exit status -2; seen when Ctrl-C landed during an import).
+    Every string eval resets the flag when it starts, so one that ends normally clears it."""
+    exec("pass", {})  # noqa: S102  (a constant: the reset is the point)
 
 
 @contextlib.contextmanager

@@ -26,7 +26,12 @@ from mtb_helpers.pp.schedules import schedule as make_schedule
 from mtb_helpers.pp.simulator import simulate
 from mtb_helpers.runtime.ranks import resolve_world_size
 
-__all__ = ["check_pipeline", "make_pipeline_model", "reference_step", "simulated_for"]
+__all__ = ["INTERLEAVED_CHUNKS", "check_pipeline", "make_pipeline_model", "reference_step",
+           "simulated_for"]
+
+# model chunks per rank when ``check_pipeline`` is asked for interleaved without ``chunks``; the
+# explorer on ranks reads it too, to hold each chunk's op to its op time
+INTERLEAVED_CHUNKS = 2
 
 
 def make_pipeline_model(blocks: int, width: int = 8, dtype: torch.dtype = torch.float32,
@@ -82,7 +87,7 @@ def check_pipeline(schedule: str = "1f1b", stages: int = 4, microbatches: int = 
                    rows_per_microbatch: int = 2, timeout: float = 60.0) -> Report:
     """``pipeline_step`` on ``stages`` ranks against one process on the whole batch.
 
-    ``chunks`` defaults to 2 for interleaved and 1 for the others.
+    ``chunks`` defaults to ``INTERLEAVED_CHUNKS`` (2) for interleaved and 1 for the others.
     Refuses (ValueError, before any rank starts) a bad size, an unknown schedule or bug, chunks
     that do not fit the schedule (interleaved needs >= 2, the others 1) and, for interleaved,
     micro-batches not divisible by the stage count.
@@ -90,7 +95,7 @@ def check_pipeline(schedule: str = "1f1b", stages: int = 4, microbatches: int = 
     dtype, p = as_dtype(dtype), resolve_world_size(stages)
     positive_sizes(microbatches=microbatches, width=width,
                    rows_per_microbatch=rows_per_microbatch)
-    chunks = (2 if schedule == "interleaved" else 1) if chunks is None else chunks
+    chunks = (INTERLEAVED_CHUNKS if schedule == "interleaved" else 1) if chunks is None else chunks
     make_schedule(schedule, p, microbatches, chunks)
     op_durations(op_time, chunks, recompute)
     model, x, target, (ref_loss, ref_grads), (ref64_loss, ref64_grads) = _problem(

@@ -11,7 +11,7 @@ from mtb_helpers.pp.plots import plot_gantt
 from mtb_helpers.pp.schedules import SCHEDULES, closed_form, schedule, simulate
 from mtb_helpers.widgets.frame import live_view
 
-__all__ = ["pipeline_numbers", "explore_pipeline", "explore_pipeline_on_ranks"]
+__all__ = ["pipeline_numbers", "explore_pipeline", "explore_pipeline_on_ranks", "measure_hop_latency"]
 
 
 def pipeline_numbers(name: str, stages: int, microbatches: int, chunks: int = 2,
@@ -63,6 +63,26 @@ def explore_pipeline(name: str = "1f1b", stages: int = 4, microbatches: int = 8,
     return live_view([[schedule_box, stages_box, micro_box], [chunks_box, ratio_box]], render)
 
 
+def measure_hop_latency(stages: int, op_time: tuple[float, float] = (0.005, 0.01)) -> float:
+    """This machine's hop α between ``stages`` ranks (seconds), measured on its own: one small
+    1F1B step (``stages`` micro-batches, ops held to ``op_time``) on the same ranks, its
+    ``PipelineResult.hop_latency``. 0 on one stage (no messages), without starting a rank.
+
+    The explorer calls it before the first run with each stage count, so the α a prediction is
+    made with was measured before the run the prediction is compared with."""
+    if stages == 1:
+        return 0.0
+    import torch
+    import torch.nn.functional as F
+
+    from mtb_helpers.pp.check import make_pipeline_model
+    from mtb_helpers.pp.runtime import pipeline_step
+
+    x = torch.zeros(2 * stages, 8)   # [m * 2 rows, h]: values do not matter, only the messages' time
+    return pipeline_step(make_pipeline_model(stages), x, x, F.mse_loss, "1f1b", stages, stages,
+                         op_time=op_time).hop_latency
+
+
 def explore_pipeline_on_ranks(name: str = "1f1b", stages: int = 4, microbatches: int = 8,
                               op_time: tuple[float, float] = (0.005, 0.01)) -> widgets.VBox:
     """Notebook 09's explorer: one pipeline step on real ranks per setting (schedule, stages,
@@ -72,10 +92,10 @@ def explore_pipeline_on_ranks(name: str = "1f1b", stages: int = 4, microbatches:
     Ops are padded to ``op_time`` = (F, B) seconds. The prediction is ``simulate()`` with those
     op times and every message between ranks taking this machine's hop α: on one CPU a message
     costs a fraction of a millisecond (the sender's and the receiver's processes take turns),
-    which at these op times is several per cent of the makespan. α is measured on the first run
-    with each stage count (``PipelineResult.hop_latency``) and kept, so later runs are predicted
-    before they run."""
-    from mtb_helpers.pp.check import check_pipeline, simulated_for
+    which at these op times is several per cent of the makespan. α is measured by
+    ``measure_hop_latency`` (one small step on the same ranks) before the first run with each
+    stage count and kept, so every run is predicted before it runs."""
+    from mtb_helpers.pp.check import INTERLEAVED_CHUNKS, check_pipeline, simulated_for
     from mtb_helpers.pp.measured_plots import gap, measured_vs_simulated_png
 
     slider = dict(style={"description_width": "initial"}, continuous_update=False)
@@ -85,17 +105,21 @@ def explore_pipeline_on_ranks(name: str = "1f1b", stages: int = 4, microbatches:
                                   description="micro-batches m", **slider)
     recompute_box = widgets.Dropdown(options=[("off", False), ("on", True)], value=False,
                                      description="recompute")
-    hop: dict[int, float] = {}   # stages -> the hop α measured on the first run with that many
+    hop: dict[int, float] = {}   # stages -> the hop α measured before the first run with that many
 
     def render() -> list:
         s, p, m, rc = schedule_box.value, stages_box.value, micro_box.value, recompute_box.value
         # interleaved splits a stage's op into its chunks; each chunk's op keeps the op time (at
         # half of it a chunk's op is mostly its messages on a shared CPU, 12-34 % over)
-        times = tuple(x * (2 if s == "interleaved" else 1) for x in op_time)
+        v = INTERLEAVED_CHUNKS if s == "interleaved" else 1
+        times = tuple(x * v for x in op_time)
+        schedule(s, p, m, v)   # a setting the schedule refuses: its ValueError before any rank starts
+        if p not in hop:   # the prediction's α, measured before the run it predicts
+            hop[p] = measure_hop_latency(p, op_time)
+        alpha = hop[p]
+        sim = simulated_for(s, p, m, v, times, rc, latency=alpha)   # the prediction, then the run
         report = check_pipeline(s, p, m, op_time=times, recompute=rc)
         pipe, measured = report.extra["pipeline"], report.result.measured()
-        alpha = hop.setdefault(p, report.result.hop_latency)
-        sim = simulated_for(s, p, m, report.config["chunks"], times, rc, latency=alpha)
         fig = measured_vs_simulated_png(measured, sim, s, width=9.5, latency=alpha)
         rows = []
         for quantity, got, want, fmt in (("makespan", measured.makespan, sim.makespan, "{:.3f} s"),
@@ -110,8 +134,8 @@ def explore_pipeline_on_ranks(name: str = "1f1b", stages: int = 4, microbatches:
                 f"predicted: simulate() with F = {times[0] * 1e3:g} ms, B = {times[1] * 1e3:g} ms "
                 + (f"per stage ({op_time[0] * 1e3:g} and {op_time[1] * 1e3:g} ms per chunk) "
                    if times != op_time else "") +
-                f"and each message between ranks {alpha * 1e3:.2f} ms (the hop α measured on the "
-                f"first run with {p} ranks)\n"
+                f"and each message between ranks {alpha * 1e3:.2f} ms (the hop α measured before the "
+                f"first run on {p} ranks)\n"
                 f"peak stashed {pipe['peak_stashed']} (simulator {pipe['simulated_peak_activations']}); "
                 f"bytes held {pipe['stash_bytes']}")
         return [fig, text]

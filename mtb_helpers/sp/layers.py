@@ -12,14 +12,16 @@ Two things need care:
 
 * Replicated parameters that only see this rank's tokens (LayerNorm weight/bias, fc2's bias) get a
   partial grad; it is all-reduced over the group on its way back (``allreduce_sequence_parallel_grad``),
-  so ``backward()`` returns with the full-sequence grad on every rank.
+  so ``backward()`` returns with the full-sequence grad on every rank (``grad_sync="backward"``).
+  With ``grad_sync="step"`` the layer leaves that grad partial (this rank's rows only) for one
+  coalesced all-reduce after the step's last backward, as Megatron-LM's ``finalize_model_grads``
+  (the capstone's ``capstone/finalize.py``).
 * Dropout: the mask of element ``(i, j, k)`` of the global ``[s, b, h]`` tensor is a hash of its
-  global position and the seed (``keep_mask``), so every shard gets its own part of one global
-  mask, whatever the world size, and a one-process reference can use the very same mask.
+  global position and the seed (``keep_mask``, in ``sp/dropout.py``), so every shard gets its own
+  part of one global mask, whatever the world size, and a one-process reference can use the very
+  same mask.
 """
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.distributed as dist
@@ -31,101 +33,59 @@ from mtb_helpers.comm.regions import (GATHER_SP, allreduce_sequence_parallel_gra
                                  gather_from_sequence_parallel_region,
                                  reduce_scatter_to_sequence_parallel_region)
 from mtb_helpers.comm.sharding import Replicate, Shard, shard_range
+from mtb_helpers.sp.dropout import PositionKeyedDropout, keep_mask, position_keyed_dropout
 from mtb_helpers.tp.layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear
 
-__all__ = ["keep_mask", "position_keyed_dropout", "PositionKeyedDropout", "SequenceParallelLayerNorm",
-           "SequenceParallelColumnLinear", "SequenceParallelRowLinear", "SequenceParallelMLPBlock",
-           "TensorParallelMLPBlock", "layernorm_dropout_on_shard", "layernorm_dropout_reference"]
+__all__ = ["GRAD_SYNCS", "check_grad_sync", "keep_mask", "position_keyed_dropout", "PositionKeyedDropout",
+           "SequenceParallelLayerNorm", "SequenceParallelColumnLinear", "SequenceParallelRowLinear",
+           "SequenceParallelMLPBlock", "TensorParallelMLPBlock", "layernorm_dropout_on_shard",
+           "layernorm_dropout_reference"]
 
-_M32 = 0xFFFFFFFF
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash on int64 tensors holding values in [0, 2^32). Both multipliers are
-    below 2^31, so no product leaves int64."""
-    x = x ^ (x >> 16)
-    x = (x * 0x7FEB352D) & _M32
-    x = x ^ (x >> 15)
-    x = (x * 0x2C1B3C6D) & _M32
-    return x ^ (x >> 16)
+# when the grads of replicated parameters fed only this rank's sequence rows are summed over the group
+GRAD_SYNCS = ("backward", "step")
 
 
-def keep_mask(shape: tuple[int, ...], p: float, seed: int, row_offset: int = 0) -> torch.Tensor:
-    """Bool keep-mask ``[n, ..]`` for rows ``row_offset .. row_offset+n`` of a global tensor whose
-    rows have shape ``shape[1:]``; element keeps iff hash(seed, global flat index) >= p * 2^32.
-
-    It depends on the global position only, so rank r's shard of the mask is the same at every
-    world size and equals rows ``r*s/t ..`` of ``keep_mask([s, ..], p, seed)``.
-    """
-    inner = math.prod(shape[1:])
-    idx = torch.arange(row_offset * inner, (row_offset + shape[0]) * inner, dtype=torch.int64)
-    key = _mix32(torch.tensor((seed & _M32) ^ 0x9E3779B9, dtype=torch.int64))
-    h = _mix32(_mix32((idx & _M32) ^ key) ^ (idx >> 32))
-    return (h.double() / 2.0 ** 32 >= p).reshape(shape)
-
-
-def position_keyed_dropout(x: torch.Tensor, p: float, seed: int, row_offset: int = 0) -> torch.Tensor:
-    """``x * mask / (1 - p)`` with ``mask = keep_mask(x.shape, p, seed, row_offset)``; ``x`` is
-    rows ``row_offset ..`` of the global tensor (dim 0 = sequence)."""
-    if p == 0:
-        return x
-    # where() keeps only the bool mask for backward: 1 byte per element, as in Korthikanti's model
-    return torch.where(keep_mask(tuple(x.shape), p, seed, row_offset), x * (1.0 / (1.0 - p)), 0.0)
-
-
-class PositionKeyedDropout(nn.Module):
-    """Dropout whose mask is keyed by global position and seed. ``x``: ``[s/t, b, h]`` (this
-    rank's sequence shard, ``sequence_parallel=True``) or the whole ``[s, b, h]``."""
-
-    @property
-    def input_layouts(self) -> Replicate | Shard:
-        return Shard(0) if self.sequence_parallel else Replicate()
-
-    output_layouts = input_layouts
-
-    def __init__(self, p: float = 0.1, seed: int = 0, sequence_parallel: bool = True, group=None):
-        super().__init__()
-        if not 0 <= p < 1:
-            raise ValueError(f"dropout p must be in [0, 1), got {p!r}")
-        self.p, self.seed, self.sequence_parallel, self.group = p, seed, sequence_parallel, group
-
-    def row_offset(self, x: torch.Tensor) -> int:
-        """Global index of this rank's first sequence row."""
-        return group_rank(self.group) * x.shape[0] if self.sequence_parallel else 0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training:
-            return x
-        return position_keyed_dropout(x, self.p, self.seed, self.row_offset(x))
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}, seed={self.seed}, sequence_parallel={self.sequence_parallel}"
+def check_grad_sync(grad_sync: str) -> str:
+    """``grad_sync`` if it is one of ``GRAD_SYNCS``, else a ValueError naming them."""
+    if grad_sync not in GRAD_SYNCS:
+        raise ValueError(f"grad_sync must be one of {', '.join(map(repr, GRAD_SYNCS))} ('backward': "
+                         f"all-reduced over the group inside backward; 'step': left partial for "
+                         f"one all-reduce per step), got {grad_sync!r}")
+    return grad_sync
 
 
 class SequenceParallelLayerNorm(nn.Module):
-    """LayerNorm over ``h`` on this rank's ``[s/t, b, h]``; weight and bias ``[h]`` are replicated
-    and their grads all-reduced over the group in backward."""
+    """LayerNorm over ``h`` on this rank's ``[s/t, b, h]``; weight and bias ``[h]`` are replicated.
+    ``grad_sync="backward"``: their grads are all-reduced over the group in backward; ``"step"``:
+    left partial (this rank's rows) until the step sums them (``capstone/finalize.py``)."""
     input_layouts = output_layouts = Shard(0)   # [s/t, b, h]
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
-                 name: str = "ln", group=None):
+                 name: str = "ln", group=None, grad_sync: str = "backward"):
         super().__init__()
+        self.grad_sync = check_grad_sync(grad_sync)
         self.weight = nn.Parameter(weight.detach().clone())
         self.bias = nn.Parameter(bias.detach().clone())
         self.eps, self.name, self.group = eps, name, group
 
     @classmethod
-    def from_full(cls, ln: nn.LayerNorm, name: str = "ln", group=None) -> "SequenceParallelLayerNorm":
+    def from_full(cls, ln: nn.LayerNorm, name: str = "ln", group=None,
+                  grad_sync: str = "backward") -> "SequenceParallelLayerNorm":
         """A copy of ``ln`` (same weight, bias, eps) for sequence shards."""
         if ln.weight is None or ln.bias is None or len(ln.normalized_shape) != 1:
             raise ValueError("SequenceParallelLayerNorm needs an nn.LayerNorm over the last dim "
                              "with elementwise_affine=True and a bias")
-        return cls(ln.weight, ln.bias, ln.eps, name, group)
+        return cls(ln.weight, ln.bias, ln.eps, name, group, grad_sync)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = allreduce_sequence_parallel_grad(self.weight, f"{self.name}.weight", self.group)
-        b = allreduce_sequence_parallel_grad(self.bias, f"{self.name}.bias", self.group)
+        w, b = self.weight, self.bias
+        if self.grad_sync == "backward":   # "step": the grads stay partial until the step's sum
+            w = allreduce_sequence_parallel_grad(self.weight, f"{self.name}.weight", self.group)
+            b = allreduce_sequence_parallel_grad(self.bias, f"{self.name}.bias", self.group)
         return F.layer_norm(x, self.weight.shape, w, b, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}, grad_sync={self.grad_sync!r}"
 
 
 class _GatherThenLinear(torch.autograd.Function):
@@ -173,8 +133,26 @@ class SequenceParallelColumnLinear(ColumnParallelLinear):
 
 class SequenceParallelRowLinear(RowParallelLinear):
     """fc2 under SP: ``x [s, b, in/t]`` -> partial ``[s, b, out]`` -> reduce-scatter along the
-    sequence -> ``[s/t, b, out]`` + bias (replicated, grad all-reduced like LayerNorm's)."""
+    sequence -> ``[s/t, b, out]`` + bias (replicated; its grad synced like LayerNorm's, by
+    ``grad_sync``)."""
     input_layouts, output_layouts = Shard(-1), Shard(0)   # [s, b, in/t] -> [s/t, b, out]
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, in_features: int,
+                 out_features: int, input_is_parallel: bool = True, group=None,
+                 grad_sync: str = "backward"):
+        super().__init__(weight, bias, in_features, out_features, input_is_parallel, group)
+        self.grad_sync = check_grad_sync(grad_sync)
+
+    @classmethod
+    def from_full(cls, linear: nn.Linear, input_is_parallel: bool = True,
+                  group: dist.ProcessGroup | None = None,
+                  grad_sync: str = "backward") -> "SequenceParallelRowLinear":
+        """This rank's input columns of a full ``nn.Linear``; the bias stays whole, its grad
+        summed over the group in backward (``"backward"``) or left partial (``"step"``)."""
+        check_grad_sync(grad_sync)
+        layer = super().from_full(linear, input_is_parallel, group)
+        layer.grad_sync = grad_sync
+        return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         partial = F.linear(x, self.weight)   # [s, b, in/t] @ [in/t, out] -> [s, b, out] (partial)
@@ -182,7 +160,13 @@ class SequenceParallelRowLinear(RowParallelLinear):
         y = reduce_scatter_to_sequence_parallel_region(partial, self.group)
         if self.bias is None:
             return y
-        return y + allreduce_sequence_parallel_grad(self.bias, "fc2.bias", self.group)
+        b = self.bias
+        if self.grad_sync == "backward":   # "step": the grad stays partial until the step's sum
+            b = allreduce_sequence_parallel_grad(self.bias, "fc2.bias", self.group)
+        return y + b
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, grad_sync={self.grad_sync!r}"
 
 
 def _check_block(ln: nn.LayerNorm, fc1: nn.Linear, fc2: nn.Linear) -> None:
@@ -205,15 +189,19 @@ class SequenceParallelMLPBlock(nn.Module):
     @classmethod
     def from_full(cls, ln: nn.LayerNorm, fc1: nn.Linear, fc2: nn.Linear, dropout_p: float = 0.1,
                   seed: int = 0, group: dist.ProcessGroup | None = None,
-                  save_input_shard: bool = False) -> "SequenceParallelMLPBlock":
+                  save_input_shard: bool = False,
+                  grad_sync: str = "backward") -> "SequenceParallelMLPBlock":
         """Inside a rank: fc1 ``[ffn, h]`` split on its outputs, fc2 ``[h, ffn]`` on its inputs,
         LayerNorm and fc2's bias replicated. ``save_input_shard``: fc1 keeps only ``[s/t, b, h]``
-        for backward and all-gathers it again there (less memory, one more all-gather)."""
+        for backward and all-gathers it again there (less memory, one more all-gather).
+        ``grad_sync``: the replicated grads summed in backward (``"backward"``) or left partial
+        for the step (``"step"``)."""
         _check_block(ln, fc1, fc2)
+        check_grad_sync(grad_sync)
         col = SequenceParallelColumnLinear.from_full(fc1, group=group)
         col.save_input_shard = save_input_shard
-        return cls(SequenceParallelLayerNorm.from_full(ln, "ln", group), col,
-                   SequenceParallelRowLinear.from_full(fc2, group=group),
+        return cls(SequenceParallelLayerNorm.from_full(ln, "ln", group, grad_sync), col,
+                   SequenceParallelRowLinear.from_full(fc2, group=group, grad_sync=grad_sync),
                    PositionKeyedDropout(dropout_p, seed, sequence_parallel=True, group=group))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
