@@ -143,7 +143,8 @@ def test_full_state_pieces_the_shards_together_as_gather_param_does(sizes):
     from mtb_helpers.capstone.grid import Layout
     from mtb_helpers.capstone.layers import gather_param
     from mtb_helpers.capstone.model import make_model
-    from mtb_helpers.capstone.parallel import full_state, train_parallel
+    from mtb_helpers.capstone.parallel import train_parallel
+    from mtb_helpers.capstone.state import full_state
     calls = []
     train_parallel(**sizes, steps=2, on_call=lambda first, res: calls.append(
         [dict(r, snapshots=list(r["snapshots"])) for r in res]))

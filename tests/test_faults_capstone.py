@@ -11,6 +11,7 @@ import torch
 from mtb_helpers.capstone import check as check_module
 from mtb_helpers.capstone import parallel
 from mtb_helpers.capstone.check import check_capstone
+from mtb_helpers.capstone.state import pack_snapshots
 
 
 def test_timeout_guards_each_call_not_the_run(monkeypatch):
@@ -26,7 +27,7 @@ def test_timeout_guards_each_call_not_the_run(monkeypatch):
         snaps = [{"params": none, "exp_avg": none, "exp_avg_sq": none, "own": (0, 0),
                   "step": first + i} for i in range(count + 1)]
         return [{"index": {"tp": 0, "pp": 0, "dp": 0, "cp": 0}, "losses": [1.0] * count,
-                 "snapshots": parallel._pack_snapshots(snaps),   # as a rank sends them
+                 "snapshots": pack_snapshots(snaps),   # as a rank sends them
                  "params": {"names": (), "shapes": [], "flat": none}}]
 
     monkeypatch.setattr(parallel, "run", fake_run)

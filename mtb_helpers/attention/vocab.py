@@ -14,7 +14,8 @@ Notation: ``V`` tokens in the vocabulary, ``t`` ranks; rank ``r`` owns tokens
   contributes it). No rank ever holds ``[.., V]``. With ``fuse_sums=True`` the last two are ONE
   all-reduce of their stack ``[2, ..]`` (Megatron-LM's fused cross-entropy does the same): the
   same bytes, one round trip fewer; the capstone uses it, notebook 10 shows the three apart.
-  The backward is written by hand and needs no communication: ``dx = (softmax(x) - onehot(target)) * dloss`` on this rank's columns.
+  The backward is written by hand and needs no communication:
+  ``dx = (softmax(x) - onehot(target)) * dloss`` on this rank's columns.
 
 Both assume ``t`` EQUAL shards (rank r's first token is ``r*V/t``), as Megatron does (it pads the
 vocabulary to a multiple of ``t``). Uneven shards (``torch.tensor_split`` of V = 10 over 4 ranks:

@@ -35,7 +35,8 @@ from mtb_helpers.capstone.costs import FORMULAS, GROUP_NAMES, formula_bytes, mea
 from mtb_helpers.capstone.grid import Layout
 from mtb_helpers.capstone.layers import shard_param, stage_blocks
 from mtb_helpers.capstone.model import GPTConfig
-from mtb_helpers.capstone.parallel import full_state, train_parallel
+from mtb_helpers.capstone.parallel import train_parallel
+from mtb_helpers.capstone.state import full_state
 from mtb_helpers.capstone.reference import Reference, TrainConfig
 from mtb_helpers.capstone.validate import validate
 from mtb_helpers.checking.report import Report, compare
