@@ -118,3 +118,53 @@ def test_bad_input_is_refused_before_any_rank_starts(monkeypatch, kwargs, messag
     monkeypatch.setattr(parallel_module, "run", no_ranks)
     with pytest.raises(ValueError, match=message):
         check_capstone(**kwargs)
+
+
+def test_the_reused_anchored_reference_carries_nothing_from_one_check_to_the_next():
+    """The re-anchored reference is kept between checks (it loads the whole state before every
+    step): a correct check right after a failing one gives the rows of a freshly made reference."""
+    from mtb_helpers.capstone import check as check_module
+    assert not check_capstone(tp=2, steps=2, bug="capstone-dp-allreduce-in-tp-group").passed
+    after_bug = check_capstone(tp=2, steps=2)
+    check_module._anchored.cache_clear()
+    fresh = check_capstone(tp=2, steps=2)
+    assert after_bug.passed and check_module._anchored.cache_info().misses == 1
+    assert [(r.quantity, r.max_abs_err) for r in after_bug.rows] == \
+        [(r.quantity, r.max_abs_err) for r in fresh.rows]
+
+
+@pytest.mark.parametrize("sizes", [dict(tp=2, pp=2), dict(tp=2, dp=2, strategy="zero1")])
+def test_full_state_pieces_the_shards_together_as_gather_param_does(sizes):
+    """``full_state`` gathers every snapshot with one index for the whole model; each tensor must
+    be what ``gather_param`` makes of the tensor-parallel shards (moments pieced from the ZeRO-1
+    slices of every replica)."""
+    import math
+
+    from mtb_helpers.capstone.grid import Layout
+    from mtb_helpers.capstone.layers import gather_param
+    from mtb_helpers.capstone.model import make_model
+    from mtb_helpers.capstone.parallel import train_parallel
+    from mtb_helpers.capstone.state import full_state
+    calls = []
+    train_parallel(**sizes, steps=2, on_call=lambda first, res: calls.append(
+        [dict(r, snapshots=list(r["snapshots"])) for r in res]))
+    results, layout = calls[0], Layout(sizes["tp"], sizes.get("pp", 1), sizes.get("dp", 1))
+    for i in range(3):
+        state = full_state(results, layout, i)
+        for stage in range(layout.pp):
+            cells = [[r for r in results if (r["index"]["pp"], r["index"]["tp"]) == (stage, j)]
+                     for j in range(layout.tp)]
+            shapes = {n: p.shape for n, p in cells[0][0]["params"].items()}
+            for kind in ("params", "exp_avg", "exp_avg_sq"):
+                shards = []
+                for owners in cells:
+                    vec = torch.zeros(sum(math.prod(s) for s in shapes.values()), dtype=torch.float64)
+                    for o in (owners if kind != "params" else owners[:1]):
+                        lo, hi = o["snapshots"][i]["own"] if kind != "params" else (0, len(vec))
+                        vec[lo:hi] = o["snapshots"][i][kind][:len(vec) - lo]
+                    parts = vec.split([math.prod(s) for s in shapes.values()])
+                    shards.append({n: p.view(s) for (n, s), p in zip(shapes.items(), parts)})
+                for name in shapes:
+                    for full, want in gather_param([s[name] for s in shards], name).items():
+                        assert torch.equal(state[kind][full], want), (i, kind, full)
+    assert sorted(state["params"]) == sorted(n for n, _ in make_model().named_parameters())

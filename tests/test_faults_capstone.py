@@ -6,10 +6,12 @@ import dataclasses
 import math
 
 import pytest
+import torch
 
 from mtb_helpers.capstone import check as check_module
 from mtb_helpers.capstone import parallel
 from mtb_helpers.capstone.check import check_capstone
+from mtb_helpers.capstone.state import pack_snapshots
 
 
 def test_timeout_guards_each_call_not_the_run(monkeypatch):
@@ -21,9 +23,12 @@ def test_timeout_guards_each_call_not_the_run(monkeypatch):
         calls.append((first, count, timeout))
         clock[0] += 0.5 * count
         assert 0.5 * count <= timeout, "this call would have been reported as a hang"
-        snaps = [{"step": first + i} for i in range(count + 1)]
+        none = torch.zeros(0)
+        snaps = [{"params": none, "exp_avg": none, "exp_avg_sq": none, "own": (0, 0),
+                  "step": first + i} for i in range(count + 1)]
         return [{"index": {"tp": 0, "pp": 0, "dp": 0, "cp": 0}, "losses": [1.0] * count,
-                 "snapshots": snaps, "params": {}}]
+                 "snapshots": pack_snapshots(snaps),   # as a rank sends them
+                 "params": {"names": (), "shapes": [], "flat": none}}]
 
     monkeypatch.setattr(parallel, "run", fake_run)
     monkeypatch.setattr(parallel.time, "perf_counter", lambda: clock[0])

@@ -1,7 +1,7 @@
 """The planner's step time counts every tensor-parallel collective the capstone pays: on real ranks,
 one recorded training step of the capstone issues, per pipeline stage and micro-batch, the layers'
 2 + 2 per block plus exactly the small collectives ``tp_small_collectives`` lists (the embedding's
-and the LM head's, the cross-entropy's three), and once per step the one all-reduce of the
+and the LM head's, the cross-entropy's max and its fused sums), and once per step the one all-reduce of the
 LayerNorm and bias grads under sequence parallelism, each of the size the planner prices. Counts
 and sizes only: no timing."""
 from __future__ import annotations

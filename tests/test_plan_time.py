@@ -66,10 +66,10 @@ def test_each_group_uses_the_link_it_spans():
         return predict("all-reduce", n, 8, fast)
     # per micro-batch: 32 layers x (2 + 2) all-reduces' worth (SP's all-gathers and reduce-
     # scatters); the small ones: the embedding's g and its split's gather, the LM head's gather
-    # and reduce-scatter, the cross-entropy's 3 x [s, b]; once per step, the 32 x 2 RMSNorm grads
-    # + the final norm's in one all-reduce
+    # and reduce-scatter, the cross-entropy's [s, b] (max) and [2, s, b] (the two sums fused);
+    # once per step, the 32 x 2 RMSNorm grads + the final norm's in one all-reduce
     small = (ar(act) + 2 * predict("all-gather", act, 8, fast)
-             + predict("reduce-scatter", act, 8, fast) + 3 * ar(s * b * 2))
+             + predict("reduce-scatter", act, 8, fast) + ar(s * b * 2) + ar(2 * s * b * 2))
     assert inside.terms["tensor parallel"] == pytest.approx(8 * (32 * 4 * ar(act) + small)
                                                             + ar(65 * h * 2), rel=1e-12)
 

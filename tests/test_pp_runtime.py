@@ -234,3 +234,27 @@ def test_held_bytes_counts_views_by_their_own_bytes_shared_bytes_once_and_skips_
     assert held_bytes([batch[:4], batch[2:6]]) == 6 * 8 * 8  # overlapping rows 2-3 once
     weight = torch.nn.Linear(8, 8).weight
     assert held_bytes([rows, weight.t()], exclude={weight.untyped_storage().data_ptr()}) == 128
+
+
+def test_a_stage_that_does_not_count_saved_bytes_computes_the_same_without_the_hook(monkeypatch):
+    """``count_saved=False`` (the capstone's stages, which never show their bytes) installs no
+    saved-tensor hook and counts 0 bytes; the loss and every grad are the counting stage's."""
+    from mtb_helpers.pp.stage import RankStage
+    model, x, y = data(2, 2)
+    results = []
+    for count in (True, False):
+        if not count:   # the hook is the cost being saved: it must not be installed at all
+            monkeypatch.setattr(torch.autograd.graph, "saved_tensors_hooks",
+                                lambda *a: (_ for _ in ()).throw(AssertionError("hooked")))
+        model.zero_grad(set_to_none=True)
+        stage = RankStage(0, 1, 2, {0: model}, list(x.chunk(2)), list(y.chunk(2)), F.mse_loss, None,
+                          [(x.chunk(2)[0].shape, F64)], count_saved=count)
+        for k in range(2):
+            stage.forward(k, 0)
+        peak = stage.peak_bytes
+        for k in range(2):
+            stage.backward(k, 0)
+        results.append((peak, dict(stage.losses), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (peak, losses, grads), (no_peak, no_losses, no_grads) = results
+    assert peak > 0 and no_peak == 0 and losses == no_losses
+    assert all(torch.equal(grads[n], no_grads[n]) for n in grads)

@@ -19,7 +19,7 @@ from mtb_helpers.attention.vocab_check import QUANTITIES, check_vocab_parallel, 
 V = 12
 
 
-def _ce_job(logits, target, reduction, d_loss):
+def _ce_job(logits, target, reduction, d_loss, fuse_sums=False):
     import torch.distributed as dist
     t, r = dist.get_world_size(), dist.get_rank()
     shard = logits.chunk(t, dim=-1)[r].clone().requires_grad_(True)      # [.., V/t]
@@ -30,14 +30,15 @@ def _ce_job(logits, target, reduction, d_loss):
         return x
 
     with record() as rec, torch.autograd.graph.saved_tensors_hooks(keep, lambda x: x):
-        loss = vocab_parallel_cross_entropy(shard, target, reduction)
+        loss = vocab_parallel_cross_entropy(shard, target, reduction, fuse_sums=fuse_sums)
         loss.backward(d_loss)
     return {"loss": loss.detach(), "grad": shard.grad, "saved": saved, "rec": rec}
 
 
+@pytest.mark.parametrize("fuse_sums", [False, True])
 @pytest.mark.parametrize("t", [1, 2, 3, 4])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_cross_entropy_equals_torch_forward_and_backward(t, reduction):
+def test_cross_entropy_equals_torch_forward_and_backward(t, reduction, fuse_sums):
     gen = torch.Generator().manual_seed(t)
     logits = 3 * torch.randn(3, 2, V, generator=gen, dtype=torch.float64)
     target = torch.randint(0, V, (3, 2), generator=gen)
@@ -46,7 +47,7 @@ def test_cross_entropy_equals_torch_forward_and_backward(t, reduction):
     loss = loss.reshape(3, 2) if reduction == "none" else loss
     d_loss = torch.randn(loss.shape, generator=gen, dtype=torch.float64)
     loss.backward(d_loss)
-    for r, out in enumerate(run(_ce_job, logits, target, reduction, d_loss, world_size=t)):
+    for r, out in enumerate(run(_ce_job, logits, target, reduction, d_loss, fuse_sums, world_size=t)):
         assert out["loss"].shape == loss.shape
         assert (out["loss"] - loss.detach()).abs().max() < 1e-12
         assert (out["grad"] - full.grad.chunk(t, dim=-1)[r]).abs().max() < 1e-12
@@ -54,8 +55,33 @@ def test_cross_entropy_equals_torch_forward_and_backward(t, reduction):
         assert all(not shape or shape[-1] != V or t == 1 for shape in out["saved"])
         comm = out["rec"].events
         assert [(e.operator, e.direction, e.shape) for e in comm] == [
-            ("max", "forward", (3, 2)), ("sum_exp", "forward", (3, 2)),
-            ("target_logit", "forward", (3, 2))]
+            ("max", "forward", (3, 2))] + ([("sum_exp+target_logit", "forward", (2, 3, 2))]
+                                           if fuse_sums else [("sum_exp", "forward", (3, 2)),
+                                                              ("target_logit", "forward", (3, 2))])
+        # fused: the same bytes sent, in one all-reduce instead of two
+        assert sum(e.sent_bytes for e in comm) == 3 * 2 * (t - 1) * 6 * 8 // t
+
+
+class _SumsNotReduced(VocabParallelCrossEntropy):
+    """The fused sums left as this rank's own (no all-reduce): what the fused path must not do."""
+
+    def combine_sums(self, local_sum, picked):
+        return local_sum, picked
+
+
+def _unreduced_sums_job(logits, target):
+    import torch.distributed as dist
+    shard = logits.chunk(dist.get_world_size(), dim=-1)[dist.get_rank()]
+    return _SumsNotReduced("mean", None, None, True)(shard, target)
+
+
+def test_the_fused_sums_must_be_all_reduced_to_equal_torch():
+    gen = torch.Generator().manual_seed(5)
+    logits = 3 * torch.randn(3, 2, V, generator=gen, dtype=torch.float64)
+    target = torch.randint(0, V, (3, 2), generator=gen)
+    want = F.cross_entropy(logits.reshape(-1, V), target.reshape(-1))
+    assert all(abs(float(loss - want)) > 1e-3 for loss in run(_unreduced_sums_job, logits, target,
+                                                              world_size=2))
 
 
 def test_cross_entropy_survives_huge_logits():

@@ -18,7 +18,8 @@ from PIL import Image  # noqa: E402
 from mtb_helpers.capstone.check import check_capstone, free_run  # noqa: E402
 from mtb_helpers.capstone.model import GPTConfig  # noqa: E402
 from mtb_helpers.capstone.reference import TrainConfig, train_reference  # noqa: E402
-from mtb_helpers.capstone.plots import LIVE_LOSSES, losses_data, losses_png, plot_losses  # noqa: E402
+from mtb_helpers.capstone.plots import (LIVE_LOSSES, losses_data, losses_png, plot_losses,  # noqa: E402
+                                        prepare_losses)
 from mtb_helpers.capstone.widget import capstone_summary  # noqa: E402
 
 
@@ -88,6 +89,17 @@ def test_the_notebook_figure_and_the_explorer_image_are_one_build_and_update(mon
     ordinary = np.asarray(fig.canvas.buffer_rgba())[:, :, :3].astype(int)
     plt.close(fig)
     assert (np.abs(_pixels(png) - ordinary) > 0).any(axis=2).mean() < 0.005
+
+
+def test_prepare_losses_keeps_the_layer_a_correct_runs_redraw_uses(monkeypatch):
+    built = []
+    real = LIVE_LOSSES.build
+    monkeypatch.setattr(LIVE_LOSSES, "build", lambda *a: built.append(a[-1]) or real(*a))
+    reference = [3.5, 3.125, 2.875]                          # a curve no other test drew
+    prepare_losses(reference, "tp=2 pp=2 dp=1 cp=1")
+    assert len(built) == 1
+    losses_png([3.5, 3.125 + 1e-15, 2.875], reference, "tp=2 pp=2 dp=1 cp=1", title="agrees")
+    assert len(built) == 1                                   # the redraw drew only its points
 
 
 def test_the_explorer_trains_again_on_every_change_and_shows_the_verdict():

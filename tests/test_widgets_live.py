@@ -103,6 +103,25 @@ def test_the_cache_keeps_its_budget_and_the_layer_just_used(monkeypatch):
     assert calls["build"] == 3
 
 
+def test_prepare_renders_the_static_layer_once_and_the_png_only_adds_the_values(monkeypatch):
+    calls = {"build": 0}
+    bars = _bar_figure(calls)
+    updates = []
+    real = bars.update
+    monkeypatch.setattr(bars, "update", lambda *a: updates.append(a[-1]) or real(*a))
+    bars.prepare([9, 9, 9])
+    assert calls["build"] == 1 and updates == []            # static layer only, no value drawn
+    bars.prepare([1, 1, 1])                                 # same key: kept, not built again
+    png = bars.png([1, 2, 3])
+    assert calls["build"] == 1 and updates == [[1, 2, 3]]
+    fig = _bar_figure({"build": 0}).figure([1, 2, 3])
+    fig.set_facecolor("white")
+    fig.canvas.draw()
+    ordinary = np.asarray(fig.canvas.buffer_rgba())[:, :, :3].astype(int)
+    plt.close(fig)
+    assert (np.abs(_pixels(png) - ordinary) > 0).any(axis=2).mean() < 0.005
+
+
 @pytest.mark.parametrize("item", [Figure(figsize=(2, 1)), "text"])
 def test_other_items_still_show(item):
     view = live_view([[widgets.IntSlider()]], lambda: [item])

@@ -11,8 +11,11 @@ Notation: ``V`` tokens in the vocabulary, ``t`` ranks; rank ``r`` owns tokens
   ``log sum_j exp(x_j - m) - (x_target - m)`` needs three numbers per token, each combined over
   ranks with ONE all-reduce of a ``[..]`` tensor: the max ``m`` (all-reduce max), the sum of
   exponentials (all-reduce sum) and the target logit (all-reduce sum; only the owning rank
-  contributes it). No rank ever holds ``[.., V]``. The backward is written by hand and needs no
-  communication: ``dx = (softmax(x) - onehot(target)) * dloss`` on this rank's columns.
+  contributes it). No rank ever holds ``[.., V]``. With ``fuse_sums=True`` the last two are ONE
+  all-reduce of their stack ``[2, ..]`` (Megatron-LM's fused cross-entropy does the same): the
+  same bytes, one round trip fewer; the capstone uses it, notebook 10 shows the three apart.
+  The backward is written by hand and needs no communication:
+  ``dx = (softmax(x) - onehot(target)) * dloss`` on this rank's columns.
 
 Both assume ``t`` EQUAL shards (rank r's first token is ``r*V/t``), as Megatron does (it pads the
 vocabulary to a multiple of ``t``). Uneven shards (``torch.tensor_split`` of V = 10 over 4 ranks:
@@ -98,11 +101,11 @@ class _CrossEntropy(torch.autograd.Function):
         m = combiner.combine_max(local_max.detach())              # all-reduce (max): [..]
         shifted = logits - m.unsqueeze(-1)                        # [.., V/t]
         exp = shifted.exp()
-        sum_exp = combiner.combine_sum_exp(exp.sum(dim=-1))       # all-reduce (sum): [..]
         outside = (target < lo) | (target >= lo + logits.shape[-1])
         local_t = (target - lo).masked_fill(outside, 0)           # [..], 0 where not ours
         picked = shifted.gather(-1, local_t.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
-        target_logit = combiner.combine_target_logit(picked)      # all-reduce (sum): [..]
+        # all-reduce (sum) of each, or of both stacked: [..], [..]
+        sum_exp, target_logit = combiner.combine_sums(exp.sum(dim=-1), picked)
         loss = sum_exp.log() - target_logit                       # [..], per token
         ctx.save_for_backward(exp / sum_exp.unsqueeze(-1), local_t, outside)
         ctx.reduction = reduction
@@ -135,7 +138,8 @@ class VocabParallelCrossEntropy(nn.Module):
     input_layouts = (Shard(-1), Replicate())   # logits [.., V/t], target [..] (one per argument)
     output_layouts = Replicate()               # the loss
 
-    def __init__(self, reduction: str = "mean", group=None, vocab_size: int | None = None):
+    def __init__(self, reduction: str = "mean", group=None, vocab_size: int | None = None,
+                 fuse_sums: bool = False):
         super().__init__()
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
@@ -143,6 +147,7 @@ class VocabParallelCrossEntropy(nn.Module):
                                        or not isinstance(vocab_size, int) or vocab_size < 1):
             raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
         self.reduction, self.group, self.vocab_size = reduction, group, vocab_size
+        self.fuse_sums = fuse_sums
 
     def check_equal_shards(self, width: int) -> None:
         """ValueError (on every rank alike) unless every rank holds ``V/t`` logit columns."""
@@ -183,6 +188,17 @@ class VocabParallelCrossEntropy(nn.Module):
         return issue("all_reduce", picked, region=REGION, operator="target_logit",
                      direction="forward", group=self.group)
 
+    def combine_sums(self, local_sum: torch.Tensor, picked: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sum of exponentials and the target logit over the whole vocabulary: two
+        all-reduces (``combine_sum_exp``, ``combine_target_logit``), or with ``fuse_sums`` one
+        of ``[2, ..]`` -> ``[2, ..]``, recorded as one all-reduce (operator ``sum_exp+target_logit``)."""
+        if not self.fuse_sums:
+            return self.combine_sum_exp(local_sum), self.combine_target_logit(picked)
+        both = issue("all_reduce", torch.stack([local_sum, picked]), region=REGION,
+                     operator="sum_exp+target_logit", direction="forward", group=self.group)
+        return both[0], both[1]
+
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if tuple(target.shape) != tuple(logits.shape[:-1]):
             raise ValueError(f"target {list(target.shape)} must have the leading shape of the "
@@ -197,10 +213,12 @@ class VocabParallelCrossEntropy(nn.Module):
 
 def vocab_parallel_cross_entropy(logits_shard: torch.Tensor, target: torch.Tensor,
                                  reduction: str = "mean", group=None,
-                                 vocab_size: int | None = None) -> torch.Tensor:
+                                 vocab_size: int | None = None, fuse_sums: bool = False
+                                 ) -> torch.Tensor:
     """``F.cross_entropy(full_logits, target, reduction=...)`` from this rank's ``[.., V/t]``
     columns (class dim last); ``target [..]`` holds global token ids, the same on every rank.
     Every token counts: there is no ``ignore_index`` (ids outside ``[0, V)`` are refused).
     Shards must be equal (ValueError otherwise); ``vocab_size=V`` lets each rank check its own
-    width without the extra exchange of widths."""
-    return VocabParallelCrossEntropy(reduction, group, vocab_size)(logits_shard, target)
+    width without the extra exchange of widths; ``fuse_sums`` all-reduces the sum of
+    exponentials and the target logit together (two all-reduces instead of three)."""
+    return VocabParallelCrossEntropy(reduction, group, vocab_size, fuse_sums)(logits_shard, target)

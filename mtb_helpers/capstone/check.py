@@ -24,6 +24,7 @@ which blocks, heads, positions, sequences), ``held_params`` (parameters each ran
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import NamedTuple
@@ -34,7 +35,8 @@ from mtb_helpers.capstone.costs import FORMULAS, GROUP_NAMES, formula_bytes, mea
 from mtb_helpers.capstone.grid import Layout
 from mtb_helpers.capstone.layers import shard_param, stage_blocks
 from mtb_helpers.capstone.model import GPTConfig
-from mtb_helpers.capstone.parallel import full_state, train_parallel
+from mtb_helpers.capstone.parallel import train_parallel
+from mtb_helpers.capstone.state import full_state
 from mtb_helpers.capstone.reference import Reference, TrainConfig
 from mtb_helpers.capstone.validate import validate
 from mtb_helpers.checking.report import Report, compare
@@ -107,6 +109,15 @@ def free_run(cfg: GPTConfig, run_cfg: TrainConfig, dtype: torch.dtype) -> FreeRu
     return FreeRun(names, losses, flats, params)
 
 
+@functools.lru_cache(maxsize=2)
+def _anchored(cfg: GPTConfig, run_cfg: TrainConfig, dtype: torch.dtype) -> Reference:
+    """The re-anchored reference, made once per process and setting (~25 ms of model and corpus
+    building per check otherwise): reusing it is safe because ``StepComparison`` steps it only
+    from a state (``Reference.step(k, state)`` loads every parameter and all of AdamW's state
+    first), so nothing of an earlier check survives into the next."""
+    return Reference(cfg, run_cfg, dtype)
+
+
 class StepComparison:
     """Fed every call's results by ``train_parallel`` (``on_call``). For each step k: the
     parallel loss and the parameters after the step against the reference re-anchored on the
@@ -115,9 +126,10 @@ class StepComparison:
 
     def __init__(self, layout: Layout, cfg: GPTConfig, run_cfg: TrainConfig, dtype: torch.dtype):
         self.layout, self.dtype = layout, dtype
-        self.anchored = Reference(cfg, run_cfg, dtype)
+        any_steps = dataclasses.replace(run_cfg, steps=1)   # the reference never reads it
+        self.anchored = _anchored(cfg, any_steps, dtype)
         self.anchored64 = (self.anchored if dtype == torch.float64
-                           else Reference(cfg, run_cfg, torch.float64))
+                           else _anchored(cfg, any_steps, torch.float64))
         self.free = free_run(cfg, run_cfg, dtype)
         self.names = self.free.names
         self.rank = layout.mesh().rank_of(pp=layout.pp - 1)   # the last stage's first rank

@@ -10,7 +10,8 @@ Inside one tensor-parallel group of t ranks (``sequence_parallel=True``, Korthik
             -> Wo row-split, reduce-scatter (seq) -> [s/(c t), b, h] + residual
             -> SequenceParallelMLPBlock (LN, all-gather, fc1, GeLU, fc2, reduce-scatter, residual)
     head:   SP LayerNorm -> all-gather (seq) -> LM head column-split by vocabulary [s/c, b, V/t]
-    loss:   vocab_parallel_cross_entropy (three all-reduces of [s/c, b]), mean over this rank's tokens
+    loss:   vocab_parallel_cross_entropy (all-reduces of [s/c, b], the max, then [2, s/c, b]: the
+            sum of exponentials and the target logit together), mean over this rank's tokens
     step:   the replicated LayerNorm weights / biases and Wo's, fc2's biases saw only this rank's
             rows: their grads, partial, are summed over the group once per step, in one all-reduce
             (``finalize.SequenceParallelGrads``, as Megatron-LM's finalize_model_grads), not per
@@ -21,6 +22,7 @@ the plain tensor-parallel ones (one ``f`` and one ``g`` per attention and per ML
 """
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 
 import torch
@@ -185,6 +187,7 @@ _ENDS = {"embed.tok.weight": ("embed.tok.weight", "row"),
          "head.lm_head.weight": ("head.lm_head.weight", "row")}
 
 
+@functools.lru_cache(maxsize=1024)   # a pure function of a name, asked ~150 times a step checked
 def param_kind(stage_name: str) -> tuple[str, str]:
     """``(full name, kind)`` of a stage parameter: kind ``rep`` (whole on every rank), ``row``
     (dim 0 split), ``col`` (dim 1 split) or ``qkv`` (the fused, head-grouped Q/K/V rows; the

@@ -21,7 +21,6 @@ gradients its gradient.
 from __future__ import annotations
 
 import functools
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -35,6 +34,7 @@ from mtb_helpers.capstone.finalize import SequenceParallelGrads
 from mtb_helpers.capstone.layers import ParallelEmbedding, build_stage, gather_param, replicated_params
 from mtb_helpers.capstone.model import GPTConfig, TinyGPT, make_model
 from mtb_helpers.capstone.reference import TrainConfig
+from mtb_helpers.capstone.state import full_state, pack_snapshots, unpack
 from mtb_helpers.capstone.validate import DP_STRATEGIES, PP_SCHEDULES, validate
 from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.comm.records import record
@@ -149,8 +149,9 @@ def _train(grid, model, layout, run_cfg, m, schedule, sequence_parallel, strateg
                 if sequence_parallel else None)
 
     def loss_fn(logits, target):   # logits [s/c, b, V/t], target [s/c, b] -> mean over its tokens
+        # the max, then the sum of exponentials and the target logit in one all-reduce
         return vocab_parallel_cross_entropy(logits, target, "mean", group=tp_group,
-                                            vocab_size=cfg.vocab)
+                                            vocab_size=cfg.vocab, fuse_sums=True)
 
     n, bd = cfg.seq // layout.cp, run_cfg.batch // layout.dp
     rows, cols = slice(at["cp"] * n, (at["cp"] + 1) * n), slice(at["dp"] * bd, (at["dp"] + 1) * bd)
@@ -163,7 +164,7 @@ def _train(grid, model, layout, run_cfg, m, schedule, sequence_parallel, strateg
         x, y = ids[rows, cols], targets[rows, cols]                  # [s/c, B/dp]
         stage = RankStage(at["pp"], layout.pp, m, {0: module}, list(x.chunk(m, dim=1)),
                           list(y.chunk(m, dim=1)), loss_fn, GridP2P(grid.pipeline_ranks(), m),
-                          [boundary] * layout.pp)
+                          [boundary] * layout.pp, count_saved=False)   # its bytes: never shown
         run_op = {"F": stage.forward, "B": stage.backward}
         opt.zero_grad()
         with record() as rec:
@@ -176,9 +177,10 @@ def _train(grid, model, layout, run_cfg, m, schedule, sequence_parallel, strateg
             opt.step()
         losses.append(sum(stage.losses.values()) if stage.losses else None)
         snapshots.append(snapshot(opt))   # the state after this step (the next one's start)
+    names, held = zip(*module.named_parameters())
     return {"index": dict(at), "losses": losses, "record": rec.without_tensors(),
-            "params": {name: p.detach().clone() for name, p in module.named_parameters()},
-            "snapshots": snapshots}
+            "params": {"names": names, "shapes": [p.shape for p in held], "flat": flat(held)},
+            "snapshots": pack_snapshots(snapshots)}   # one tensor: see state.py
 
 
 @dataclass
@@ -194,37 +196,6 @@ class ParallelRun:
     @property
     def records(self) -> list:
         return [r["record"] for r in self.per_rank]
-
-
-def full_state(results: list[dict], layout: Layout, i: int) -> dict:
-    """Snapshot ``i`` of one call (0: before its first step) as the one-process model's state,
-    ``{"params"|"exp_avg"|"exp_avg_sq": {full name: tensor}, "step": int}``: parameters from each
-    (pp, tp) shard's first replica, Adam's moments pieced together from every dp x cp rank's
-    slice (ZeRO-1), tensor-parallel shards gathered (``gather_param``)."""
-    out: dict = {"params": {}, "exp_avg": {}, "exp_avg_sq": {}}
-    for stage in range(layout.pp):
-        pieces: dict[str, list] = {k: [] for k in out}      # per tp index: {stage name: tensor}
-        for j in range(layout.tp):
-            owners = [res for res in results
-                      if res["index"]["pp"] == stage and res["index"]["tp"] == j]
-            snaps = [o["snapshots"][i] for o in owners]
-            numel = len(snaps[0]["params"])
-            flats = {"params": snaps[0]["params"]}
-            for k in ("exp_avg", "exp_avg_sq"):
-                size = max(numel, *(snap["own"][1] for snap in snaps))
-                vec = torch.zeros(size, dtype=flats["params"].dtype)
-                for snap in snaps:
-                    vec[snap["own"][0]:snap["own"][1]] = snap[k]
-                flats[k] = vec[:numel]
-            shapes = {n: p.shape for n, p in owners[0]["params"].items()}
-            for k, vec in flats.items():
-                parts = vec.split([math.prod(shape) for shape in shapes.values()])
-                pieces[k].append({n: part.view(shapes[n]) for n, part in zip(shapes, parts)})
-        for k in out:
-            for name in pieces[k][0]:
-                out[k].update(gather_param([p[name] for p in pieces[k]], name))
-    out["step"] = results[0]["snapshots"][i]["step"]
-    return out
 
 
 FIRST_CALL_STEPS = 5     # a short run (the notebook's) is one call to the ranks
@@ -264,11 +235,14 @@ def train_parallel(tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, steps: in
                       sequence_parallel, strategy, wrong, done, count, states,
                       world_size=layout.world_size, timeout=timeout)
         pace = (time.perf_counter() - began) / count
+        results = [unpack(r) for r in results]
         last = [r for r in results if r["index"]["pp"] == pp - 1 and r["index"]["tp"] == 0]
         losses += [sum(r["losses"][k] for r in last) / len(last) for k in range(count)]
         if on_call is not None:
             on_call(done, results)
-        states = [r.pop("snapshots")[-1] for r in results]
+        # the next call's start, copied out of the flat tensor (a view would pickle all of it)
+        states = [{k: v.clone() if isinstance(v, torch.Tensor) else v
+                   for k, v in r.pop("snapshots")[-1].items()} for r in results]
         done += count
         if progress is not None:
             progress(done, steps, losses[-1], pace)

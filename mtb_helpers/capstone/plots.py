@@ -21,8 +21,8 @@ from matplotlib.ticker import MaxNLocator
 from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import rank_color, rank_legend_handles
 
-__all__ = ["plot_rank_grid", "plot_losses", "losses_png", "LIVE_LOSSES", "plot_bytes", "plot_drift",
-           "GROUP_COLORS"]
+__all__ = ["plot_rank_grid", "plot_losses", "losses_png", "prepare_losses", "LIVE_LOSSES", "plot_bytes",
+           "plot_drift", "GROUP_COLORS"]
 
 # Group colours are greys and hatches, so that colour keeps meaning "rank" in every figure.
 GROUP_COLORS = {"tp": "#4D4D4D", "sp": "#8C8C8C", "pp": "#BDBDBD", "cp": "#FFFFFF", "dp": "#E0E0E0"}
@@ -171,6 +171,13 @@ def losses_png(parallel: list[float], reference: list[float], label: str = "para
     """``plot_losses`` as PNG for an explorer: the axes, legends and one-process curve drawn once
     per reference and run names, the parallel runs' points and the title on every call."""
     return LIVE_LOSSES.png(losses_data(parallel, reference, label, others, title))
+
+
+def prepare_losses(reference: list[float], label: str = "parallel") -> None:
+    """Render and keep the static layer ``losses_png`` draws a correct run ``label`` over (a
+    correct run's points lie on the one-process curve, so its axes are the reference's): an
+    explorer makes it while its ranks start, and its first redraw only adds the points."""
+    LIVE_LOSSES.prepare(losses_data(reference, reference, label))
 
 
 def plot_bytes(bytes_info: dict, title: str = "") -> Figure:

@@ -24,7 +24,7 @@ import torch
 from mtb_helpers.capstone.bugs import CAPSTONE_BUGS
 from mtb_helpers.capstone.check import check_capstone, free_run
 from mtb_helpers.capstone.model import GPTConfig
-from mtb_helpers.capstone.plots import losses_png, plot_bytes, plot_rank_grid
+from mtb_helpers.capstone.plots import losses_png, plot_bytes, plot_rank_grid, prepare_losses
 from mtb_helpers.capstone.reference import TrainConfig
 from mtb_helpers.capstone.validate import DP_STRATEGIES, admissible_layouts
 from mtb_helpers.runtime.ranks import warm_up
@@ -71,7 +71,7 @@ def _prepare(option: str, steps: int) -> None:
     static layer for a run on that curve (kept: the redraw draws only its points over it)."""
     warm_up(math.prod(_parse(option).values()))
     reference = free_run(GPTConfig(), TrainConfig(steps=steps), torch.float64).losses
-    losses_png(reference, reference, option)
+    prepare_losses(reference, option)
 
 
 def explore_capstone(layout: str = "tp=2 pp=2 dp=2 cp=1", steps: int = 3) -> widgets.VBox:

@@ -26,8 +26,8 @@ Communication per micro-batch (ring algorithms; ``d`` bytes per element, ``s' = 
         forward (g; under SP its split gathers back in backward); the last stage gathers the
         sequence for the LM head forward (its reduce-scatter backward), or under plain TP
         all-reduces the head's input grad (f), and the vocabulary-parallel cross-entropy
-        all-reduces [s', b] three times forward (the logits' max, the sum of exponentials, the
-        target's logit).
+        all-reduces forward [s', b] (the logits' max), then [2, s', b] (the sum of exponentials
+        and the target's logit together, as Megatron-LM's fused cross-entropy and the capstone).
     cp  per layer (cp - 1) ring hops of this rank's K and V [s', b, kv·d_head/tp] forward; backward
         (cp - 1) hops of K, V, dK, dV together and one more of dK, dV home (the course's ring,
         ``cp/ring.py``): hidden behind attention's own compute (with
@@ -133,7 +133,7 @@ def tp_small_collectives(model: ModelSpec, layout: Layout) -> list[dict[str, lis
                     bwd.append(("reduce-scatter", tokens * h, 1))
                 else:
                     bwd.append(("all-reduce", tokens * h, 1))
-                fwd.append(("all-reduce", tokens, 3))
+                fwd += [("all-reduce", tokens, 1), ("all-reduce", 2 * tokens, 1)]
         out.append({"forward": fwd, "backward": bwd, "step": step})
     return out
 

@@ -98,9 +98,15 @@ class LiveFigure:
         self.update(made[0], ctx, data)
         return made[0]
 
-    def png(self, data: Any) -> Png:
-        """The figure for ``data`` as PNG, drawing only the value artists when the static layer
-        of its key is already rendered."""
+    def prepare(self, data: Any) -> None:
+        """Build and render the static layer of ``data``'s key now, if it is not kept already,
+        and keep it: a later ``png`` of data with that key draws only the value artists. For an
+        explorer that can make its first figure's static layer while its ranks start."""
+        self._layer(data)
+
+    def _layer(self, data: Any) -> tuple[tuple, _Layer]:
+        """``(cache key, the kept static layer of data's key)``, built now if not kept; it becomes
+        the most recently used."""
         cache_key = (id(self), self.key(data))
         layer = _CACHE.pop(cache_key, None)
         if layer is None:
@@ -110,6 +116,12 @@ class LiveFigure:
             layer = _Layer(made[0], ctx)
         _CACHE[cache_key] = layer
         _evict()
+        return cache_key, layer
+
+    def png(self, data: Any) -> Png:
+        """The figure for ``data`` as PNG, drawing only the value artists when the static layer
+        of its key is already rendered."""
+        cache_key, layer = self._layer(data)
         for artist in layer.drawn:
             if id(artist) not in layer.static:
                 artist.remove()

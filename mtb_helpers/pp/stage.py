@@ -56,6 +56,11 @@ class RankStage:
     inputs: list[tuple[torch.Size, torch.dtype]]   # shape and dtype entering each virtual stage
     recompute: bool = False
     pace: Callable[[], None] | None = None   # holds the op to its fixed time (op_time), or None
+    # count the bytes each micro-batch leaves stashed (``held_bytes``; peak_bytes,
+    # recomputed_bytes); a caller that never reads them (the capstone) saves the hook on every
+    # saved tensor and the sum over them (~1 ms of Python per F on a slow CPU). Without it every
+    # stash counts 0 bytes.
+    count_saved: bool = True
     stash: dict[tuple[int, int], Stash] = field(default_factory=dict)
     losses: dict[int, float] = field(default_factory=dict)
     held: int = 0
@@ -81,7 +86,7 @@ class RankStage:
         if self.recompute:
             with torch.no_grad():
                 out = self.apply(c, k, inp)   # nothing saved for backward: it re-runs this
-            nbytes = held_bytes([inp])
+            nbytes = held_bytes([inp]) if self.count_saved else 0
         else:
             out, nbytes = self.run_piece(c, k, inp)
         self.computed()
@@ -163,6 +168,8 @@ class RankStage:
         """Piece c on x_k with autograd on (plus the scaled loss on the last virtual stage);
         returns the output and the bytes autograd saved for backward (``held_bytes``: each
         saved tensor by the bytes it spans, shared bytes once, parameters excluded)."""
+        if not self.count_saved:
+            return self.apply(c, k, inp), 0
         saved: list[torch.Tensor] = []
 
         def pack(t: torch.Tensor) -> torch.Tensor:

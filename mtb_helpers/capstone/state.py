@@ -1,0 +1,106 @@
+"""The training state between the ranks and the owner: packed to travel, gathered to compare.
+
+A rank's result goes back to the owner pickled, and pickling costs ~0.1-0.2 ms per tensor on
+either side whatever its size (~45 tiny tensors per rank and call: ~30 ms a redraw at 4 ranks on
+one CPU). So each rank sends its parameters and its snapshots (``parallel.snapshot``: flat
+parameters and AdamW moments before each step and after the last) as one flat tensor each
+(``pack_snapshots``), and the owner cuts them back into views (``unpack``) before anything reads
+them. ``full_state`` then pieces snapshot ``i`` of every rank together into the one-process
+model's state, as ``layers.gather_param`` joins the tensor-parallel shards.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from mtb_helpers.capstone.grid import Layout
+from mtb_helpers.capstone.layers import gather_param
+
+__all__ = ["pack_snapshots", "unpack", "full_state"]
+
+_SNAP_KEYS = ("params", "exp_avg", "exp_avg_sq")
+
+
+def pack_snapshots(snapshots: list[dict]) -> dict:
+    """On a rank: its snapshots as one flat tensor and the plain data to cut it back."""
+    return {"flat": torch.cat([snap[k] for snap in snapshots for k in _SNAP_KEYS]),
+            "sizes": [len(snap[k]) for snap in snapshots for k in _SNAP_KEYS],
+            "own": [snap["own"] for snap in snapshots], "step": [snap["step"] for snap in snapshots]}
+
+
+def unpack(result: dict) -> dict:
+    """A rank's result as the rest reads it: ``params`` ``{name: tensor}``, ``snapshots`` a list
+    of ``snapshot()`` dicts (views into the flat tensors the rank sent)."""
+    params, snaps = result["params"], result["snapshots"]
+    parts = params["flat"].split([math.prod(shape) for shape in params["shapes"]])
+    result["params"] = {n: part.view(shape) for n, part, shape in zip(params["names"], parts,
+                                                                        params["shapes"])}
+    pieces = iter(snaps["flat"].split(snaps["sizes"]))
+    result["snapshots"] = [{**{k: next(pieces) for k in _SNAP_KEYS}, "own": own, "step": step}
+                           for own, step in zip(snaps["own"], snaps["step"])]
+    return result
+
+
+def _cells(results: list[dict], layout: Layout) -> list[list[dict]]:
+    """Every (pp stage, tp index) cell's ranks (its dp x cp replicas), stage-major."""
+    cells: dict[tuple[int, int], list[dict]] = {}
+    for res in results:
+        cells.setdefault((res["index"]["pp"], res["index"]["tp"]), []).append(res)
+    return [cells[(stage, j)] for stage in range(layout.pp) for j in range(layout.tp)]
+
+
+@functools.lru_cache(maxsize=16)
+def _gather_order(layout: Layout, held: tuple) -> tuple[list[str], list[torch.Size], torch.Tensor]:
+    """How the cells' flat vectors, concatenated stage-major, make the full model: ``(full names,
+    their shapes, index)`` with ``cat(cell vectors)[index]`` the full tensors flattened and
+    concatenated in that name order. Found once per layout and model by running ``gather_param``
+    itself on the positions ``0, 1, 2, ..`` of the concatenation (exact in float64), so it cuts
+    and joins exactly as ``gather_param`` does. ``held``: per cell ``((stage name, shape), ..)``."""
+    names, shapes, index, start = [], [], [], 0
+    for stage in range(layout.pp):
+        pieces = []
+        for cell in held[stage * layout.tp:(stage + 1) * layout.tp]:
+            sizes = [math.prod(shape) for _, shape in cell]
+            positions = torch.arange(start, start + sum(sizes), dtype=torch.float64)
+            pieces.append({n: part.view(shape) for (n, shape), part in zip(cell, positions.split(sizes))})
+            start += sum(sizes)
+        for name, _ in held[stage * layout.tp]:
+            for full, tensor in gather_param([p[name] for p in pieces], name).items():
+                names.append(full)
+                shapes.append(tensor.shape)
+                index.append(tensor.reshape(-1))
+    return names, shapes, torch.cat(index).long()
+
+
+def full_state(results: list[dict], layout: Layout, i: int) -> dict:
+    """Snapshot ``i`` of one call (0: before its first step) as the one-process model's state,
+    ``{"params"|"exp_avg"|"exp_avg_sq": {full name: tensor}, "step": int}``: parameters from each
+    (pp, tp) shard's first replica, Adam's moments pieced together from every dp x cp rank's
+    slice (ZeRO-1), tensor-parallel shards gathered (as ``gather_param`` does, with one index
+    for the whole model: ``_gather_order``)."""
+    cells = _cells(results, layout)
+    held = tuple(tuple((n, p.shape) for n, p in cell[0]["params"].items()) for cell in cells)
+    names, shapes, index = _gather_order(layout, held)
+    vectors: dict[str, list] = {"params": [], "exp_avg": [], "exp_avg_sq": []}
+    for owners in cells:
+        snaps = [o["snapshots"][i] for o in owners]
+        numel = len(snaps[0]["params"])
+        vectors["params"].append(snaps[0]["params"])
+        for k in ("exp_avg", "exp_avg_sq"):
+            if snaps[-1]["own"] == (0, numel):   # the last replica holds all (DDP): its moments
+                vectors[k].append(snaps[-1][k])
+                continue
+            size = max(numel, *(snap["own"][1] for snap in snaps))
+            vec = torch.zeros(size, dtype=snaps[0]["params"].dtype)
+            for snap in snaps:
+                vec[snap["own"][0]:snap["own"][1]] = snap[k]
+            vectors[k].append(vec[:numel])
+    sizes = [math.prod(shape) for shape in shapes]
+    out: dict = {}
+    for k, vecs in vectors.items():
+        full = torch.cat(vecs)[index]   # [Ψ] in the full model's pieces, each flattened
+        out[k] = {n: part.view(shape) for n, part, shape in zip(names, full.split(sizes), shapes)}
+    out["step"] = results[0]["snapshots"][i]["step"]
+    return out
