@@ -3,8 +3,9 @@
 For each explorer: start a fresh Jupyter kernel (jupyter_client), import the explorer's module
 (as a notebook's import cell does, no pool started), build and display the explorer at 4 ranks
 ("first": the cold pool starts, the check runs, the figures are drawn), then move its world-size
-slider (the grid shape for the tp x dp explorer) back and forth by setting the widget's value
-from the kernel, as the front end's comm message would. The observer re-runs the check on real
+slider (the grid shape for the tp x dp explorer) back and forth by sending the kernel the comm
+message a front end sends when a student drags it (so the kernel handles a widget message, not a
+cell: the pools' memory budget keeps a slider's pools warm only for widget messages). The observer re-runs the check on real
 ranks and redraws; the time is from sending the change to the kernel reporting idle again, after
 the new figures were sent (as display data or as an image widget's new value). "new setting" is
 the first move to the other value (its figures drawn for the first time, its pool started
@@ -34,6 +35,7 @@ moves). ``--profile`` writes the last profiled move of this tree to /tmp/explore
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
@@ -80,15 +82,33 @@ def _controls(widget):
 _main = next(c for c in _controls(w) if isinstance(c, (_widgets.IntSlider, _widgets.Dropdown))
              and str(c.description).startswith({prefix!r}))
 _values = {values!r}
+import json as _json
+def _state(v):
+    if isinstance(_main, _widgets.Dropdown):   # a front end sends the option's index
+        return {{'index': [o[1] if isinstance(o, tuple) else o for o in _main.options].index(v)}}
+    return {{'value': v}}
+print(_json.dumps({{'comm_id': _main.model_id, 'states': [_state(v) for v in _values]}}))
 """
 
 
-def _execute(kc, code: str, timeout: float = 300.0, figures: int = 0) -> float:
-    """Run ``code``; return seconds until the kernel is idle again. Raise on an error, or if
-    fewer than ``figures`` PNG images were sent (a redraw that only printed an error): as display
-    data (an Output) or as an image widget's new value (a comm message carrying a buffer)."""
+def _send_change(kc, change: tuple[str, dict]) -> str:
+    """What a front end sends when a student moves a widget: a comm message updating its state."""
+    comm_id, state = change
+    msg = kc.session.msg("comm_msg", {"comm_id": comm_id, "data": {
+        "method": "update", "state": state, "buffer_paths": []}})
+    kc.shell_channel.send(msg)
+    return msg["header"]["msg_id"]
+
+
+def _execute(kc, code: str | tuple[str, dict], timeout: float = 300.0, figures: int = 0,
+             printed: list[str] | None = None) -> float:
+    """Run ``code`` (a cell's source, or a widget change ``(comm id, state)`` sent as a front end
+    does); return seconds until the kernel is idle again. Raise on an error, or if fewer than
+    ``figures`` PNG images were sent (a redraw that only printed an error): as display data (an
+    Output) or as an image widget's new value (a comm message carrying a buffer). What the code
+    printed is appended to ``printed``."""
     start = time.perf_counter()
-    msg_id = kc.execute(code, store_history=False)
+    msg_id = _send_change(kc, code) if isinstance(code, tuple) else kc.execute(code, store_history=False)
     error, images, text = None, 0, []
     while True:
         msg = kc.get_iopub_msg(timeout=timeout)
@@ -103,6 +123,8 @@ def _execute(kc, code: str, timeout: float = 300.0, figures: int = 0) -> float:
             images += 1
         if kind == "stream":
             text.append(msg["content"]["text"])
+            if printed is not None:
+                printed.append(msg["content"]["text"])
         if kind == "comm_msg":
             state = msg["content"].get("data", {}).get("state", {})
             if isinstance(state.get("value"), str) and state["value"].startswith("<pre"):
@@ -137,20 +159,23 @@ class Kernel:
         once ("new setting")."""
         _, build, prefix, values = EXPLORERS[self.name]
         self.first = _execute(self.kc, build + "\ndisplay(w)", figures=1)
-        _execute(self.kc, FIND.format(prefix=prefix, values=values))
+        printed: list[str] = []
+        _execute(self.kc, FIND.format(prefix=prefix, values=values), printed=printed)
+        found = json.loads("".join(printed))
+        self.to = [(found["comm_id"], state) for state in found["states"]]   # to 4 ranks, away
         _execute(self.kc, "import mtb_helpers as _m\nif isinstance(_values[1], int) and _values[1] > 1:\n"
                           "    _m.run(int, world_size=_values[1])")   # its pool warm, not its figures
-        self.new = _execute(self.kc, "_main.value = _values[1]", figures=1)
+        self.new = _execute(self.kc, self.to[1], figures=1)
 
     def move(self) -> None:
         """One timed move to the 4-rank setting, then an untimed move back."""
-        code = "_main.value = _values[0]"
+        if self.profile:   # the kernel's handler runs in its main thread: profiled from cells
+            _execute(self.kc, "import cProfile, pstats\n_p = cProfile.Profile(); _p.enable()")
+        self.times.append(_execute(self.kc, self.to[0], figures=1))
         if self.profile:
-            code = ("import cProfile, pstats\n_p = cProfile.Profile(); _p.enable()\n" + code
-                    + "\n_p.disable(); pstats.Stats(_p).sort_stats('cumtime')"
-                      f".dump_stats({self.profile!r})")
-        self.times.append(_execute(self.kc, code, figures=1))
-        _execute(self.kc, "_main.value = _values[1]", figures=1)
+            _execute(self.kc, "_p.disable(); pstats.Stats(_p).sort_stats('cumtime')"
+                              f".dump_stats({self.profile!r})")
+        _execute(self.kc, self.to[1], figures=1)
 
     def close(self) -> None:
         self.kc.stop_channels()
