@@ -5,11 +5,12 @@ For each explorer: start a fresh Jupyter kernel (jupyter_client), import the exp
 ("first": the cold pool starts, the check runs, the figures are drawn), then move its world-size
 slider (the grid shape for the tp x dp explorer) back and forth by sending the kernel the comm
 message a front end sends when a student drags it (so the kernel handles a widget message, not a
-cell: the pools' memory budget keeps a slider's pools warm only for widget messages). The observer re-runs the check on real
-ranks and redraws; the time is from sending the change to the kernel reporting idle again, after
-the new figures were sent (as display data or as an image widget's new value). "new setting" is
-the first move to the other value (its figures drawn for the first time, its pool started
-before by a warm-up call); "median" is over the moves back to 4 ranks.
+cell: the pools' memory budget keeps a slider's pools warm only for widget messages). The
+observer re-runs the check on real ranks and redraws; the time is from sending the change to the
+kernel reporting idle again, after the new figures were sent (as display data or as an image
+widget's new value). "new setting" is the first move to the other value (its figures drawn for
+the first time, its pool started before by a warm-up call); "median" is over the moves back to 4
+ranks.
 
     taskset -c 0 python benchmarks/explorer_redraw.py                  # every explorer, this tree
     taskset -c 0 python benchmarks/explorer_redraw.py --baseline /work/wt/_base   # before and after
