@@ -200,13 +200,13 @@ class Pool:
     def _receive(self, rank: int, what: str, replies: dict, errors: dict, died: list) -> None:
         conn = self.conns[rank]
         try:
-            data = conn.recv_bytes()
+            data, buffers = rank_worker.recv_reply(conn)
         except (EOFError, OSError):
             died.append(rank)
             errors[rank] = self._death_error(rank, "without answering")
             return
         try:
-            message = pickle.loads(data)
+            message = pickle.loads(data, buffers=buffers)
         except Exception as exc:  # noqa: BLE001  (a class only the rank has, a broken __reduce__)
             errors[rank] = RankError(
                 rank, f"rank {rank}'s result could not be unpickled here: {type(exc).__name__}: "
