@@ -125,10 +125,12 @@ def test_the_reused_anchored_reference_carries_nothing_from_one_check_to_the_nex
     step): a correct check right after a failing one gives the rows of a freshly made reference."""
     from mtb_helpers.capstone import check as check_module
     assert not check_capstone(tp=2, steps=2, bug="capstone-dp-allreduce-in-tp-group").passed
+    built = check_module._REFERENCES.built
     after_bug = check_capstone(tp=2, steps=2)
-    check_module._anchored.cache_clear()
+    assert check_module._REFERENCES.built == built   # the failing check's reference, reused
+    check_module._REFERENCES.clear()
     fresh = check_capstone(tp=2, steps=2)
-    assert after_bug.passed and check_module._anchored.cache_info().misses == 1
+    assert after_bug.passed and check_module._REFERENCES.built == built + 1
     assert [(r.quantity, r.max_abs_err) for r in after_bug.rows] == \
         [(r.quantity, r.max_abs_err) for r in fresh.rows]
 

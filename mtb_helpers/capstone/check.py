@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import threading
 from typing import NamedTuple
 
 import torch
@@ -109,13 +110,43 @@ def free_run(cfg: GPTConfig, run_cfg: TrainConfig, dtype: torch.dtype) -> FreeRu
     return FreeRun(names, losses, flats, params)
 
 
-@functools.lru_cache(maxsize=2)
-def _anchored(cfg: GPTConfig, run_cfg: TrainConfig, dtype: torch.dtype) -> Reference:
-    """The re-anchored reference, made once per process and setting (~25 ms of model and corpus
-    building per check otherwise): reusing it is safe because ``StepComparison`` steps it only
-    from a state (``Reference.step(k, state)`` loads every parameter and all of AdamW's state
-    first), so nothing of an earlier check survives into the next."""
-    return Reference(cfg, run_cfg, dtype)
+class _References:
+    """Re-anchored references kept between checks, by setting (building one is ~8 ms of model and
+    corpus on an idle CPU, ~25 ms on a loaded one, per check and dtype: a capstone explorer's
+    redraw would pay it). Reusing one is safe because ``StepComparison`` steps it only from a
+    state (``Reference.step(k, state)`` loads every parameter and all of AdamW's state first),
+    so nothing of an earlier check survives into the next. A check ``take``s its references and
+    ``give``s them back when it is done: while it steps one, no other thread can (the capstone
+    explorer prepares in a background thread while a cell may run a check), and two checks at
+    once each get their own. At most ``keep`` idle references are kept (~1.2 MiB each, the
+    model, its gradients and AdamW's moments), least recently given back dropped first."""
+
+    def __init__(self, keep: int = 2):
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._idle: list[tuple[tuple, Reference]] = []   # ((cfg, run_cfg, dtype), ref), oldest first
+        self.built = 0                                    # how many were made (tests)
+
+    def take(self, cfg: GPTConfig, run_cfg: TrainConfig, dtype: torch.dtype) -> Reference:
+        key = (cfg, run_cfg, dtype)
+        with self._lock:
+            for i in reversed(range(len(self._idle))):
+                if self._idle[i][0] == key:
+                    return self._idle.pop(i)[1]
+            self.built += 1
+        return Reference(cfg, run_cfg, dtype)
+
+    def give(self, ref: Reference) -> None:
+        with self._lock:
+            self._idle.append(((ref.cfg, ref.run, ref.dtype), ref))
+            del self._idle[:max(0, len(self._idle) - self.keep)]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._idle.clear()
+
+
+_REFERENCES = _References()
 
 
 class StepComparison:
@@ -127,9 +158,9 @@ class StepComparison:
     def __init__(self, layout: Layout, cfg: GPTConfig, run_cfg: TrainConfig, dtype: torch.dtype):
         self.layout, self.dtype = layout, dtype
         any_steps = dataclasses.replace(run_cfg, steps=1)   # the reference never reads it
-        self.anchored = _anchored(cfg, any_steps, dtype)
+        self.anchored = _REFERENCES.take(cfg, any_steps, dtype)
         self.anchored64 = (self.anchored if dtype == torch.float64
-                           else _anchored(cfg, any_steps, torch.float64))
+                           else _REFERENCES.take(cfg, any_steps, torch.float64))
         self.free = free_run(cfg, run_cfg, dtype)
         self.names = self.free.names
         self.rank = layout.mesh().rank_of(pp=layout.pp - 1)   # the last stage's first rank
@@ -137,6 +168,11 @@ class StepComparison:
         self.free_losses: list[float] = []
         self.errors = {"anchored": {"loss": [], "params": []}, "free": {"loss": [], "params": []}}
         self.last_params: tuple = ()   # (reference, fp64 reference) after the last step, anchored
+
+    def release(self) -> None:
+        """Give the re-anchored references back for the next check (``_References``)."""
+        for ref in {id(r): r for r in (self.anchored, self.anchored64)}.values():
+            _REFERENCES.give(ref)
 
     def _flat(self, params: dict) -> torch.Tensor:
         return torch.cat([params[n].reshape(-1) for n in self.names])
@@ -195,9 +231,12 @@ def check_capstone(tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, steps: in
     run_cfg = TrainConfig(steps, batch, lr, weight_decay, seed)
     validate(layout, cfg, run_cfg, microbatches, schedule, sequence_parallel, strategy, timeout)
     comparison = StepComparison(layout, cfg, run_cfg, dtype)
-    result = train_parallel(tp, pp, dp, cp, steps, microbatches, schedule, sequence_parallel, seed,
-                            dtype, strategy, batch, lr, weight_decay, cfg, bug, timeout,
-                            progress, comparison.on_call)
+    try:
+        result = train_parallel(tp, pp, dp, cp, steps, microbatches, schedule, sequence_parallel,
+                                seed, dtype, strategy, batch, lr, weight_decay, cfg, bug, timeout,
+                                progress, comparison.on_call)
+    finally:
+        comparison.release()
     rows = comparison.rows["loss"] + comparison.rows["step"]
     d = torch.empty((), dtype=dtype).element_size()
     sent, formula = [], []
