@@ -14,6 +14,7 @@ Two runtimes sit behind ``run``:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import math
 import os
 import random
@@ -22,7 +23,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from mtb_helpers.runtime import allocator, budget
+from mtb_helpers.runtime import budget
 from mtb_helpers.runtime import worker as rank_worker
 from mtb_helpers.runtime.pool import Pool
 from mtb_helpers.runtime.errors import RankError, RankTimeoutError, WaitPoint
@@ -206,12 +207,24 @@ def _warm_pool(world_size: int) -> Pool:
         if pool is not None and not pool.broken:
             return pool
         _evict(keep_room_for=world_size)
-        while (over := budget.pool_over_budget(_pools, starting=world_size)) is not None:
-            with over.lock:
-                over.stop()
+        while _stop_over_budget(starting=world_size, locked=True):
+            pass
         pool = _pools[world_size] = Pool(world_size)
         _start_idle_watch()
         return pool
+
+
+def _stop_over_budget(starting: int = 0, locked: bool = False) -> bool:
+    """Stop the pool ``budget.pool_over_budget`` takes out of the pools (``starting``: the size of
+    a pool about to start), if any; whether one was stopped. ``locked``: the caller holds the
+    pools' lock; otherwise it is taken to choose the pool, and released while it stops."""
+    with contextlib.nullcontext() if locked else _pools_lock:
+        over = budget.pool_over_budget(_pools, starting=starting)
+    if over is None:
+        return False
+    with over.lock:
+        over.stop()
+    return True
 
 
 _idle_watch: threading.Thread | None = None
@@ -241,14 +254,9 @@ def _stop_idle_pools() -> None:
             several = len(_pools) > 1
         if recent and budget.applies() and now - checked >= budget.MEMORY_CHECK_SECONDS:
             checked = now
-            # a check's one-process reference leaves freed pages in the kernel's heap, which
-            # glibc keeps (notebook 12: ~17 MiB); ~1 ms here, never on a call's path
-            allocator.trim()
-            with _pools_lock:
-                over = budget.pool_over_budget(_pools) if calling and several else None
-            if over is not None:
-                with over.lock:
-                    over.stop()
+            budget.release_owner_memory()   # never on a call's path
+            if calling and several:
+                _stop_over_budget()
         now = time.monotonic()
         with _pools_lock:
             idle = [s for s, p in _pools.items()
