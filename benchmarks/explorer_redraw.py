@@ -14,7 +14,7 @@ ranks.
 
     taskset -c 0 python benchmarks/explorer_redraw.py                  # every explorer, this tree
     taskset -c 0 python benchmarks/explorer_redraw.py --baseline /work/wt/_base   # before and after
-    taskset -c 0 python benchmarks/explorer_redraw.py --only tp-mlp --baseline DIR --repeat 5
+    taskset -c 0 python benchmarks/explorer_redraw.py --only tp-mlp --baseline DIR --repeats 5
     taskset -c 0 python benchmarks/explorer_redraw.py --only tp-mlp --moves 8 --profile
     taskset -c 0 python benchmarks/explorer_redraw.py --warm-up       # import cell as in notebooks
 
@@ -27,7 +27,7 @@ Without it (the default) "first" starts the forkserver and the pool from cold.
 untouched checkout of an older commit) and one importing it from this tree. Both are built in
 turn (the other idle), then their timed moves alternate, the order swapped every pair (before,
 now, now, before, ...), so both see the same moments of the machine; the table gains the ratio
-of the medians. ``--repeat K`` runs K such rounds, fresh kernels each: the move columns then pool
+of the medians. ``--repeats K`` runs K such rounds, fresh kernels each: the move columns then pool
 every round's moves, "new setting" and "first" are medians over rounds, and with ``--baseline``
 a last column gives the median and range of the K rounds' ratios (how far one round's ratio
 moves). ``--profile`` writes the last profiled move of this tree to /tmp/explorer_redraw.prof
@@ -231,7 +231,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", choices=list(EXPLORERS), default=list(EXPLORERS))
     parser.add_argument("--moves", type=int, default=6, help="timed moves to 4 ranks per round (>= 6)")
-    parser.add_argument("--repeat", "--repeats", dest="repeat", type=int, default=1, metavar="K",
+    parser.add_argument("--repeats", dest="repeat", type=int, default=1, metavar="K",
                         help="whole rounds (fresh kernels each) per explorer; with --baseline the "
                              "table adds the median and range of the rounds' ratios")
     parser.add_argument("--baseline", metavar="DIR",
@@ -242,7 +242,7 @@ def main() -> None:
                         help=f"cProfile the last move into {PROFILE}")
     args = parser.parse_args()
     if args.moves < 1 or args.repeat < 1:
-        parser.error("--moves and --repeat must be at least 1")
+        parser.error("--moves and --repeats must be at least 1")
     trees = ([("before", os.path.abspath(args.baseline))] if args.baseline else []) + [("now", ROOT)]
     per_round = args.baseline and args.repeat > 1
     head = " | ".join(f"{label}: median redraw at 4 ranks (min-max) | {label}: new setting | "

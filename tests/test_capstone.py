@@ -189,3 +189,36 @@ def test_the_full_model_a_rank_keeps_between_calls_is_never_written():
     fresh = dict(make_model(cfg, 0, torch.float64).named_parameters())
     for kept in run(_full_model_after_training, cfg, 0, torch.float64, world_size=4):
         assert all(torch.equal(kept[n], p) for n, p in fresh.items())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_flat_reference_takes_the_steps_of_torch_adamw_on_every_tensor(dtype):
+    """The reference steps one flat [Ψ] vector (one copy to load a state, one to read it back);
+    it must be the plain one-process run: ``torch.optim.AdamW`` over the model's own tensors.
+    A reference that forgets to hand AdamW the new gradient (its last one kept) must differ."""
+    from mtb_helpers.capstone.reference import Reference
+
+    cfg, run = GPTConfig(), TrainConfig(steps=4)
+    model = make_model(cfg, run.seed, dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=run.lr, weight_decay=run.weight_decay)
+    want = []
+    for k in range(run.steps):
+        ids, targets = batch_for_step(k, run.batch, cfg.seq)
+        opt.zero_grad()
+        loss = model.loss(ids, targets)
+        loss.backward()
+        opt.step()
+        want.append((float(loss.detach()), {n: p.detach().clone() for n, p in model.named_parameters()}))
+
+    def accumulating(ref):   # the deliberate mistake: grads never cleared, each step adds on
+        ref.model.zero_grad = lambda set_to_none=True: None
+        return ref
+
+    for make, equal in ((lambda: Reference(cfg, run, dtype), True),
+                        (lambda: accumulating(Reference(cfg, run, dtype)), False)):
+        ref, same = make(), []
+        for k, (loss, params) in enumerate(want):
+            got_loss, after = ref.step(k)
+            got = ref.named(after)
+            same.append(got_loss == loss and all(torch.equal(got[n], p) for n, p in params.items()))
+        assert same == [True] * 4 if equal else same[0] and not any(same[1:]), same

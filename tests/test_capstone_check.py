@@ -151,8 +151,12 @@ def test_full_state_pieces_the_shards_together_as_gather_param_does(sizes):
     train_parallel(**sizes, steps=2, on_call=lambda first, res: calls.append(
         [dict(r, snapshots=list(r["snapshots"])) for r in res]))
     results, layout = calls[0], Layout(sizes["tp"], sizes.get("pp", 1), sizes.get("dp", 1))
+    names, full_shapes = zip(*((n, p.shape) for n, p in make_model().named_parameters()))
     for i in range(3):
-        state = full_state(results, layout, i)
+        flats = full_state(results, layout, i, names)   # [Ψ] each, in the model's order
+        state = {kind: dict(zip(names, (v.view(s) for v, s in zip(
+                     flats[kind].split([math.prod(s) for s in full_shapes]), full_shapes))))
+                 for kind in ("params", "exp_avg", "exp_avg_sq")}
         for stage in range(layout.pp):
             cells = [[r for r in results if (r["index"]["pp"], r["index"]["tp"]) == (stage, j)]
                      for j in range(layout.tp)]
@@ -169,4 +173,4 @@ def test_full_state_pieces_the_shards_together_as_gather_param_does(sizes):
                 for name in shapes:
                     for full, want in gather_param([s[name] for s in shards], name).items():
                         assert torch.equal(state[kind][full], want), (i, kind, full)
-    assert sorted(state["params"]) == sorted(n for n, _ in make_model().named_parameters())
+    assert all(len(flats[kind]) == sum(math.prod(s) for s in full_shapes) for kind in state)

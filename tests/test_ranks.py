@@ -73,6 +73,21 @@ def test_ranks_use_one_thread_and_loopback_only():
     assert run(settings, world_size=2) == [(1, "lo"), (1, "lo")]
 
 
+def _policies():
+    dist.all_reduce(torch.ones(1))   # gloo's threads exist and have worked
+    group = dist.new_group([0, 1])   # threads of a group made later, too
+    dist.all_reduce(torch.ones(1), group=group)
+    dist.destroy_process_group(group)
+    return sorted({os.sched_getscheduler(int(tid)) for tid in os.listdir("/proc/self/task")})
+
+
+def test_every_thread_of_a_rank_runs_under_batch_scheduling_and_the_owner_does_not():
+    """Ranks on one CPU switch far less when a wake-up does not preempt (worker.batch_scheduling);
+    gloo's threads inherit it; the owner (a notebook's kernel) keeps the normal policy."""
+    assert run(_policies, world_size=2) == [[os.SCHED_BATCH]] * 2
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+
+
 def test_output_is_relayed_after_the_call_in_rank_order_with_fd_level_capture(capfd):
     def chatty():
         rank = dist.get_rank()

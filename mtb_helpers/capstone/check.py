@@ -101,13 +101,12 @@ def free_run(cfg: GPTConfig, run_cfg: TrainConfig, dtype: torch.dtype) -> FreeRu
     ~0.3 MB per step; nothing here is modified after it is made); the re-anchored reference,
     which starts from the parallel run's own state, is stepped again every time."""
     ref = Reference(cfg, run_cfg, dtype)
-    names = [n for n, _ in ref.model.named_parameters()]
-    losses, flats, params = [], [], {n: p.detach().clone() for n, p in ref.model.named_parameters()}
+    losses, flats = [], []
     for k in range(run_cfg.steps):
-        loss, params = ref.step(k)
+        loss, after = ref.step(k)
         losses.append(loss)
-        flats.append(torch.cat([params[n].reshape(-1) for n in names]))
-    return FreeRun(names, losses, flats, params)
+        flats.append(after)
+    return FreeRun(list(ref.names), losses, flats, ref.named(ref.flat.clone()))
 
 
 class _References:
@@ -174,22 +173,18 @@ class StepComparison:
         for ref in {id(r): r for r in (self.anchored, self.anchored64)}.values():
             _REFERENCES.give(ref)
 
-    def _flat(self, params: dict) -> torch.Tensor:
-        return torch.cat([params[n].reshape(-1) for n in self.names])
-
     def on_call(self, first: int, results: list[dict]) -> None:
         last = [r for r in results
                 if r["index"]["pp"] == self.layout.pp - 1 and r["index"]["tp"] == 0]
-        before = full_state(results, self.layout, 0)
+        before = full_state(results, self.layout, 0, self.names)
         for i in range(len(last[0]["losses"])):
-            k, after = first + i, full_state(results, self.layout, i + 1)
+            k, after = first + i, full_state(results, self.layout, i + 1, self.names)
             got_loss = sum(r["losses"][i] for r in last) / len(last)
-            loss, params = self.anchored.step(k, before)
-            loss64, params64 = ((loss, params) if self.anchored64 is self.anchored else
-                                self.anchored64.step(k, {key: value if key == "step" else
-                                                         {n: t.double() for n, t in value.items()}
-                                                         for key, value in before.items()}))
-            got, want, want64 = (self._flat(p) for p in (after["params"], params, params64))
+            loss, want = self.anchored.step(k, before)
+            loss64, want64 = ((loss, want) if self.anchored64 is self.anchored else
+                              self.anchored64.step(k, {key: value if key == "step" else value.double()
+                                                       for key, value in before.items()}))
+            got = after["params"]   # [Ψ] each, the one-process model's order
             note = f"step {k + 1}"
             losses = (torch.tensor([v], dtype=torch.float64) for v in (got_loss, loss, loss64))
             self.rows["loss"].append(_row("loss", self.rank, *losses, self.dtype, note))
@@ -202,7 +197,7 @@ class StepComparison:
                 self.errors[kind]["params"].append(float((got.double() - ref_params.double())
                                                          .abs().max()))
             before = after
-        self.last_params = (params, params64)
+        self.last_params = (self.anchored.named(want), self.anchored64.named(want64))
 
     def drift(self) -> dict:
         """``{"steps": [1..N], "anchored"|"free": {"loss"|"params": [max abs error per step]},

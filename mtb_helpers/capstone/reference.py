@@ -12,13 +12,15 @@ compound through AdamW over hundreds of steps as they do between two free-runnin
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from mtb_helpers.capstone.data import batch_for_step, corpus, encode
 from mtb_helpers.capstone.model import GPTConfig, make_model
-from mtb_helpers.dp.strategies import Adam
+from mtb_helpers.dp.strategies import Adam, as_views, flat
 
 __all__ = ["TrainConfig", "train_reference", "Reference"]
 
@@ -37,46 +39,57 @@ class TrainConfig:
 
 
 class Reference:
-    """The one-process model and its AdamW, stepped one step at a time."""
+    """The one-process model and its AdamW, stepped one step at a time. Its parameters are views
+    of one flat vector ``[Ψ]`` (``named_parameters`` order, ``names``) and AdamW steps that vector,
+    as every rank's DP strategy steps its own (``dp.strategies``): loading a state and reading the
+    parameters after a step are one copy each, not one per tensor (the capstone explorer loads
+    and steps it at every redraw). AdamW is elementwise, so one vector or many tensors give the
+    same numbers."""
 
     def __init__(self, cfg: GPTConfig = GPTConfig(), run: TrainConfig = TrainConfig(),
                  dtype: torch.dtype = torch.float64):
         self.cfg, self.run, self.dtype = cfg, run, dtype
         self.model = make_model(cfg, run.seed, dtype)
-        self.opt = run.adam().make(self.model.parameters())
+        self.names, params = zip(*self.model.named_parameters())
+        self.shapes = [p.shape for p in params]
+        self.flat = flat(params)                 # [Ψ]; the model's parameters become its views
+        as_views(params, self.flat)
+        self.master = nn.Parameter(self.flat)    # what AdamW steps: the same storage
+        self.opt = run.adam().make([self.master])
         self.tokens = encode(corpus())
 
-    def load(self, state: dict) -> None:
-        """Parameters and AdamW state ``{"params"|"exp_avg"|"exp_avg_sq": {name: tensor},
-        "step": int}`` (full tensors, named as in the one-process model)."""
-        with torch.no_grad():
-            for name, p in self.model.named_parameters():
-                p.copy_(state["params"][name])
-                self.opt.state[p] = {"step": torch.tensor(float(state["step"])),
-                                     **{k: state[k][name].to(self.dtype).clone()
-                                        for k in ("exp_avg", "exp_avg_sq")}}
+    def named(self, vec: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A flat ``[Ψ]`` vector in ``names`` order as ``{name: view}`` in the model's shapes."""
+        parts = vec.split([math.prod(shape) for shape in self.shapes])
+        return {n: part.view(shape) for n, part, shape in zip(self.names, parts, self.shapes)}
 
-    def step(self, k: int, state: dict | None = None) -> tuple[float, dict[str, torch.Tensor]]:
+    def load(self, state: dict) -> None:
+        """Parameters and AdamW state ``{"params"|"exp_avg"|"exp_avg_sq": [Ψ], "step": int}``
+        (flat vectors in ``names`` order, as ``capstone.state.full_state`` gathers them)."""
+        with torch.no_grad():
+            self.flat.copy_(state["params"])
+        self.opt.state[self.master] = {"step": torch.tensor(float(state["step"])),
+                                       **{k: state[k].to(self.dtype).clone()
+                                          for k in ("exp_avg", "exp_avg_sq")}}
+
+    def step(self, k: int, state: dict | None = None) -> tuple[float, torch.Tensor]:
         """Step ``k`` (from ``state`` if given): its loss (before the update) and the parameters
-        after it."""
+        after it, flat ``[Ψ]`` in ``names`` order (``named`` gives them by name)."""
         if state is not None:
             self.load(state)
         ids, targets = batch_for_step(k, self.run.batch, self.cfg.seq, self.tokens)
-        self.opt.zero_grad(set_to_none=True)
+        self.model.zero_grad(set_to_none=True)
         loss = self.model.loss(ids, targets)
         loss.backward()
+        self.master.grad = flat(p.grad for p in self.model.parameters())   # [Ψ], names order
         self.opt.step()
-        params = {n: p.detach().clone() for n, p in self.model.named_parameters()}
-        return float(loss.detach()), params
+        return float(loss.detach()), self.flat.clone()
 
 
 def train_reference(cfg: GPTConfig = GPTConfig(), run: TrainConfig = TrainConfig(),
                     dtype: torch.dtype = torch.float64) -> dict:
     """``{"losses": [float] * steps, "params": {name: tensor}}`` after ``run.steps`` AdamW steps."""
-    ref, losses, params = Reference(cfg, run, dtype), [], None
+    ref, losses = Reference(cfg, run, dtype), []
     for step in range(run.steps):
-        loss, params = ref.step(step)
-        losses.append(loss)
-    if params is None:
-        params = {n: p.detach().clone() for n, p in ref.model.named_parameters()}
-    return {"losses": losses, "params": params}
+        losses.append(ref.step(step)[0])
+    return {"losses": losses, "params": ref.named(ref.flat.clone())}

@@ -52,13 +52,13 @@ def _cells(results: list[dict], layout: Layout) -> list[list[dict]]:
 
 
 @functools.lru_cache(maxsize=16)
-def _gather_order(layout: Layout, held: tuple) -> tuple[list[str], list[torch.Size], torch.Tensor]:
-    """How the cells' flat vectors, concatenated stage-major, make the full model: ``(full names,
-    their shapes, index)`` with ``cat(cell vectors)[index]`` the full tensors flattened and
-    concatenated in that name order. Found once per layout and model by running ``gather_param``
-    itself on the positions ``0, 1, 2, ..`` of the concatenation (exact in float64), so it cuts
-    and joins exactly as ``gather_param`` does. ``held``: per cell ``((stage name, shape), ..)``."""
-    names, shapes, index, start = [], [], [], 0
+def _gather_index(layout: Layout, held: tuple, names: tuple[str, ...]) -> torch.Tensor:
+    """How the cells' flat vectors, concatenated stage-major, make the full model's flat vector:
+    ``cat(cell vectors)[index]`` is every full tensor flattened, concatenated in ``names`` order.
+    Found once per layout and model by running ``gather_param`` itself on the positions ``0, 1,
+    2, ..`` of the concatenation (exact in float64), so it cuts and joins exactly as
+    ``gather_param`` does. ``held``: per cell ``((stage name, shape), ..)``."""
+    found, start = {}, 0
     for stage in range(layout.pp):
         pieces = []
         for cell in held[stage * layout.tp:(stage + 1) * layout.tp]:
@@ -67,22 +67,22 @@ def _gather_order(layout: Layout, held: tuple) -> tuple[list[str], list[torch.Si
             pieces.append({n: part.view(shape) for (n, shape), part in zip(cell, positions.split(sizes))})
             start += sum(sizes)
         for name, _ in held[stage * layout.tp]:
-            for full, tensor in gather_param([p[name] for p in pieces], name).items():
-                names.append(full)
-                shapes.append(tensor.shape)
-                index.append(tensor.reshape(-1))
-    return names, shapes, torch.cat(index).long()
+            found.update(gather_param([p[name] for p in pieces], name))
+    if sorted(found) != sorted(names):
+        raise ValueError(f"the ranks hold {sorted(found)}, the model has {sorted(names)}")
+    return torch.cat([found[n].reshape(-1) for n in names]).long()
 
 
-def full_state(results: list[dict], layout: Layout, i: int) -> dict:
+def full_state(results: list[dict], layout: Layout, i: int, names: tuple[str, ...]) -> dict:
     """Snapshot ``i`` of one call (0: before its first step) as the one-process model's state,
-    ``{"params"|"exp_avg"|"exp_avg_sq": {full name: tensor}, "step": int}``: parameters from each
-    (pp, tp) shard's first replica, Adam's moments pieced together from every dp x cp rank's
-    slice (ZeRO-1), tensor-parallel shards gathered (as ``gather_param`` does, with one index
-    for the whole model: ``_gather_order``)."""
+    ``{"params"|"exp_avg"|"exp_avg_sq": [Ψ], "step": int}``, each a flat vector of the full
+    tensors in ``names`` order (``Reference.names``): parameters from each (pp, tp) shard's first
+    replica, Adam's moments pieced together from every dp x cp rank's slice (ZeRO-1),
+    tensor-parallel shards gathered (as ``gather_param`` does, with one index for the whole
+    model: ``_gather_index``)."""
     cells = _cells(results, layout)
     held = tuple(tuple((n, p.shape) for n, p in cell[0]["params"].items()) for cell in cells)
-    names, shapes, index = _gather_order(layout, held)
+    index = _gather_index(layout, held, tuple(names))
     vectors: dict[str, list] = {"params": [], "exp_avg": [], "exp_avg_sq": []}
     for owners in cells:
         snaps = [o["snapshots"][i] for o in owners]
@@ -97,10 +97,6 @@ def full_state(results: list[dict], layout: Layout, i: int) -> dict:
             for snap in snaps:
                 vec[snap["own"][0]:snap["own"][1]] = snap[k]
             vectors[k].append(vec[:numel])
-    sizes = [math.prod(shape) for shape in shapes]
-    out: dict = {}
-    for k, vecs in vectors.items():
-        full = torch.cat(vecs)[index]   # [Ψ] in the full model's pieces, each flattened
-        out[k] = {n: part.view(shape) for n, part, shape in zip(names, full.split(sizes), shapes)}
+    out: dict = {k: torch.cat(vecs)[index] for k, vecs in vectors.items()}   # [Ψ], names order
     out["step"] = results[0]["snapshots"][i]["step"]
     return out

@@ -31,7 +31,7 @@ from torch import nn
 
 from mtb_helpers.comm.issue import group_rank, group_size, issue
 
-__all__ = ["STRATEGIES", "SHARDED", "Adam", "make_mlp", "flat", "padded_numel", "Layout",
+__all__ = ["STRATEGIES", "SHARDED", "Adam", "make_mlp", "flat", "as_views", "padded_numel", "Layout",
            "held_bytes", "Strategy", "DDP", "ZeRO1", "ZeRO2"]
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
@@ -80,6 +80,14 @@ def make_mlp(hidden: int, ffn_hidden: int, gen: torch.Generator, dtype: torch.dt
 def flat(tensors) -> torch.Tensor:
     """The tensors flattened and concatenated, in order: ``[sum of numel]``."""
     return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+
+def as_views(params, buffer: torch.Tensor) -> None:
+    """The parameters become views of ``buffer`` ``[>= Ψ]``, in order (their values: the buffer's)."""
+    offset = 0
+    for p in params:
+        p.data = buffer[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
 
 
 def padded_numel(numel: int, t: int) -> int:
@@ -179,10 +187,7 @@ class DDP(Strategy):
         params = list(self.model.parameters())
         self.layout = Layout((sum(p.numel() for p in params),), self.t, self.shard_optimizer)
         self.flat = self.layout.piece(start["params"], 0, sharded=False)   # [Ψ_pad]
-        offset = 0
-        for p in params:   # the module's parameters become views of the flat buffer
-            p.data = self.flat[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
+        as_views(params, self.flat)
         lo, hi = self.layout.shard(0, self.rank) if self.shard_optimizer else (0, len(self.flat))
         self.own = (lo, hi)
         self.master = nn.Parameter(self.flat[lo:hi])   # shares the flat buffer's storage

@@ -45,10 +45,29 @@ def loopback_interface() -> str | None:
     return next((n for n in LOOPBACK_INTERFACES if n in names), None)
 
 
+def batch_scheduling() -> None:
+    """This thread, and every thread it starts from now on, under Linux's ``SCHED_BATCH``: a rank
+    woken by a message no longer preempts the process that is running, it waits for its turn.
+
+    A collective is a ping-pong of wake-ups between the ranks' main threads and gloo's threads
+    (its work thread and its TCP loop). With all ranks on one CPU (Binder; ``taskset -c 0``) every
+    wake-up preempted whoever ran, so a step switched processes far more often than its messages
+    needed: the capstone's 3 steps at tp=2 pp=2 took 18 % less CPU under SCHED_BATCH
+    (benchmarks/explorer_redraw.py, BENCHMARKS.md). The notebook's kernel keeps the normal policy,
+    so it still preempts the ranks (a widget answers promptly). Where the policy does not exist
+    (macOS) or may not be set, nothing changes."""
+    if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_BATCH"):
+        try:
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        except OSError:
+            pass
+
+
 def main(rank: int, world_size: int, workdir: str, conn: Connection, lifeline: Connection) -> None:
     """Entry point of a rank process; returns only when the owner says stop or disappears."""
     global IN_RANK
     IN_RANK = True
+    batch_scheduling()   # first: every thread started after this (gloo's) inherits it
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner handles interrupts and kills us
     _redirect_output(rank, workdir)
     _watch_owner(lifeline)
