@@ -78,10 +78,18 @@ class Bug:
 
 
 def swap(bug: Bug | None, correct: Any) -> Any:
-    """The piece to build: the wrong one if ``bug`` replaces ``correct``, else ``correct``."""
+    """The piece to build: the wrong one if ``bug`` replaces ``correct``, else ``correct``.
+
+    ``replaces`` names a correct piece by the object itself, or by its dotted path
+    (``"mtb_helpers.dp.pytorch.torch_model"``) where the bugs' module must not import it: the
+    registry imports every topic's bugs (``BUGS``, the first check), and a PyTorch comparison
+    module imported there would have every notebook's ranks preload DTensor or pipelining
+    (its ``RANK_IMPORTS``, runtime/start.py) whether or not that notebook compares with PyTorch."""
     if bug is None:
         return correct
-    return bug.replaces.get(correct, correct)
+    if correct in bug.replaces:
+        return bug.replaces[correct]
+    return bug.replaces.get(f"{correct.__module__}.{correct.__qualname__}", correct)
 
 
 def names_for(registry: dict[str, Bug], check: str) -> tuple[str, ...]:

@@ -14,11 +14,13 @@ from torch import nn
 
 from mtb_helpers.checking.bug import Bug, names_for, swap
 from mtb_helpers.dp.fsdp import STRATEGY_CLASSES, ZeRO3
-from mtb_helpers.dp.pytorch import torch_model
 from mtb_helpers.dp.strategies import DDP, Adam, Strategy, ZeRO1, ZeRO2
 
 __all__ = ["BUGS", "DP_BUGS", "BUGS_BY_STRATEGY", "DoubleAverage", "SumNotAverage",
            "StaleParams", "GradsNotCleared", "build_strategy"]
+
+
+TORCH_MODEL = "mtb_helpers.dp.pytorch.torch_model"   # by name: see checking.bug.swap
 
 
 class DoubleAverage(Strategy):
@@ -62,6 +64,7 @@ def ddp_without_wrapper(strategy: str, model: nn.Sequential) -> nn.Module:
 
 def fsdp_sum_not_average(strategy: str, model: nn.Sequential) -> nn.Module:
     """fsdp-sum-not-average."""
+    from mtb_helpers.dp.pytorch import torch_model   # not at import: see checking.bug.swap
     model = torch_model(strategy, model)
     for m in model.modules():
         if hasattr(m, "set_gradient_divide_factor"):
@@ -91,11 +94,11 @@ BUGS: dict[str, Bug] = {
     "no-ddp-wrapper": Bug(
         "PyTorch's DDP: the bare module, no DistributedDataParallel, so each rank steps on the "
         "gradient of its own rows", ("pytorch_data_parallel",),
-        {torch_model: ddp_without_wrapper},
+        {TORCH_MODEL: ddp_without_wrapper},
         needs={"strategy='ddp'": lambda a: a["strategy"] == "ddp"}),
     "fsdp-sum-not-average": Bug(
         "PyTorch's FSDP2: set_gradient_divide_factor(1.0), so the reduce-scatter sums: t times "
-        "the batch gradient", ("pytorch_data_parallel",), {torch_model: fsdp_sum_not_average},
+        "the batch gradient", ("pytorch_data_parallel",), {TORCH_MODEL: fsdp_sum_not_average},
         needs={"strategy='fsdp'": lambda a: a["strategy"] == "fsdp"}),
 }
 DP_BUGS = names_for(BUGS, CHECK)

@@ -46,6 +46,10 @@ from mtb_helpers.runtime.ranks import resolve_world_size, run
 
 __all__ = ["check_overlap", "WRAPPERS"]
 
+# its ranks step torch.optim optimizers, whose first step imports torch._dynamo: preloaded once in
+# the forkserver for every rank (runtime/start.py)
+RANK_IMPORTS = ("torch._dynamo",)
+
 WRAPPERS = ("ddp", "zero1", "fsdp")
 LR = 0.01
 LOW_PRECISION = (torch.float16, torch.bfloat16)

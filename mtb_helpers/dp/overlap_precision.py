@@ -26,6 +26,10 @@ from mtb_helpers.runtime.ranks import resolve_world_size, run
 
 __all__ = ["mixed_precision"]
 
+# its ranks step torch.optim optimizers, whose first step imports torch._dynamo: preloaded once in
+# the forkserver for every rank (runtime/start.py)
+RANK_IMPORTS = ("torch._dynamo",)
+
 
 def _on_rank(model, batches, dtypes) -> dict:
     t, r = dist.get_world_size(), dist.get_rank()

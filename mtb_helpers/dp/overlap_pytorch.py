@@ -33,6 +33,10 @@ from mtb_helpers.runtime.ranks import resolve_world_size, run
 
 __all__ = ["pytorch_overlap", "overlap_model", "OPTIMIZERS", "WRAPPERS"]
 
+# its ranks step torch.optim optimizers, whose first step imports torch._dynamo: preloaded once in
+# the forkserver for every rank (runtime/start.py)
+RANK_IMPORTS = ("torch._dynamo",)
+
 OPTIMIZERS = {"sgd": (torch.optim.SGD, {"lr": 0.1}), "adamw": (torch.optim.AdamW, {"lr": 0.01})}
 WRAPPERS = ("ddp", "zero1", "fsdp")
 # DDP's cap for the course's bucket_cap_mb=0 (one bucket per parameter): one byte buckets the same

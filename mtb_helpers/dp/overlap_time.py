@@ -32,6 +32,10 @@ from mtb_helpers.runtime.ranks import run
 __all__ = ["PaddedLinear", "PaddedSGD", "NoOverlapDDP", "padded_model", "measure_ddp",
            "measure_fsdp", "step_table", "bucket_curve", "DEFAULTS", "DEFAULT_LINK"]
 
+# its ranks step torch.optim optimizers, whose first step imports torch._dynamo: preloaded once in
+# the forkserver for every rank (runtime/start.py)
+RANK_IMPORTS = ("torch._dynamo",)
+
 # A slow network (1 ms per message, 250 MB/s: about a 2 Gbit/s Ethernet) and a small model, in
 # the link's seconds: a layer's 257 KiB of gradients take 2α + n/β ≈ 3 ms to all-reduce on 2
 # ranks, a little more than its 2 ms backward, so overlap can hide most of it; one bucket per

@@ -30,14 +30,12 @@ import torch
 from torch import nn
 
 from mtb_helpers.comm.issue import group_rank, group_size, issue
+from mtb_helpers.dp.adam import AdamUpdate
 
 __all__ = ["STRATEGIES", "SHARDED", "Adam", "make_mlp", "flat", "as_views", "padded_numel", "Layout",
            "held_bytes", "Strategy", "DDP", "ZeRO1", "ZeRO2"]
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
-# Ranks build torch.optim optimizers (Adam.make; capstone and notebook 14 too): the first one
-# imports torch._dynamo, which the forkserver then preloads once for every rank (runtime/start.py)
-RANK_IMPORTS = ("torch._dynamo",)
 # which of the compared quantities each strategy keeps only a shard of
 SHARDED = {"ddp": (), "zero1": ("grads", "exp_avg", "exp_avg_sq"),
            "zero2": ("grads", "exp_avg", "exp_avg_sq"),
@@ -59,7 +57,13 @@ class Adam:
     weight_decay: float = 0.0
     decoupled: bool = False
 
-    def make(self, params) -> torch.optim.Optimizer:
+    def make(self, params) -> AdamUpdate:
+        """The course's optimizer: the same update written out (``dp/adam.py``), bit for bit."""
+        return AdamUpdate(params, self.lr, self.betas, self.eps, self.weight_decay, self.decoupled)
+
+    def torch(self, params) -> torch.optim.Optimizer:
+        """PyTorch's own, for the side of a comparison that is PyTorch's (and references that
+        check the course's update against it)."""
         cls = torch.optim.AdamW if self.decoupled else torch.optim.Adam
         return cls(params, lr=self.lr, betas=self.betas, eps=self.eps,
                    weight_decay=self.weight_decay)

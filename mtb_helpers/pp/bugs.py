@@ -11,7 +11,6 @@ import torch.distributed as dist
 
 from mtb_helpers.checking.bug import Bug, names_for
 from mtb_helpers.pp.p2p import P2P, Message
-from mtb_helpers.pp.pytorch import torch_schedule
 from mtb_helpers.pp.stage import RankStage
 
 
@@ -60,9 +59,12 @@ def schedule_without_scaling(name: str, stage, microbatches: int):
 
 def the_other_schedule(name: str, stage, microbatches: int):
     """other-schedule."""
+    from mtb_helpers.pp.pytorch import torch_schedule   # not at import: see checking.bug.swap
     # BUG: 1F1B runs where GPipe is compared, or GPipe where 1F1B is: same grads, other order
     return torch_schedule({"gpipe": "1f1b", "1f1b": "gpipe"}[name], stage, microbatches)
 
+
+TORCH_SCHEDULE = "mtb_helpers.pp.pytorch.torch_schedule"   # by name: see checking.bug.swap
 
 BUGS: dict[str, Bug] = {
     "pp-loss-not-scaled": Bug(
@@ -87,10 +89,10 @@ BUGS: dict[str, Bug] = {
     "scale-grads-off": Bug(
         "PyTorch's schedule: scale_grads=False with a mean loss per micro-batch, so the grads are "
         "m times too large", checks=("pytorch_pipeline",),
-        replaces={torch_schedule: schedule_without_scaling}),
+        replaces={TORCH_SCHEDULE: schedule_without_scaling}),
     "other-schedule": Bug(
         "PyTorch's schedule: the other one (1F1B for GPipe, GPipe for 1F1B) than the one "
         "compared with, so the order of the ops differs", checks=("pytorch_pipeline",),
-        replaces={torch_schedule: the_other_schedule}),
+        replaces={TORCH_SCHEDULE: the_other_schedule}),
 }
 PP_BUGS = names_for(BUGS, "pipeline")

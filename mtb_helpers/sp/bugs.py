@@ -19,7 +19,6 @@ from mtb_helpers.sp.layers import (PositionKeyedDropout, SequenceParallelColumnL
                             SequenceParallelLayerNorm, SequenceParallelMLPBlock,
                             SequenceParallelRowLinear)
 from mtb_helpers.checking.agreement import local
-from mtb_helpers.sp.pytorch import full_grad
 
 
 class LayerNormWithoutGradAllReduce(SequenceParallelLayerNorm):
@@ -53,6 +52,7 @@ class RowAllReduceThenSlice(SequenceParallelRowLinear):
 
 def layernorm_grad_local(name: str, grad) -> torch.Tensor | None:
     """ln-grad-partial."""
+    from mtb_helpers.sp.pytorch import full_grad   # not at import: see checking.bug.swap
     if name.startswith("ln."):
         return local(grad)   # BUG: the Partial piece, the sum over this rank's own rows only
     return full_grad(name, grad)
@@ -75,7 +75,7 @@ BUGS: dict[str, Bug] = {
     "ln-grad-partial": Bug(
         "PyTorch's LayerNorm grads read with .to_local(): each rank's Partial piece, the sum "
         "over its own rows only", checks=("pytorch_sequence_parallel",),
-        replaces={full_grad: layernorm_grad_local}),
+        replaces={"mtb_helpers.sp.pytorch.full_grad": layernorm_grad_local}),
 }
 SP_BUGS = names_for(BUGS, "sequence")
 

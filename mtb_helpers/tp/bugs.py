@@ -20,7 +20,7 @@ from mtb_helpers.comm.regions import (copy_to_tensor_model_parallel_region,
                                       reduce_from_tensor_model_parallel_region,
                                       scatter_to_tensor_model_parallel_region)
 from mtb_helpers.tp.layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear
-from mtb_helpers.tp.pytorch import TensorParallelPlan
+from mtb_helpers.tp.plan import TensorParallelPlan
 
 
 

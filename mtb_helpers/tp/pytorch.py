@@ -36,6 +36,7 @@ from mtb_helpers.comm.records import record
 from mtb_helpers.comm.sharding import check_divisible, shard_range
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.tp.layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear
+from mtb_helpers.tp.plan import TensorParallelPlan
 from mtb_helpers.tp.reference import draw_inputs
 
 # what the ranks import for CommDebugMode (torch._dynamo with it): preloaded once for every rank
@@ -47,23 +48,6 @@ __all__ = ["Agreement", "pytorch_column", "pytorch_row", "pytorch_mlp", "tp_on_r
            "agreement"]
 
 
-class TensorParallelPlan:
-    """The ``parallelize_module`` plan of each comparison: a column layer is ``ColwiseParallel``,
-    a row layer ``RowwiseParallel``, the MLP ``{"0": Colwise, "2": Rowwise}`` (the indices of
-    ``nn.Sequential(fc1, GELU, fc2)``). A bug overrides one method with a wrong placement."""
-
-    def column(self):
-        from torch.distributed.tensor.parallel import ColwiseParallel
-        return ColwiseParallel()          # weight Shard(0), input Replicate, output Shard(-1)
-
-    def row(self):
-        from torch.distributed.tensor.parallel import RowwiseParallel
-        return RowwiseParallel()          # weight Shard(1), input Shard(-1), output Replicate
-
-    def plan(self, kind: str):
-        if kind == "mlp":
-            return {"0": self.column(), "2": self.row()}
-        return self.column() if kind == "column" else self.row()
 def _course_run(layer: nn.Module, x: torch.Tensor, dy: torch.Tensor):
     x = x.clone().requires_grad_(True)
     with record() as rec:
