@@ -42,16 +42,19 @@ def test_ranks_start_with_torchs_lazy_imports_and_the_course_already_loaded_and_
 
 def test_a_course_modules_rank_imports_are_preloaded_only_where_it_is_loaded():
     # torch._dynamo (the first torch.optim optimizer imports it) took 0.8 s of a first redraw on
-    # one CPU in notebooks whose ranks build no optimizer; where dp's are loaded, ranks share it
+    # one CPU in notebooks whose ranks build no torch.optim optimizer (the course's own strategies
+    # and the capstone step the written-out Adam, dp/adam.py; the bug registry imports no PyTorch
+    # comparison module); where overlap's ranks step torch.optim, ranks share one import of it
     code = textwrap.dedent("""
         import json, sys
-        import mtb_helpers.collectives.ops
-        from mtb_helpers import run, shutdown
+        import mtb_helpers.collectives.ops, mtb_helpers.dp.strategies, mtb_helpers.capstone.check
+        from mtb_helpers import BUGS, run, shutdown
+        BUGS
         has = lambda: "torch._dynamo" in sys.modules
         ranks = run(has, world_size=2)
         without = [has(), ranks]
         shutdown()
-        import mtb_helpers.dp.strategies
+        import mtb_helpers.dp.overlap_check
         from mtb_helpers.runtime.start import rank_imports
         ranks = run(has, world_size=2)   # the forkserver starts: the owner imports it first
         print(json.dumps([without, [has(), ranks, "torch._dynamo" in rank_imports()]]))
@@ -60,7 +63,7 @@ def test_a_course_modules_rank_imports_are_preloaded_only_where_it_is_loaded():
     assert out.returncode == 0, out.stderr
     without, declared = json.loads(out.stdout.strip().splitlines()[-1])
     assert without == [False, [False, False]], "torch._dynamo imported where no rank needs it"
-    assert declared == [True, [True, True], True], "dp's optimizers: torch._dynamo not preloaded"
+    assert declared == [True, [True, True], True], "overlap's optimizers: torch._dynamo not preloaded"
 
 
 def test_ranks_and_multiprocessings_helpers_leave_the_owners_process_group():
