@@ -69,8 +69,16 @@ def fork_helper(args: list[str], passfds) -> int:
 
 
 def _become_helper(keep: set[int]) -> None:
-    """In the child: its own session, only the passed descriptors, default signal handlers."""
+    """In the child: its own session, only the passed descriptors, default signal handlers, and
+    none of the owner's objects ever finalized by the garbage collector."""
     os.setsid()  # out of the kernel's process group: a Jupyter shutdown does not wait for us
+    # The owner's garbage not yet collected (a Connection in a reference cycle, say) still names
+    # descriptor numbers closed below. The numbers are reused: a rank opens gloo's epoll fd, its
+    # wake-up pipe and sockets at the lowest free ones. A collection in a rank (worker.py runs one
+    # after every call) then finalized that garbage, closed gloo's descriptor, and gloo's network
+    # thread aborted the idle rank ("loop.cc:212] nfds != -1": tests/test_gloo_idle.py). Frozen,
+    # the owner's objects are never collected here nor in any rank (their pages stay shared too).
+    gc.freeze()
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
         if fd > 2 and fd not in keep:
