@@ -79,6 +79,12 @@ def _become_helper(keep: set[int]) -> None:
     # thread aborted the idle rank ("loop.cc:212] nfds != -1": tests/test_gloo_idle.py). Frozen,
     # the owner's objects are never collected here nor in any rank (their pages stay shared too).
     gc.freeze()
+    # The owner's stdio objects (they may hold a thread's lock) are dropped here, before the
+    # closing below: if that finalizes one, it closes only the owner's copy of its descriptor.
+    sys.stdin = open(os.devnull)
+    sys.stdout = open(1, "w", closefd=False, buffering=1)
+    sys.stderr = open(2, "w", closefd=False, buffering=1)
+    keep = keep | {sys.stdin.fileno()}
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
         if fd > 2 and fd not in keep:
@@ -89,6 +95,3 @@ def _become_helper(keep: set[int]) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
                    signal.SIGALRM, signal.SIGCHLD):
         signal.signal(signum, signal.SIG_DFL)
-    sys.stdin = open(os.devnull)
-    sys.stdout = open(1, "w", closefd=False, buffering=1)  # the owner's may hold a thread's lock
-    sys.stderr = open(2, "w", closefd=False, buffering=1)
