@@ -61,7 +61,7 @@ class Adam:
         """The course's optimizer: the same update written out (``dp/adam.py``), bit for bit."""
         return AdamUpdate(params, self.lr, self.betas, self.eps, self.weight_decay, self.decoupled)
 
-    def torch(self, params) -> torch.optim.Optimizer:
+    def torch_optimizer(self, params) -> torch.optim.Optimizer:
         """PyTorch's own, for the side of a comparison that is PyTorch's (and references that
         check the course's update against it)."""
         cls = torch.optim.AdamW if self.decoupled else torch.optim.Adam
