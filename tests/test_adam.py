@@ -44,7 +44,7 @@ class NoBiasCorrection(AdamUpdate):
 @pytest.mark.parametrize("decoupled", [True, False])
 def test_the_written_out_update_is_torch_optims_bit_for_bit(dtype, decoupled):
     adam = Adam(lr=1e-2, weight_decay=0.1, decoupled=decoupled)
-    theirs = _steps(adam.torch, dtype)
+    theirs = _steps(adam.torch_optimizer, dtype)
     ours = _steps(adam.make, dtype)
     assert isinstance(adam.make([]), AdamUpdate)
     assert isinstance(adam.torch_optimizer([torch.zeros(1, requires_grad=True)]), torch.optim.Optimizer)
