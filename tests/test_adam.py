@@ -44,10 +44,10 @@ class NoBiasCorrection(AdamUpdate):
 @pytest.mark.parametrize("decoupled", [True, False])
 def test_the_written_out_update_is_torch_optims_bit_for_bit(dtype, decoupled):
     adam = Adam(lr=1e-2, weight_decay=0.1, decoupled=decoupled)
-    theirs = _steps(adam.torch, dtype)
+    theirs = _steps(adam.torch_optimizer, dtype)
     ours = _steps(adam.make, dtype)
     assert isinstance(adam.make([]), AdamUpdate)
-    assert isinstance(adam.torch([torch.zeros(1, requires_grad=True)]), torch.optim.Optimizer)
+    assert isinstance(adam.torch_optimizer([torch.zeros(1, requires_grad=True)]), torch.optim.Optimizer)
     assert all(torch.equal(a, b) for step_a, step_b in zip(ours, theirs) for a, b in zip(step_a, step_b))
     wrong = _steps(lambda ps: NoBiasCorrection(ps, adam.lr, adam.betas, adam.eps, adam.weight_decay,
                                                decoupled), dtype)
@@ -60,7 +60,7 @@ def test_a_state_put_in_by_the_caller_is_where_the_next_step_starts():
     q = p.detach().clone().requires_grad_()
     start = {"step": torch.tensor(4.0), "exp_avg": torch.full((3,), 0.5, dtype=torch.float64),
              "exp_avg_sq": torch.full((3,), 0.25, dtype=torch.float64)}
-    ours, theirs = Adam(decoupled=True).make([p]), Adam(decoupled=True).torch([q])
+    ours, theirs = Adam(decoupled=True).make([p]), Adam(decoupled=True).torch_optimizer([q])
     ours.state[p] = {k: v.clone() for k, v in start.items()}
     theirs.state[q] = {k: v.clone() for k, v in start.items()}
     for x in (p, q):

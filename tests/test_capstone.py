@@ -211,7 +211,7 @@ def test_the_flat_reference_takes_the_steps_of_torch_adamw_on_every_tensor(dtype
         want.append((float(loss.detach()), {n: p.detach().clone() for n, p in model.named_parameters()}))
 
     def accumulating(ref):   # the deliberate mistake: grads never cleared, each step adds on
-        ref.model.zero_grad = lambda set_to_none=True: None
+        ref.zero_grad = lambda: None
         return ref
 
     for make, equal in ((lambda: Reference(cfg, run, dtype), True),
@@ -222,3 +222,37 @@ def test_the_flat_reference_takes_the_steps_of_torch_adamw_on_every_tensor(dtype
             got = ref.named(after)
             same.append(got_loss == loss and all(torch.equal(got[n], p) for n, p in params.items()))
         assert same == [True] * 4 if equal else same[0] and not any(same[1:]), same
+
+
+def _kept_stages() -> int:
+    from mtb_helpers.capstone import kept
+    return len(kept.STAGES)
+
+
+def test_a_stage_kept_between_calls_starts_from_the_state_it_is_given():
+    from mtb_helpers import run
+    first = train_parallel(2, 2, 1, 1, steps=3)
+    assert min(run(_kept_stages, world_size=4)) >= 1          # every rank kept its stage
+    again = train_parallel(2, 2, 1, 1, steps=3)               # the kept stages, a fresh start
+    assert again.losses == first.losses
+    assert all(torch.equal(again.params[n], p) for n, p in first.params.items())
+
+
+def test_a_kept_stage_that_kept_its_moments_is_caught(monkeypatch):
+    """The deliberate mistake: loading a kept stage's parameters but not Adam's state (the
+    moments and step of the last call's run stay): the same call then gives other parameters."""
+    from mtb_helpers.capstone import kept, parallel
+    from mtb_helpers.dp.strategies import DDP
+    args = ((GPTConfig(), 0, torch.float64), Layout(1, 1, 1, 1), TrainConfig(steps=2), 2, "1f1b",
+            True, "ddp")
+    monkeypatch.setattr(kept, "STAGES", type(kept.STAGES)())   # this process's own
+    first = parallel.train_on_rank(*args)["snapshots"]["flat"]
+    assert torch.equal(parallel.train_on_rank(*args)["snapshots"]["flat"], first)
+    assert len(kept.STAGES) == 1
+
+    def params_only(self, start):
+        with torch.no_grad():
+            self.flat.copy_(self.layout.piece(start["params"], 0, sharded=False))
+
+    monkeypatch.setattr(DDP, "load", params_only)
+    assert not torch.equal(parallel.train_on_rank(*args)["snapshots"]["flat"], first)

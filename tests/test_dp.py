@@ -144,7 +144,7 @@ def _ours_and_torch_ddp(steps):
                 for k in ("exp_avg", "exp_avg_sq")}}
     ours = build_strategy("ddp", model, start, adam)
     theirs = DistributedDataParallel(copy.deepcopy(model))
-    opt = adam.torch(theirs.parameters())   # PyTorch's side: torch.optim, not the course's Adam
+    opt = adam.torch_optimizer(theirs.parameters())   # PyTorch's side: torch.optim, not the course's Adam
     t, r = dist.get_world_size(), dist.get_rank()
     for x, y in batches:
         n = x.shape[0] // t

@@ -88,6 +88,21 @@ def test_every_thread_of_a_rank_runs_under_batch_scheduling_and_the_owner_does_n
     assert os.sched_getscheduler(0) == os.SCHED_OTHER
 
 
+def _flight_recorder_entries() -> tuple[str | None, int]:
+    import pickle
+
+    import torch._C._distributed_c10d as c10d
+    x = torch.ones(4)
+    dist.all_reduce(x)                                   # a collective it would keep
+    return os.environ.get("TORCH_FR_BUFFER_SIZE"), len(pickle.loads(c10d._dump_fr_trace())["entries"])
+
+
+def test_ranks_keep_no_flight_recorder_of_their_collectives():
+    """PyTorch's flight recorder stores every collective with its Python stack (~8 % of a
+    capstone redraw on one CPU); the ranks turn it off (the course names a hang's ranks itself)."""
+    assert run(_flight_recorder_entries, world_size=2) == [("0", 0)] * 2
+
+
 def test_output_is_relayed_after_the_call_in_rank_order_with_fd_level_capture(capfd):
     def chatty():
         rank = dist.get_rank()

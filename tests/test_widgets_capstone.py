@@ -18,8 +18,8 @@ from PIL import Image  # noqa: E402
 from mtb_helpers.capstone.check import check_capstone, free_run  # noqa: E402
 from mtb_helpers.capstone.model import GPTConfig  # noqa: E402
 from mtb_helpers.capstone.reference import TrainConfig, train_reference  # noqa: E402
-from mtb_helpers.capstone.plots import (LIVE_LOSSES, losses_data, losses_png, plot_losses,  # noqa: E402
-                                        prepare_losses)
+from mtb_helpers.capstone.plots import (DEFAULT_TITLE, LIVE_LOSSES, losses_data, losses_png,  # noqa: E402
+                                        plot_losses, prepare_losses)
 from mtb_helpers.capstone.widget import capstone_summary  # noqa: E402
 
 
@@ -58,7 +58,8 @@ def test_the_live_loss_figure_shows_the_ordinary_one_and_a_bug_widens_its_axes()
         diff = np.abs(_pixels(losses_png(parallel, reference, "tp=2 pp=2", title="title")) - ordinary)
         assert diff.max() <= 64 and (diff > 0).any(axis=2).mean() < 0.005
     same = LIVE_LOSSES.key(losses_data([3.47, 3.25, 3.11], reference, "x", title="a"))
-    assert same == LIVE_LOSSES.key(losses_data([3.47, 3.25 + 1e-14, 3.11], reference, "x", title="b"))
+    assert same == LIVE_LOSSES.key(losses_data([3.47, 3.25 + 1e-14, 3.11], reference, "x", title="a"))
+    assert same != LIVE_LOSSES.key(losses_data([3.47, 3.25, 3.11], reference, "x", title="b"))
     assert same != LIVE_LOSSES.key(losses_data([3.47, 3.30, 3.20], reference, "x"))   # errors of 1e-2
     assert same != LIVE_LOSSES.key(losses_data([3.47, 3.25, 3.11], reference, "x", {"y": reference}))
 
@@ -98,8 +99,10 @@ def test_prepare_losses_keeps_the_layer_a_correct_runs_redraw_uses(monkeypatch):
     reference = [3.5, 3.125, 2.875]                          # a curve no other test drew
     prepare_losses(reference, "tp=2 pp=2 dp=1 cp=1")
     assert len(built) == 1
-    losses_png([3.5, 3.125 + 1e-15, 2.875], reference, "tp=2 pp=2 dp=1 cp=1", title="agrees")
+    losses_png([3.5, 3.125 + 1e-15, 2.875], reference, "tp=2 pp=2 dp=1 cp=1", title=DEFAULT_TITLE)
     assert len(built) == 1                                   # the redraw drew only its points
+    losses_png([3.5, 3.5, 3.5], reference, "tp=2 pp=2 dp=1 cp=1", title="the curves part")
+    assert len(built) == 2                                   # another title, another layer
 
 
 def test_the_explorer_trains_again_on_every_change_and_shows_the_verdict():

@@ -30,16 +30,14 @@ import torch.distributed as dist
 
 from mtb_helpers.capstone.data import batch_for_step, corpus, encode
 from mtb_helpers.capstone.grid import Grid, Layout
-from mtb_helpers.capstone.finalize import SequenceParallelGrads
-from mtb_helpers.capstone.layers import ParallelEmbedding, build_stage, gather_param, replicated_params
+from mtb_helpers.capstone.kept import Stage, drop, kept_stage, resume
+from mtb_helpers.capstone.layers import gather_param
 from mtb_helpers.capstone.model import GPTConfig, TinyGPT, make_model
 from mtb_helpers.capstone.reference import TrainConfig
 from mtb_helpers.capstone.state import full_state, pack_snapshots, unpack
 from mtb_helpers.capstone.validate import DP_STRATEGIES, PP_SCHEDULES, validate
 from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.comm.records import record
-from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
-from mtb_helpers.dp.strategies import flat
 from mtb_helpers.pp.p2p import P2P, Message
 from mtb_helpers.pp.schedules import schedule as make_schedule
 from mtb_helpers.pp.stage import RankStage
@@ -98,8 +96,8 @@ def train_on_rank(model: tuple[GPTConfig, int, torch.dtype], layout: Layout, run
     count = run_cfg.steps - first if count is None else count
     state = None if states is None else states[dist.get_rank() if dist.is_initialized() else 0]
     try:
-        return _train(grid, full_model(*model), layout, run_cfg, microbatches, schedule, sequence_parallel,
-                      strategy, bug, range(first, first + count), state)
+        return _train(grid, full_model(*model), model, layout, run_cfg, microbatches, schedule,
+                      sequence_parallel, strategy, bug, range(first, first + count), state)
     finally:
         grid.destroy()
 
@@ -121,32 +119,22 @@ def snapshot(opt) -> dict:
             "step": int(state["step"])}
 
 
-def _resume(params: torch.Tensor, state: dict | None) -> dict:
-    """``start`` for the strategy: fresh, or this rank's snapshot (Adam's moments put back at
-    their place in a zero ``[Ψ]``; padding entries stay zero in training too)."""
-    if state is None:
-        return {"params": params, "exp_avg": torch.zeros_like(params),
-                "exp_avg_sq": torch.zeros_like(params), "step": 0}
-    lo, hi = state["own"]
-    out = {"params": state["params"].clone(), "step": state["step"]}
-    for k in ("exp_avg", "exp_avg_sq"):
-        full = torch.zeros(max(hi, len(params)), dtype=params.dtype)
-        full[lo:hi] = state[k]
-        out[k] = full[:len(params)]
-    return out
+def _train(grid, model, model_key, layout, run_cfg, m, schedule, sequence_parallel, strategy, bug,
+           steps, state) -> dict:
+    key, built = kept_stage(grid, model, model_key, layout, run_cfg, sequence_parallel, strategy, bug)
+    try:
+        return _train_stage(grid, built, model.cfg, layout, run_cfg, m, schedule,
+                            sequence_parallel, steps, state)
+    except BaseException:
+        drop(key)
+        raise
 
 
-def _train(grid, model, layout, run_cfg, m, schedule, sequence_parallel, strategy, bug, steps,
-           state) -> dict:
-    at, cfg = grid.index, model.cfg
-    tp_group = grid.tensor_group()
-    module = build_stage(model, at["pp"], layout.pp, sequence_parallel, tp_group,
-                         grid.context_group(), swap(bug, ParallelEmbedding))
-    opt = STRATEGY_CLASSES[strategy](module, _resume(flat(module.parameters()), state),
-                                     run_cfg.adam(), group=grid.gradient_group(), copy_model=False)
-    # under SP: the LayerNorm / bias grads, partial per tp rank, summed in one all-reduce a step
-    sp_grads = (swap(bug, SequenceParallelGrads)(replicated_params(module), tp_group)
-                if sequence_parallel else None)
+def _train_stage(grid, built: Stage, cfg, layout, run_cfg, m, schedule, sequence_parallel, steps,
+                 state) -> dict:
+    at, tp_group = grid.index, grid.tensor_group()
+    module, opt, sp_grads = built.module, built.opt, built.sp_grads
+    opt.load(resume(built.initial, state))
 
     def loss_fn(logits, target):   # logits [s/c, b, V/t], target [s/c, b] -> mean over its tokens
         # the max, then the sum of exponentials and the target logit in one all-reduce
@@ -178,8 +166,9 @@ def _train(grid, model, layout, run_cfg, m, schedule, sequence_parallel, strateg
         losses.append(sum(stage.losses.values()) if stage.losses else None)
         snapshots.append(snapshot(opt))   # the state after this step (the next one's start)
     names, held = zip(*module.named_parameters())
+    # the parameters themselves travel once, as the last snapshot's (state.unpack cuts them)
     return {"index": dict(at), "losses": losses, "record": rec.without_tensors(),
-            "params": {"names": names, "shapes": [p.shape for p in held], "flat": flat(held)},
+            "params": {"names": names, "shapes": [p.shape for p in held]},
             "snapshots": pack_snapshots(snapshots)}   # one tensor: see state.py
 
 

@@ -5,8 +5,8 @@ against the formulas.
 Plots draw plain data (a report's ``extra`` parts or the lists a check returns); every rank is
 drawn in ``rank_color(r)``, as everywhere in the course. The loss curves are a two-layer figure
 (``plots.live.LiveFigure``): ``plot_losses`` (the notebook's figure) and ``losses_png`` (the
-explorer's image) are the same build and update; only the parallel runs' points and the title
-are drawn again when a slider moves.
+explorer's image) are the same build and update; only the parallel runs' points are drawn again
+when a slider moves (the title, a passing or a failing run's, is part of the static layer).
 """
 from __future__ import annotations
 
@@ -104,14 +104,15 @@ def _style(i: int) -> dict:
 
 
 def _losses_key(data: tuple) -> tuple:
-    runs, reference, _ = data
-    return (reference, tuple(name for name, _ in runs), _limits(runs, reference))
+    runs, reference, title = data
+    return (reference, tuple(name for name, _ in runs), _limits(runs, reference), title)
 
 
 def _losses_build(new_figure, data: tuple):
-    """Axes at fixed places (no layout pass), the one-process curve, the tolerance line, labels
-    and legends: everything but the parallel runs' points and the title."""
-    runs, reference, _ = data
+    """Axes at fixed places (no layout pass), the one-process curve, the tolerance line, labels,
+    legends and the title (one of two an explorer shows: it passes or the curves part; ~60
+    glyphs, ~5 ms to draw on every move): everything but the parallel runs' points."""
+    runs, reference, title = data
     (top_lim, bottom_lim), steps = _limits(runs, reference), range(1, len(reference) + 1)
     fig = new_figure((7.5, 5.2))
     top = fig.add_axes((0.11, 0.40, 0.86, 0.53), xlim=(0.7, len(reference) + 0.3), ylim=top_lim)
@@ -127,14 +128,14 @@ def _losses_build(new_figure, data: tuple):
     bottom.set_ylabel("|parallel - one process|")
     bottom.axhline(TOLERANCE_LINE, color="#D55E00", linestyle=":", label="fp64 tolerance 1e-10")
     bottom.legend(fontsize=8, loc="upper left")
-    top.set_title("")
+    top.set_title(title, fontsize=12)
     return top, bottom
 
 
 def _losses_update(fig: Figure, axes: tuple, data: tuple) -> list:
-    """Each parallel run's losses over the one-process curve, their distance below, the title."""
+    """Each parallel run's losses over the one-process curve and their distance below."""
     top, bottom = axes
-    runs, reference, title = data
+    runs, reference, _ = data
     steps = list(range(1, len(reference) + 1))
     drawn = []
     for i, (_, losses) in enumerate(runs):
@@ -142,8 +143,7 @@ def _losses_update(fig: Figure, axes: tuple, data: tuple) -> list:
         if shown:
             drawn += top.plot(*zip(*shown), linestyle="--", **_style(i))
         drawn += bottom.plot(steps, [_diff(a, b) for a, b in zip(losses, reference)], **_style(i))
-    top.set_title(title, fontsize=12)
-    return drawn + [top.title]
+    return drawn
 
 
 LIVE_LOSSES = LiveFigure(_losses_key, _losses_build, _losses_update)
@@ -175,8 +175,9 @@ def losses_png(parallel: list[float], reference: list[float], label: str = "para
 
 def prepare_losses(reference: list[float], label: str = "parallel") -> None:
     """Render and keep the static layer ``losses_png`` draws a correct run ``label`` over (a
-    correct run's points lie on the one-process curve, so its axes are the reference's): an
-    explorer makes it while its ranks start, and its first redraw only adds the points."""
+    correct run's points lie on the one-process curve, so its axes are the reference's; the
+    title ``DEFAULT_TITLE``, a passing run's): an explorer makes it while its ranks start, and
+    its first redraw only adds the points."""
     LIVE_LOSSES.prepare(losses_data(reference, reference, label))
 
 

@@ -51,6 +51,7 @@ class Reference:
         self.cfg, self.run, self.dtype = cfg, run, dtype
         self.model = make_model(cfg, run.seed, dtype)
         self.names, params = zip(*self.model.named_parameters())
+        self.params = params                     # the model's parameters, ``names`` order
         self.shapes = [p.shape for p in params]
         self.flat = flat(params)                 # [Ψ]; the model's parameters become its views
         as_views(params, self.flat)
@@ -72,16 +73,21 @@ class Reference:
                                        **{k: state[k].to(self.dtype).clone()
                                           for k in ("exp_avg", "exp_avg_sq")}}
 
+    def zero_grad(self) -> None:
+        """The gradients gone (``model.zero_grad`` without its walk over the modules, ~0.5 ms)."""
+        for p in self.params:
+            p.grad = None
+
     def step(self, k: int, state: dict | None = None) -> tuple[float, torch.Tensor]:
         """Step ``k`` (from ``state`` if given): its loss (before the update) and the parameters
         after it, flat ``[Ψ]`` in ``names`` order (``named`` gives them by name)."""
         if state is not None:
             self.load(state)
         ids, targets = batch_for_step(k, self.run.batch, self.cfg.seq, self.tokens)
-        self.model.zero_grad(set_to_none=True)
+        self.zero_grad()
         loss = self.model.loss(ids, targets)
         loss.backward()
-        self.master.grad = flat(p.grad for p in self.model.parameters())   # [Ψ], names order
+        self.master.grad = flat(p.grad for p in self.params)   # [Ψ], names order
         self.opt.step()
         return float(loss.detach()), self.flat.clone()
 

@@ -31,15 +31,17 @@ def pack_snapshots(snapshots: list[dict]) -> dict:
 
 
 def unpack(result: dict) -> dict:
-    """A rank's result as the rest reads it: ``params`` ``{name: tensor}``, ``snapshots`` a list
-    of ``snapshot()`` dicts (views into the flat tensors the rank sent)."""
+    """A rank's result as the rest reads it: ``params`` ``{name: tensor}`` (the last snapshot's
+    parameters cut by name), ``snapshots`` a list of ``snapshot()`` dicts (views into the flat
+    tensor the rank sent)."""
     params, snaps = result["params"], result["snapshots"]
-    parts = params["flat"].split([math.prod(shape) for shape in params["shapes"]])
-    result["params"] = {n: part.view(shape) for n, part, shape in zip(params["names"], parts,
-                                                                        params["shapes"])}
     pieces = iter(snaps["flat"].split(snaps["sizes"]))
     result["snapshots"] = [{**{k: next(pieces) for k in _SNAP_KEYS}, "own": own, "step": step}
                            for own, step in zip(snaps["own"], snaps["step"])]
+    # the parameters the rank holds now: the last snapshot's (sent once, not twice)
+    parts = result["snapshots"][-1]["params"].split([math.prod(shape) for shape in params["shapes"]])
+    result["params"] = {n: part.view(shape) for n, part, shape in zip(params["names"], parts,
+                                                                        params["shapes"])}
     return result
 
 

@@ -3,8 +3,9 @@ steps, the DP strategy and a deliberate bug; see the loss curves, who holds what
 group. Core ipywidgets only (Dropdown, IntSlider, Output via ``live_view``), 7.7 and 8 alike.
 
 The loss curves are the notebook's ``plot_losses`` as a two-layer figure (``plots.losses_png``):
-the axes, the legends, the tolerance and the one-process curve (the same for every layout) are
-drawn once per number of steps; a move draws the parallel run's points and the title over them.
+the axes, the legends, the tolerance, the one-process curve (the same for every layout) and the
+title (a passing run's or a failing one's) are drawn once per number of steps; a move draws the
+parallel run's points over them.
 The figures read the report's ``extra`` as it is (``to_dict()`` would convert every rank's record
 of ~130 collectives a step to JSON, 0.1-0.2 s a move on one loaded CPU, for nothing shown).
 
@@ -24,7 +25,8 @@ import torch
 from mtb_helpers.capstone.bugs import CAPSTONE_BUGS
 from mtb_helpers.capstone.check import check_capstone, free_run
 from mtb_helpers.capstone.model import GPTConfig
-from mtb_helpers.capstone.plots import losses_png, plot_bytes, plot_rank_grid, prepare_losses
+from mtb_helpers.capstone.plots import (DEFAULT_TITLE, losses_png, plot_bytes, plot_rank_grid,
+                                        prepare_losses)
 from mtb_helpers.capstone.reference import TrainConfig
 from mtb_helpers.capstone.validate import DP_STRATEGIES, admissible_layouts
 from mtb_helpers.runtime.ranks import warm_up
@@ -93,8 +95,8 @@ def explore_capstone(layout: str = "tp=2 pp=2 dp=2 cp=1", steps: int = 3) -> wid
         if view.value == "loss curves":
             fig = losses_png(data["losses"]["parallel"], data["losses"]["reference"],
                              choose.value + ("" if bug.value == "none" else f" + {bug.value}"),
-                             title="Loss per step: the parallel run lies on the single-process "
-                             "curve" if report.passed else "Loss per step: the curves part")
+                             title=DEFAULT_TITLE if report.passed
+                             else "Loss per step: the curves part")
         elif view.value == "who holds what":
             fig = plot_rank_grid(data["grid"], sizes)
         else:

@@ -48,18 +48,22 @@ def compare(quantity: str, rank: int, got: torch.Tensor | None, ref: torch.Tenso
             ref64: torch.Tensor, dtype: torch.dtype) -> Row:
     """A ``Row`` for one rank's ``got`` against its reference piece (``ref`` in ``dtype``,
     ``ref64`` in float64; same shape)."""
-    tol = tolerance(ref, dtype)
     if got is None or tuple(got.shape) != tuple(ref.shape):
         note = ("not produced" if got is None
                 else f"shape {list(got.shape)} != expected {list(ref.shape)}")
         inf = math.inf
-        return Row(quantity, rank, inf, inf, inf, tol, False, inf, inf, note)
-    err = float((got.double() - ref.double()).abs().max()) if ref.numel() else 0.0
+        return Row(quantity, rank, inf, inf, inf, tolerance(ref, dtype), False, inf, inf, note)
     scale = float(ref.abs().max()) if ref.numel() else 0.0
+    rtol, atol = TOLERANCES[dtype]
+    tol = atol + rtol * scale                     # tolerance(ref, dtype), its max taken once
+    err = float((got.double() - ref.double()).abs().max()) if ref.numel() else 0.0
     rel = err / scale if scale > 0 else (0.0 if err == 0 else math.inf)
     unit = ulp(scale, dtype)
-    fp64 = float((got.double() - ref64).abs().max()) if ref.numel() else 0.0
-    ref_fp64 = float((ref.double() - ref64).abs().max()) if ref.numel() else 0.0
+    if ref64 is ref and ref.dtype == torch.float64:   # a float64 check: its reference is the fp64 one
+        fp64, ref_fp64 = err, 0.0
+    else:
+        fp64 = float((got.double() - ref64).abs().max()) if ref.numel() else 0.0
+        ref_fp64 = float((ref.double() - ref64).abs().max()) if ref.numel() else 0.0
     return Row(quantity, rank, err, rel, err / unit, tol, err <= tol, fp64, ref_fp64)
 
 

@@ -13,7 +13,7 @@ order, so the results are the same bits (tests/test_capstone.py, tests/test_dp*.
 to ``torch.optim``'s). Written out because ``torch.optim``'s first step imports ``torch._dynamo``
 and ``torch._inductor`` (~0.8 s on one CPU, ~30 MiB in every process that steps): the course's
 strategies and the capstone's reference step without it; the comparisons with PyTorch keep
-``torch.optim`` on PyTorch's side (``Adam.torch``).
+``torch.optim`` on PyTorch's side (``Adam.torch_optimizer``).
 """
 from __future__ import annotations
 

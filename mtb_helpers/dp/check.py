@@ -71,7 +71,7 @@ def reference_steps(model, batches, adam: Adam, state: dict | None) -> list[dict
     restoring the flat state before every step, without a deep copy per step)."""
     model = copy.deepcopy(model)
     params = list(model.parameters())
-    opt = adam.torch(params)   # PyTorch's own: every DP check holds the course's update to it
+    opt = adam.torch_optimizer(params)   # PyTorch's own: every DP check holds the course's update to it
     if state is not None:
         offset = 0
         for p in params:

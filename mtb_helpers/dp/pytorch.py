@@ -112,7 +112,7 @@ def dp_on_rank(strategy: str, model: nn.Sequential, batches: list, adam: Adam,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         theirs = swap(bug, torch_model)(strategy, model)
-        opt = adam.torch(theirs.parameters())
+        opt = adam.torch_optimizer(theirs.parameters())
         for x, y in rows:
             opt.zero_grad(set_to_none=True)
             with CommDebugMode() as fwd:

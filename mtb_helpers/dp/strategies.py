@@ -61,7 +61,7 @@ class Adam:
         """The course's optimizer: the same update written out (``dp/adam.py``), bit for bit."""
         return AdamUpdate(params, self.lr, self.betas, self.eps, self.weight_decay, self.decoupled)
 
-    def torch(self, params) -> torch.optim.Optimizer:
+    def torch_optimizer(self, params) -> torch.optim.Optimizer:
         """PyTorch's own, for the side of a comparison that is PyTorch's (and references that
         check the course's update against it)."""
         cls = torch.optim.AdamW if self.decoupled else torch.optim.Adam
@@ -196,11 +196,22 @@ class DDP(Strategy):
         self.own = (lo, hi)
         self.master = nn.Parameter(self.flat[lo:hi])   # shares the flat buffer's storage
         self.optimizer = adam.make([self.master])
+        self.load(start)
+        self.grads: torch.Tensor | None = None
+
+    def load(self, start: dict) -> None:
+        """Put the state ``start`` (as ``__init__`` takes it) in place: the parameters into the flat
+        buffer (the module's parameters are its views), Adam's moments of this rank's slice and the
+        step; gradients dropped. What training leaves behind is then gone, so a caller may keep
+        the strategy and its module between runs (the capstone's ranks do)."""
+        lo, hi = self.own
+        with torch.no_grad():
+            self.flat.copy_(self.layout.piece(start["params"], 0, sharded=False))
         self.optimizer.state[self.master] = {
             "step": torch.tensor(float(start["step"])),
             **{k: self.layout.piece(start[k], 0, sharded=False)[lo:hi].clone()
                for k in ("exp_avg", "exp_avg_sq")}}
-        self.grads: torch.Tensor | None = None
+        self.zero_grad()
 
     def forward_backward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Loss (mean squared error) of this rank's slice ``x, target [B/t, h]``, then backward."""

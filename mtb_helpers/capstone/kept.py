@@ -1,0 +1,86 @@
+"""This rank's stage of the capstone, kept between calls to the ranks.
+
+A capstone call (``parallel.train_on_rank``) trains one rank's stage: its layers cut from the
+full model (``layers.build_stage``), the DP strategy that owns their parameters (views of its flat
+buffer) and the SP grad sum. ``kept_stage`` builds that once per setting and keeps it in the rank
+process; each call then only puts its start state in (``resume``, ``DDP.load``).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from mtb_helpers.capstone.finalize import SequenceParallelGrads
+from mtb_helpers.capstone.layers import ParallelEmbedding, build_stage, replicated_params
+from mtb_helpers.checking.bug import swap
+from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
+from mtb_helpers.dp.strategies import flat
+
+__all__ = ["Stage", "STAGES", "KEEP_STAGES", "kept_stage", "drop", "resume"]
+
+
+def resume(params: torch.Tensor, state: dict | None) -> dict:
+    """``start`` for the strategy: fresh, or this rank's snapshot (Adam's moments put back at
+    their place in a zero ``[Ψ]``; padding entries stay zero in training too)."""
+    if state is None:
+        return {"params": params, "exp_avg": torch.zeros_like(params),
+                "exp_avg_sq": torch.zeros_like(params), "step": 0}
+    lo, hi = state["own"]
+    out = {"params": state["params"].clone(), "step": state["step"]}
+    for k in ("exp_avg", "exp_avg_sq"):
+        full = torch.zeros(max(hi, len(params)), dtype=params.dtype)
+        full[lo:hi] = state[k]
+        out[k] = full[:len(params)]
+    return out
+
+
+@dataclass
+class Stage:
+    """This rank's built stage for one setting: its module, the DP strategy that owns the
+    module's parameters (views of its flat buffer), the SP grad sum, and the stage's parameters
+    as built (flat ``[Ψ_stage]``: where a fresh run starts)."""
+    module: torch.nn.Module
+    opt: object
+    sp_grads: SequenceParallelGrads | None
+    initial: torch.Tensor
+
+
+# In a rank process: the stages built by earlier calls, by setting, least recently used first.
+# Building one (the layers from the full model, the strategy's flat buffer) costs ~3.5 ms a rank
+# on one CPU, ~14 ms of a capstone explorer's redraw at 4 ranks; every call puts its own start
+# state in (``opt.load``), so nothing of an earlier call survives but the layers' structure. The
+# key holds the grid's process groups themselves: groups made again (a new default group, or
+# their mesh evicted by ``comm.mesh``) are another key, and a stage never outlives its groups'
+# use. A call that fails drops its stage (it may be half-way through a step).
+STAGES: OrderedDict = OrderedDict()
+KEEP_STAGES = 4
+
+
+def kept_stage(grid, model, model_key, layout, run_cfg, sequence_parallel, strategy, bug) -> tuple:
+    """``(key, Stage)`` for this setting: the kept one, or built now."""
+    tp_group = grid.tensor_group()
+    key = (model_key, layout, sequence_parallel, strategy, run_cfg.adam(),
+           bug, tuple(bug.replaces.items()) if bug is not None else (),
+           tp_group, grid.context_group(), grid.gradient_group(), grid.rank)
+    built = STAGES.pop(key, None)
+    if built is None:
+        module = build_stage(model, grid.index["pp"], layout.pp, sequence_parallel, tp_group,
+                             grid.context_group(), swap(bug, ParallelEmbedding))
+        initial = flat(module.parameters())
+        opt = STRATEGY_CLASSES[strategy](module, resume(initial, None), run_cfg.adam(),
+                                         group=grid.gradient_group(), copy_model=False)
+        # under SP: the LayerNorm / bias grads, partial per tp rank, summed in one all-reduce a step
+        sp_grads = (swap(bug, SequenceParallelGrads)(replicated_params(module), tp_group)
+                    if sequence_parallel else None)
+        built = Stage(module, opt, sp_grads, initial)
+    STAGES[key] = built
+    while len(STAGES) > KEEP_STAGES:
+        STAGES.popitem(last=False)
+    return key, built
+
+
+def drop(key: tuple) -> None:
+    """Forget the stage of ``key`` (its call failed: it may be half-way through a step)."""
+    STAGES.pop(key, None)
