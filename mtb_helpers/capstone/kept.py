@@ -55,7 +55,7 @@ class Stage:
 # their mesh evicted by ``comm.mesh``) are another key, and a stage never outlives its groups'
 # use. A call that fails drops its stage (it may be half-way through a step).
 STAGES: OrderedDict = OrderedDict()
-KEEP_STAGES = 4
+KEEP_STAGES = 2   # an explorer moving between two layouts keeps both (a rank's pool serves both)
 
 
 def kept_stage(grid, model, model_key, layout, run_cfg, sequence_parallel, strategy, bug) -> tuple:

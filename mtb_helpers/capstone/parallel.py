@@ -1,7 +1,9 @@
 """``train_parallel``: the tiny GPT trained on a tp x pp x dp x cp grid of real gloo ranks.
 
 Every rank builds its piece of the model from the same full model (``make_model(seed)``, made by
-the rank itself from the seed: ``full_model``) with the course's layers (``layers.build_stage``), then for each step:
+the rank itself from the seed: ``full_model``) with the course's layers (``layers.build_stage``;
+once per setting, kept between calls: ``kept.py``), puts the call's start state in, then for
+each step:
 
     its batch slice:  ids [s, B] -> rows of its context chunk, columns of its data-parallel slice
                       -> [s/c, B/dp], cut into m micro-batches [s/c, B/(dp m)]
