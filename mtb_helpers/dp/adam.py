@@ -19,7 +19,12 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["AdamUpdate"]
+__all__ = ["AdamUpdate", "TORCH_OPTIM_IMPORTS"]
+
+# What a module whose ranks step a torch.optim optimizer declares as its RANK_IMPORTS: the first
+# step imports torch._dynamo, preloaded then once in the forkserver for every rank
+# (runtime/start.py) instead of once in each rank.
+TORCH_OPTIM_IMPORTS = ("torch._dynamo",)
 
 
 class AdamUpdate:

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from mtb_helpers.dp.adam import TORCH_OPTIM_IMPORTS
 from mtb_helpers.dp.fsdp_wrapper import FSDP
 from mtb_helpers.dp.overlap import OverlappedDDP
 from mtb_helpers.dp.sharded_optimizer import ShardedOptimizer
@@ -33,9 +34,7 @@ from mtb_helpers.runtime.ranks import resolve_world_size, run
 
 __all__ = ["pytorch_overlap", "overlap_model", "OPTIMIZERS", "WRAPPERS"]
 
-# its ranks step torch.optim optimizers, whose first step imports torch._dynamo: preloaded once in
-# the forkserver for every rank (runtime/start.py)
-RANK_IMPORTS = ("torch._dynamo",)
+RANK_IMPORTS = TORCH_OPTIM_IMPORTS   # its ranks step torch.optim optimizers
 
 OPTIMIZERS = {"sgd": (torch.optim.SGD, {"lr": 0.1}), "adamw": (torch.optim.AdamW, {"lr": 0.01})}
 WRAPPERS = ("ddp", "zero1", "fsdp")
