@@ -40,6 +40,15 @@ class NoBiasCorrection(AdamUpdate):
             p.addcdiv_(state["exp_avg"], state["exp_avg_sq"].sqrt().add_(self.eps), value=-self.lr)
 
 
+class MomentsNotCarried(AdamUpdate):
+    """The deliberate mistake in what carries over: each step starts from fresh moments and step
+    count (a state kept per call, not per parameter), so step 1 is right and every later one wrong."""
+
+    def step(self):
+        self.state.clear()
+        super().step()
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("decoupled", [True, False])
 def test_the_written_out_update_is_torch_optims_bit_for_bit(dtype, decoupled):
@@ -52,6 +61,10 @@ def test_the_written_out_update_is_torch_optims_bit_for_bit(dtype, decoupled):
     wrong = _steps(lambda ps: NoBiasCorrection(ps, adam.lr, adam.betas, adam.eps, adam.weight_decay,
                                                decoupled), dtype)
     assert not torch.equal(wrong[0][0], theirs[0][0])
+    forgetful = _steps(lambda ps: MomentsNotCarried(ps, adam.lr, adam.betas, adam.eps,
+                                                    adam.weight_decay, decoupled), dtype)
+    same = [all(torch.equal(a, b) for a, b in zip(f, t)) for f, t in zip(forgetful, theirs)]
+    assert same == [True] + [False] * (len(theirs) - 1), same   # caught from step 2 on
 
 
 def test_a_state_put_in_by_the_caller_is_where_the_next_step_starts():
