@@ -14,6 +14,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
 from mtb_helpers.comm.records import OPS, note
 from mtb_helpers.runtime.link import unmodelled
@@ -24,6 +25,22 @@ __all__ = ["issue", "agree", "group_size", "group_rank"]
 # Looked up by name on every call: an emulated link (runtime/link.py) patches torch.distributed.
 _REDUCE_SCATTER = ("reduce_scatter_single" if hasattr(dist, "reduce_scatter_single")
                    else "reduce_scatter_tensor")
+# torch.distributed's own functions, as imported: while they are still the ones in place (no
+# emulated link, no test, has wrapped them) an op of a real group goes to the group itself, the
+# very call they end in (the same c10d op, so a profiler or CommDebugMode sees it too). Their
+# Python checks and logging cost ~15 us of a rank's CPU per collective on a shared CPU, ~3 % of a
+# capstone step; they guard cases the course never hands them here (complex, coalescing, modes).
+_PLAIN = {"all_reduce": dist.all_reduce, "all_gather": dist.all_gather,
+          "reduce_scatter": getattr(dist, _REDUCE_SCATTER) if _REDUCE_SCATTER == "reduce_scatter_single"
+          else None}
+
+
+def _direct(op: str, x: torch.Tensor, group) -> bool:
+    """Whether ``op`` on ``x`` may skip ``torch.distributed``'s wrapper and call ``group``."""
+    name = _REDUCE_SCATTER if op == "reduce_scatter" else op
+    return (isinstance(group, dist.ProcessGroup) and getattr(dist, name) is _PLAIN[op]
+            and not x.is_complex() and not c10d._world.pg_coalesce_state
+            and not torch._C._has_torch_function((x,)))
 
 
 def group_size(group: dist.ProcessGroup | None = None) -> int:
@@ -76,11 +93,17 @@ def issue(op: str, x: torch.Tensor, *, region: str, direction: str, operator: st
         out = x
     elif op == "all_reduce":
         out = x.contiguous().clone()
-        dist.all_reduce(out, group=group)
+        if _direct(op, out, group):
+            group.allreduce([out], c10d.AllreduceOptions()).wait()
+        else:
+            dist.all_reduce(out, group=group)
     elif op == "all_gather":
         x = x.contiguous()
         parts = [torch.empty_like(x) for _ in range(t)]
-        dist.all_gather(parts, x, group=group)
+        if _direct(op, x, group):
+            group.allgather([parts], [x], c10d.AllgatherOptions()).wait()
+        else:
+            dist.all_gather(parts, x, group=group)
         out = torch.cat(parts, dim=dim)
     elif op == "reduce_scatter":
         out = _reduce_scatter(x, dim, group, t)
@@ -107,7 +130,10 @@ def _reduce_scatter(x: torch.Tensor, dim: int, group: dist.ProcessGroup | None,
     full = (x if dim == 0 else x.movedim(dim, 0)).contiguous()   # [n, ..]: chunks are contiguous
     out = full.new_empty((n // t, *full.shape[1:]))              # [n, ..] -> reduce-scatter -> [n/t, ..]
     try:
-        getattr(dist, _REDUCE_SCATTER)(out, full, group=group)
+        if _direct("reduce_scatter", full, group):
+            group.reduce_scatter_single(out, full, c10d.ReduceScatterOptions()).wait()
+        else:
+            getattr(dist, _REDUCE_SCATTER)(out, full, group=group)
     except RuntimeError as exc:
         if "support" not in str(exc):
             raise

@@ -1,0 +1,59 @@
+"""The DP strategies list their module's parameters once, at ``__init__`` (``DDP._params``): a
+module's parameters must stay those very objects through training and ``load``, or the kept list
+would clear, flatten and re-point stale ones."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from mtb_helpers import run
+from mtb_helpers.dp.check import make_problem
+from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
+from mtb_helpers.dp.strategies import flat
+
+
+def _steps(strategy: str):
+    def job():
+        model, _, batches = make_problem(4, 6, 10, torch.float64, seed=1, steps=3)
+        start = {"params": flat(model.parameters()), "step": 0}
+        start.update(exp_avg=torch.zeros_like(start["params"]), exp_avg_sq=torch.zeros_like(start["params"]))
+        opt = STRATEGY_CLASSES[strategy](model, start, group=dist.new_group([0, 1]))
+        r, seen = dist.get_rank(), []
+        for i, (x, y) in enumerate(batches):
+            if i == 2:
+                opt.load(start)           # what a kept capstone stage does at each call
+            opt.zero_grad()
+            assert all(p.grad is None for p in opt.model.parameters())
+            opt.forward_backward(x[2 * r:2 * r + 2], y[2 * r:2 * r + 2])
+            opt.reduce_gradients()
+            opt.step()
+            now = list(opt.model.parameters())
+            seen.append(len(now) == len(opt._params) and all(a is b for a, b in zip(now, opt._params)))
+            base = opt.flat.untyped_storage().data_ptr()
+            seen.append(all(p.untyped_storage().data_ptr() == base for p in now))
+        return seen, opt.flat[:opt.layout.numel].clone()
+    return job
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2"])
+def test_the_kept_parameters_stay_the_modules_own(strategy):
+    out = run(_steps(strategy), world_size=2)
+    for seen, _ in out:
+        assert all(seen)
+    assert torch.equal(out[0][1], out[1][1])   # the replicas agree after the steps
+
+
+def test_full_grads_point_the_modules_grads_into_one_bucket():
+    def job():
+        model, _, (x, y) = make_problem(4, 6, 10, torch.float64, seed=2)
+        start = {"params": flat(model.parameters()), "step": 0}
+        start.update(exp_avg=torch.zeros_like(start["params"]), exp_avg_sq=torch.zeros_like(start["params"]))
+        opt = STRATEGY_CLASSES["ddp"](model, start, group=None)
+        opt.zero_grad()
+        opt.forward_backward(x, y)
+        own = flat(p.grad for p in opt.model.parameters())
+        buffer = opt._full_grads()
+        shared = {p.grad.untyped_storage().data_ptr() for p in opt.model.parameters()}
+        return torch.equal(buffer[:opt.layout.numel], own), shared == {buffer.untyped_storage().data_ptr()}
+    assert run(job, world_size=1) == [(True, True)]
