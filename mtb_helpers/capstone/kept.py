@@ -39,12 +39,15 @@ def resume(params: torch.Tensor, state: dict | None) -> dict:
 @dataclass
 class Stage:
     """This rank's built stage for one setting: its module, the DP strategy that owns the
-    module's parameters (views of its flat buffer), the SP grad sum, and the stage's parameters
-    as built (flat ``[Ψ_stage]``: where a fresh run starts)."""
+    module's parameters (views of its flat buffer), the SP grad sum, the stage's parameters
+    as built (flat ``[Ψ_stage]``: where a fresh run starts), and their names and shapes (in
+    ``named_parameters`` order, fixed once built: what a call reports without walking the module)."""
     module: torch.nn.Module
     opt: object
     sp_grads: SequenceParallelGrads | None
     initial: torch.Tensor
+    names: tuple[str, ...] = ()
+    shapes: tuple[torch.Size, ...] = ()
 
 
 # In a rank process: the stages built by earlier calls, by setting, least recently used first.
@@ -74,7 +77,8 @@ def kept_stage(grid, model, model_key, layout, run_cfg, sequence_parallel, strat
         # under SP: the LayerNorm / bias grads, partial per tp rank, summed in one all-reduce a step
         sp_grads = (swap(bug, SequenceParallelGrads)(replicated_params(module), tp_group)
                     if sequence_parallel else None)
-        built = Stage(module, opt, sp_grads, initial)
+        names, params = zip(*module.named_parameters())
+        built = Stage(module, opt, sp_grads, initial, names, tuple(p.shape for p in params))
     STAGES[key] = built
     while len(STAGES) > KEEP_STAGES:
         STAGES.popitem(last=False)

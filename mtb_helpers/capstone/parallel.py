@@ -111,14 +111,21 @@ def _tokens() -> torch.Tensor:
     return encode(corpus())
 
 
-def snapshot(opt) -> dict:
+def snapshot(opt, out: torch.Tensor | None = None) -> dict:
     """This rank's training state now: its flat parameters ``[Ψ]`` (all of its stage's tp shard)
     and the slice ``own = (lo, hi)`` of Adam's ``exp_avg`` / ``exp_avg_sq`` it updates (all of
-    them under DDP, its ZeRO-1 shard of the padded ``[Ψ_pad]`` otherwise)."""
+    them under DDP, its ZeRO-1 shard of the padded ``[Ψ_pad]`` otherwise). Copies, or with
+    ``out`` (``[Ψ + 2 (hi - lo)]``) views of ``out`` the state is copied into, in that order."""
     state = opt.optimizer.state[opt.master]
-    return {"params": opt.flat[:opt.layout.numel].clone(), "own": tuple(opt.own),
-            "exp_avg": state["exp_avg"].clone(), "exp_avg_sq": state["exp_avg_sq"].clone(),
-            "step": int(state["step"])}
+    now = (opt.flat[:opt.layout.numel], state["exp_avg"], state["exp_avg_sq"])
+    if out is None:
+        copies = [t.clone() for t in now]
+    else:
+        copies = out.split([len(t) for t in now])
+        for copy, t in zip(copies, now):
+            copy.copy_(t)
+    return {"params": copies[0], "own": tuple(opt.own), "exp_avg": copies[1],
+            "exp_avg_sq": copies[2], "step": int(state["step"])}
 
 
 def _train(grid, model, model_key, layout, run_cfg, m, schedule, sequence_parallel, strategy, bug,
@@ -148,7 +155,11 @@ def _train_stage(grid, built: Stage, cfg, layout, run_cfg, m, schedule, sequence
     boundary = (torch.Size([n // layout.tp if sequence_parallel else n, bd // m, cfg.hidden]),
                 module[0].pos.dtype if at["pp"] == 0 else next(module.parameters()).dtype)
     ops = make_schedule(schedule, layout.pp, m)[at["pp"]]
-    tokens, losses, snapshots = _tokens(), [], [snapshot(opt)]
+    # every snapshot of the call copied straight into the one flat tensor that travels back
+    lo, hi = opt.own
+    room = torch.empty((len(steps) + 1) * (opt.layout.numel + 2 * (hi - lo)), dtype=opt.flat.dtype)
+    cuts = iter(room.chunk(len(steps) + 1))
+    tokens, losses, snapshots = _tokens(), [], [snapshot(opt, next(cuts))]
     for step in steps:
         ids, targets = batch_for_step(step, run_cfg.batch, cfg.seq, tokens)
         x, y = ids[rows, cols], targets[rows, cols]                  # [s/c, B/dp]
@@ -166,12 +177,11 @@ def _train_stage(grid, built: Stage, cfg, layout, run_cfg, m, schedule, sequence
             opt.reduce_gradients()   # the dp x cp group: sum, then / (dp c)
             opt.step()
         losses.append(sum(stage.losses.values()) if stage.losses else None)
-        snapshots.append(snapshot(opt))   # the state after this step (the next one's start)
-    names, held = zip(*module.named_parameters())
+        snapshots.append(snapshot(opt, next(cuts)))   # the state after this step (the next's start)
     # the parameters themselves travel once, as the last snapshot's (state.unpack cuts them)
     return {"index": dict(at), "losses": losses, "record": rec.without_tensors(),
-            "params": {"names": names, "shapes": [p.shape for p in held]},
-            "snapshots": pack_snapshots(snapshots)}   # one tensor: see state.py
+            "params": {"names": built.names, "shapes": list(built.shapes)},
+            "snapshots": pack_snapshots(snapshots, room)}   # one tensor: see state.py
 
 
 @dataclass

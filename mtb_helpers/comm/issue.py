@@ -44,10 +44,10 @@ def _direct(op: str, x: torch.Tensor, group) -> bool:
 
 
 def group_size(group: dist.ProcessGroup | None = None) -> int:
+    if isinstance(group, dist.ProcessGroup):   # every op asks: the group itself answers, ~5x faster
+        return group.size()                    # (a group exists only once dist is initialised)
     if not dist.is_initialized():
         return 1
-    if isinstance(group, dist.ProcessGroup):   # every op asks: the group itself answers, ~5x faster
-        return group.size()
     return dist.get_world_size(group)          # the default group (None), or not a member (-1)
 
 
