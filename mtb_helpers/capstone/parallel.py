@@ -44,7 +44,7 @@ from mtb_helpers.pp.p2p import P2P, Message
 from mtb_helpers.pp.schedules import schedule as make_schedule
 from mtb_helpers.pp.stage import RankStage
 from mtb_helpers.runtime.ranks import run
-from mtb_helpers.attention.vocab import vocab_parallel_cross_entropy
+from mtb_helpers.attention.vocab import VocabParallelCrossEntropy
 
 __all__ = ["GridP2P", "ParallelRun", "train_parallel", "train_on_rank", "full_model", "full_state",
            "snapshot", "DP_STRATEGIES", "PP_SCHEDULES"]
@@ -145,10 +145,9 @@ def _train_stage(grid, built: Stage, cfg, layout, run_cfg, m, schedule, sequence
     module, opt, sp_grads = built.module, built.opt, built.sp_grads
     opt.load(resume(built.initial, state))
 
-    def loss_fn(logits, target):   # logits [s/c, b, V/t], target [s/c, b] -> mean over its tokens
-        # the max, then the sum of exponentials and the target logit in one all-reduce
-        return vocab_parallel_cross_entropy(logits, target, "mean", group=tp_group,
-                                            vocab_size=cfg.vocab, fuse_sums=True)
+    # logits [s/c, b, V/t], target [s/c, b] -> mean over its tokens: the max, then the sum of
+    # exponentials and the target logit in one all-reduce (the module made once a call, not per F)
+    loss_fn = VocabParallelCrossEntropy("mean", group=tp_group, vocab_size=cfg.vocab, fuse_sums=True)
 
     n, bd = cfg.seq // layout.cp, run_cfg.batch // layout.dp
     rows, cols = slice(at["cp"] * n, (at["cp"] + 1) * n), slice(at["dp"] * bd, (at["dp"] + 1) * bd)

@@ -99,18 +99,28 @@ def issue(op: str, x: torch.Tensor, *, region: str, direction: str, operator: st
             dist.all_reduce(out, group=group)
     elif op == "all_gather":
         x = x.contiguous()
-        parts = [torch.empty_like(x) for _ in range(t)]
-        if _direct(op, x, group):
-            group.allgather([parts], [x], c10d.AllgatherOptions()).wait()
-        else:
-            dist.all_gather(parts, x, group=group)
-        out = torch.cat(parts, dim=dim)
+        out = _all_gather(x, dim, group, t)
     elif op == "reduce_scatter":
         out = _reduce_scatter(x, dim, group, t)
     else:
         out = x.chunk(t, dim=dim)[group_rank(group)].contiguous()
     note(op, x, out, region, operator, direction, t, seconds=time.perf_counter() - started)
     return out
+
+
+def _all_gather(x: torch.Tensor, dim: int, group, t: int) -> torch.Tensor:
+    """``[.., n, ..]`` (``n`` at ``dim``, ``x`` contiguous) -> the ``t`` shards in rank order,
+    ``[.., t n, ..]``. Along dim 0 each shard lands straight in its rows of the result."""
+    if dim == 0:
+        out, n = x.new_empty((t * x.shape[0], *x.shape[1:])), x.shape[0]
+        parts = [out[q * n:(q + 1) * n] for q in range(t)]
+    else:
+        parts = [torch.empty_like(x) for _ in range(t)]
+    if _direct("all_gather", x, group):
+        group.allgather([parts], [x], c10d.AllgatherOptions()).wait()
+    else:
+        dist.all_gather(parts, x, group=group)
+    return out if dim == 0 else torch.cat(parts, dim=dim)
 
 
 def _reduce_scatter(x: torch.Tensor, dim: int, group: dist.ProcessGroup | None,
