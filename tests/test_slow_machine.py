@@ -3,23 +3,21 @@ priority allowed, one SCHED_FIFO loop runs on each CPU while the command runs (i
 passed on) and none is left afterwards, also when the command fails; without it, a clear error."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "slow_machine.py"
+from tests.procs import alive, wait_dead
+from tests.load_scripts import ROOT, load_script
+
+SCRIPT = ROOT / "benchmarks" / "slow_machine.py"
 
 
 @pytest.fixture
 def slow():
-    spec = importlib.util.spec_from_file_location("slow_machine", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/slow_machine.py")
 
 
 @pytest.mark.parametrize("args, said", [
@@ -35,14 +33,6 @@ def test_bad_input_stops_before_any_loop_starts(slow, monkeypatch, capsys, args,
     with pytest.raises(SystemExit) as exc:
         slow.main(args)
     assert exc.value.code == 2 and said in capsys.readouterr().err and started == []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_a_loop_per_cpu_at_real_time_priority_while_the_command_runs(slow, tmp_path, capsys):
@@ -66,14 +56,13 @@ def test_a_loop_per_cpu_at_real_time_priority_while_the_command_runs(slow, tmp_p
     *loops, pids = json.loads(seen.read_text())
     assert status == 3                                       # the command's own exit status
     assert loops == [[os.SCHED_FIFO, [cpu]] for cpu in sorted(os.sched_getaffinity(0))]
-    assert not any(_alive(pid) for pid in pids)              # none outlives the command
+    assert not any(alive(pid) for pid in pids)               # none outlives the command
 
 
 def test_the_loops_end_when_the_script_is_killed(tmp_path):
     """A script killed by SIGKILL runs no ``finally``: its loops notice the parent is gone."""
     import signal
     import subprocess
-    import time
 
     code = (f"import importlib.util, sys, time; spec = importlib.util.spec_from_file_location('s', {str(SCRIPT)!r}); "
             "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
@@ -88,7 +77,4 @@ def test_the_loops_end_when_the_script_is_killed(tmp_path):
         return
     pids = [int(p) for p in said]
     assert len(pids) == len(os.sched_getaffinity(0))
-    deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(_alive(pid) for pid in pids)
+    assert wait_dead(pids, within=10)
