@@ -3,20 +3,14 @@ swapped pairs (so a drifting machine slows both alike), every kernel is closed, 
 tree, and the summary pools the rounds."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "explorer_redraw.py"
+from tests.load_scripts import load_script
 
 
 @pytest.fixture
 def bench():
-    spec = importlib.util.spec_from_file_location("explorer_redraw", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/explorer_redraw.py")
 
 
 def fake_kernels(log: list, fail_on: str | None = None):

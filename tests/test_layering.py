@@ -177,11 +177,8 @@ def test_every_topic_folder_has_the_files_its_manifest_line_names(topic):
 
 
 def test_contributing_lists_every_package_file():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "package_map", PACKAGE.parent / "scripts" / "package_map.py")
-    package_map = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(package_map)
+    from tests.load_scripts import load_script
+    package_map = load_script("scripts/package_map.py")
     text = (PACKAGE.parent / "CONTRIBUTING.md").read_text()
     missing = package_map.unlisted(text)
     assert not missing, f"CONTRIBUTING.md does not list {missing}: run scripts/package_map.py"

@@ -7,7 +7,6 @@ README's course index and the Binder environment are checked against the same fi
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -19,6 +18,8 @@ import nbformat
 import pytest
 import yaml
 
+from tests.load_scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
@@ -29,15 +30,7 @@ LINK = re.compile(r"\]\(\s*<?([^)\s>]+)>?[^)]*\)|href=[\"']([^\"']+)[\"']")
 MAX_NOTEBOOK_WORLD_SIZE = 4  # Binder: 1 CPU, 2 GB
 
 
-def _load_sync_script():
-    spec = importlib.util.spec_from_file_location("sync_colab_cell",
-                                                  ROOT / "scripts" / "sync_colab_cell.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-SYNC = _load_sync_script()
+SYNC = load_script("scripts/sync_colab_cell.py")
 REPO_URL = SYNC.repository_url(ROOT / "pyproject.toml")
 
 

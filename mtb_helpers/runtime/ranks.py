@@ -28,8 +28,9 @@ from mtb_helpers.runtime import worker as rank_worker
 from mtb_helpers.runtime.pool import Pool
 from mtb_helpers.runtime.errors import RankError, RankTimeoutError, WaitPoint
 from mtb_helpers.runtime.link import run_linked, validate_link
+from mtb_helpers.runtime.mp_private import stop_forkserver
 from mtb_helpers.runtime.signals import install_sigterm_cleanup, remove_multiprocessing_temp_dir
-from mtb_helpers.runtime.start import start_forkserver
+from mtb_helpers.runtime.start import preload_missing, start_forkserver
 
 __all__ = ["run", "shutdown", "warm_up", "seed_all", "resolve_world_size", "in_launched_job",
            "RankError", "RankTimeoutError", "WaitPoint", "MAX_WORLD_SIZE"]
@@ -101,6 +102,8 @@ def run(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float 
                            "(torch.distributed.get_rank() says which rank this is).")
     _validate_world_size(world_size)
     install_sigterm_cleanup(_kill_everything)
+    if preload_missing():
+        _restart_for_preload()
     while True:
         pool = _warm_pool(world_size)
         with pool.lock:
@@ -151,21 +154,26 @@ def shutdown() -> None:
     for pool in pools:
         with pool.lock:
             pool.stop()
-    _stop_forkserver()
+    stop_forkserver()
 
 
 def release(*world_sizes: int) -> None:
     """Stop the pools of these world sizes now (all pools if none given), e.g. when a notebook
     has finished with 4 ranks and memory is tight. The next ``run`` at a size starts it again."""
     with _pools_lock:
-        sizes = [s for s in _pools if not world_sizes or s in world_sizes]
-        pools = [_pools.pop(s) for s in sizes]
-    for pool in pools:
-        with pool.lock:
-            pool.stop()
+        pools = [_pools.pop(s) for s in list(_pools) if not world_sizes or s in world_sizes]
+    _stop_pools(pools)
+
+
+def _restart_for_preload() -> None:
+    """A course module loaded since the forkserver started declares lazy imports of its ranks
+    (``RANK_IMPORTS``, start.py): unless a call is in flight (then at the next run), stop the
+    pools and the forkserver, so the next pool starts from one that preloaded them (~1 s once,
+    against every rank importing them itself: torch._dynamo ~0.8 s and ~35 MB a rank)."""
     with _pools_lock:
-        if not _pools:
-            _stop_forkserver()
+        busy = any(pool.lock.locked() for pool in _pools.values())
+    if not busy:
+        release()
 
 
 def _kill_everything() -> None:
@@ -174,7 +182,7 @@ def _kill_everything() -> None:
     for pool in list(_pools.values()):
         pool.kill()
     _pools.clear()
-    _stop_forkserver()
+    stop_forkserver()
     remove_multiprocessing_temp_dir()
 
 
@@ -262,13 +270,8 @@ def _stop_idle_pools() -> None:
             idle = [s for s, p in _pools.items()
                     if now - p.last_used > IDLE_STOP_SECONDS and not p.lock.locked()]
             pools = [_pools.pop(s) for s in idle]
-        for pool in pools:
-            with pool.lock:
-                pool.stop()
         if pools:
-            with _pools_lock:
-                if not _pools:
-                    _stop_forkserver()
+            _stop_pools(pools)
 
 
 def _evict(keep_room_for: int) -> None:
@@ -284,10 +287,14 @@ def _evict(keep_room_for: int) -> None:
             pool.stop()
 
 
-def _stop_forkserver() -> None:
-    from mtb_helpers.runtime.mp_private import stop_forkserver
-
-    stop_forkserver()
+def _stop_pools(pools: list[Pool]) -> None:
+    """Stop these pools (taken out of ``_pools``), then the forkserver if no pool is left."""
+    for pool in pools:
+        with pool.lock:
+            pool.stop()
+    with _pools_lock:
+        if not _pools:
+            stop_forkserver()
 
 
 atexit.register(shutdown)

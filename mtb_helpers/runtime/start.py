@@ -31,7 +31,9 @@ _start_lock = threading.Lock()
 # every rank. A course module whose rank code imports more declares it in ``RANK_IMPORTS``, and
 # that is preloaded only where that module is loaded: dp/strategies.py's torch._dynamo (the first
 # torch.optim optimizer imports it; ~35 MB a rank, 0.8 s on one CPU) is not needed by a notebook
-# whose ranks build no optimizer, and would delay its first ranks.
+# whose ranks build no optimizer, and would delay its first ranks. A module loaded after the
+# forkserver started (a cell importing a comparison module late) is found by ``preload_missing``,
+# and the next ``run`` restarts the pools from a forkserver that preloads it (ranks.py).
 RANK_LAZY_IMPORTS = ("torch.fx.experimental.symbolic_shapes", "torch.utils.serialization")
 TRACKER_FLAGS = ("-S", "-I")   # see _spawn_in_own_session
 # Owner-side modules the ranks never need: drawing, widgets, the command line.
@@ -70,6 +72,8 @@ def _spawn_in_own_session(path, args, passfds) -> int:
     until none is left; the resource tracker ignores SIGTERM, so a kernel
     that had started ranks took 2.6 s (jupyter_client's deadline) to shut down instead of 0.7 s.
     They still end with their owner: both exit when the owner's end of their pipe closes."""
+    if args and "multiprocessing.forkserver" in args[-1]:
+        _note_preloaded(rank_imports())   # what this forkserver's ranks will find imported
     if may_fork(args):
         for name in rank_imports():  # imported once, shared by the owner and every rank
             importlib.import_module(name)
@@ -95,6 +99,28 @@ def rank_imports() -> list[str]:
     declared = (name for module in _course_modules()
                 for name in getattr(sys.modules.get(module), "RANK_IMPORTS", ()))
     return list(dict.fromkeys([*RANK_LAZY_IMPORTS, *declared]))
+
+
+_preloaded: frozenset[str] | None = None   # rank_imports() when the last forkserver started
+_missing: tuple[int, list[str]] = (-1, [])  # (len(sys.modules) when found, what is missing)
+
+
+def _note_preloaded(names: list[str]) -> None:
+    global _preloaded, _missing
+    _preloaded, _missing = frozenset(names), (-1, [])
+
+
+def preload_missing() -> list[str]:
+    """What course modules loaded since the forkserver started declare in ``RANK_IMPORTS`` that it
+    did not preload (a notebook cell importing a PyTorch comparison module after its import
+    cell started the ranks); [] when none, or no forkserver was started here. Looked for again
+    only when ``sys.modules`` has grown: every ``run`` asks."""
+    global _missing
+    if _preloaded is None:
+        return []
+    if _missing[0] != len(sys.modules):
+        _missing = (len(sys.modules), [n for n in rank_imports() if n not in _preloaded])
+    return _missing[1]
 
 
 def preload_modules() -> list[str]:
