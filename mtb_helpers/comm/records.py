@@ -172,7 +172,7 @@ def _event(op, region, operator, direction, shape, out_shape, dtype, nbytes, sen
     """``CollectiveEvent(...)`` with its fields set in one step: a frozen dataclass's own
     ``__init__`` sets them one ``object.__setattr__`` at a time, and every collective of a rank
     makes one (~1 us each, ~45 a capstone step). The same object: equal, hashed and pickled alike
-    (tests/test_comm_records_fast.py)."""
+    (tests/test_comm_fast.py)."""
     event = object.__new__(CollectiveEvent)
     object.__setattr__(event, "__dict__", {
         "op": op, "region": region, "operator": operator, "direction": direction, "shape": shape,
