@@ -57,3 +57,26 @@ def test_full_grads_point_the_modules_grads_into_one_bucket():
         shared = {p.grad.untyped_storage().data_ptr() for p in opt.model.parameters()}
         return torch.equal(buffer[:opt.layout.numel], own), shared == {buffer.untyped_storage().data_ptr()}
     assert run(job, world_size=1) == [(True, True)]
+
+
+def test_load_puts_the_padded_pieces_in_place():
+    """``load`` copies the start state straight in: the same bits as ``layout.piece``'s padded
+    copies, on a rank whose shard ends in padding too (136 parameters over 3 ranks: 138)."""
+    def job():
+        model, _, _ = make_problem(4, 6, 10, torch.float64, seed=4)
+        gen = torch.Generator().manual_seed(5)
+        start = {"params": flat(model.parameters()), "step": 7}
+        start.update({k: torch.rand(len(start["params"]), generator=gen, dtype=torch.float64)
+                      for k in ("exp_avg", "exp_avg_sq")})
+        opt = STRATEGY_CLASSES["zero1"](model, start, group=None)
+        opt.flat.fill_(1.0)                 # what a step would leave behind
+        opt.load(start)
+        lo, hi = opt.own
+        state = opt.optimizer.state[opt.master]
+        want = {k: opt.layout.piece(start[k], 0, sharded=False) for k in ("params", "exp_avg", "exp_avg_sq")}
+        return (opt.layout.padded_numel - opt.layout.numel, torch.equal(opt.flat, want["params"]),
+                all(torch.equal(state[k], want[k][lo:hi]) for k in ("exp_avg", "exp_avg_sq")),
+                int(state["step"]))
+    out = run(job, world_size=3)
+    assert [o[0] for o in out] == [2, 2, 2]
+    assert all(o[1:] == (True, True, 7) for o in out)
