@@ -14,7 +14,6 @@ Two runtimes sit behind ``run``:
 from __future__ import annotations
 
 import atexit
-import contextlib
 import math
 import os
 import random
@@ -152,8 +151,7 @@ def shutdown() -> None:
         _pools.clear()
         budget.forget()
     for pool in pools:
-        with pool.lock:
-            pool.stop()
+        _stop(pool)
     stop_forkserver()
 
 
@@ -215,24 +213,18 @@ def _warm_pool(world_size: int) -> Pool:
         if pool is not None and not pool.broken:
             return pool
         _evict(keep_room_for=world_size)
-        while _stop_over_budget(starting=world_size, locked=True):
-            pass
+        # ``starting``: the pool about to start counts; pool_over_budget takes one out of _pools
+        while (over := budget.pool_over_budget(_pools, starting=world_size)) is not None:
+            _stop(over)
         pool = _pools[world_size] = Pool(world_size)
         _start_idle_watch()
         return pool
 
 
-def _stop_over_budget(starting: int = 0, locked: bool = False) -> bool:
-    """Stop the pool ``budget.pool_over_budget`` takes out of the pools (``starting``: the size of
-    a pool about to start), if any; whether one was stopped. ``locked``: the caller holds the
-    pools' lock; otherwise it is taken to choose the pool, and released while it stops."""
-    with contextlib.nullcontext() if locked else _pools_lock:
-        over = budget.pool_over_budget(_pools, starting=starting)
-    if over is None:
-        return False
-    with over.lock:
-        over.stop()
-    return True
+def _stop(pool: Pool) -> None:
+    """Stop one pool already taken out of ``_pools`` (after the call in flight on it, if any)."""
+    with pool.lock:
+        pool.stop()
 
 
 _idle_watch: threading.Thread | None = None
@@ -264,7 +256,10 @@ def _stop_idle_pools() -> None:
             checked = now
             budget.release_owner_memory()   # never on a call's path
             if calling and several:
-                _stop_over_budget()
+                with _pools_lock:   # chosen under the lock, stopped without it: a call may start
+                    over = budget.pool_over_budget(_pools)
+                if over is not None:
+                    _stop(over)
         now = time.monotonic()
         with _pools_lock:
             idle = [s for s, p in _pools.items()
@@ -282,16 +277,13 @@ def _evict(keep_room_for: int) -> None:
             del _pools[size]
     while _pools and sum(_pools) + keep_room_for > MAX_POOLED_RANKS:
         size = next(iter(_pools))
-        pool = _pools.pop(size)
-        with pool.lock:
-            pool.stop()
+        _stop(_pools.pop(size))
 
 
 def _stop_pools(pools: list[Pool]) -> None:
     """Stop these pools (taken out of ``_pools``), then the forkserver if no pool is left."""
     for pool in pools:
-        with pool.lock:
-            pool.stop()
+        _stop(pool)
     with _pools_lock:
         if not _pools:
             stop_forkserver()
