@@ -152,30 +152,14 @@ def _sent_bytes(op: str, nbytes: int, out_bytes: int, t: int) -> int:
     return 0
 
 
-_DTYPE_NAMES: dict[torch.dtype, str] = {}   # torch.float32 -> "float32", named once per dtype
-
-
 def note(op: str, x: torch.Tensor, out: torch.Tensor, region: str, operator: str,
           direction: str, t: int, sent: int | None = None, seconds: float | None = None) -> None:
     nbytes = x.numel() * x.element_size()
     out_bytes = out.numel() * out.element_size()
-    dtype = _DTYPE_NAMES.get(x.dtype) or _DTYPE_NAMES.setdefault(x.dtype, str(x.dtype).replace("torch.", ""))
-    event = _event(op, region, operator, direction, tuple(x.shape), tuple(out.shape), dtype, nbytes,
-                   _sent_bytes(op, nbytes, out_bytes, t) if sent is None else sent, t, seconds)
+    event = CollectiveEvent(op, region, operator, direction, tuple(x.shape), tuple(out.shape),
+                            str(x.dtype).replace("torch.", ""), nbytes,
+                            _sent_bytes(op, nbytes, out_bytes, t) if sent is None else sent, t,
+                            seconds)
     for rec in _ACTIVE:
         rec.events.append(event)
         rec.tensors.append((x.detach().clone(), out.detach().clone()) if rec.keep_tensors else None)
-
-
-def _event(op, region, operator, direction, shape, out_shape, dtype, nbytes, sent_bytes, t,
-           seconds) -> CollectiveEvent:
-    """``CollectiveEvent(...)`` with its fields set in one step: a frozen dataclass's own
-    ``__init__`` sets them one ``object.__setattr__`` at a time, and every collective of a rank
-    makes one (~1 us each, ~45 a capstone step). The same object: equal, hashed and pickled alike
-    (tests/test_comm_fast.py)."""
-    event = object.__new__(CollectiveEvent)
-    object.__setattr__(event, "__dict__", {
-        "op": op, "region": region, "operator": operator, "direction": direction, "shape": shape,
-        "out_shape": out_shape, "dtype": dtype, "bytes": nbytes, "sent_bytes": sent_bytes,
-        "group_size": t, "seconds": seconds})
-    return event
