@@ -16,7 +16,7 @@ from mtb_helpers.capstone.finalize import SequenceParallelGrads
 from mtb_helpers.capstone.layers import ParallelEmbedding, build_stage, replicated_params
 from mtb_helpers.checking.bug import swap
 from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
-from mtb_helpers.dp.strategies import flat
+from mtb_helpers.dp.strategies import DDP, flat
 
 __all__ = ["Stage", "STAGES", "KEEP_STAGES", "kept_stage", "drop", "resume"]
 
@@ -43,7 +43,7 @@ class Stage:
     as built (flat ``[Ψ_stage]``: where a fresh run starts), and their names and shapes (in
     ``named_parameters`` order, fixed once built: what a call reports without walking the module)."""
     module: torch.nn.Module
-    opt: object
+    opt: DDP   # the capstone composes DDP and ZeRO-1 (validate.DP_STRATEGIES), both DDPs
     sp_grads: SequenceParallelGrads | None
     initial: torch.Tensor
     names: tuple[str, ...] = ()

@@ -76,7 +76,7 @@ class PositionKeyedDropout(nn.Module):
         return group_rank(self.group) * x.shape[0] if self.sequence_parallel else 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training:
+        if not self.training or self.p == 0:   # nothing dropped: no mask, no rank to ask
             return x
         return position_keyed_dropout(x, self.p, self.seed, self.row_offset(x))
 
