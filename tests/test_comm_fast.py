@@ -8,8 +8,11 @@ import torch
 import torch.distributed as dist
 
 from mtb_helpers import comm, run
+from mtb_helpers.comm.issue import _REDUCE_SCATTER
 
-_WRAPPED = ("all_reduce", "all_gather", "reduce_scatter_single")
+# what issue() looks up on torch.distributed: reduce_scatter_single in torch 2.13, the older
+# reduce_scatter_tensor in 2.11 (Colab), where the reduce-scatter has no direct path
+_WRAPPED = ("all_reduce", "all_gather", _REDUCE_SCATTER)
 
 
 def _issue_all(wrap: bool):
@@ -56,7 +59,7 @@ def test_issue_calls_the_group_straight_with_the_same_bits_and_record():
             "reduce_scatter"] * 2
         assert calls == dict.fromkeys(_WRAPPED, 0)
         # replaced functions (an emulated link's) still see every op: the fast path steps aside
-        assert w_calls == {"all_reduce": 1, "all_gather": 2, "reduce_scatter_single": 2}
+        assert w_calls == {"all_reduce": 1, "all_gather": 2, _REDUCE_SCATTER: 2}
 
 
 def test_note_names_each_dtype():
