@@ -206,13 +206,12 @@ class DDP(Strategy):
         step; gradients dropped. What training leaves behind is then gone, so a caller may keep
         the strategy and its module between runs (the capstone's ranks do)."""
         lo, hi = self.own
-        n = self.layout.numel   # one unit: [Ψ] then zero padding (``layout.piece``, copied once)
-        self.flat[:n].copy_(start["params"][:n])
-        self.flat[n:].zero_()
-        moments = {k: torch.zeros(hi - lo, dtype=self.flat.dtype) for k in ("exp_avg", "exp_avg_sq")}
-        for k, m in moments.items():
-            m[:max(0, min(hi, n) - lo)] = start[k][lo:min(hi, n)]
-        self.optimizer.state[self.master] = {"step": torch.tensor(float(start["step"])), **moments}
+        with torch.no_grad():
+            self.flat.copy_(self.layout.piece(start["params"], 0, sharded=False))
+        self.optimizer.state[self.master] = {
+            "step": torch.tensor(float(start["step"])),
+            **{k: self.layout.piece(start[k], 0, sharded=False)[lo:hi].clone()
+               for k in ("exp_avg", "exp_avg_sq")}}
         self.zero_grad()
 
     def forward_backward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
