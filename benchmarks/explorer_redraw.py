@@ -68,9 +68,9 @@ EXPLORERS = {
     "cp-balance": ("from mtb_helpers.cp.widget import explore_balance",
                    "w = explore_balance(world_size=4)", "world size", (4, 3)),
     "pp-ranks": ("from mtb_helpers.pp.widget import explore_pipeline_on_ranks",
-                 "w = explore_pipeline_on_ranks('1f1b', stages=4, microbatches=8)", "stages", (4, 3)),
+                 "w = explore_pipeline_on_ranks('1f1b', stages=4, microbatches=4)", "stages", (4, 3)),
     "capstone": ("from mtb_helpers.capstone.widget import explore_capstone",
-                 "w = explore_capstone(layout='tp=2 pp=2 dp=1 cp=1', steps=3)", "layout",
+                 "w = explore_capstone(layout='tp=2 pp=2 dp=1 cp=1', steps=2)", "layout",
                  ("tp=2 pp=2 dp=1 cp=1", "tp=2 pp=1 dp=2 cp=1")),
 }
 

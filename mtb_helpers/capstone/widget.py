@@ -76,8 +76,11 @@ def _prepare(option: str, steps: int) -> None:
     prepare_losses(reference, option)
 
 
-def explore_capstone(layout: str = "tp=2 pp=2 dp=2 cp=1", steps: int = 3) -> widgets.VBox:
-    """The explorer; display it (the last expression of a cell). Each change trains again."""
+def explore_capstone(layout: str = "tp=2 pp=2 dp=2 cp=1", steps: int = 2) -> widgets.VBox:
+    """The explorer; display it (the last expression of a cell). Each change trains again. It
+    opens at 2 steps: every bug of ``CAPSTONE_BUGS`` fails its step check from step 1 and parts
+    the loss curves by step 2, and each further step is one more step on the ranks and in one
+    process on every move (~1/3 of a redraw)."""
     options = layout_options()
     choose = widgets.Dropdown(options=options, value=layout if layout in options else options[0],
                               description="layout")

@@ -83,7 +83,7 @@ def measure_hop_latency(stages: int, op_time: tuple[float, float] = (0.005, 0.01
                          op_time=op_time).hop_latency
 
 
-def explore_pipeline_on_ranks(name: str = "1f1b", stages: int = 4, microbatches: int = 8,
+def explore_pipeline_on_ranks(name: str = "1f1b", stages: int = 4, microbatches: int = 4,
                               op_time: tuple[float, float] = (0.005, 0.01)) -> widgets.VBox:
     """Notebook 09's explorer: one pipeline step on real ranks per setting (schedule, stages,
     micro-batches, recompute), its measured Gantt beside the predicted one, the check verdict and
@@ -94,7 +94,10 @@ def explore_pipeline_on_ranks(name: str = "1f1b", stages: int = 4, microbatches:
     costs a fraction of a millisecond (the sender's and the receiver's processes take turns),
     which at these op times is several per cent of the makespan. α is measured by
     ``measure_hop_latency`` (one small step on the same ranks) before the first run with each
-    stage count and kept, so every run is predicted before it runs."""
+    stage count and kept, so every run is predicted before it runs.
+
+    It opens at ``microbatches=4``: every move waits for the whole step, under 1F1B (m + p - 1)
+    held (F + B) ops, 105 ms at p = m = 4 and 165 ms at m = 8, on top of the check and the figure."""
     from mtb_helpers.pp.check import INTERLEAVED_CHUNKS, check_pipeline, simulated_for
     from mtb_helpers.pp.measured_plots import gap, measured_vs_simulated_png
 
