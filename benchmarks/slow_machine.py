@@ -11,7 +11,7 @@ every period (``--period-ms``, 10 by default) and sleeps the rest, then runs the
 Each CPU then runs everything else (the Jupyter kernel, its rank processes) at ``percent`` % of
 its speed, on average over a period; pinned with ``taskset`` or spread over every CPU alike. It is
 a slower CPU on average, not a slower clock: within a period the work runs at full speed, then
-waits. So choose the percentage by calibrating on a known number (BENCHMARKS.md: the old code's
+waits, on every CPU at the same time. So choose the percentage by calibrating on a known number (BENCHMARKS.md: the old code's
 tp-mlp redraw against issue 24's, pinned and not) rather than from the arithmetic. Needs the
 right to use real-time priority (root, or CAP_SYS_NICE); the busy loops end with the command,
 whose exit status is this script's. The kernel's real-time throttling (by default 5 % of every
@@ -28,21 +28,29 @@ import sys
 import time
 
 
+def next_window(now: float, period: float) -> float:
+    """The start of the next busy window at or after ``now`` (``time.monotonic()``, one clock for
+    every CPU): a multiple of ``period``, so the loops of all CPUs are busy at the same time."""
+    return math.ceil(now / period) * period
+
+
 def steal(cpu: int, busy: float, period: float, parent: int) -> None:
     """In a child: on ``cpu``, at real-time priority, spin ``busy`` s out of every ``period`` s
-    while ``parent`` (the pid read before the fork: it may be gone before the child runs) lives."""
+    while ``parent`` (the pid read before the fork: it may be gone before the child runs) lives.
+
+    The windows are in phase on every CPU (``next_window``): the whole machine pauses, then runs.
+    Out of phase, a message between processes on two CPUs could arrive while its receiver's CPU
+    is held and wait out that window, which a really slower machine never makes it do."""
     os.sched_setaffinity(0, {cpu})
     os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
-    start = time.perf_counter()
+    start = next_window(time.monotonic(), period)
     while os.getppid() == parent:    # never outlives this script, even one killed by SIGKILL
-        while time.perf_counter() < start + busy:
-            pass
-        start += period
-        wait = start - time.perf_counter()
+        wait = start - time.monotonic()
         if wait > 0:
             time.sleep(wait)
-        else:                        # fell behind (the loop itself was held up): start afresh
-            start = time.perf_counter()
+        while time.monotonic() < start + busy:
+            pass
+        start = next_window(time.monotonic(), period)   # held up past a window: the next one
 
 
 def start_loops(percent: float, period: float) -> list[int]:

@@ -35,6 +35,17 @@ def test_bad_input_stops_before_any_loop_starts(slow, monkeypatch, capsys, args,
     assert exc.value.code == 2 and said in capsys.readouterr().err and started == []
 
 
+def test_every_cpu_busy_window_starts_on_one_grid(slow):
+    """Two loops that start (or fall behind) at different moments still hold their CPUs at the
+    same time: a window starts at the next multiple of the period, never before now."""
+    period = 0.01
+    for now in (12.3456, 12.3401, 12.3499, 0.0, 7.0):
+        start = slow.next_window(now, period)
+        assert now <= start < now + period + 1e-12
+        assert abs(start / period - round(start / period)) < 1e-6       # on the grid
+    assert slow.next_window(12.3401, period) == slow.next_window(12.3499, period)
+
+
 def test_a_loop_per_cpu_at_real_time_priority_while_the_command_runs(slow, tmp_path, capsys):
     seen = tmp_path / "seen.json"
     code = ("import json, os, sys; pids = [int(p) for p in os.environ['MTB_SLOW_MACHINE_LOOPS'].split()]; "
