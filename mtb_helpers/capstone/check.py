@@ -143,7 +143,6 @@ class _References:
         self.keep = keep
         self._lock = threading.Lock()
         self._idle: list[tuple[tuple, Reference]] = []   # ((cfg, run_cfg, dtype), ref), oldest first
-        self.built = 0                                    # how many were made (tests)
 
     def take(self, cfg: GPTConfig, run_cfg: TrainConfig, dtype: torch.dtype) -> Reference:
         key = (cfg, run_cfg, dtype)
@@ -151,7 +150,6 @@ class _References:
             for i in reversed(range(len(self._idle))):
                 if self._idle[i][0] == key:
                     return self._idle.pop(i)[1]
-            self.built += 1
         return Reference(cfg, run_cfg, dtype)
 
     def give(self, ref: Reference) -> None:
