@@ -27,7 +27,7 @@ def test_timeout_guards_each_call_not_the_run(monkeypatch):
         snaps = [{"params": none, "exp_avg": none, "exp_avg_sq": none, "own": (0, 0),
                   "step": first + i} for i in range(count + 1)]
         return [{"index": {"tp": 0, "pp": 0, "dp": 0, "cp": 0}, "losses": [1.0] * count,
-                 "snapshots": pack_snapshots(snaps),   # as a rank sends them
+                 "snapshots": pack_snapshots(snaps, none),   # as a rank sends them (all empty)
                  "params": {"names": (), "shapes": [], "flat": none}}]
 
     monkeypatch.setattr(parallel, "run", fake_run)

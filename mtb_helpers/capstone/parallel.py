@@ -111,19 +111,17 @@ def _tokens() -> torch.Tensor:
     return encode(corpus())
 
 
-def snapshot(opt, out: torch.Tensor | None = None) -> dict:
-    """This rank's training state now: its flat parameters ``[Ψ]`` (all of its stage's tp shard)
-    and the slice ``own = (lo, hi)`` of Adam's ``exp_avg`` / ``exp_avg_sq`` it updates (all of
-    them under DDP, its ZeRO-1 shard of the padded ``[Ψ_pad]`` otherwise). Copies, or with
-    ``out`` (``[Ψ + 2 (hi - lo)]``) views of ``out`` the state is copied into, in that order."""
+def snapshot(opt, out: torch.Tensor) -> dict:
+    """This rank's training state now, copied into ``out`` (``[Ψ + 2 (hi - lo)]``, its slice of
+    the flat tensor the call's result carries): its flat parameters ``[Ψ]`` (all of its stage's
+    tp shard), then the slice ``own = (lo, hi)`` of Adam's ``exp_avg`` / ``exp_avg_sq`` it
+    updates (all of them under DDP, its ZeRO-1 shard of the padded ``[Ψ_pad]`` otherwise); the
+    returned tensors are views of ``out``."""
     state = opt.optimizer.state[opt.master]
     now = (opt.flat[:opt.layout.numel], state["exp_avg"], state["exp_avg_sq"])
-    if out is None:
-        copies = [t.clone() for t in now]
-    else:
-        copies = out.split([len(t) for t in now])
-        for copy, t in zip(copies, now):
-            copy.copy_(t)
+    copies = out.split([len(t) for t in now])
+    for copy, t in zip(copies, now):
+        copy.copy_(t)
     return {"params": copies[0], "own": tuple(opt.own), "exp_avg": copies[1],
             "exp_avg_sq": copies[2], "step": int(state["step"])}
 

@@ -23,26 +23,11 @@ __all__ = ["pack_snapshots", "unpack", "full_state"]
 _SNAP_KEYS = ("params", "exp_avg", "exp_avg_sq")
 
 
-def pack_snapshots(snapshots: list[dict], flat: torch.Tensor | None = None) -> dict:
-    """On a rank: its snapshots as one flat tensor and the plain data to cut it back. ``flat``:
-    the tensor they already are consecutive views of, in order (``parallel.snapshot(opt, out)``)."""
-    pieces = [snap[k] for snap in snapshots for k in _SNAP_KEYS]
-    if flat is not None and not _views_in_order(pieces, flat):
-        raise ValueError("pack_snapshots: the snapshots are not consecutive views of flat, in order")
-    return {"flat": torch.cat(pieces) if flat is None else flat,
-            "sizes": [len(snap[k]) for snap in snapshots for k in _SNAP_KEYS],
+def pack_snapshots(snapshots: list[dict], flat: torch.Tensor) -> dict:
+    """On a rank: its snapshots, which ``parallel.snapshot`` copied one after another into
+    ``flat``, as that tensor and the plain data to cut it back (``unpack``)."""
+    return {"flat": flat, "sizes": [len(snap[k]) for snap in snapshots for k in _SNAP_KEYS],
             "own": [snap["own"] for snap in snapshots], "step": [snap["step"] for snap in snapshots]}
-
-
-def _views_in_order(pieces: list[torch.Tensor], flat: torch.Tensor) -> bool:
-    """Whether ``pieces`` tile ``flat`` (1-D, contiguous) one after another, start to end."""
-    at, size = flat.data_ptr(), flat.element_size()
-    for t in pieces:
-        if t.untyped_storage().data_ptr() != flat.untyped_storage().data_ptr() or t.data_ptr() != at \
-                or not t.is_contiguous():
-            return False
-        at += t.numel() * size
-    return at == flat.data_ptr() + flat.numel() * size
 
 
 def unpack(result: dict) -> dict:
