@@ -13,9 +13,9 @@ its speed, on average over a period; pinned with ``taskset`` or spread over ever
 a slower CPU on average, not a slower clock: within a period the work runs at full speed, then
 waits, on every CPU at the same time. So choose the percentage by calibrating on a known number
 (BENCHMARKS.md: the old code's tp-mlp redraw against issue 24's, pinned and not) rather than from
-the arithmetic. Needs the right to use real-time priority (root, or CAP_SYS_NICE); the busy loops end with the command,
-whose exit status is this script's. The kernel's real-time throttling (by default 5 % of every
-second left to other tasks) never binds: the loops take at most 99 %.
+the arithmetic. Needs the right to use real-time priority (root, or CAP_SYS_NICE); the busy
+loops end with the command, whose exit status is this script's. The kernel's real-time throttling
+(by default 5 % of every second left to other tasks) never binds: the loops take at most 99 %.
 """
 from __future__ import annotations
 

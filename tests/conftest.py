@@ -78,3 +78,19 @@ def no_ranks(monkeypatch):
         if name.startswith("mtb_helpers") and getattr(module, "run", None) is real:
             monkeypatch.setattr(module, "run", refuse)
     return refuse
+
+
+@pytest.fixture
+def references_built(monkeypatch) -> list:
+    """Every one-process reference ``capstone/check.py`` builds from now on, in order (its
+    ``Reference``, counted): how tests see that a kept reference is reused, not rebuilt."""
+    from mtb_helpers.capstone import check
+
+    made, real = [], check.Reference
+
+    def counted(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(check, "Reference", counted)
+    return made

@@ -120,18 +120,17 @@ def test_bad_input_is_refused_before_any_rank_starts(monkeypatch, kwargs, messag
         check_capstone(**kwargs)
 
 
-def test_the_reused_anchored_reference_carries_nothing_from_one_check_to_the_next(monkeypatch):
+def test_the_reused_anchored_reference_carries_nothing_from_one_check_to_the_next(references_built):
     """The re-anchored reference is kept between checks (it loads the whole state before every
     step): a correct check right after a failing one gives the rows of a freshly made reference."""
     from mtb_helpers.capstone import check as check_module
     assert not check_capstone(tp=2, steps=2, bug="capstone-dp-allreduce-in-tp-group").passed
-    built, real = [], check_module.Reference
-    monkeypatch.setattr(check_module, "Reference", lambda *a: built.append(a) or real(*a))
+    before = len(references_built)
     after_bug = check_capstone(tp=2, steps=2)
-    assert built == []                               # the failing check's reference, reused
+    assert len(references_built) == before           # the failing check's reference, reused
     check_module._REFERENCES.clear()
     fresh = check_capstone(tp=2, steps=2)
-    assert after_bug.passed and len(built) == 1
+    assert after_bug.passed and len(references_built) == before + 1
     assert [(r.quantity, r.max_abs_err) for r in after_bug.rows] == \
         [(r.quantity, r.max_abs_err) for r in fresh.rows]
 

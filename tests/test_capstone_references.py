@@ -2,10 +2,8 @@
 checks at once (the capstone explorer prepares in a background thread while a cell may check)."""
 import threading
 
-import pytest
 import torch
 
-from mtb_helpers.capstone import check as check_module
 from mtb_helpers.capstone.check import _References
 from mtb_helpers.capstone.model import GPTConfig
 from mtb_helpers.capstone.reference import TrainConfig
@@ -13,29 +11,16 @@ from mtb_helpers.capstone.reference import TrainConfig
 CFG, RUN = GPTConfig(), TrainConfig(steps=1)
 
 
-@pytest.fixture
-def built(monkeypatch) -> list:
-    """Every reference the checks build, in order (the module's ``Reference``, counted)."""
-    made, real = [], check_module.Reference
-
-    def counted(*args, **kwargs):
-        made.append(real(*args, **kwargs))
-        return made[-1]
-
-    monkeypatch.setattr(check_module, "Reference", counted)
-    return made
-
-
-def test_a_reference_given_back_is_reused_and_one_taken_is_nobody_elses(built):
+def test_a_reference_given_back_is_reused_and_one_taken_is_nobody_elses(references_built):
     refs = _References(keep=2)
     first = refs.take(CFG, RUN, torch.float64)
     second = refs.take(CFG, RUN, torch.float64)   # the first is in use: a reference of its own
-    assert second is not first and built == [first, second]
+    assert second is not first and references_built == [first, second]
     refs.give(first)
-    assert refs.take(CFG, RUN, torch.float64) is first and len(built) == 2
+    assert refs.take(CFG, RUN, torch.float64) is first and len(references_built) == 2
 
 
-def test_at_most_keep_idle_references_are_kept_least_recently_given_back_dropped(built):
+def test_at_most_keep_idle_references_are_kept_least_recently_given_back_dropped(references_built):
     refs = _References(keep=2)
     made = [refs.take(CFG, RUN, dtype) for dtype in (torch.float64, torch.float32, torch.float64)]
     for ref in made:
@@ -43,10 +28,10 @@ def test_at_most_keep_idle_references_are_kept_least_recently_given_back_dropped
     # kept: the fp32 one and the fp64 one given back last; the first fp64 one was dropped
     assert refs.take(CFG, RUN, torch.float32) is made[1]
     assert refs.take(CFG, RUN, torch.float64) is made[2]
-    assert refs.take(CFG, RUN, torch.float64) is not made[0] and len(built) == 4
+    assert refs.take(CFG, RUN, torch.float64) is not made[0] and len(references_built) == 4
 
 
-def test_threads_taking_at_once_never_get_the_same_reference(built):
+def test_threads_taking_at_once_never_get_the_same_reference(references_built):
     refs = _References(keep=2)
     refs.give(refs.take(CFG, RUN, torch.float64))
     got, start = [], threading.Barrier(4)
@@ -60,4 +45,4 @@ def test_threads_taking_at_once_never_get_the_same_reference(built):
         t.start()
     for t in threads:
         t.join()
-    assert len({id(r) for r in got}) == 4 and len(built) == 4
+    assert len({id(r) for r in got}) == 4 and len(references_built) == 4

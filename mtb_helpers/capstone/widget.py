@@ -80,7 +80,7 @@ def explore_capstone(layout: str = "tp=2 pp=2 dp=2 cp=1", steps: int = 2) -> wid
     """The explorer; display it (the last expression of a cell). Each change trains again. It
     opens at 2 steps: every bug of ``CAPSTONE_BUGS`` fails its step check from step 1 and parts
     the loss curves by step 2, and each further step is one more step on the ranks and in one
-    process on every move (~1/3 of a redraw)."""
+    process on every move (~40 % of a 2-step redraw)."""
     options = layout_options()
     choose = widgets.Dropdown(options=options, value=layout if layout in options else options[0],
                               description="layout")
