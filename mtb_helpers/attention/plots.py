@@ -68,7 +68,7 @@ def plot_attention_flow(world_size: int, n_heads: int) -> Figure:
     fig, ax = plt.subplots(figsize=(11, 1.2 + 0.9 * t))
     stages = [("X\n[s,b,h]", "replicated"), ("Q_r, K_r, V_r\n[s,b,3h/t]", "own"),
               (f"attention\n{local} head(s)", "own"), ("C_r\n[s,b,h/t]", "own"),
-              ("C_r Wo_r\npartial [s,b,h]", "partial"), ("Y = sum of P_r\n+ bo [s,b,h]", "replicated")]
+              ("C_r Wo_r\npartial [s,b,h]", "partial"), ("Y = sum of the\npartials + bo", "replicated")]
     w, xs = 1.8, [0, 2.6, 4.8, 7.0, 9.2, 11.8]
     for r in range(t):
         y = t - 1 - r
@@ -109,7 +109,7 @@ def plot_attention_flow(world_size: int, n_heads: int) -> Figure:
 
 
 def plot_vocab_split(ids, vocab: int, world_size: int) -> Figure:
-    """Left: which rank owns each row of the table ``E [V, h]``. Right: the token ids, each cell
+    """Left: which rank owns each row of the table ``W_emb [vocab, h]``. Right: the token ids, each cell
     in the colour of the rank that owns that token (the only rank whose lookup is not zero)."""
     ids = np.asarray(ids)
     grid = ids.reshape(ids.shape[0], -1)
@@ -123,9 +123,9 @@ def plot_vocab_split(ids, vocab: int, world_size: int) -> Figure:
     left.set_ylim(vocab, 0)
     left.set_yticks(range(0, vocab + 1, max(1, vocab // 6)))
     left.set_xticks([])
-    left.set_ylabel("token id = row of E")
-    left.set_xlabel("E [V, h] rows")
-    left.set_title(f"E split by vocabulary:\nrank r owns {vocab // world_size} rows", fontsize=9)
+    left.set_ylabel("token id = row of W_emb")
+    left.set_xlabel("W_emb [vocab, h] rows")
+    left.set_title(f"W_emb split by vocabulary:\nrank r owns {vocab // world_size} rows", fontsize=9)
     for i in range(grid.shape[0]):
         for j in range(grid.shape[1]):
             tok = int(grid[i, j])
@@ -140,17 +140,17 @@ def plot_vocab_split(ids, vocab: int, world_size: int) -> Figure:
     right.set_ylabel("position")
     right.set_title("token ids, coloured by the rank that owns them:\nthe others look up 0, "
                     "one all-reduce sums", fontsize=9)
-    fig.suptitle(f"Vocab-parallel embedding, V={vocab} on {world_size} ranks", fontsize=11)
+    fig.suptitle(f"Vocab-parallel embedding, vocab={vocab} on {world_size} ranks", fontsize=11)
     fig.legend(handles=rank_legend_handles(world_size), loc="lower center", ncol=world_size,
                fontsize=8)
     fig.tight_layout(rect=(0, 0.08, 1, 0.93))
     return fig
 
 
-OPS = (("max", "all-reduce (max)", "m_r = max of own logits", "m = max_r m_r"),
-       ("sum_exp", "all-reduce (sum)", "S_r = sum of own exp(z - m)", "S = sum_r S_r"),
-       ("target_logit", "all-reduce (sum)", "T_r = z_target - m if owned, else 0",
-        "T = sum_r T_r"))
+OPS = (("max", "all-reduce (max)", "each rank's max of its own logits", "mx = max over ranks"),
+       ("sum_exp", "all-reduce (sum)", "each rank's sum of exp(z - mx)", "sum_exp = sum over ranks"),
+       ("target_logit", "all-reduce (sum)", "z_target - mx on the rank that owns it, else 0",
+        "target_logit = sum over ranks"))
 
 
 def plot_ce_allreduces(local: dict, combined: dict) -> Figure:
@@ -177,6 +177,6 @@ def plot_ce_allreduces(local: dict, combined: dict) -> Figure:
                       markeredgewidth=2.5, label="every rank after the all-reduce")]
     fig.legend(handles=handles, loc="lower center", ncol=t + 1, fontsize=8)
     fig.suptitle("Vocab-parallel cross-entropy: three all-reduces of one number per token "
-                 "([N], never [N, V]); loss = log S - T", fontsize=11)
+                 "([N], never [N, vocab]); loss = log sum_exp - target_logit", fontsize=11)
     fig.tight_layout(rect=(0, 0.08, 1, 0.93))
     return fig
