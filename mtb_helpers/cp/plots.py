@@ -102,7 +102,7 @@ def _draw_ring_steps(new_figure, data) -> None:
                        markerfacecolor=rank_color(r) if grew else "white", markeredgewidth=2)
     right.set_xticks(range(t))
     right.set_xlabel("ring step")
-    right.set_ylabel("running max m (last query row)")
+    right.set_ylabel("running max mx (last query row)")
     right.set_title("Online softmax: running max per rank")
     right.legend(handles=[Line2D([], [], color=rank_color(r), linewidth=2, label=f"rank {r}",
                                  linestyle="-" if r % 2 == 0 else "--") for r in range(t)]
