@@ -1,4 +1,4 @@
-"""How long one layer takes on one GPU, from measurements: ``layer_seconds`` (issue 36).
+"""How long one layer takes on one GPU, from measurements: ``layer_seconds``.
 
 A layer's forward and backward is a list of operations; each costs what the GPU needs for one of
 its size (a roofline whose matmul ceiling falls with the matrix's size):
