@@ -224,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not args.tiny and not torch.cuda.is_available():
         p.error("no CUDA GPU here: run with --tiny for the CPU dry run")
+    folder = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(folder):
+        p.error(f"--out {args.out}: no folder {folder} to write it in")
     for flag, v in (("--peak-tflops", args.peak_tflops), ("--bandwidth-tbs", args.bandwidth_tbs)):
         if v is not None and not v > 0:
             p.error(f"{flag} must be > 0, got {v}")
@@ -237,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                           seq_len=128, gated_mlp=True, name="tiny-llama")
         layers = [("tiny-gpt", gpt, True), ("tiny-llama", llama, False)]
         shards = [("tiny-llama", llama, (1, 2), (1,))]
-        # K from 128 to 1024, so that even a busy CPU shows the products growing with K
-        sizes = dict(ms=(128,), nks=(128, 512, 1024), tokens=(256,), widths=(128,), seqs=(128,), heads=4)
+        # K from 128 to 2048, so that even a busy CPU shows the products growing with K
+        sizes = dict(ms=(128,), nks=(128, 512, 2048), tokens=(256,), widths=(128,), seqs=(128,), heads=4)
     else:
         gpt, l8 = model("gpt3-175b"), model("llama3-8b")
         layers = [("gpt3-175b", gpt, True), ("llama3-8b", l8.with_(seq_len=2048), False),

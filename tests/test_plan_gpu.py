@@ -145,3 +145,8 @@ def test_bad_measurement_files_are_refused_by_name(tmp_path):
                            "--out", str(bad), "--peak-tflops", "-1"], capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 2 and "--peak-tflops must be > 0, got -1.0" in done.stderr
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_layer.py"), "--tiny",
+                           "--out", str(tmp_path / "no" / "such.json")], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 2 and "no folder" in done.stderr
+    assert not (tmp_path / "no").exists()

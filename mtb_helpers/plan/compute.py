@@ -113,8 +113,9 @@ def measured_rows(name: str) -> list[dict[str, Any]]:
 def fit_compute(rows: list[dict[str, Any]], peak_flops: float, bandwidth: float,
                 name: str = "", dtype_bytes: int = 2) -> GPUCompute:
     """A ``GPUCompute`` from measured rows: ``{"case": "gemm", M, K, N, us}`` (R and k0 by least
-    squares on relative error, products of at least ``MIN_MATMUL_SECONDS``),
-    ``{"case": "memory-bound", op, tokens, h, us_fwd_bwd}`` (each op's median passes) and,
+    squares on relative error, products of at least ``MIN_MATMUL_SECONDS``; rows that do not grow
+    with K get one flat rate and k0 = 0), ``{"case": "memory-bound", op, tokens, h, us_fwd_bwd}``
+    (each op's median passes) and,
     optional, ``{"case": "attention", s, heads, head_dim, batch, us_fwd, us_fwd_bwd}``
     (FlashAttention's rates; without them, ``FLASH_ATTENTION_H100`` as fractions of peak)."""
     peak, bw = positive_number("peak_flops", peak_flops), positive_number("bandwidth", bandwidth)
@@ -130,9 +131,11 @@ def fit_compute(rows: list[dict[str, Any]], peak_flops: float, bandwidth: float,
     mx, my = sum(w * x for w, x in zip(ws, xs)) / sw, sum(w * y for w, y in zip(ws, ys)) / sw
     slope = (sum(w * (x - mx) * (y - my) for w, x, y in zip(ws, xs, ys))
              / sum(w * (x - mx) ** 2 for w, x in zip(ws, xs)))
-    if slope <= 0:
-        raise ValueError("the matmul rows do not get slower with K: cannot fit a rate")
-    rate, overhead = 1 / slope, max(0.0, (my - slope * mx) / slope)
+    if slope > 0:
+        rate, overhead = 1 / slope, max(0.0, (my - slope * mx) / slope)
+    else:       # rows that do not grow with K (a busy CPU's dry run): one flat rate, said as k0 = 0
+        rate = sum(2 * r["M"] * r["K"] * r["N"] for r in gemm) / sum(r["us"] * 1e-6 for r in gemm)
+        overhead = 0.0
     passes = {}
     for op in OPS:
         got = sorted(bw * r["us_fwd_bwd"] * 1e-6 / (r["tokens"] * r["h"] * dtype_bytes)

@@ -24,9 +24,8 @@ TIME_COLORS = dict(zip(("compute", "tensor parallel", "context parallel", "exper
 
 def plot_stacked_memory(columns: Sequence[tuple[str, dict[str, float]]], limit: float | None = None,
                         title: str = "Memory per rank", xlabel: str = "",
-                        ax=None, legend: bool = True) -> Figure:
-    """One stacked bar per ``(label, {term: bytes})``, in GiB; ``limit`` (bytes) drawn as a line
-    (left out when it is far above the bars: the axis then shows them)."""
+                        ax=None) -> Figure:
+    """One stacked bar per ``(label, {term: bytes})``, in GiB; ``limit`` (bytes) drawn as a line."""
     fig = ax.figure if ax is not None else plt.figure(figsize=(9, 4.2))
     ax = ax if ax is not None else fig.add_subplot(111)
     terms = [t for t in TERM_COLORS if any(c[1].get(t, 0) for c in columns)]
@@ -38,8 +37,6 @@ def plot_stacked_memory(columns: Sequence[tuple[str, dict[str, float]]], limit: 
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     for i, total in enumerate(bottoms):
         ax.text(i, total, f"{total:.1f}", ha="center", va="bottom", fontsize=8)
-    if limit is not None and limit / GIB > 3 * max(bottoms):
-        limit = None
     if limit is not None:
         ax.axhline(limit / GIB, color="black", linestyle="--", linewidth=1)
         ax.text(max(len(columns), 3) - 0.55, limit / GIB, f"GPU memory {limit / GIB:.0f} GiB",
@@ -53,9 +50,8 @@ def plot_stacked_memory(columns: Sequence[tuple[str, dict[str, float]]], limit: 
     ax.set_title(title)
     top = max(bottoms + [limit / GIB if limit else 0.0])
     ax.set_ylim(0, top * 1.15 if top > 0 else 1)
-    if legend:
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="held for",
-                  title_fontsize=8)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="held for",
+              title_fontsize=8)
     if ax.get_subplotspec().get_gridspec().nrows == 1:
         fig.subplots_adjust(left=0.08, right=0.74, bottom=0.17, top=0.9)   # fixed: no tight_layout
     return fig
