@@ -42,7 +42,7 @@ def test_compute_time_counts_recompute_as_narayanan_does(recompute, factor, voca
     """With full recompute their 96 B s l h^2 (1 + s/(6h) + V/(16 l h)): one more forward of
     every layer, none of the output layer."""
     l, h, a, B = 4, 1024, 16, 8
-    st = step_time(gpt(l, h, a), one_gpu(), Layout(grad_accum=B, recompute=recompute), mfu=0.5)
+    st = step_time(gpt(l, h, a), one_gpu(), Layout(grad_accum=B, recompute=recompute), efficiency=0.5)
     want = factor * B * 2048 * l * h * h * (1 + 2048 / (6 * h) + 51200 / (vocab_factor * l * h))
     assert st.terms["compute"] * 1e15 * 0.5 == pytest.approx(want, rel=1e-12)
     if recompute == "none":   # nothing else to pay on one GPU: the step reaches the assumed MFU
@@ -54,8 +54,8 @@ def test_each_group_uses_the_link_it_spans():
     c = ClusterSpec(8, 4, 80 * GIB, 1e15, fast, slow)
     assert group_link(c, 8) is fast and group_link(c, 9) is slow
     m = model("llama3-8b")
-    inside = step_time(m, c, Layout(tp=8, dp=4, grad_accum=8))
-    faster_network = step_time(m, c.with_(inter_node=fast), Layout(tp=8, dp=4, grad_accum=8))
+    inside = step_time(m, c, Layout(tp=8, dp=4, grad_accum=8), 0.5)
+    faster_network = step_time(m, c.with_(inter_node=fast), Layout(tp=8, dp=4, grad_accum=8), 0.5)
     # tensor parallelism stays on NVLink: only the data-parallel term moves with the network
     assert inside.terms["tensor parallel"] == faster_network.terms["tensor parallel"] > 0
     assert inside.terms["data parallel"] > faster_network.terms["data parallel"]
@@ -76,8 +76,8 @@ def test_each_group_uses_the_link_it_spans():
 
 def test_bubble_is_the_simulators():
     c = ClusterSpec(8, 1, 80 * GIB, 1e15, Link(1e-9, 1e15), Link(1e-9, 1e15))
-    st = step_time(model("llama3-8b"), c, Layout(pp=4, dp=2, grad_accum=8))
-    sim = simulate(schedule("1f1b", 4, 8), 1.0, 2.0)
+    st = step_time(model("llama3-8b"), c, Layout(pp=4, dp=2, grad_accum=8), 0.5)
+    sim = simulate(schedule("1f1b", 4, 8), 1.0, 2.0)   # FLOPs: backward twice the forward
     assert st.bubble_fraction == pytest.approx(sim.bubble_fraction, abs=1e-3)
     assert st.terms["pipeline bubble and p2p"] > 0
 
@@ -115,22 +115,37 @@ def test_plan_ranks_fitting_layouts_and_says_why_others_fail():
     assert "> 80 GiB" in memory[0]
 
 
-def test_llama3_405b_published_layout_ranks_first():
+@pytest.mark.parametrize("efficiency", [None, 0.5])
+def test_llama3_405b_published_layout_ranks_first(efficiency, monkeypatch):
     """Dubey et al. 2024, Table 4: 8192 GPUs, TP 8, CP 1, PP 16, DP 64, 16M tokens per batch
-    (2048 sequences of 8192). Among the layouts of that table's kind (no CP, ZeRO-1, attention
-    without stored scores, one sequence per micro-batch), the planner picks the same one."""
-    result = plan(model("llama3-405b"), cluster("h100", gpus=8192), 2048, cp_sizes=(1,),
-                  zero_stages=(1,), recomputes=("selective",), microbatches=(1,))
+    (2048 sequences of 8192). Among the layouts of that table's kind (no CP, ZeRO-1,
+    FlashAttention, no recompute, one sequence per micro-batch), the planner picks the same one,
+    once the MLP keeps what a fused SwiGLU keeps (three [s, f] tensors); with eager's four the
+    published layout needs more than 80 GiB. Both with the measured compute curve and with a
+    flat efficiency (plan() passes its ``mfu`` as step_time's efficiency)."""
+    import mtb_helpers.plan.search as search
+    real = search.step_time
+    monkeypatch.setattr(search, "step_time", lambda m, c, lay, eff, overlap: real(m, c, lay, efficiency,
+                                                                                 overlap))
+    kind = dict(cp_sizes=(1,), zero_stages=(1,), recomputes=("none",), microbatches=(1,))
+    fused = model("llama3-405b").with_(fused_swiglu=True)
+    result = plan(fused, cluster("h100", gpus=8192), 2048, **kind)
     best = result.ranked[0].layout
-    assert (best.tp, best.pp, best.dp) == (8, 16, 64)
+    assert (best.tp, best.pp, best.dp, best.attention) == (8, 16, 64, "flash")
     assert result.ranked[0].peak_bytes < 80 * GIB
+    eager = plan(model("llama3-405b"), cluster("h100", gpus=8192), 2048, **kind)
+    assert [(c.layout.tp, c.layout.pp) for c in eager.ranked] == [(8, 64)]
+    assert any((lay.tp, lay.pp) == (8, 16) and why[0].startswith("needs 84.")
+               for lay, why in eager.rejected)
 
 
 def test_plan_refuses_bad_arguments():
     with pytest.raises(ValueError, match="global_batch"):
         plan(model("llama3-8b"), cluster("h100"), 0)
-    with pytest.raises(ValueError, match="mfu"):
-        step_time(model("llama3-8b"), cluster("h100"), Layout(dp=8), mfu=1.5)
+    with pytest.raises(ValueError, match="efficiency"):
+        step_time(model("llama3-8b"), cluster("h100"), Layout(dp=8), efficiency=1.5)
+    with pytest.raises(ValueError, match="A100 has no measured compute curve"):
+        step_time(model("llama3-8b"), cluster("a100"), Layout(dp=8))
     with pytest.raises(ValueError, match="mfu"):
         plan(model("llama3-8b"), cluster("h100"), 8, mfu=math.nan)
 

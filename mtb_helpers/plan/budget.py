@@ -12,7 +12,8 @@ learned positions), the last the final norm and the output layer (a copy of the 
 when ``pp > 1``, as Megatron-LM keeps one). Experts are split over ``ep`` and then ``tp``.
 
 Activations: ``MemoryModel.activation_terms`` per layer and micro-batch on a sequence of
-``seq_len / cp``, times the layers of the stage, times the micro-batches the schedule keeps in
+``seq_len / cp``, with the layout's attention kernel (FlashAttention unless ``Layout.attention``
+says "materialized"), times the layers of the stage, times the micro-batches the schedule keeps in
 flight on that stage (``mtb_helpers.pp.simulate``'s ``peak_memory``: p - r for 1F1B's stage r, m
 for GPipe, more for interleaved on the first stages). The last stage also keeps the final norm's
 and the output layer's inputs and the fp32 logits ``4 s b V/t`` (Korthikanti et al. sec. 4.3),
@@ -134,7 +135,8 @@ def _activation_args(model: ModelSpec, layout: Layout, recompute: str) -> tuple:
     return ((model.seq_len // layout.cp, layout.microbatch, model.hidden, model.heads, layout.tp,
              layout.sequence_parallel, recompute),
             dict(kv_heads=model.kv_heads, ffn_hidden=model.ffn_hidden, gated_mlp=model.gated_mlp,
-                 dropout=model.dropout, top_k=model.top_k, dtype_bytes=layout.dtype_bytes))
+                 dropout=model.dropout, top_k=model.top_k, dtype_bytes=layout.dtype_bytes,
+                 attention=layout.attention, fused_swiglu=model.fused_swiglu))
 
 
 def memory_per_rank(model: ModelSpec, layout: Layout,

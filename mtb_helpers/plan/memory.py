@@ -26,14 +26,29 @@ s sequence, b micro-batch, h hidden, a heads, t tensor-parallel ranks::
 34 = attention 11 (QKV input 2, Q and K 4, V 2, projection input 2, dropout mask 1) + MLP 19 (fc1
 input 2, GeLU input 8, fc2 input 8, dropout mask 1) + two LayerNorm inputs 4; 5as^2b = softmax
 output 2, its dropout mask 1, dropout output 2. The terms below are those, written for any MLP
-width f, SwiGLU (gate, up and fc2 input: 3 x 2sbf), grouped-query K/V, no dropout, and experts
-(every token's MLP runs top_k times). With the defaults (f = 4h, MHA, dropout) they are the table.
+width f, grouped-query K/V, no dropout, and experts (every token's MLP runs top_k times). With
+the defaults (f = 4h, MHA, dropout, ``attention="materialized"``) they are the table.
+
+**Attention by kernel** (``attention``): "materialized" keeps the 5as^2b above (the paper's
+count; SDPA's math path keeps even more, 183 sbh for GPT-3 where the paper counts 114, measured in
+``measured/``). "flash" is a fused kernel (FlashAttention, Dao et al. 2022; PyTorch's SDPA):
+it keeps Q, K, V, its output (which is the projection's input: one tensor) and the softmax
+statistics, 4 bytes per query and head (fp32), and recomputes the scores in backward; its
+dropout keeps a random seed, not a mask. That is what selective recompute does by hand, and why
+fused kernels made it the default. The planner uses "flash" (``Layout.attention``).
+
+**Gated MLPs** (SwiGLU) are counted as PyTorch eager keeps them: four [s, f] tensors (gate and
+up outputs, silu(gate), and their product, the down projection's input). A fused SwiGLU kernel
+(``fused_swiglu``, Megatron-LM's ``bias_swiglu``) saves only its input, gate and up, and
+recomputes silu(gate) in backward: three with the product. One layer of Llama 3 8B keeps 41 sbh with
+FlashAttention (the H200 measurement in ``measured/``: 40.03 by its count, which sees each
+layer's input at half, see ``mtb_helpers.plan.compute``).
 """
 from __future__ import annotations
 
 import math
 
-from mtb_helpers.plan.specs import NORMS, RECOMPUTE, positive_int
+from mtb_helpers.plan.specs import ATTENTION, NORMS, RECOMPUTE, positive_int
 
 __all__ = ["MemoryModel", "model_state_bytes", "activation_bytes_per_layer", "ATTENTION_TERMS",
            "MLP_TERMS", "STATE_TERMS"]
@@ -97,9 +112,12 @@ class MemoryModel:
                          sequence_parallel: bool = False, recompute: str = "none", *,
                          kv_heads: int | None = None, ffn_hidden: int | None = None,
                          gated_mlp: bool = False, dropout: bool = True, top_k: int = 1,
-                         dtype_bytes: int = 2) -> dict[str, float]:
+                         dtype_bytes: int = 2, attention: str = "materialized",
+                         fused_swiglu: bool = False) -> dict[str, float]:
         """Bytes one layer keeps for backward per micro-batch on one tensor-parallel rank, by term
-        (``ATTENTION_TERMS + MLP_TERMS``, or ``{"layer input"}`` under full recompute)."""
+        (``ATTENTION_TERMS + MLP_TERMS``, or ``{"layer input"}`` under full recompute). Under
+        ``attention="flash"`` the "attention scores" term holds the kernel's softmax statistics
+        (fp32, one per query and head)."""
         s, b, h, a, t = (positive_int(n, v) for n, v in (("seq", seq), ("batch", batch),
                                                           ("hidden", hidden), ("heads", heads),
                                                           ("tp", tp)))
@@ -109,6 +127,8 @@ class MemoryModel:
         positive_int("dtype_bytes", dtype_bytes)
         if recompute not in RECOMPUTE:
             raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+        if attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
         if h % a:
             raise ValueError(f"hidden={h} is not divisible by heads={a}")
         if a % t or kv % t:
@@ -120,18 +140,23 @@ class MemoryModel:
         if recompute == "full":
             return {"layer input": d * sbh / rep}
         mask = 1 if dropout else 0
-        scores = (2 * d + 1 if dropout else d) * a * s * s * b
+        if attention == "flash":                 # softmax statistics only: fp32 [b, a, s]
+            scores = 4.0 * a * s * b
+        else:
+            scores = 0.0 if recompute == "selective" else (2 * d + 1 if dropout else d) * a * s * s * b
         return {
             "ln1 input": d * sbh / rep,
             "qkv input": d * sbh / rep,
             "q and k": d * sbh * (1 + kv / a) / t,
             "v": d * sbh * kv / a / t,
-            "attention scores": 0.0 if recompute == "selective" else scores / t,
+            "attention scores": scores / t,
             "projection input": d * sbh / t,
             "attention dropout mask": mask * sbh / rep,
             "ln2 input": d * sbh / rep,
             "fc1 input": top_k * d * sbh / rep,
-            "mlp hidden": top_k * (3 if gated_mlp else 2) * d * s * b * f / t,
+            # eager SwiGLU keeps gate, up, silu(gate) and their product (fused: not silu(gate));
+            # GeLU its input and output
+            "mlp hidden": top_k * ((3 if fused_swiglu else 4) if gated_mlp else 2) * d * s * b * f / t,
             "mlp dropout mask": mask * sbh / rep,
         }
 
@@ -151,12 +176,14 @@ def model_state_bytes(num_params: float, dp: int, zero_stage: int,
 def activation_bytes_per_layer(seq: int, batch: int, hidden: int, heads: int, tp: int = 1,
                                sequence_parallel: bool = False, recompute: str = "none",
                                **details) -> float:
-    """Korthikanti et al.'s activation bytes of one transformer layer per micro-batch on one
-    tensor-parallel rank (16-bit activations): ``sbh(34 + 5as/h)`` without parallelism, and the
-    table's other rows for ``tp``, ``sequence_parallel`` and ``recompute`` ("selective" drops the
-    attention scores, "full" keeps the layer input only). ``details``: ``kv_heads``,
-    ``ffn_hidden``, ``gated_mlp``, ``dropout``, ``top_k``, ``dtype_bytes`` (see
-    ``MemoryModel.activation_terms``) for models the paper's defaults do not describe.
+    """Activation bytes of one transformer layer per micro-batch on one tensor-parallel rank
+    (16-bit activations). By default Korthikanti et al.'s count: ``sbh(34 + 5as/h)`` without
+    parallelism, and the table's other rows for ``tp``, ``sequence_parallel`` and ``recompute``
+    ("selective" drops the attention scores, "full" keeps the layer input only).
+    ``details``: ``attention`` ("materialized", the paper's, or "flash": a fused kernel keeps no
+    scores), ``kv_heads``, ``ffn_hidden``, ``gated_mlp`` (four [s, f] tensors, as PyTorch eager
+    keeps SwiGLU), ``dropout``, ``top_k``, ``dtype_bytes`` (see ``MemoryModel.activation_terms``
+    and the module docstring) for models the paper's defaults do not describe.
 
     >>> activation_bytes_per_layer(2048, 1, 12288, 96)   # GPT-3: sbh (34 + 80)
     2868903936.0

@@ -12,7 +12,8 @@ from matplotlib.figure import Figure
 from mtb_helpers.plan.budget import MEMORY_TERMS, StageMemory
 from mtb_helpers.plan.presets import GIB
 
-__all__ = ["TERM_COLORS", "plot_stacked_memory", "plot_stage_memory", "plot_step_times"]
+__all__ = ["TERM_COLORS", "plot_stacked_memory", "plot_stage_memory", "plot_step_times",
+           "plot_against_gpu"]
 
 _MUTED = ("#332288", "#88CCEE", "#44AA99", "#117733", "#999933", "#DDCC77", "#CC6677",
           "#882255", "#AA4499", "#DDDDDD")
@@ -51,7 +52,8 @@ def plot_stacked_memory(columns: Sequence[tuple[str, dict[str, float]]], limit: 
     ax.set_ylim(0, top * 1.15 if top > 0 else 1)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="held for",
               title_fontsize=8)
-    fig.subplots_adjust(left=0.08, right=0.74, bottom=0.17, top=0.9)   # fixed: no tight_layout pass
+    if ax.get_subplotspec().get_gridspec().nrows == 1:
+        fig.subplots_adjust(left=0.08, right=0.74, bottom=0.17, top=0.9)   # fixed: no tight_layout
     return fig
 
 
@@ -87,4 +89,45 @@ def plot_step_times(rows: Sequence[tuple[str, dict[str, float]]], title: str = "
               title_fontsize=8)
     height = fig.get_figheight()
     fig.subplots_adjust(left=0.36, right=0.77, bottom=0.8 / height, top=1 - 0.45 / height)
+    return fig
+
+
+def plot_against_gpu(memory: Sequence[tuple[str, dict[str, float]]],
+                     shards: dict[str, tuple[Sequence[int], Sequence[float], Sequence[float]]],
+                     ceiling: float, flat: float, peak: float) -> Figure:
+    """Left: one layer's activations in units of s·b·h, a group of bars per ``(layer, {series:
+    value})``. Right: TFLOP/s of one tensor-parallel rank's share of a layer against t, for each
+    ``{model: (t values, measured, predicted)}``, beside a large matmul's ``ceiling``, the ``flat``
+    efficiency the old planner assumed and the ``peak`` (all FLOP/s)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw=dict(width_ratios=(1.2, 1)))
+    series = list(dict.fromkeys(k for _, values in memory for k in values))
+    width = 0.8 / len(series)
+    for j, name in enumerate(series):
+        xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(memory))]
+        ys = [values.get(name, 0.0) for _, values in memory]
+        bars = left.bar(xs, ys, width=width * 0.95, color=_MUTED[j], edgecolor="black",
+                        linewidth=0.4, label=name)
+        left.bar_label(bars, fmt="%.0f", fontsize=7)
+    left.set_xticks(range(len(memory)))
+    left.set_xticklabels([m[0] for m in memory], fontsize=8)
+    left.set_ylabel("activations of one layer (s·b·h)")
+    left.set_title("Memory: what one layer keeps for backward")
+    left.legend(fontsize=7, loc="upper left")
+    for i, (name, (ts, measured, predicted)) in enumerate(shards.items()):
+        colour = (_MUTED[0], _MUTED[6], _MUTED[3])[i % 3]
+        right.plot(ts, [v / 1e12 for v in measured], "o", color=colour, label=f"{name}: measured")
+        right.plot(ts, [v / 1e12 for v in predicted], "-", color=colour, label=f"{name}: layer_seconds")
+    for value, style, text in ((peak, "-", "peak (datasheet)"), (ceiling, ":", "an 8192³ matmul"),
+                               (flat, "--", "one flat 50 % (old planner)")):
+        right.axhline(value / 1e12, color="black", linestyle=style, linewidth=1)
+        right.text(0.95, value / 1e12, text, fontsize=7, va="bottom", ha="left")
+    right.set_xscale("log", base=2)
+    right.set_xticks([1, 2, 4, 8])
+    right.set_xticklabels(["1", "2", "4", "8"])
+    right.set_xlabel("tensor-parallel ranks t (one rank's share of a layer)")
+    right.set_ylabel("TFLOP/s")
+    right.set_ylim(0, peak / 1e12 * 1.08)
+    right.set_title("Time: one rank's share, forward + backward")
+    right.legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
     return fig

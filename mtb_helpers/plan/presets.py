@@ -32,19 +32,33 @@ Clusters:
                 guide). Latencies: a few microseconds per NCCL message inside a node, ~10 us
                 across (the order nccl-tests reports for small all-reduces); these two are
                 assumptions, stated as such.
+  h200          NVIDIA DGX H200 nodes: 8 H200 SXM 141 GB (NVIDIA H200 Tensor Core GPU datasheet:
+                989 TFLOP/s dense BF16, 4.8 TB/s HBM3e), NVLink and InfiniBand as the H100 nodes.
+                Its compute curve (``compute.h200_compute``) is fitted to the H200 measured here
+                (``measured/``).
   a100          NVIDIA DGX A100 nodes (the machines of Narayanan et al. 2021): 8 A100 SXM4 80 GB,
                 312 TFLOP/s dense BF16 (A100 datasheet), NVLink 3 at 600 GB/s per GPU both ways
                 (300 GB/s each way), eight 200 Gb/s HDR InfiniBand ports (25 GB/s per GPU each way).
+
+The H100 preset uses the H200's compute curve with the H100's 3.35 TB/s for the memory-bound
+operations: an assumption (the two share the GH100 compute die and its 989 TFLOP/s; not measured
+on an H100). The A100 preset has no compute curve: step times on it need an efficiency.
+``cluster("path/to/measurement.json")`` makes a cluster of the GPU ``benchmarks/gpu_layer.py``
+measured: its memory, its peak, its compute curve, the H100 nodes' links.
 
 GPU memory is counted in GiB (2**30 bytes), as the command line's ``--gpu-memory 80`` reads it.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from mtb_helpers.capstone.model import GPTConfig
 from mtb_helpers.cost import Link
+from mtb_helpers.plan.compute import fit_compute, h200_compute
 from mtb_helpers.plan.specs import ClusterSpec, ModelSpec, positive_int, positive_number
 
-__all__ = ["MODELS", "CLUSTERS", "model", "cluster", "tiny_gpt", "GIB"]
+__all__ = ["MODELS", "CLUSTERS", "model", "cluster", "cluster_from_measurement", "tiny_gpt", "GIB"]
 
 GIB = 2 ** 30
 
@@ -75,10 +89,14 @@ MODELS: dict[str, ModelSpec] = {
     "tiny-gpt": tiny_gpt(),
 }
 
-# Per GPU: (memory, dense 16-bit FLOP/s, intra-node Link, inter-node Link), 8 GPUs per node.
+_NVLINK4, _NDR = Link(alpha=3e-6, bandwidth=450e9), Link(alpha=10e-6, bandwidth=50e9)
+# Per GPU: (memory, dense 16-bit FLOP/s, intra-node Link, inter-node Link, compute curve or None:
+# a function, so that the measurements are read when first used), 8 GPUs per node.
 _CLUSTERS = {
-    "h100": (80 * GIB, 989e12, Link(alpha=3e-6, bandwidth=450e9), Link(alpha=10e-6, bandwidth=50e9)),
-    "a100": (80 * GIB, 312e12, Link(alpha=3e-6, bandwidth=300e9), Link(alpha=10e-6, bandwidth=25e9)),
+    "h100": (80 * GIB, 989e12, _NVLINK4, _NDR, lambda: h200_compute().with_bandwidth(3.35e12, "H100")),
+    "h200": (141e9, 989e12, _NVLINK4, _NDR, h200_compute),
+    "a100": (80 * GIB, 312e12, Link(alpha=3e-6, bandwidth=300e9), Link(alpha=10e-6, bandwidth=25e9),
+             lambda: None),
 }
 CLUSTERS = tuple(_CLUSTERS)
 
@@ -93,16 +111,47 @@ def model(name: str) -> ModelSpec:
 def cluster(name: str = "h100", gpus: int = 8, memory_gib: float | None = None,
             gpus_per_node: int = 8) -> ClusterSpec:
     """``gpus`` GPUs of the preset ``name`` in nodes of ``gpus_per_node`` (fewer GPUs than a node:
-    one partly used node). ``memory_gib`` overrides the GPU memory."""
+    one partly used node). ``memory_gib`` overrides the GPU memory. ``name`` may also be the path
+    of a ``.json`` file ``benchmarks/gpu_layer.py`` wrote (``cluster_from_measurement``)."""
+    if name not in _CLUSTERS and str(name).endswith(".json"):
+        return cluster_from_measurement(name, gpus, memory_gib, gpus_per_node)
     if name not in _CLUSTERS:
-        raise ValueError(f"unknown cluster {name!r}; presets: {', '.join(_CLUSTERS)}")
+        raise ValueError(f"unknown cluster {name!r}; presets: {', '.join(_CLUSTERS)}, or the path "
+                         "of a .json file benchmarks/gpu_layer.py wrote")
+    memory, flops, intra, inter, compute = _CLUSTERS[name]
+    return _nodes(name.upper(), memory, flops, intra, inter, compute(), gpus, memory_gib,
+                  gpus_per_node)
+
+
+def cluster_from_measurement(path: str | Path, gpus: int = 8, memory_gib: float | None = None,
+                             gpus_per_node: int = 8) -> ClusterSpec:
+    """A cluster of the GPU measured in ``path`` (``benchmarks/gpu_layer.py --out path``): its
+    memory, dense 16-bit peak and compute curve (``compute.fit_compute`` on its rows), in nodes
+    linked as the H100 preset's (NVLink 4 inside, InfiniBand NDR across: an assumption)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"no measurement file at {str(path)!r} (write one with "
+                         "python benchmarks/gpu_layer.py --out FILE)")
+    try:
+        doc = json.loads(p.read_text())
+        compute = fit_compute(doc["rows"], doc["peak_flops"], doc["bandwidth"], doc["device"],
+                              doc.get("dtype_bytes", 2))
+        memory = positive_number("memory_bytes", doc["memory_bytes"])
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{str(path)!r} is not a measurement benchmarks/gpu_layer.py wrote: "
+                         f"{type(e).__name__}: {e}") from None
+    return _nodes(str(doc["device"]), memory, doc["peak_flops"], _NVLINK4, _NDR, compute, gpus,
+                  memory_gib, gpus_per_node)
+
+
+def _nodes(label: str, memory: float, flops: float, intra, inter, compute, gpus: int,
+           memory_gib: float | None, gpus_per_node: int) -> ClusterSpec:
     positive_int("gpus", gpus)
     positive_int("gpus_per_node", gpus_per_node)
-    memory, flops, intra, inter = _CLUSTERS[name]
     if memory_gib is not None:
         memory = positive_number("memory_gib", memory_gib) * GIB
     per_node = min(gpus, gpus_per_node)
     if gpus % per_node:
         raise ValueError(f"gpus={gpus} is not a whole number of {per_node}-GPU nodes")
     return ClusterSpec(per_node, gpus // per_node, memory, flops, intra, inter,
-                       name=f"{gpus} x {name.upper()}")
+                       name=f"{gpus} x {label}", compute=compute)

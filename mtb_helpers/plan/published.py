@@ -129,7 +129,8 @@ def published_layout(row: PublishedRow) -> Layout:
     """The run's layout: dp = GPUs / (tp pp), the script's micro-batch, batch / (dp mb) of them
     per step, interleaved with layers/(pp x layers per virtual stage) chunks where the script asks
     for it (1F1B otherwise), no ZeRO (Megatron-LM in 2021 kept optimizer states on every data-
-    parallel rank), full recompute, fp16, no sequence parallelism (it came in 2022)."""
+    parallel rank), full recompute, fp16, no sequence parallelism (it came in 2022), attention
+    materialized (FlashAttention came in 2022 too)."""
     dp, rest = divmod(row.gpus, row.tp * row.pp)
     if rest:
         raise ValueError(f"{row.name}: {row.gpus} GPUs is not a multiple of tp*pp = "
@@ -141,7 +142,8 @@ def published_layout(row: PublishedRow) -> Layout:
     chunks = _chunks(row)
     return Layout(tp=row.tp, pp=row.pp, dp=dp, microbatch=row.microbatch, grad_accum=m,
                   schedule="interleaved" if chunks > 1 else "1f1b", zero_stage=0,
-                  recompute="full", dtype="fp16", sequence_parallel=False, chunks=chunks)
+                  recompute="full", dtype="fp16", sequence_parallel=False, chunks=chunks,
+                  attention="materialized")
 
 
 def row_problems(row: PublishedRow, gpus_per_node: int = 8) -> list[str]:
@@ -236,7 +238,7 @@ def compare(row: PublishedRow, efficiency: float = A100_MATMUL_EFFICIENCY,
         raise ValueError(f"the planner refuses {row.name}'s layout {layout.short()}: "
                          + "; ".join(refused))
     overlap = row.ddp == "torch"
-    t = step_time(gpt, a100, layout, mfu=efficiency, overlap=overlap)
+    t = step_time(gpt, a100, layout, efficiency, overlap=overlap)
     flops = step_flops(gpt, layout)
     peak = max(s.total for s in memory_per_rank(gpt, layout))
     out = Comparison(row, gpt, a100, layout, efficiency, t, flops / t.step / row.gpus / 1e12,
@@ -258,13 +260,14 @@ def megatron_2021_steps(model: ModelSpec, cl: ClusterSpec, result: PlanResult, e
                         overlap: bool) -> list[tuple[float, Layout]]:
     """(step time, layout) of ``result``'s layouts that Megatron-LM could run in 2021: no ZeRO (its
     distributed optimizer came later), no selective recompute and no sequence parallelism (both
-    Korthikanti et al. 2022); each re-costed without sequence parallelism, kept if it still fits.
+    Korthikanti et al. 2022) and no FlashAttention (Dao et al. 2022); each re-costed without
+    sequence parallelism and with materialized attention, kept if it still fits.
     (Sequence parallelism only lowers memory, so nothing plan() refused fits without it.)"""
     out = []
     for c in result.ranked:
         if c.layout.zero_stage or c.layout.recompute == "selective":
             continue
-        layout = c.layout.with_(sequence_parallel=False)
+        layout = c.layout.with_(sequence_parallel=False, attention="materialized")
         if max(s.total for s in memory_per_rank(model, layout)) <= cl.memory_bytes:
-            out.append((step_time(model, cl, layout, mfu=efficiency, overlap=overlap).step, layout))
+            out.append((step_time(model, cl, layout, efficiency, overlap=overlap).step, layout))
     return out

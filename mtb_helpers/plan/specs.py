@@ -12,11 +12,14 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-__all__ = ["ModelSpec", "ClusterSpec", "Layout", "DTYPE_BYTES", "RECOMPUTE", "SCHEDULES",
+__all__ = ["ModelSpec", "ClusterSpec", "Layout", "DTYPE_BYTES", "RECOMPUTE", "SCHEDULES", "ATTENTION",
            "layout_problems", "check_layout", "stage_layers", "positive_int", "positive_number"]
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
 RECOMPUTE = ("none", "selective", "full")
+# How attention keeps what its backward needs: "materialized" stores the [a, s, s] scores
+# (Korthikanti et al.'s count), "flash" a fused kernel (FlashAttention) that recomputes them
+ATTENTION = ("materialized", "flash")
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
 NORMS = {"layernorm": 2, "rmsnorm": 1}   # parameters per feature: LayerNorm has a weight and a bias
 
@@ -40,7 +43,10 @@ class ModelSpec:
     of ``hidden / heads`` features, ``kv_heads`` key/value heads (grouped-query attention when
     fewer), an MLP of width ``ffn_hidden`` (SwiGLU's three matrices when ``gated_mlp``), a
     vocabulary of ``vocab``, trained on sequences of ``seq_len``. ``experts`` > 1 makes every MLP
-    a mixture of experts of which each token uses ``top_k``."""
+    a mixture of experts of which each token uses ``top_k``. ``fused_swiglu``: the gated MLP's
+    silu(gate) * up runs as one fused kernel that saves only its input and recomputes the rest in
+    backward (Megatron-LM's ``bias_swiglu``): three [s, f] tensors kept instead of PyTorch eager's
+    four."""
     layers: int
     hidden: int
     heads: int
@@ -57,6 +63,7 @@ class ModelSpec:
     learned_positions: bool = False
     dropout: bool = False         # dropout masks are activations too (1 byte per element)
     name: str = ""
+    fused_swiglu: bool = False
 
     def __post_init__(self) -> None:
         for f in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
@@ -87,7 +94,10 @@ class ClusterSpec:
     """``nodes`` nodes of ``gpus_per_node`` GPUs, each with ``memory_bytes`` of memory and
     ``peak_flops`` dense 16-bit FLOP/s. ``intra_node`` and ``inter_node`` are
     ``mtb_helpers.cost.Link``s (α seconds per message, β bytes per second per GPU and direction):
-    a group whose ranks sit in one node talks over the first, any other over the second."""
+    a group whose ranks sit in one node talks over the first, any other over the second.
+    ``compute``: a ``mtb_helpers.plan.compute.GPUCompute`` (how fast one GPU runs a layer's
+    matmuls, attention and memory-bound operations, fitted to measurements), or None when the
+    cluster has none and step times need an efficiency you assume."""
     gpus_per_node: int
     nodes: int
     memory_bytes: float
@@ -95,6 +105,7 @@ class ClusterSpec:
     intra_node: Any
     inter_node: Any
     name: str = ""
+    compute: Any = None
 
     def __post_init__(self) -> None:
         positive_int("gpus_per_node", self.gpus_per_node)
@@ -105,6 +116,8 @@ class ClusterSpec:
             link = getattr(self, f)
             if not (hasattr(link, "alpha") and hasattr(link, "bandwidth")):
                 raise ValueError(f"{f} must be a Link(alpha, bandwidth), got {link!r}")
+        if self.compute is not None and not hasattr(self.compute, "matmul_seconds"):
+            raise ValueError(f"compute must be a GPUCompute or None, got {self.compute!r}")
 
     @property
     def gpus(self) -> int:
@@ -123,7 +136,9 @@ class Layout:
     schedule of ``mtb_helpers.pp`` (``chunks`` model chunks per rank when interleaved),
     ``zero_stage`` 0 (DDP) to 3 shards model states over the ``dp * cp`` ranks, ``recompute``
     none / selective / full, ``dtype`` of parameters and activations, ``sequence_parallel``
-    (Korthikanti et al. 2022) defaults to on whenever ``tp > 1``."""
+    (Korthikanti et al. 2022) defaults to on whenever ``tp > 1``, ``attention`` "flash" (a fused
+    kernel keeps no scores: what current models train with) or "materialized" (the [a, s, s]
+    scores kept, as Korthikanti et al. count them)."""
     tp: int = 1
     pp: int = 1
     dp: int = 1
@@ -137,6 +152,7 @@ class Layout:
     dtype: str = "bf16"
     sequence_parallel: bool | None = None
     chunks: int = 1
+    attention: str = "flash"
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "dp", "cp", "ep", "microbatch", "grad_accum", "chunks"):
@@ -150,6 +166,8 @@ class Layout:
             raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"recompute must be one of {RECOMPUTE}, got {self.recompute!r}")
+        if self.attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
         if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype must be one of {tuple(DTYPE_BYTES)}, got {self.dtype!r}")
         if self.sequence_parallel is None:

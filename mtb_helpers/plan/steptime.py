@@ -1,6 +1,15 @@
-"""Step time of a layout, predicted: compute from FLOPs at an MFU you choose, each dimension's
-communication from the α-β model (``mtb_helpers.cost.predict``) on the link its group spans, the
-pipeline's bubble from the course's simulator, and what overlap hides.
+"""Step time of a layout, predicted: compute from the GPU's measured speed (``layer_seconds``: how
+fast one tensor-parallel rank runs its share of a layer, ``compute.py``) or from FLOPs at a matmul
+efficiency you choose, each dimension's communication from the α-β model
+(``mtb_helpers.cost.predict``) on the link its group spans, the pipeline's bubble from the course's
+simulator, and what overlap hides.
+
+Compute from the GPU (``efficiency=None``, the default; the cluster needs a ``compute`` curve,
+as ``cluster("h200")`` and ``cluster("h100")`` have): each layer's forward and backward from
+``layer_breakdown`` on this rank's shard (sequence parallelism shrinks its norms), one more forward
+under full recompute, selective recompute's attention forward only with materialized attention
+(FlashAttention already recomputes its scores inside its backward), and the output layer's matmul
+on the last stage. Compute from FLOPs (``efficiency`` a fraction of peak, the papers' way):
 
 FLOPs (Narayanan et al. 2021, sec. 5.1; PaLM's appendix B counts the same): a token costs
 ``2N`` forward and ``4N`` backward on the ``N`` weights of the matmuls it passes (each layer's
@@ -52,11 +61,12 @@ from functools import lru_cache
 
 from mtb_helpers.cost import predict
 from mtb_helpers.plan.budget import extrapolated, layer_params, rank_layers, stage_params
+from mtb_helpers.plan.compute import layer_breakdown
 from mtb_helpers.plan.specs import NORMS, ClusterSpec, Layout, ModelSpec, positive_number
 from mtb_helpers.pp.simulator import simulate
 
-__all__ = ["StepTime", "step_time", "stage_compute", "model_flops_per_token", "matmul_params", "group_link",
-           "tp_small_collectives"]
+__all__ = ["StepTime", "step_time", "stage_compute", "stage_seconds", "model_flops_per_token",
+           "matmul_params", "group_link", "tp_small_collectives"]
 
 
 @dataclass
@@ -145,7 +155,8 @@ def stage_compute(model: ModelSpec, layout: Layout, rate: float) -> list[tuple[f
     tokens = model.seq_len // layout.cp * layout.microbatch
     attn_f = 4 * model.seq_len * h * tokens / t
     layer_f = 2 * tokens * matmul_params(model) / t + attn_f
-    extra = {"none": 0.0, "selective": attn_f, "full": layer_f}[layout.recompute]
+    selective = attn_f if layout.attention == "materialized" else 0.0   # flash: nothing stored
+    extra = {"none": 0.0, "selective": selective, "full": layer_f}[layout.recompute]
     logits = 2 * tokens * model.vocab * h / t               # the output layer, last stage
     last = layout.pp - 1
     return [((n * layer_f + (logits if r == last else 0)) / rate,
@@ -153,19 +164,46 @@ def stage_compute(model: ModelSpec, layout: Layout, rate: float) -> list[tuple[f
             for r, n in enumerate(rank_layers(model, layout))]
 
 
-def step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout, mfu: float = 0.5,
-              overlap: bool = True) -> StepTime:
-    """Predicted seconds of one step (see the module docstring). ``mfu``: the fraction of
-    ``cluster.peak_flops`` the matmuls reach, your assumption; the returned ``mfu`` is what the
-    whole step achieves once bubble, communication and recompute are paid."""
-    mfu = positive_number("mfu", mfu)
-    if mfu > 1:
-        raise ValueError(f"mfu must be at most 1 (a fraction of peak), got {mfu}")
+def stage_seconds(model: ModelSpec, cluster: ClusterSpec,
+                  layout: Layout) -> tuple[list[tuple[float, float]], float]:
+    """Per pipeline stage: seconds of one micro-batch's forward and backward from the cluster's
+    measured compute curve (see the module docstring); and one layer's attention forward."""
+    g = cluster.compute
+    parts = layer_breakdown(model, cluster, layout.tp, layout.microbatch, cp=layout.cp,
+                            sequence_parallel=layout.sequence_parallel,
+                            attention=layout.attention, dtype_bytes=layout.dtype_bytes)
+    fwd, bwd = (sum(p[i] for p in parts.values()) for i in (0, 1))
+    attn = parts["attention"][0]
+    selective = attn if layout.attention == "materialized" else 0.0
+    extra = {"none": 0.0, "selective": selective, "full": fwd}[layout.recompute]
+    tokens = model.seq_len // layout.cp * layout.microbatch
+    rows = -(-model.vocab // layout.tp)
+    logits = g.matmul_seconds(tokens, model.hidden, rows)     # the output layer, last stage
+    logits_b = g.matmul_seconds(tokens, rows, model.hidden) + g.matmul_seconds(model.hidden, tokens, rows)
+    last = layout.pp - 1
+    return ([(n * fwd + (logits if r == last else 0.0), n * (bwd + extra) + (logits_b if r == last else 0.0))
+             for r, n in enumerate(rank_layers(model, layout))], attn)
+
+
+def step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout,
+              efficiency: float | None = None, overlap: bool = True) -> StepTime:
+    """Predicted seconds of one step (see the module docstring). ``efficiency``: None to take
+    compute from the cluster's measured GPU (``layer_seconds``), or the fraction of
+    ``cluster.peak_flops`` every matmul reaches, your assumption. The returned ``mfu`` (model FLOPs
+    utilization) is what the whole step achieves once bubble, communication and recompute are
+    paid: a result, not an input."""
     L, t, c, d = layout, layout.tp, layout.cp, layout.dtype_bytes
     s, b, h = model.seq_len // c, layout.microbatch, model.hidden
     tokens = s * b                                           # per micro-batch on one rank
-    rate = cluster.peak_flops * mfu
-    attn_f = 4 * model.seq_len * h * tokens / t              # scores + weighted sum, forward
+    if efficiency is None:
+        compute, attn_seconds = stage_seconds(model, cluster, layout)
+    else:
+        efficiency = positive_number("efficiency", efficiency)
+        if efficiency > 1:
+            raise ValueError(f"efficiency must be at most 1 (a fraction of peak), got {efficiency}")
+        rate = cluster.peak_flops * efficiency
+        compute = stage_compute(model, layout, rate)
+        attn_seconds = 4 * model.seq_len * h * tokens / t / rate   # scores + weighted sum, forward
     act_bytes = tokens * h * d
     tp_link = group_link(cluster, t)
     tp_ar = _time("all-reduce", act_bytes, t, tp_link)
@@ -176,7 +214,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout, mfu: float
     # backward: K, V, dK, dV in one message per hop, then the finished dK, dV go home
     hop_b = (_time("send/recv", 2 * kv_bytes, 2, cp_link) * (c - 1)
              + _time("send/recv", kv_bytes, 2, cp_link)) if c > 1 else 0.0
-    hide = attn_f / rate if overlap else 0.0                 # ring hops run beside attention
+    hide = attn_seconds if overlap else 0.0                  # ring hops run beside attention
     cp_fwd, cp_bwd = max(0.0, hop - hide), max(0.0, hop_b - 2 * hide)
     a2a = _time("all-to-all", tokens * model.top_k * h * d, L.ep, group_link(cluster, t * c * L.ep)) \
         if model.experts > 1 else 0.0
@@ -190,10 +228,9 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout, mfu: float
                    for st in small_tp)
     # the slowest stage sets the pace of every stage (the simulator takes one time per op)
     ops = [(fc + n * per_layer_comm[0] + sf, bc + n * per_layer_comm[1] + sb, r)
-           for r, ((fc, bc), n, (sf, sb)) in enumerate(zip(stage_compute(model, L, rate), stages,
-                                                           small))]
+           for r, ((fc, bc), n, (sf, sb)) in enumerate(zip(compute, stages, small))]
     f, bwd, slowest = max(ops, key=lambda o: o[0] + o[1])
-    fwd_c, bwd_c = stage_compute(model, L, rate)[slowest]
+    fwd_c, bwd_c = compute[slowest]
     layers = stages[slowest]
     tp_small = sum(small[slowest])
     p2p_bytes = tokens * h * d / (t if L.sequence_parallel else 1)
