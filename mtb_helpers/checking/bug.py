@@ -84,7 +84,7 @@ def swap(bug: Bug | None, correct: Any) -> Any:
     (``"mtb_helpers.dp.pytorch.torch_model"``) where the bugs' module must not import it: the
     registry imports every topic's bugs (``BUGS``, the first check), and a PyTorch comparison
     module imported there would have every notebook's ranks preload DTensor or pipelining
-    (its ``RANK_IMPORTS``, runtime/start.py) whether or not that notebook compares with PyTorch."""
+    (``HEAVY_RANK_IMPORTS``, runtime/start.py) whether or not that notebook compares with PyTorch."""
     if bug is None:
         return correct
     if correct in bug.replaces:

@@ -1,0 +1,99 @@
+"""The private PyTorch names the course uses outside the ranks' machinery, each behind one function.
+
+PyTorch does not promise these names; torch 2.13 has them (``tests/test_compat.py`` fails naming
+the one a release removed). Where a public API gives the same answer it is the fallback; where
+none exists the function raises ``PrivateAPIMissing`` naming the private name, so a comparison
+says what moved instead of failing somewhere inside torch. Together with ``mp_private.py`` (the
+private parts of ``multiprocessing``) this is the one guarded place for private names.
+
+* ``c10d._rank_not_in_group``  -> :func:`rank_not_in_group` (fallback: ``GroupMember.NON_GROUP_MEMBER``)
+* ``c10d._get_default_group``  -> :func:`default_group` (fallback: ``dist.group.WORLD``)
+* ``ZeroRedundancyOptimizer._partition_parameters`` -> :func:`zero_partition` (fallback: each
+  rank's own ``optim.param_groups``, all-gathered)
+* ``tensor.experimental._context_parallel._attention``: ``_templated_ring_attention(_backward)``,
+  ``_cp_options``, ``_RotateMethod`` -> :func:`pytorch_ring` (no public equivalent on CPU)
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+__all__ = ["PRIVATE_NAMES", "PrivateAPIMissing", "rank_not_in_group", "default_group",
+           "zero_partition", "pytorch_ring"]
+
+RING_MODULE = "torch.distributed.tensor.experimental._context_parallel._attention"
+# {where: names} of every private name this module reads; tests/test_compat.py checks each
+PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
+    "torch.distributed.distributed_c10d": ("_rank_not_in_group", "_get_default_group"),
+    "torch.distributed.optim.ZeroRedundancyOptimizer": ("_partition_parameters",),
+    RING_MODULE: ("_templated_ring_attention", "_templated_ring_attention_backward",
+                  "_cp_options", "_RotateMethod"),
+}
+
+
+class PrivateAPIMissing(RuntimeError):
+    """A private PyTorch name the course needs, with no public equivalent, is gone."""
+
+
+def rank_not_in_group(group: Any) -> bool:
+    """True when this rank is not a member of ``group`` (torch's own test, which a collective
+    makes before it warns and returns); None means the default group."""
+    private = getattr(c10d, "_rank_not_in_group", None)
+    if private is not None:
+        return bool(private(group))
+    return group is not None and group is dist.GroupMember.NON_GROUP_MEMBER
+
+
+def default_group() -> Any:
+    """The default (world) process group object."""
+    private = getattr(c10d, "_get_default_group", None)
+    return private() if private is not None else dist.group.WORLD
+
+
+def zero_partition(zero: Any, index: dict) -> list[list[int]]:
+    """``ZeroRedundancyOptimizer``'s partition: for each rank, the indices (``index[param]``) of
+    the parameters it steps. Without the private ``_partition_parameters`` each rank reads its
+    own ``zero.optim.param_groups`` and the ranks all-gather them (a collective: every rank of
+    ``zero.process_group`` must call this then)."""
+    private = getattr(zero, "_partition_parameters", None)
+    if private is not None:
+        return [[index[p] for g in groups for p in g["params"]] for groups in private()]
+    mine = [index[p] for g in zero.optim.param_groups for p in g["params"]]
+    everyone: list = [None] * dist.get_world_size(zero.process_group)
+    dist.all_gather_object(everyone, mine, group=zero.process_group)
+    return everyone
+
+
+def _ring_module() -> Any:
+    import importlib
+    try:
+        module = importlib.import_module(RING_MODULE)
+    except ImportError as exc:
+        raise PrivateAPIMissing(f"{RING_MODULE} is gone from torch: PyTorch's ring attention "
+                                f"cannot be compared here") from exc
+    missing = [n for n in PRIVATE_NAMES[RING_MODULE] if not hasattr(module, n)]
+    if missing:
+        raise PrivateAPIMissing(f"{RING_MODULE} no longer has {', '.join(missing)}: PyTorch's "
+                                f"ring attention cannot be compared here")
+    return module
+
+
+@contextlib.contextmanager
+def pytorch_ring(load_balance: bool) -> Iterator[tuple[Callable, Callable]]:
+    """PyTorch's private ring attention ``(forward, backward)`` (``_templated_ring_attention`` and
+    its backward), with its module-wide options set for the course's comparison while the block
+    runs and restored afterwards: zigzag load balance if ``load_balance``, merges in the inputs'
+    dtype (fp64 stays exact), K/V passed one hop per step (the ring)."""
+    A = _ring_module()
+    options = A._cp_options
+    saved = (options.enable_load_balance, options.convert_to_f32, options.rotate_method)
+    try:
+        options.enable_load_balance = load_balance
+        options.convert_to_f32 = False
+        options.rotate_method = A._RotateMethod.ALL_TO_ALL
+        yield A._templated_ring_attention, A._templated_ring_attention_backward
+    finally:
+        options.enable_load_balance, options.convert_to_f32, options.rotate_method = saved
