@@ -56,6 +56,9 @@ def private_torch_names(path: Path) -> list[str]:
     aliases, found = _torch_aliases(tree), []
     inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
+            if any(part.startswith("_") for part in node.module.split(".")):
+                found.append(f"{node.lineno}: from {node.module} import ...")
         if isinstance(node, ast.Attribute) and id(node) not in inner:   # whole chains only
             chain, root = [node.attr], node.value
             while isinstance(root, ast.Attribute):
@@ -89,8 +92,9 @@ def test_the_private_name_finder_finds_each_kind(tmp_path):
                        "from torch.distributed import distributed_c10d as c10d\n"
                        "a = c10d._world.pg_coalesce_state\nb = torch._C._has_torch_function\n"
                        "c = dist.group.WORLD\nd = torch.ops.aten._softmax\n"
-                       "e = zero._partition_parameters()\n")
-    assert [line.split(":")[0] for line in private_torch_names(planted)] == ["4", "5", "8"]
+                       "e = zero._partition_parameters()\n"
+                       "from torch.utils._python_dispatch import TorchDispatchMode\n")
+    assert [line.split(":")[0] for line in private_torch_names(planted)] == ["4", "5", "8", "9"]
 
 
 def test_rank_not_in_group_falls_back_to_the_public_non_member(monkeypatch):
@@ -147,3 +151,11 @@ def test_pytorch_ring_restores_its_options_and_names_a_missing_name(monkeypatch)
     with pytest.raises(compat.PrivateAPIMissing, match="_templated_ring_attention_backward"):
         with compat.pytorch_ring(load_balance=False):
             pass
+
+
+def test_dispatch_mode_is_torchs_and_its_loss_is_named(monkeypatch):
+    from torch.utils import _python_dispatch
+    assert compat.dispatch_mode() is _python_dispatch.TorchDispatchMode
+    monkeypatch.delattr(_python_dispatch, "TorchDispatchMode")
+    with pytest.raises(compat.PrivateAPIMissing, match="TorchDispatchMode.*counted"):
+        compat.dispatch_mode()

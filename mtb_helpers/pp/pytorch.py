@@ -92,9 +92,9 @@ def torch_schedule(name: str, stage, microbatches: int):
 
 
 def _p2p_counter():
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from mtb_helpers.runtime.compat import dispatch_mode
 
-    class P2PCount(TorchDispatchMode):
+    class P2PCount(dispatch_mode()):
         """Counts the point-to-point ops every rank issues (send, recv)."""
 
         def __init__(self):

@@ -12,6 +12,8 @@ private parts of ``multiprocessing``) this is the one guarded place for private 
   rank's own ``optim.param_groups``, all-gathered)
 * ``tensor.experimental._context_parallel._attention``: ``_templated_ring_attention(_backward)``,
   ``_cp_options``, ``_RotateMethod`` -> :func:`pytorch_ring` (no public equivalent on CPU)
+* ``torch.utils._python_dispatch.TorchDispatchMode`` -> :func:`dispatch_mode` (the documented
+  base class of a dispatch mode, in a private module; no public path)
 """
 from __future__ import annotations
 
@@ -22,15 +24,17 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 __all__ = ["PRIVATE_NAMES", "PrivateAPIMissing", "rank_not_in_group", "default_group",
-           "zero_partition", "pytorch_ring"]
+           "zero_partition", "pytorch_ring", "dispatch_mode"]
 
 RING_MODULE = "torch.distributed.tensor.experimental._context_parallel._attention"
+DISPATCH_MODULE = "torch.utils._python_dispatch"
 # {where: names} of every private name this module reads; tests/test_compat.py checks each
 PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
     "torch.distributed.distributed_c10d": ("_rank_not_in_group", "_get_default_group"),
     "torch.distributed.optim.ZeroRedundancyOptimizer": ("_partition_parameters",),
     RING_MODULE: ("_templated_ring_attention", "_templated_ring_attention_backward",
                   "_cp_options", "_RotateMethod"),
+    DISPATCH_MODULE: ("TorchDispatchMode",),
 }
 
 
@@ -67,18 +71,25 @@ def zero_partition(zero: Any, index: dict) -> list[list[int]]:
     return everyone
 
 
-def _ring_module() -> Any:
+def _private_module(name: str, what: str) -> Any:
+    """torch's private module ``name`` with every name PRIVATE_NAMES lists for it, or
+    PrivateAPIMissing naming what is gone and what cannot be done without it."""
     import importlib
     try:
-        module = importlib.import_module(RING_MODULE)
+        module = importlib.import_module(name)
     except ImportError as exc:
-        raise PrivateAPIMissing(f"{RING_MODULE} is gone from torch: PyTorch's ring attention "
-                                f"cannot be compared here") from exc
-    missing = [n for n in PRIVATE_NAMES[RING_MODULE] if not hasattr(module, n)]
+        raise PrivateAPIMissing(f"{name} is gone from torch: {what}") from exc
+    missing = [n for n in PRIVATE_NAMES[name] if not hasattr(module, n)]
     if missing:
-        raise PrivateAPIMissing(f"{RING_MODULE} no longer has {', '.join(missing)}: PyTorch's "
-                                f"ring attention cannot be compared here")
+        raise PrivateAPIMissing(f"{name} no longer has {', '.join(missing)}: {what}")
     return module
+
+
+def dispatch_mode() -> type:
+    """``TorchDispatchMode``, the base class of a mode that sees every aten op a rank runs (the
+    pipeline comparison counts PyTorch's sends and receives with one)."""
+    return _private_module(DISPATCH_MODULE, "PyTorch's point-to-point ops cannot be counted "
+                                            "here").TorchDispatchMode
 
 
 @contextlib.contextmanager
@@ -87,7 +98,7 @@ def pytorch_ring(load_balance: bool) -> Iterator[tuple[Callable, Callable]]:
     its backward), with its module-wide options set for the course's comparison while the block
     runs and restored afterwards: zigzag load balance if ``load_balance``, merges in the inputs'
     dtype (fp64 stays exact), K/V passed one hop per step (the ring)."""
-    A = _ring_module()
+    A = _private_module(RING_MODULE, "PyTorch's ring attention cannot be compared here")
     options = A._cp_options
     saved = (options.enable_load_balance, options.convert_to_f32, options.rotate_method)
     try:
