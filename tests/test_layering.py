@@ -1,6 +1,9 @@
 """The package's house rules, read from the source (AST), not from a running import:
 
-* no import circle anywhere in ``mtb_helpers`` (a circle is named, module by module);
+* no import circle anywhere in ``mtb_helpers`` (a circle is named, module by module), counting
+  imports inside functions, imports by name (``importlib.import_module("...")``, the manifest's
+  entries), module-level tables of lazily imported modules, and the package ``__init__`` an
+  import runs first; the circles still there are listed once, with what removes each;
 * data flows one way: nothing under ``runtime/`` or ``comm/``, and no topic's layers, imports a
   check, a plot, a widget or the command line; plots import no check;
 * every module stays under 300 lines;
