@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from mtb_helpers.checking.loaders import load_before_lookup
-
 if TYPE_CHECKING:   # what the names below are, for readers and type checkers
     from mtb_helpers.runtime.ranks import (MAX_WORLD_SIZE, RankError, RankTimeoutError, run,
                                            seed_all, shutdown, warm_up)
@@ -28,23 +26,14 @@ _FROM_RANKS = ("run", "shutdown", "warm_up", "seed_all", "RankError", "RankTimeo
                "MAX_WORLD_SIZE")
 
 
-def _bug_registry() -> dict:
-    """{name: Bug} of the bug modules the manifest (topics.py) names, each registered under its
-    topic (importing every topic: the first check, ``BUGS`` or a rank unpickling a Bug asks)."""
-    from mtb_helpers.topics import bug_registry
-    return bug_registry()
-
-
-load_before_lookup(_bug_registry)
-
-
 def __getattr__(name: str) -> Any:
     if name in _FROM_RANKS:
         from mtb_helpers.runtime import ranks
         value = getattr(ranks, name)
     elif name == "BUGS":
         # {name: one-line description} of every deliberate bug a check's ``bug=`` can inject
-        value = {bug_name: bug.description for bug_name, bug in _bug_registry().items()}
+        from mtb_helpers.checking.bug import registered
+        value = {bug_name: bug.description for bug_name, bug in registered().items()}
     else:
         raise AttributeError(f"module 'mtb_helpers' has no attribute {name!r}")
     globals()[name] = value   # loaded once

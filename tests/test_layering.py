@@ -1,6 +1,9 @@
 """The package's house rules, read from the source (AST), not from a running import:
 
-* no import circle anywhere in ``mtb_helpers`` (a circle is named, module by module);
+* no import circle anywhere in ``mtb_helpers`` (a circle is named, module by module), counting
+  imports inside functions, imports by name (``importlib.import_module("...")``, the manifest's
+  entries), module-level tables of lazily imported modules, and the package ``__init__`` an
+  import runs first; the circles still there are listed once, with what removes each;
 * data flows one way: nothing under ``runtime/`` or ``comm/``, and no topic's layers, imports a
   check, a plot, a widget or the command line; plots import no check;
 * every module stays under 300 lines;
@@ -42,13 +45,48 @@ def package_modules(topics=None) -> dict[str, Path]:
     return found
 
 
+def _import_module_literal(node: ast.AST) -> str | None:
+    """``"a.b"`` of a call ``importlib.import_module("a.b")`` (or ``import_module("a.b")``)."""
+    if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)):
+        return None
+    func = node.func
+    called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    return node.args[0].value if called == "import_module" else None
+
+
+def _lazy_table_entries(tree: ast.Module) -> set[str]:
+    """The strings of a module-level table a module imports from lazily (PEP 562's
+    ``{name: "mtb_helpers.x.y"}``): the values of every module-level dict."""
+    found = set()
+    for node in tree.body:
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        if isinstance(value, ast.Dict):
+            found |= {v.value for v in value.values
+                      if isinstance(v, ast.Constant) and isinstance(v.value, str)}
+    return found
+
+
+def _packages_run_first(name: str, imported: str, modules: dict[str, Path]) -> set[str]:
+    """The packages whose ``__init__`` importing ``imported`` runs first (``a.b`` for ``a.b.c``),
+    leaving out the package root (its names load lazily) and ``name``'s own packages (they are
+    already running when ``name`` imports)."""
+    parts = imported.split(".")
+    parents = {".".join(parts[:i]) for i in range(2, len(parts))}
+    return {p for p in parents if modules.get(p, Path()).name == "__init__.py"
+            and not (name + ".").startswith(p + ".")}
+
+
 def imports_of(name: str, modules: dict[str, Path]) -> set[str]:
-    """The package modules ``name`` imports at module level or inside functions (a lazy import
-    is still a dependency). ``from pkg import sub`` counts as importing ``pkg.sub``."""
+    """The package modules ``name`` imports: at module level or inside functions (a lazy import
+    is still a dependency), by name (``importlib.import_module("...")`` and a module-level table
+    of lazily imported modules), and the packages whose ``__init__`` such an import runs first.
+    ``from pkg import sub`` counts as importing ``pkg.sub``."""
     path = modules[name]
     is_pkg = path.name == "__init__.py"
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    found = set(_lazy_table_entries(tree))
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -60,7 +98,12 @@ def imports_of(name: str, modules: dict[str, Path]) -> set[str]:
             for alias in node.names:
                 sub = f"{base}.{alias.name}"
                 found.add(sub if sub in modules else base)
-    return {m for m in found if m in modules and m != name}
+        elif (literal := _import_module_literal(node)) is not None:
+            found.add(literal)
+    found = {m for m in found if m in modules}
+    for imported in list(found):
+        found |= _packages_run_first(name, imported, modules)
+    return {m for m in found if m != name}
 
 
 def import_graph(topics=None) -> dict[str, set[str]]:
@@ -84,8 +127,9 @@ def layer_modules(topics=None) -> list[str]:
 
 
 def _is_upper(module: str) -> bool:
-    if module == "mtb_helpers.checking.bug":   # the Bug shape and registry import nothing: an entry
-        return False                           # point at the layers (pipeline_step) resolves there
+    if module in ("mtb_helpers.checking.bug", "mtb_helpers.checking"):
+        return False   # the Bug shape and registry (and checking/__init__, which imports nothing,
+        #                run first): an entry point at the layers (pipeline_step) resolves there
     parts = module.split(".")
     return any(p in UPPER for p in parts[1:]) or module in ("mtb_helpers.check", "mtb_helpers.topics")
 
@@ -138,9 +182,77 @@ def test_the_cycle_finder_finds_a_planted_circle():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
+# Edges that still close a circle, each imported lazily or by name and each with the change that
+# removes it (issue 34, item 5). Every other edge must close none: the test fails on a new circle,
+# and on an edge listed here that no longer closes one (then delete its line).
+KNOWN_CIRCLE_EDGES = {
+    ("mtb_helpers.checking.bug", "mtb_helpers.topics"):
+        "the registry's first lookup imports the manifest, which imports every bugs.py, which "
+        "imports checking.bug. Goes when each entry point imports the registry it resolves in; "
+        "blocked by dp/, pp/ and sp/bugs.py's wrong pieces importing their comparison modules "
+        "(dp.pytorch.torch_model, pp.pytorch.torch_schedule, sp.pytorch.full_grad), which "
+        "resolve names themselves",
+    ("mtb_helpers.tp", "mtb_helpers.attention.layers"):
+        "tp/__init__ re-exports ParallelSelfAttention (a stable entry point) lazily; attention's "
+        "layers import tp.layers, which runs tp/__init__ first. Goes when attention's layer "
+        "modules live under tp/ (or the base layers below both)",
+    ("mtb_helpers.tp", "mtb_helpers.attention"):
+        "the same, for VocabParallelEmbedding and vocab_parallel_cross_entropy: importing "
+        "attention.vocab runs attention/__init__ first, which imports attention's layers",
+    ("mtb_helpers.cli", "mtb_helpers.topics"):
+        "the command's entry (cli/__init__: build_parser) imports the manifest when it runs, "
+        "whose topics' cli modules import cli/common.py, which runs cli/__init__ first. Lazy by "
+        "measurement: the console script handles Ctrl-C before torch loads. Goes when the shared "
+        "options (cli/common.py) live outside the cli package",
+}
+
+
+def without_known(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    return {name: {m for m in edges if (name, m) not in KNOWN_CIRCLE_EDGES}
+            for name, edges in graph.items()}
+
+
+def reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
+    seen, todo = set(), [start]
+    while todo:
+        node = todo.pop()
+        if node == goal:
+            return True
+        if node not in seen:
+            seen.add(node)
+            todo.extend(graph.get(node, ()))
+    return False
+
+
 def test_no_import_circle_in_the_package():
-    cycle = find_cycle(GRAPH)
+    cycle = find_cycle(without_known(GRAPH))
     assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+@pytest.mark.parametrize("edge", sorted(KNOWN_CIRCLE_EDGES), ids=" -> ".join)
+def test_each_known_circle_is_still_there_and_seen(edge):
+    importer, imported = edge
+    assert imported in GRAPH[importer], f"{importer} no longer imports {imported}: delete the entry"
+    assert reaches(GRAPH, imported, importer), (
+        f"{importer} -> {imported} closes no circle any more: delete its KNOWN_CIRCLE_EDGES entry")
+
+
+def test_imports_by_name_lazy_tables_and_packages_run_first_are_edges(tmp_path):
+    pkg = tmp_path / "lazy"
+    for path, text in {"__init__.py": "",
+                       "low/__init__.py": "import importlib\n\n\ndef f():\n"
+                                          "    return importlib.import_module('lazy.high.mod')\n",
+                       "low/mod.py": "",
+                       "high/__init__.py": "_TABLE = {'Name': 'lazy.low.mod'}\n",
+                       "high/mod.py": "from lazy.low.mod import *  # noqa\n"}.items():
+        (pkg / path).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / path).write_text(text)
+    modules = {module_name(p, tmp_path): p for p in sorted(pkg.rglob("*.py"))}
+    assert imports_of("lazy.low", modules) == {"lazy.high.mod", "lazy.high"}   # by name + its package
+    assert imports_of("lazy.high", modules) == {"lazy.low.mod", "lazy.low"}    # the lazy table
+    assert imports_of("lazy.high.mod", modules) == {"lazy.low.mod", "lazy.low"}
+    graph = {name: imports_of(name, modules) for name in modules}
+    assert find_cycle(graph) is not None   # low -> high.mod -> low: the circle the AST alone missed
 
 
 @pytest.mark.parametrize("name", layer_modules())
@@ -151,7 +263,7 @@ def test_runtime_comm_and_layers_import_no_check_plot_widget_or_cli(name):
 
 @pytest.mark.parametrize("name", [n for n in MODULES if n.startswith(LOWER)])
 def test_nothing_below_the_topics_imports_a_topic(name):
-    found = topic_imports(name, GRAPH)
+    found = topic_imports(name, without_known(GRAPH))
     assert not found, f"{name} imports {found}: only the top of the package knows the topics"
 
 
@@ -174,15 +286,6 @@ def test_every_topic_folder_has_the_files_its_manifest_line_names(topic):
     expected = {"cli", *checks, *topic.bugs, *topic.layers}
     missing = expected - have
     assert not missing, f"{topic.package} lacks {sorted(missing)}"
-
-
-def test_contributing_lists_every_package_file():
-    from tests.load_scripts import load_script
-    package_map = load_script("scripts/package_map.py")
-    text = (PACKAGE.parent / "CONTRIBUTING.md").read_text()
-    missing = package_map.unlisted(text)
-    assert not missing, f"CONTRIBUTING.md does not list {missing}: run scripts/package_map.py"
-    assert package_map.unlisted("") , "the check cannot fail"
 
 
 STABLE_IMPORTS = {   # DESIGN.md's stable entry points and issue 10's "keep working" list
@@ -270,7 +373,7 @@ def test_a_throwaway_topic_needs_one_manifest_line(throwaway):
         check_toy("f-backward-identity")
     assert "mtb_toy.layers" in layer_modules()                           # the layering check
     graph = import_graph()
-    assert not upward_imports("mtb_toy.layers", graph) and find_cycle(graph) is None
+    assert not upward_imports("mtb_toy.layers", graph) and find_cycle(without_known(graph)) is None
     (throwaway / "layers.py").write_text("from mtb_toy.check import check_toy\n")
     assert upward_imports("mtb_toy.layers", import_graph()) == ["mtb_toy.check"]
 

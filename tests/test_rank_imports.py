@@ -1,15 +1,21 @@
-"""A course module imported after the ranks started (a notebook cell importing a PyTorch
-comparison module below the import cell) still gets its ``RANK_IMPORTS`` preloaded: the next
+"""What ranks preload is one policy, runtime/start.py's ``HEAVY_RANK_IMPORTS``: every module it
+names exists, no course module declares its own list, and a course module imported after the
+ranks started (a notebook cell importing a PyTorch comparison module below the import cell) still
+gets its heavy imports preloaded: the next
 ``run`` restarts the pools from a forkserver that imported them, so the ranks share one copy
 instead of each importing it (torch._dynamo: ~0.8 s and ~35 MB a rank). Not while a call is in
 flight: then the pools stay, and the next run asks again."""
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 import subprocess
 import sys
 import textwrap
 import threading
+
+from pathlib import Path
 
 from mtb_helpers.runtime import ranks as ranks_module
 from mtb_helpers.runtime import start
@@ -25,7 +31,7 @@ def test_a_module_imported_after_the_ranks_started_has_its_imports_preloaded():
         warm_up(2, background=False)
         before = run(has, world_size=2)
         server = forkserver._forkserver._forkserver_pid
-        import mtb_helpers.dp.overlap_check      # declares torch._dynamo in RANK_IMPORTS
+        import mtb_helpers.dp.overlap_check      # HEAVY_RANK_IMPORTS: torch._dynamo
         after = run(has, world_size=2)
         again = run(has, world_size=2)
         print(json.dumps([before, after, again, server != forkserver._forkserver._forkserver_pid]))
@@ -37,6 +43,23 @@ def test_a_module_imported_after_the_ranks_started_has_its_imports_preloaded():
     assert [has for has, _ in after] == [True, True], "the late module's imports were not preloaded"
     assert new_server and not {p for _, p in before} & {p for _, p in after}   # fresh ranks, once
     assert [p for _, p in again] == [p for _, p in after]                       # then kept
+
+
+PACKAGE = Path(__file__).resolve().parents[1] / "mtb_helpers"
+
+
+def test_every_module_the_policy_names_exists_and_none_declares_its_own():
+    missing = [m for m in start.HEAVY_RANK_IMPORTS if importlib.util.find_spec(m) is None]
+    assert not missing, f"runtime/start.py's HEAVY_RANK_IMPORTS names modules that are gone: {missing}"
+    declaring = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                 if re.search(r"^RANK_IMPORTS\s*=", p.read_text(), re.M)]
+    assert not declaring, f"{declaring} declare RANK_IMPORTS: the policy is start.py's, in one place"
+
+
+def test_the_policy_follows_what_the_owner_loaded(monkeypatch):
+    monkeypatch.setattr(start, "HEAVY_RANK_IMPORTS", {"mtb_helpers.not_loaded": ("x.heavy",),
+                                                      "mtb_helpers.runtime.start": ("y.heavy",)})
+    assert start.rank_imports() == [*start.RANK_LAZY_IMPORTS, "y.heavy"]
 
 
 def test_missing_imports_are_found_only_for_what_the_forkserver_lacked(monkeypatch):

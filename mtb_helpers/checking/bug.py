@@ -5,8 +5,11 @@ overrides one method (marked ``# BUG``), so the correct layers carry no test-onl
 notebook can show the wrong code with ``inspect.getsource``. Each topic's bug modules hold
 ``BUGS: dict[str, Bug]``; the manifest (:mod:`mtb_helpers.topics`) registers them here under the
 topic's name the first time a name is looked up (or ``mtb_helpers.BUGS`` is read), and a name two
-topics declare is refused then, naming both. This module knows no topic: topics register into it,
-through the loader the top of the package hands over (checking/loaders.py).
+topics declare is refused then, naming both. The first lookup imports the manifest by name
+(``importlib``, below): that is an edge from here to every topic's bugs, and so a circle
+(bug -> topics -> each bugs.py -> bug) that tests/test_layering.py sees and lists; it lets a
+check resolve names without importing every topic, and a notebook that never names a bug never
+imports one.
 
     Bug("row layer: every rank adds the full bias before the all-reduce ...",   # what it breaks
         checks=("row", "mlp"),                                 # the checks that can inject it
@@ -21,20 +24,29 @@ its name and is looked up again there, so its wrong pieces need not be picklable
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
-
-from mtb_helpers.checking.loaders import run_loaders
 
 __all__ = ["Bug", "swap", "names_for", "register", "resolve", "registered"]
 
 _REGISTRY: dict[str, "Bug"] = {}   # every registered name -> its Bug (filled by mtb_helpers.topics)
 _OWNERS: dict[str, str] = {}       # every registered name -> the topic that declared it
+_LOADED: list[bool] = []   # [True] once the manifest registered every topic's bugs
 
 
 def _loaded() -> dict[str, "Bug"]:
-    """The registry, once the loaders handed over by the top of the package have filled it."""
-    run_loaders()
+    """The registry, every topic's bugs registered (by the manifest, on the first lookup). A
+    refusal (a bug name two topics declare) is raised again at the next lookup; a lookup while
+    the manifest is registering (a bug module reading the registry) sees what is there so far."""
+    if not _LOADED:
+        _LOADED.append(False)
+        try:
+            importlib.import_module("mtb_helpers.topics").bug_registry()
+            _LOADED[0] = True
+        finally:
+            if not _LOADED[0]:
+                _LOADED.clear()
     return _REGISTRY
 
 
@@ -84,7 +96,7 @@ def swap(bug: Bug | None, correct: Any) -> Any:
     (``"mtb_helpers.dp.pytorch.torch_model"``) where the bugs' module must not import it: the
     registry imports every topic's bugs (``BUGS``, the first check), and a PyTorch comparison
     module imported there would have every notebook's ranks preload DTensor or pipelining
-    (its ``RANK_IMPORTS``, runtime/start.py) whether or not that notebook compares with PyTorch."""
+    (``HEAVY_RANK_IMPORTS``, runtime/start.py) whether or not that notebook compares with PyTorch."""
     if bug is None:
         return correct
     if correct in bug.replaces:

@@ -8,7 +8,8 @@ rotate around the group, partial outputs merge through their log-sum-exp, and in
 dK/dV rotate with K/V, as here. They run on CPU with the CPU flash-attention kernel, so on gloo
 ranks the two implementations can be compared on the very same shards. Their "load balance"
 option is the zigzag layout (rank r holds chunks r and 2t-1-r). Private API: it may move in a
-later torch, and ``compare_with_pytorch`` then says so instead of returning numbers.
+later torch: they are reached only through ``runtime/compat.py``, which then raises
+``PrivateAPIMissing`` naming what moved instead of returning numbers.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch.distributed as dist
 from mtb_helpers.cp.reference import make_cp_inputs
 from mtb_helpers.cp.ring import ring_attention
 from mtb_helpers.cp.sharding import check_sequence, shard_sequence
+from mtb_helpers.runtime.compat import pytorch_ring
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
 __all__ = ["compare_with_pytorch", "pytorch_ring_attention"]
@@ -26,24 +28,14 @@ __all__ = ["compare_with_pytorch", "pytorch_ring_attention"]
 def pytorch_ring_attention(q, k, v, dout, causal: bool, layout: str):
     """On a rank: PyTorch's ring attention forward and backward on this rank's shards
     ``[b, heads, s/t, d]``; returns ``(out, dq, dk, dv)``. Its options are restored afterwards."""
-    from torch.distributed.tensor.experimental._context_parallel import _attention as A
-
     aten = torch.ops.aten
-    saved = (A._cp_options.enable_load_balance, A._cp_options.convert_to_f32,
-             A._cp_options.rotate_method)
-    try:
-        A._cp_options.enable_load_balance = layout == "zigzag"
-        A._cp_options.convert_to_f32 = False          # merge in the inputs' dtype (fp64 exact)
-        A._cp_options.rotate_method = A._RotateMethod.ALL_TO_ALL   # the ring: one hop per step
-        group = dist.group.WORLD
-        out, lse, *_ = A._templated_ring_attention(
+    group = dist.group.WORLD
+    with pytorch_ring(load_balance=layout == "zigzag") as (forward, backward):
+        out, lse, *_ = forward(
             group, 2, aten._scaled_dot_product_flash_attention_for_cpu, q, k, v, is_causal=causal)
-        dq, dk, dv, *_ = A._templated_ring_attention_backward(
+        dq, dk, dv, *_ = backward(
             group, 2, aten._scaled_dot_product_flash_attention_for_cpu_backward.default, dout,
             "grad_out", q, k, v, out, lse, causal, dropout_p=0.0)
-    finally:
-        (A._cp_options.enable_load_balance, A._cp_options.convert_to_f32,
-         A._cp_options.rotate_method) = saved
     return out, dq, dk, dv
 
 

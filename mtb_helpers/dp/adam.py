@@ -13,19 +13,15 @@ order, so the results are the same bits (tests/test_capstone.py, tests/test_dp*.
 to ``torch.optim``'s). Written out because ``torch.optim``'s first step imports ``torch._dynamo``
 and ``torch._inductor`` (~0.8 s on one CPU, ~30 MiB in every process that steps): the course's
 strategies and the capstone's reference step without it; the comparisons with PyTorch keep
-``torch.optim`` on PyTorch's side (``Adam.torch_optimizer``).
+``torch.optim`` on PyTorch's side (``Adam.torch_optimizer``). Which modules' ranks step
+``torch.optim`` (and so have ``torch._dynamo`` preloaded) is runtime/start.py's
+``HEAVY_RANK_IMPORTS``, the one place that decides what ranks preload and says why.
 """
 from __future__ import annotations
 
 import torch
 
-__all__ = ["AdamUpdate", "TORCH_OPTIM_IMPORTS"]
-
-# What a module whose ranks step a torch.optim optimizer declares as its RANK_IMPORTS: the first
-# step imports torch._dynamo, preloaded then once in the forkserver for every rank
-# (runtime/start.py) instead of once in each rank.
-TORCH_OPTIM_IMPORTS = ("torch._dynamo",)
-
+__all__ = ["AdamUpdate"]
 
 class AdamUpdate:
     """An optimizer over ``params`` with ``torch.optim``'s interface as the course uses it:

@@ -37,7 +37,6 @@ from mtb_helpers.checking.bug import resolve, swap
 from mtb_helpers.checking.report import Report, Row, compare
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
 from mtb_helpers.comm.records import record
-from mtb_helpers.dp.adam import TORCH_OPTIM_IMPORTS
 from mtb_helpers.dp.fsdp_wrapper import FSDP
 from mtb_helpers.dp.overlap import OverlappedDDP
 from mtb_helpers.dp.overlap_pytorch import overlap_model
@@ -46,8 +45,6 @@ from mtb_helpers.dp.wrapping import all_gather_async
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
 __all__ = ["check_overlap", "WRAPPERS"]
-
-RANK_IMPORTS = TORCH_OPTIM_IMPORTS   # its ranks step torch.optim optimizers
 
 WRAPPERS = ("ddp", "zero1", "fsdp")
 LR = 0.01

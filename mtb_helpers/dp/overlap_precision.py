@@ -20,14 +20,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from mtb_helpers.comm.records import record
-from mtb_helpers.dp.adam import TORCH_OPTIM_IMPORTS
 from mtb_helpers.dp.fsdp_wrapper import FSDP
 from mtb_helpers.dp.overlap_pytorch import overlap_model
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
 __all__ = ["mixed_precision"]
-
-RANK_IMPORTS = TORCH_OPTIM_IMPORTS   # its ranks step torch.optim optimizers
 
 
 def _on_rank(model, batches, dtypes) -> dict:

@@ -26,15 +26,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from mtb_helpers.dp.adam import TORCH_OPTIM_IMPORTS
 from mtb_helpers.dp.fsdp_wrapper import FSDP
 from mtb_helpers.dp.overlap import OverlappedDDP
 from mtb_helpers.dp.sharded_optimizer import ShardedOptimizer
+from mtb_helpers.runtime.compat import zero_partition
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
 __all__ = ["pytorch_overlap", "overlap_model", "OPTIMIZERS", "WRAPPERS"]
-
-RANK_IMPORTS = TORCH_OPTIM_IMPORTS   # its ranks step torch.optim optimizers
 
 OPTIMIZERS = {"sgd": (torch.optim.SGD, {"lr": 0.1}), "adamw": (torch.optim.AdamW, {"lr": 0.01})}
 WRAPPERS = ("ddp", "zero1", "fsdp")
@@ -149,7 +147,7 @@ def _state_bytes(state) -> int:
 
 def _zero_partition(zero, model) -> list[list[int]]:
     index = {p: i for i, p in enumerate(model.parameters())}
-    return [[index[p] for g in groups for p in g["params"]] for groups in zero._partition_parameters()]
+    return zero_partition(zero, index)
 
 
 def _one_process(model, batches, optimizer) -> list[torch.Tensor]:

@@ -23,7 +23,6 @@ import torch.distributed as dist
 from torch import nn
 
 from mtb_helpers.cost import Link, pad_backward, padded
-from mtb_helpers.dp.adam import TORCH_OPTIM_IMPORTS
 from mtb_helpers.dp.fsdp_wrapper import FSDP
 from mtb_helpers.dp.overlap import OverlappedDDP
 from mtb_helpers.dp.overlap_model import bucket_plan, predict_ddp, predict_fsdp
@@ -32,8 +31,6 @@ from mtb_helpers.runtime.ranks import run
 
 __all__ = ["PaddedLinear", "PaddedSGD", "NoOverlapDDP", "padded_model", "measure_ddp",
            "measure_fsdp", "step_table", "bucket_curve", "DEFAULTS", "DEFAULT_LINK"]
-
-RANK_IMPORTS = TORCH_OPTIM_IMPORTS   # its ranks step torch.optim optimizers
 
 # A slow network (1 ms per message, 250 MB/s: about a 2 Gbit/s Ethernet) and a small model, in
 # the link's seconds: a layer's 257 KiB of gradients take 2α + n/β ≈ 3 ms to all-reduce on 2

@@ -39,10 +39,6 @@ from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
 from mtb_helpers.dp.strategies import Adam, flat, make_mlp
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
-# what the ranks import for CommDebugMode (torch._dynamo with it): preloaded once for every rank
-# (runtime/start.py), it costs no memory at rest and saves ~5 MiB a rank when used
-RANK_IMPORTS = ("torch.distributed.tensor.debug",)
-
 __all__ = ["pytorch_data_parallel", "dp_on_rank", "torch_model", "DP_PAIRS"]
 
 DP_PAIRS = {"ddp": "ddp", "fsdp": "zero3"}     # PyTorch's strategy -> the course's

@@ -36,10 +36,6 @@ from mtb_helpers.grid.layers import DP_REGION, PARAMS, grid_step_on_rank, valida
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.tp.reference import draw_inputs
 
-# what the ranks import for CommDebugMode (torch._dynamo with it): preloaded once for every rank
-# (runtime/start.py), it costs no memory at rest and saves ~5 MiB a rank when used
-RANK_IMPORTS = ("torch.distributed.tensor.debug",)
-
 __all__ = ["pytorch_grid", "grid_on_rank", "grid_mesh"]
 _MAP = [("grid.make_groups(tp, dp)", 'init_device_mesh("cpu", (dp, tp), ("dp", "tp"))'),
         ("rank = dp_index * tp + tp_index", "the last mesh dim (tp) varies fastest"),
@@ -55,7 +51,9 @@ def _split(rec: CollectiveRecord, direction: str, dp_sync: bool) -> dict[str, in
 def _destroy(mesh) -> None:
     """Free the mesh's subgroups: the rank pool is reused, so each call would otherwise leak."""
     import torch.distributed as dist
-    default = dist.distributed_c10d._get_default_group()
+
+    from mtb_helpers.runtime.compat import default_group
+    default = default_group()
     for name in ("dp", "tp"):
         group = mesh.get_group(name)
         if group is not None and group != default:

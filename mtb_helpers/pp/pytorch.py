@@ -34,10 +34,6 @@ from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.pp.schedules import schedule as course_schedule
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
-# what the ranks import (torch._dynamo with it): preloaded once for every rank (runtime/start.py),
-# it costs ~1 MiB at rest and saves ~14 MiB a rank when used
-RANK_IMPORTS = ("torch.distributed.pipelining",)
-
 __all__ = ["pytorch_pipeline", "pp_on_rank", "torch_schedule", "make_blocks"]
 
 PP_SCHEDULES = ("gpipe", "1f1b")
@@ -96,9 +92,9 @@ def torch_schedule(name: str, stage, microbatches: int):
 
 
 def _p2p_counter():
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from mtb_helpers.runtime.compat import dispatch_mode
 
-    class P2PCount(TorchDispatchMode):
+    class P2PCount(dispatch_mode()):
         """Counts the point-to-point ops every rank issues (send, recv)."""
 
         def __init__(self):

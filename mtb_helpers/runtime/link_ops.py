@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from mtb_helpers.runtime.comm_thread import Handle
+from mtb_helpers.runtime.compat import rank_not_in_group
 from mtb_helpers.runtime.timeline import Event
 
 __all__ = ["install", "COLLECTIVE_OPS", "P2P_OPS", "ORIG", "sleep_until"]
@@ -112,7 +113,7 @@ def _collective(em: Any, name: str) -> Callable:
             return orig(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
         group = bound.arguments.get("group")
-        if c10d._rank_not_in_group(group):
+        if rank_not_in_group(group):
             return orig(*args, **kwargs)     # torch warns and returns, as without a link
         async_op = bound.arguments.get("async_op", False)
         bound.arguments["async_op"] = False
@@ -220,7 +221,7 @@ def _p2p(em: Any, name: str) -> Callable:
             return orig(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        if c10d._rank_not_in_group(bound.arguments.get("group")):
+        if rank_not_in_group(bound.arguments.get("group")):
             return orig(*args, **kwargs)
         handle = P2PHandle(em, sending, dict(bound.arguments))
         if not blocking:

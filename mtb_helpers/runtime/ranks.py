@@ -164,8 +164,8 @@ def release(*world_sizes: int) -> None:
 
 
 def _restart_for_preload() -> None:
-    """A course module loaded since the forkserver started declares lazy imports of its ranks
-    (``RANK_IMPORTS``, start.py): unless a call is in flight (then at the next run), stop the
+    """A course module loaded since the forkserver started has lazy imports on its ranks
+    (``HEAVY_RANK_IMPORTS``, start.py): unless a call is in flight (then at the next run), stop the
     pools and the forkserver, so the next pool starts from one that preloaded them (~1 s once,
     against every rank importing them itself: torch._dynamo ~0.8 s and ~35 MB a rank)."""
     with _pools_lock:

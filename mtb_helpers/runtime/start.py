@@ -25,16 +25,43 @@ from mtb_helpers.runtime.signals import interrupts_deferred
 
 _start_lock = threading.Lock()
 
-# What torch imports lazily inside a rank during every topic's checks (found by comparing a fresh
-# rank's sys.modules with one after each check ran): sympy (symbolic shapes) is ~45 MB per rank
-# when each rank imports it for itself; imported before the forkserver starts, once, shared by
-# every rank. A course module whose rank code imports more declares it in ``RANK_IMPORTS``, and
-# that is preloaded only where that module is loaded: dp/strategies.py's torch._dynamo (the first
-# torch.optim optimizer imports it; ~35 MB a rank, 0.8 s on one CPU) is not needed by a notebook
-# whose ranks build no optimizer, and would delay its first ranks. A module loaded after the
-# forkserver started (a cell importing a comparison module late) is found by ``preload_missing``,
-# and the next ``run`` restarts the pools from a forkserver that preloads it (ranks.py).
+# The one policy for what ranks find imported before they start (issue 34: one runtime policy,
+# not a declaration in each topic). Every page a rank shares with the forkserver costs Binder's
+# memory once instead of once per rank, and a rank that imports a big module itself pays the time
+# in the student's first redraw; but a preload no rank of this notebook needs delays its first
+# ranks and holds memory for nothing. So:
+#
+# * RANK_LAZY_IMPORTS: what torch imports lazily inside a rank during every topic's checks (found
+#   by comparing a fresh rank's sys.modules with one after each check ran): sympy (symbolic
+#   shapes) is ~45 MB per rank when each rank imports it for itself. Always preloaded.
+# * HEAVY_RANK_IMPORTS: what the rank code of some course modules imports lazily, preloaded only
+#   when the owner has loaded that module, i.e. only in a notebook that uses it. The comparisons
+#   with PyTorch count DTensor's collectives with CommDebugMode (torch.distributed.tensor.debug,
+#   which imports torch._dynamo: ~0.8 s and ~35 MB a rank) or run torch.distributed.pipelining;
+#   notebook 14's modules step torch.optim optimizers on the ranks, whose first step imports
+#   torch._dynamo. The course's own strategies (dp/strategies.py, dp/fsdp.py) and the capstone
+#   step dp/adam.py's written-out Adam (bit-equal to torch.optim's on CPU) instead, so that a
+#   notebook that never compares with PyTorch never loads torch._dynamo on its ranks; and the bug
+#   registry, which every check imports, imports no comparison module (tp/plan.py keeps DTensor's
+#   plan apart from tp/pytorch.py for that reason). tests/test_rank_imports.py and
+#   tests/test_runtime_memory_and_drawing.py hold both sides.
+# A module loaded after the forkserver started (a cell importing a comparison module late) is
+# found by ``preload_missing``, and the next ``run`` restarts the pools from a forkserver that
+# preloads its imports (ranks.py).
 RANK_LAZY_IMPORTS = ("torch.fx.experimental.symbolic_shapes", "torch.utils.serialization")
+_DTENSOR_DEBUG = ("torch.distributed.tensor.debug",)
+_TORCH_OPTIM = ("torch._dynamo",)
+HEAVY_RANK_IMPORTS: dict[str, tuple[str, ...]] = {   # course module -> what its rank code imports
+    "mtb_helpers.tp.pytorch": _DTENSOR_DEBUG,
+    "mtb_helpers.sp.pytorch": _DTENSOR_DEBUG,
+    "mtb_helpers.grid.pytorch": _DTENSOR_DEBUG,
+    "mtb_helpers.dp.pytorch": _DTENSOR_DEBUG,
+    "mtb_helpers.pp.pytorch": ("torch.distributed.pipelining",),
+    "mtb_helpers.dp.overlap_pytorch": _TORCH_OPTIM,
+    "mtb_helpers.dp.overlap_check": _TORCH_OPTIM,
+    "mtb_helpers.dp.overlap_time": _TORCH_OPTIM,
+    "mtb_helpers.dp.overlap_precision": _TORCH_OPTIM,
+}
 TRACKER_FLAGS = ("-S", "-I")   # see _spawn_in_own_session
 # Owner-side modules the ranks never need: drawing, widgets, the command line.
 _NOT_FOR_RANKS = (".plots", ".widget", ".widgets", ".cli", ".explorer")
@@ -94,11 +121,11 @@ def _course_modules() -> list[str]:
 
 
 def rank_imports() -> list[str]:
-    """What ranks will import lazily: RANK_LAZY_IMPORTS and the ``RANK_IMPORTS`` of the course
+    """What ranks will import lazily: RANK_LAZY_IMPORTS, and the HEAVY_RANK_IMPORTS of the course
     modules loaded in this process."""
-    declared = (name for module in _course_modules()
-                for name in getattr(sys.modules.get(module), "RANK_IMPORTS", ()))
-    return list(dict.fromkeys([*RANK_LAZY_IMPORTS, *declared]))
+    heavy = (name for module, names in HEAVY_RANK_IMPORTS.items() if module in sys.modules
+             for name in names)
+    return list(dict.fromkeys([*RANK_LAZY_IMPORTS, *heavy]))
 
 
 _preloaded: frozenset[str] | None = None   # rank_imports() when the last forkserver started
@@ -111,8 +138,8 @@ def _note_preloaded(names: list[str]) -> None:
 
 
 def preload_missing() -> list[str]:
-    """What course modules loaded since the forkserver started declare in ``RANK_IMPORTS`` that it
-    did not preload (a notebook cell importing a PyTorch comparison module after its import
+    """What HEAVY_RANK_IMPORTS of course modules loaded since the forkserver started it did not
+    preload (a notebook cell importing a PyTorch comparison module after its import
     cell started the ranks); [] when none, or no forkserver was started here. Looked for again
     only when ``sys.modules`` has grown: every ``run`` asks."""
     global _missing

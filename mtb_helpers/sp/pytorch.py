@@ -36,10 +36,6 @@ from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.sp.layers import SequenceParallelMLPBlock
 from mtb_helpers.sp.memory import make_block_inputs
 
-# what the ranks import for CommDebugMode (torch._dynamo with it): preloaded once for every rank
-# (runtime/start.py), it costs no memory at rest and saves ~5 MiB a rank when used
-RANK_IMPORTS = ("torch.distributed.tensor.debug",)
-
 __all__ = ["pytorch_sequence_parallel", "sp_on_rank", "full_grad", "PlainBlock"]
 
 _PARAMS = ("ln.weight", "ln.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")

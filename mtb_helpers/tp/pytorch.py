@@ -39,10 +39,6 @@ from mtb_helpers.tp.layers import ColumnParallelLinear, ParallelMLP, RowParallel
 from mtb_helpers.tp.plan import TensorParallelPlan
 from mtb_helpers.tp.reference import draw_inputs
 
-# what the ranks import for CommDebugMode (torch._dynamo with it): preloaded once for every rank
-# (runtime/start.py), it costs no memory at rest and saves ~5 MiB a rank when used
-RANK_IMPORTS = ("torch.distributed.tensor.debug",)
-
 __all__ = ["Agreement", "pytorch_column", "pytorch_row", "pytorch_mlp", "tp_on_rank",
            "TensorParallelPlan", "torch_counts", "course_counts", "local", "max_errors",
            "agreement"]
