@@ -27,7 +27,7 @@ def implied_efficiency(c, lo: float = 0.05, hi: float = 1.0, steps: int = 30) ->
     """The matmul efficiency at which the planner predicts the published teraFLOP/s (None if
     even 100 % of peak falls short)."""
     def tflops(e):
-        t = step_time(c.model, c.cluster, c.layout, mfu=e, overlap=c.row.ddp == "torch")
+        t = step_time(c.model, c.cluster, c.layout, efficiency=e, overlap=c.row.ddp == "torch")
         return step_flops(c.model, c.layout) / t.step / c.row.gpus / 1e12
     if tflops(hi) < c.published_tflops:
         return None

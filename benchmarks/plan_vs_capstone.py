@@ -172,7 +172,7 @@ def main() -> None:
         t, p, d, c = grid_layout.tp, grid_layout.pp, grid_layout.dp, grid_layout.cp
         layout = Layout(t, p, d, c, microbatch=BATCH // (d * MICRO), grad_accum=MICRO,
                         zero_stage=0, dtype="fp64", sequence_parallel=True)
-        predicted = step_time(spec, machine, layout, mfu=1.0, overlap=False)  # written down first
+        predicted = step_time(spec, machine, layout, efficiency=1.0, overlap=False)  # written down first
         pads = stage_compute(spec, layout, rate)
         results = run(timed_steps, make_model(CFG), grid_layout, pads, args.repeats + 1,
                       world_size=8, timeout=900.0, link=link, time_scale=args.time_scale)
