@@ -60,13 +60,19 @@ def test_when_communication_is_longer_it_sets_the_step():
     assert pred.step == pytest.approx(4 * 0.5e-3 + 1e-3 + 4 * AR(1100))
 
 
-def test_zero1_splits_the_optimizer_and_adds_one_all_gather():
+def test_zero1_steps_its_largest_partition_and_adds_one_all_gather():
+    """``t_opt`` is the whole model's optimizer time; ZeRO-1's slowest rank steps the largest
+    partition, its share of the bytes (3000 of 4400 here, not 1/p: whole parameters are assigned)."""
     layers = [[1000, 100]] * 4
     plain = predict_ddp(layers, 0.5e-3, 4e-3, LINK, 2, 25.0, t_opt=2e-3)
-    zero1 = predict_ddp(layers, 0.5e-3, 4e-3, LINK, 2, 25.0, t_opt=1e-3, zero1=True,
-                        largest_partition_bytes=2200)
-    gather = 1e-3 + 0.5 * 4400 / 1e6                 # all-gather of S = 2 x 2200 B on 2 ranks
-    assert zero1.step == pytest.approx(plain.step - 2e-3 + 0.5e-3 + gather)
+    zero1 = predict_ddp(layers, 0.5e-3, 4e-3, LINK, 2, 25.0, t_opt=2e-3, zero1=True,
+                        largest_partition_bytes=3000)
+    optimizer = [e for e in zero1.events if e[1] == "optimizer"][0]
+    assert optimizer[3] - optimizer[2] == pytest.approx(2e-3 * 3000 / 4400)
+    gather = 1e-3 + 0.5 * 6000 / 1e6                 # all-gather of S = 2 x 3000 B on 2 ranks
+    assert zero1.step == pytest.approx(plain.step - 2e-3 + 2e-3 * 3000 / 4400 + gather)
+    with pytest.raises(ValueError, match="largest_partition_bytes"):   # no partition: no share
+        predict_ddp(layers, 0.5e-3, 4e-3, LINK, 2, 25.0, t_opt=2e-3, zero1=True)
 
 
 def test_fsdp_prefetch_hides_the_gathers_behind_compute():
@@ -98,6 +104,19 @@ def test_under_a_link_buckets_reduce_while_the_backward_still_runs():
         assert len(backward) == 4 and len(reduces) == 4   # one bucket per layer
         assert reduces[0][2] < backward[-1][3]            # a bucket was reducing before the end
     assert res["predicted"] > 0 and res["measured"] > 0
+
+
+def test_zero1s_predicted_optimizer_is_the_one_its_slowest_rank_runs():
+    """The prediction ``measure_ddp`` prints next to its measurement times the optimizer exactly
+    as the ranks pad it (once divided, by the partition's share): not halved a second time."""
+    from mtb_helpers.dp.overlap_time import measure_ddp
+    res = measure_ddp(world_size=2, bucket_cap_mb=25.0, zero1=True, steps=1, layers=3, hidden=64,
+                      t_opt=8e-3, time_scale=5.0)
+    predicted = [e[3] - e[2] for e in res["prediction"].events if e[1] == "optimizer"]
+    ran = max(e[3] - e[2] for events in res["events"] for e in events if e[1] == "optimizer")
+    assert len(predicted) == 1
+    # padding never runs short; on a busy machine it may run a little long
+    assert 0.8 * ran <= predicted[0] <= ran * 1.001, (predicted, ran)
 
 
 def test_mixed_precision_halves_the_gathered_bytes_and_stays_close_to_fp32():
