@@ -142,6 +142,21 @@ def test_the_figures_have_titles_labels_and_legends():
     assert figs[0].axes[0].get_yticklabels()[-1].get_text() == "predicted compute"
 
 
+def test_the_lanes_tell_the_collectives_apart_so_that_queueing_shows():
+    """FSDP's backward queues a reduce-scatter behind the next all-gather on one link: each
+    collective gets its own hatch, its own legend entry and a label where the box is wide."""
+    ev = [("comm", "all-gather 1 bwd", 0.0, 3e-3, 100), ("compute", "backward 1", 3e-3, 6e-3, 0),
+          ("comm", "reduce-scatter 1", 6e-3, 9e-3, 100), ("comm", "all_gather_single", 9e-3, 12e-3, 50)]
+    ax = plot_lanes([ev], "emulated link: FSDP backward", predicted=ev).axes[0]
+    comm = [c for c in ax.collections if c.get_hatch()]
+    assert {c.get_hatch() for c in comm} == {"////", "\\\\\\\\"}   # all-gather, reduce-scatter
+    assert [c.get_hatch() for c in comm[:3]] == ["////", "\\\\\\\\", "////"]  # the ranks' name too
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any("all-gather (AG)" in t for t in legend) and any("reduce-scatter (RS)" in t for t in legend)
+    assert not any("all-reduce" in t for t in legend)            # only what the figure draws
+    assert {"AG", "RS", "B1"} <= {t.get_text() for t in ax.texts}
+
+
 def test_the_command_refuses_bad_input_with_exit_2():
     out = subprocess.run([sys.executable, "-m", "mtb_helpers.cli", "dp", "overlap", "--alpha", "-1"],
                          capture_output=True, text=True, timeout=120)
