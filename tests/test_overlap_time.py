@@ -157,6 +157,15 @@ def test_the_lanes_tell_the_collectives_apart_so_that_queueing_shows():
     assert {"AG", "RS", "B1"} <= {t.get_text() for t in ax.texts}
 
 
+def test_the_bucket_curve_puts_each_cap_at_its_value():
+    """0, 0.25, 0.5, 1 and 2 MiB are not evenly spaced: the axis must not draw them so."""
+    caps = [0.0, 0.25, 0.5, 1.0, 2.0]
+    ax = plot_bucket_curve(caps, [5e-3, 3e-3, 2e-3, 2.5e-3, 3e-3], None, 3e-3, "emulated link: buckets",
+                           buckets=[16, 8, 4, 2, 1]).axes[0]
+    assert list(ax.lines[0].get_xdata()) == caps
+    assert list(ax.get_xticks()) == caps
+
+
 def test_the_command_refuses_bad_input_with_exit_2():
     out = subprocess.run([sys.executable, "-m", "mtb_helpers.cli", "dp", "overlap", "--alpha", "-1"],
                          capture_output=True, text=True, timeout=120)

@@ -119,20 +119,21 @@ def plot_step_times(names: Sequence[str], predicted: Sequence[float], measured: 
 def plot_bucket_curve(caps: Sequence[float], predicted: Sequence[float], measured: Sequence[float] | None,
                       no_overlap: float, title: str, buckets: Sequence[int] | None = None,
                       unit: float = 1e-3) -> Figure:
-    """Step time against ``bucket_cap_mb`` (one tick per cap, with its number of buckets): the
-    prediction, the measurement, the step without overlap as a line, the predicted minimum starred."""
+    """Step time against ``bucket_cap_mb``, each cap at its own value on a linear axis (one tick per
+    cap, with its number of buckets): the prediction, the measurement, the step without overlap as a
+    line, the predicted minimum starred."""
     fig, ax = plt.subplots(figsize=(7, 3.8))
-    xs = list(range(len(caps)))
+    xs = [float(c) for c in caps]
     ax.plot(xs, [p / unit for p in predicted], "o--", color=PREDICTED, label="predicted")
     if measured is not None:
         ax.plot(xs, [m / unit for m in measured], "s-", color=rank_color(0), label="measured")
     ax.axhline(no_overlap / unit, color="black", linestyle=":", label="no overlap (predicted)")
-    best = min(xs, key=lambda i: predicted[i])
-    ax.plot([best], [predicted[best] / unit], "*", color="black", markersize=14,
+    best = min(range(len(xs)), key=lambda i: predicted[i])
+    ax.plot([xs[best]], [predicted[best] / unit], "*", color="black", markersize=14,
             label="predicted minimum")
     ax.set_xticks(xs, [f"{c:g}" + (f"\n{n} bucket{'s' if n > 1 else ''}" if buckets else "")
                        for c, n in zip(caps, buckets or caps)], fontsize=8)
-    ax.set_xlabel("bucket_cap_mb (MiB)")
+    ax.set_xlabel("bucket_cap_mb (MiB, to scale)")
     ax.set_ylabel("step time (ms)")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
