@@ -83,13 +83,12 @@ def plot_lanes(events: Sequence[Sequence[tuple]], title: str, predicted: Sequenc
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.set_xlabel("time in the step (ms of the modelled link)")
     ax.set_title(title, fontsize=10)
-    legend = [Patch(facecolor="#BBBBBB", edgecolor="black", label="compute (padded): F forward, "
-                    "B backward, opt optimizer")]
+    legend = [Patch(facecolor="#BBBBBB", edgecolor="black", label="compute (padded):\nF forward, "
+                    "B backward,\nopt optimizer")]
     legend += [Patch(facecolor="white", edgecolor="black", hatch=hatch, label=f"{collective} "
                      f"({_short('comm', collective)})")
                for collective, hatch in COLLECTIVES if collective in seen]
-    ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(0.0, -0.22), ncol=len(legend),
-              fontsize=8, frameon=False)
+    ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return fig
