@@ -202,6 +202,25 @@ def test_the_saved_timings_of_notebook_14_say_what_its_text_says():
     assert overlapped < serial
 
 
+def test_each_saved_measurement_sits_beside_the_model_the_text_prints():
+    """A timing cell's "predicted" is the same number the model's own cells print (notebook 14's
+    ZeRO-1 measurement once carried a prediction whose optimizer time was divided by p twice)."""
+    import re
+    from pathlib import Path
+
+    import nbformat
+    nb = nbformat.read(Path(__file__).parents[1] / "notebooks" / "14_hiding_communication.ipynb", 4)
+
+    def printed(cell):
+        return "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("name") == "stdout")
+    model = "".join(printed(c) for c in nb.cells if c.cell_type == "code" and
+                    {"out:ddp-predict", "out:zero1-predict", "out:fsdp-predict"} & set(c.metadata.get("tags", [])))
+    timed = "".join(printed(c) for c in nb.cells if c.cell_type == "code" and "measure_" in c.source)
+    predicted = re.findall(r"predicted ([\d.]+) ms, measured", timed)
+    assert len(predicted) >= 5, timed
+    assert all(re.search(rf"\b{re.escape(p)} ms", model) for p in predicted), (predicted, model)
+
+
 def test_under_torchrun_the_command_runs_the_checks_only():
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                           "--nproc-per-node=2", "-m", "mtb_helpers.cli", "dp", "overlap", "--json"],
