@@ -60,13 +60,19 @@ def test_when_communication_is_longer_it_sets_the_step():
     assert pred.step == pytest.approx(4 * 0.5e-3 + 1e-3 + 4 * AR(1100))
 
 
-def test_zero1_splits_the_optimizer_and_adds_one_all_gather():
+def test_zero1_steps_its_largest_partition_and_adds_one_all_gather():
+    """``t_opt`` is the whole model's optimizer time; ZeRO-1's slowest rank steps the largest
+    partition, its share of the bytes (3000 of 4400 here, not 1/p: whole parameters are assigned)."""
     layers = [[1000, 100]] * 4
     plain = predict_ddp(layers, 0.5e-3, 4e-3, LINK, 2, 25.0, t_opt=2e-3)
-    zero1 = predict_ddp(layers, 0.5e-3, 4e-3, LINK, 2, 25.0, t_opt=1e-3, zero1=True,
-                        largest_partition_bytes=2200)
-    gather = 1e-3 + 0.5 * 4400 / 1e6                 # all-gather of S = 2 x 2200 B on 2 ranks
-    assert zero1.step == pytest.approx(plain.step - 2e-3 + 0.5e-3 + gather)
+    zero1 = predict_ddp(layers, 0.5e-3, 4e-3, LINK, 2, 25.0, t_opt=2e-3, zero1=True,
+                        largest_partition_bytes=3000)
+    optimizer = [e for e in zero1.events if e[1] == "optimizer"][0]
+    assert optimizer[3] - optimizer[2] == pytest.approx(2e-3 * 3000 / 4400)
+    gather = 1e-3 + 0.5 * 6000 / 1e6                 # all-gather of S = 2 x 3000 B on 2 ranks
+    assert zero1.step == pytest.approx(plain.step - 2e-3 + 2e-3 * 3000 / 4400 + gather)
+    with pytest.raises(ValueError, match="largest_partition_bytes"):   # no partition: no share
+        predict_ddp(layers, 0.5e-3, 4e-3, LINK, 2, 25.0, t_opt=2e-3, zero1=True)
 
 
 def test_fsdp_prefetch_hides_the_gathers_behind_compute():
@@ -100,6 +106,19 @@ def test_under_a_link_buckets_reduce_while_the_backward_still_runs():
     assert res["predicted"] > 0 and res["measured"] > 0
 
 
+def test_zero1s_predicted_optimizer_is_the_one_its_slowest_rank_runs():
+    """The prediction ``measure_ddp`` prints next to its measurement times the optimizer exactly
+    as the ranks pad it (once divided, by the partition's share): not halved a second time."""
+    from mtb_helpers.dp.overlap_time import measure_ddp
+    res = measure_ddp(world_size=2, bucket_cap_mb=25.0, zero1=True, steps=1, layers=3, hidden=64,
+                      t_opt=8e-3, time_scale=5.0)
+    predicted = [e[3] - e[2] for e in res["prediction"].events if e[1] == "optimizer"]
+    ran = max(e[3] - e[2] for events in res["events"] for e in events if e[1] == "optimizer")
+    assert len(predicted) == 1
+    # padding never runs short; on a busy machine it may run a little long
+    assert 0.8 * ran <= predicted[0] <= ran * 1.001, (predicted, ran)
+
+
 def test_mixed_precision_halves_the_gathered_bytes_and_stays_close_to_fp32():
     from mtb_helpers.dp.overlap_precision import mixed_precision
     res = mixed_precision(world_size=2, compute_dtypes=(torch.bfloat16, torch.float16))
@@ -121,6 +140,30 @@ def test_the_figures_have_titles_labels_and_legends():
         ax = fig.axes[0]
         assert ax.get_title() and ax.get_xlabel() is not None and ax.get_legend() is not None
     assert figs[0].axes[0].get_yticklabels()[-1].get_text() == "predicted compute"
+
+
+def test_the_lanes_tell_the_collectives_apart_so_that_queueing_shows():
+    """FSDP's backward queues a reduce-scatter behind the next all-gather on one link: each
+    collective gets its own hatch, its own legend entry and a label where the box is wide."""
+    ev = [("comm", "all-gather 1 bwd", 0.0, 3e-3, 100), ("compute", "backward 1", 3e-3, 6e-3, 0),
+          ("comm", "reduce-scatter 1", 6e-3, 9e-3, 100), ("comm", "all_gather_single", 9e-3, 12e-3, 50)]
+    ax = plot_lanes([ev], "emulated link: FSDP backward", predicted=ev).axes[0]
+    comm = [c for c in ax.collections if c.get_hatch()]
+    assert {c.get_hatch() for c in comm} == {"////", "\\\\\\\\"}   # all-gather, reduce-scatter
+    assert [c.get_hatch() for c in comm[:3]] == ["////", "\\\\\\\\", "////"]  # the ranks' name too
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any("all-gather (AG)" in t for t in legend) and any("reduce-scatter (RS)" in t for t in legend)
+    assert not any("all-reduce" in t for t in legend)            # only what the figure draws
+    assert {"AG", "RS", "B1"} <= {t.get_text() for t in ax.texts}
+
+
+def test_the_bucket_curve_puts_each_cap_at_its_value():
+    """0, 0.25, 0.5, 1 and 2 MiB are not evenly spaced: the axis must not draw them so."""
+    caps = [0.0, 0.25, 0.5, 1.0, 2.0]
+    ax = plot_bucket_curve(caps, [5e-3, 3e-3, 2e-3, 2.5e-3, 3e-3], None, 3e-3, "emulated link: buckets",
+                           buckets=[16, 8, 4, 2, 1]).axes[0]
+    assert list(ax.lines[0].get_xdata()) == caps
+    assert list(ax.get_xticks()) == caps
 
 
 def test_the_command_refuses_bad_input_with_exit_2():
@@ -157,6 +200,25 @@ def test_the_saved_timings_of_notebook_14_say_what_its_text_says():
     assert all(-0.10 <= m / p - 1 <= 0.50 for p, m in pairs), pairs
     serial, overlapped = pairs[0][1], pairs[1][1]
     assert overlapped < serial
+
+
+def test_each_saved_measurement_sits_beside_the_model_the_text_prints():
+    """A timing cell's "predicted" is the same number the model's own cells print (notebook 14's
+    ZeRO-1 measurement once carried a prediction whose optimizer time was divided by p twice)."""
+    import re
+    from pathlib import Path
+
+    import nbformat
+    nb = nbformat.read(Path(__file__).parents[1] / "notebooks" / "14_hiding_communication.ipynb", 4)
+
+    def printed(cell):
+        return "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("name") == "stdout")
+    model = "".join(printed(c) for c in nb.cells if c.cell_type == "code" and
+                    {"out:ddp-predict", "out:zero1-predict", "out:fsdp-predict"} & set(c.metadata.get("tags", [])))
+    timed = "".join(printed(c) for c in nb.cells if c.cell_type == "code" and "measure_" in c.source)
+    predicted = re.findall(r"predicted ([\d.]+) ms, measured", timed)
+    assert len(predicted) >= 5, timed
+    assert all(re.search(rf"\b{re.escape(p)} ms", model) for p in predicted), (predicted, model)
 
 
 def test_under_torchrun_the_command_runs_the_checks_only():

@@ -167,3 +167,174 @@ def test_notebook_11s_claim_that_public_context_parallel_refuses_cpu_still_holds
     assert refusal in prose and "context_parallel(mesh" in prose
     with pytest.raises(RankError, match=refusal):
         run(_sdpa_under_public_context_parallel, world_size=2, timeout=30)
+
+
+# ----------------------------------------------------------- sentences that cite a saved output
+# Notebooks 13 and 14 state numbers their code cells print. A claim is tagged where it is made: the
+# number, its unit, then an HTML comment naming the output it cites, ``25.42 ms<!--out:ddp-predict-->``
+# (invisible on GitHub, Colab and JupyterLab). The code cell carries the tag ``out:ddp-predict`` in
+# its metadata. Each claim must agree with a number that cell printed: equal once rounded to the
+# claim's decimals, with the claim's unit and sign when it states them.
+
+CITING = ["13_communication_cost.ipynb", "14_hiding_communication.ipynb"]
+CLAIM = re.compile(r"(?P<number>[+-]?\d+(?:\.\d+)?)\s?(?P<unit>[^\s\d<`*]*)[`*]*<!--\s*out:(?P<tag>[\w-]+)\s*-->")
+PRINTED = re.compile(r"(?P<number>[+-]?\d+(?:\.\d+)?)\s?(?P<unit>[^\s\d]*)")
+# numbers printed at the model's precision: in the lesson's prose they must cite their output
+MODEL_PRECISION = re.compile(r"(?<![\d.])\d+\.\d\d ms\b")
+
+
+def _unit(text: str) -> str:
+    return text.rstrip(".,;:)]'\"")
+
+
+def tagged_outputs(nb) -> tuple[dict[str, str], list[str]]:
+    """tag -> what the code cell tagged ``out:<tag>`` printed; and tags found on several cells."""
+    found, twice = {}, []
+    for cell in nb.cells:
+        for tag in cell.get("metadata", {}).get("tags", []):
+            if cell.cell_type == "code" and tag.startswith("out:"):
+                if tag[4:] in found:
+                    twice.append(tag[4:])
+                found[tag[4:]] = "".join(o.get("text", "") for o in cell.get("outputs", [])
+                                         if o.get("output_type") == "stream")
+    return found, twice
+
+
+def agrees(number: str, unit: str, printed: str) -> bool:
+    """Whether ``printed`` holds ``number`` (rounded to its decimals) with ``unit`` (if any)."""
+    value = float(number)
+    decimals = len(number.split(".")[1]) if "." in number else 0
+    for m in PRINTED.finditer(printed):
+        x = float(m.group("number"))
+        if number[0] not in "+-":
+            x = abs(x)
+        if abs(x - value) <= 0.5 * 10 ** -decimals + 1e-9 and (not unit or _unit(m.group("unit")) == unit):
+            return True
+    return False
+
+
+def claim_problems(nb) -> list[str]:
+    """Every tagged claim that cites no output, or disagrees with the output it cites, and every
+    untagged number at the model's precision in the lesson's prose (solutions and code spans, which
+    hold the inputs and formulas, excepted)."""
+    outputs, twice = tagged_outputs(nb)
+    problems = [f"the tag out:{t} is on several code cells" for t in twice]
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "markdown":
+            continue
+        text = cell.source.replace("\n", " ")
+        for m in CLAIM.finditer(text):
+            number, unit, tag = m.group("number"), _unit(m.group("unit")), m.group("tag")
+            if tag not in outputs:
+                problems.append(f"cell {i}: {number} {unit} cites out:{tag}, which no code cell carries")
+            elif not agrees(number, unit, outputs[tag]):
+                problems.append(f"cell {i}: {number} {unit} disagrees with what out:{tag} printed: "
+                                f"{outputs[tag].strip()[:300]!r}")
+        lesson = re.sub(r"<details>.*?</details>", " ", text)
+        untagged = re.sub(r"`[^`]*`", " ", CLAIM.sub(" ", lesson))    # code spans: inputs, formulas
+        problems += [f"cell {i}: {m.group(0)!r} is at the model's precision but cites no output "
+                     "(tag it: <!--out:NAME-->)" for m in MODEL_PRECISION.finditer(untagged)]
+    return problems
+
+
+@pytest.mark.parametrize("name", CITING)
+def test_numbers_in_the_text_agree_with_the_saved_outputs_they_cite(name):
+    nb = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
+    claims = [m for c in nb.cells if c.cell_type == "markdown" for m in CLAIM.finditer(c.source)]
+    assert len(claims) >= 4, f"{name}: only {len(claims)} tagged claims; the check would check little"
+    problems = claim_problems(nb)
+    assert not problems, f"{name}:\n  " + "\n  ".join(problems)
+
+
+def _citing_notebook(prose: str, printed: str = "overlap   : step 25.42 ms = compute 21.00 ms "
+                     "+ exposed comm 4.42 ms\nratio 2.8× the compute, gap +3.9%\n"):
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("print(...)")
+    cell.metadata["tags"] = ["out:step"]
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=printed)]
+    nb.cells = [cell, nbformat.v4.new_markdown_cell(prose)]
+    return nb
+
+
+def test_a_sentence_that_contradicts_its_output_is_caught():
+    agreeing = ("The step takes 25.42 ms<!--out:step-->, about 25.4 ms<!--out:step-->, of which "
+                "4.42 ms<!--out:step--> is exposed: 2.8×<!--out:step--> (`+3.9 %`<!--out:step-->).")
+    assert claim_problems(_citing_notebook(agreeing)) == []
+    for wrong, why in (("The step takes 25.40 ms<!--out:step-->.", "disagrees"),
+                       ("The step takes 25.42 µs<!--out:step-->.", "disagrees"),      # the unit
+                       ("The gap is -3.9 %<!--out:step-->.", "disagrees"),           # the sign
+                       ("The step takes 25.42 ms<!--out:steps-->.", "no code cell carries"),
+                       ("The step takes 29.88 ms, measured or not.", "cites no output")):
+        found = claim_problems(_citing_notebook(wrong))
+        assert len(found) == 1 and why in found[0], (wrong, found)
+
+
+def test_a_tag_on_two_cells_and_solutions_are_told_apart():
+    nb = _citing_notebook("<details><summary>Solution</summary>\n\n`6 + 20.42 + 1 = 27.42 ms`\n</details>")
+    assert claim_problems(nb) == []                   # a solution's arithmetic cites nothing
+    nb.cells.append(nb.cells[0])
+    assert claim_problems(nb) == ["the tag out:step is on several code cells"]
+
+
+# ------------------------------------------------------------- answers printed above their question
+# An exercise asks before it tells: no output above ``### Exercise N`` may print its answer. The
+# answer is what the folded solution's code assigns; its unit is the stub's comment ("# seconds").
+
+EXERCISE = re.compile(r"^### Exercise (\d+) · ", re.MULTILINE)
+SOLUTION_CODE = re.compile(r"```python\n(.*?)```", re.DOTALL)
+SCALES = {"seconds": {"s": 1.0, "ms": 1e3, "µs": 1e6}, "ms": {"ms": 1.0, "s": 1e-3, "µs": 1e3},
+          "bytes": {"B": 1.0, "kB": 1e-3, "MB": 1e-6, "KiB": 2**-10, "MiB": 2**-20}}
+
+
+def _unit_of(stub: str) -> str | None:
+    comment = stub.split("#", 1)[1] if "#" in stub else ""
+    return next((u for u in SCALES if re.search(rf"\b{u}\b", comment)), None)
+
+
+def leaks(nb) -> list[str]:
+    """Exercises whose numeric answer (computed, not a bare literal) a code cell above prints."""
+    found = []
+    for i, cell in enumerate(nb.cells):
+        m = EXERCISE.search(cell.source) if cell.cell_type == "markdown" else None
+        if not m or i + 3 >= len(nb.cells) or nb.cells[i + 1].cell_type != "code":
+            continue
+        stub, fold = nb.cells[i + 1].source, nb.cells[i + 3].source
+        code = SOLUTION_CODE.search(fold)
+        unit = _unit_of(stub)
+        if not code or unit is None:
+            continue
+        names = {}
+        exec(code.group(1), {}, names)                       # the solution: plain arithmetic
+        value = next(v for v in names.values() if isinstance(v, (int, float)))
+        above = "".join(o.get("text", "") for c in nb.cells[:i] if c.cell_type == "code"
+                        for o in c.get("outputs", []) if o.get("output_type") == "stream")
+        for p in PRINTED.finditer(above):
+            number, printed_unit = p.group("number"), _unit(p.group("unit"))
+            decimals = len(number.split(".")[1]) if "." in number else 0
+            scale = SCALES[unit].get(printed_unit)
+            if scale is not None and abs(round(value * scale, decimals) - abs(float(number))) < 1e-9:
+                found.append(f"Exercise {m.group(1)}: its answer {value:g} ({unit}) is printed above "
+                             f"it as {number} {printed_unit}")
+    return found
+
+
+@pytest.mark.parametrize("name", CITING)
+def test_no_output_above_an_exercise_prints_its_answer(name):
+    nb = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
+    assert len(EXERCISE.findall(" ".join(c.source for c in nb.cells))) >= 3
+    assert not leaks(nb), f"{name}: " + "; ".join(leaks(nb))
+
+
+def test_an_answer_printed_above_its_exercise_is_caught():
+    md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
+    printed = code("print(...)")
+    printed.outputs = [nbformat.v4.new_output("stream", name="stdout",
+                                              text="p=4: predicted T = 344.57 ms, time_scale >= 200\n")]
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [printed, md("### Exercise 1 · A ring\n\nHow long?"), code("answer_1 = ...   # seconds"),
+                code("check_1(answer_1)"),
+                md("<details><summary>Solution</summary>\n\n```python\nanswer_1 = 6 * 5e-3 + 1.5 * 2**21 / 10e6\n"
+                   "```\n</details>")]
+    assert leaks(nb) == ["Exercise 1: its answer 0.344573 (seconds) is printed above it as 344.57 ms"]
+    nb.cells[4].source = nb.cells[4].source.replace("2**21", "2**22")      # another answer: no leak
+    assert leaks(nb) == []

@@ -4,9 +4,10 @@
 
 * ``ring``: reduce-scatter then all-gather around the ring; p-1 steps each, every step sends one
   chunk [n/p] to rank r+1 while receiving one from r-1: 2(p-1) messages of n/p.
-* ``tree``: Rabenseifner's recursive halving (reduce-scatter) then recursive doubling
-  (all-gather) with partner r XOR d: 2 lg p messages of n/2, n/4, ... and back. A p that is not
-  a power of two folds its extra ranks into partners first and out last (Thakur et al. 2005).
+* ``halving-doubling``: Rabenseifner's recursive halving (reduce-scatter) then recursive doubling
+  (all-gather) with partner r XOR d: 2 lg p messages of n/2, n/4, ... and back: the ring's bytes
+  in fewer messages. A p that is not a power of two folds its extra ranks into partners first and
+  out last (Thakur et al. 2005). Not NCCL's "tree" (a double binary tree, another algorithm).
 * ``naive``: every rank sends its whole vector to rank 0, which adds them and sends the sum back
   to each: 2(p-1) messages of n through rank 0's one link.
 
@@ -22,7 +23,7 @@ import torch.distributed as dist
 
 __all__ = ["all_reduce_by", "ALL_REDUCE_ALGORITHMS"]
 
-ALL_REDUCE_ALGORITHMS = ("ring", "tree", "naive")
+ALL_REDUCE_ALGORITHMS = ("ring", "halving-doubling", "naive")
 
 
 def _exchange(send: torch.Tensor, peer_out: int, recv: torch.Tensor, peer_in: int) -> None:
@@ -45,7 +46,7 @@ def _ring(x: torch.Tensor, r: int, p: int) -> torch.Tensor:
     return torch.cat(chunks)
 
 
-def _tree(x: torch.Tensor, r: int, p: int) -> torch.Tensor:
+def _halving_doubling(x: torch.Tensor, r: int, p: int) -> torch.Tensor:
     low = 1 << (p.bit_length() - 1)                      # p': the largest power of two <= p
     y = x.clone()
     if r >= low:                                         # an extra rank: fold in, wait, fold out
@@ -103,4 +104,4 @@ def all_reduce_by(x: torch.Tensor, algorithm: str = "ring") -> torch.Tensor:
                          f"got shape {list(x.shape)}")
     if p == 1:
         return x.clone()
-    return {"ring": _ring, "tree": _tree, "naive": _naive}[algorithm](x, r, p)
+    return {"ring": _ring, "halving-doubling": _halving_doubling, "naive": _naive}[algorithm](x, r, p)

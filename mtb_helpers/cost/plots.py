@@ -25,7 +25,7 @@ def _bytes(n: float) -> str:
 
 
 def plot_calibration(cal: Calibration, collective: str = "all-reduce", title: str = "") -> Figure:
-    """Measured median times (dots) and the fitted ``a·α + b·n/β`` (line) on log-log axes; the
+    """Measured median times (dots) and the fitted ``c_α·α + c_β·n/β`` (line) on log-log axes; the
     latency-bound sizes (left of the fitted n½ for this collective) and bandwidth-bound sizes
     shaded, n½ marked."""
     sizes, seconds = cal.measured(collective)
@@ -43,7 +43,7 @@ def plot_calibration(cal: Calibration, collective: str = "all-reduce", title: st
     if grid[0] < half < grid[-1]:
         ax.axvline(half, color=RANK_COLORS[5], linestyle="--",
                    label=f"n½ = {_bytes(half)}: latency term = bandwidth term")
-    ax.set_xlabel("size S in bytes (nccl-tests' convention)")
+    ax.set_xlabel("size n in bytes (nccl-tests' size)")
     ax.set_ylabel("time of one collective (s)")
     where = ("emulated link " + cal.link.describe()) if cal.link is not None else "this machine"
     ax.set_title(title or f"{collective} on {cal.world_size} gloo ranks, {where}: measured and "

@@ -10,8 +10,9 @@ bytes on the link. The model of the step then says everything the notebook measu
   ready; a bucket's all-reduce is issued when its last gradient is ready (``overlap=True``) or all
   of them after the backward (``overlap=False``). Step = forward + the later of the backward's end
   and the last bucket's end (``max(compute, comm)`` plus the exposed tail, exactly).
-* ZeRO-1 (``zero1=True``): the optimizer's ``t_opt`` shrinks to ``t_opt / p`` and one all-gather of
-  the partitions (``p`` x the largest partition) follows it.
+* ZeRO-1 (``zero1=True``): ``t_opt`` is still the whole model's optimizer time; the slowest rank
+  steps the largest partition, so the step waits ``t_opt`` x its share of the bytes (about
+  ``1/p``: whole parameters are assigned), then one all-gather of ``p`` x that partition.
 * FSDP (``predict_fsdp``): each unit's all-gather before its forward and its backward, its
   reduce-scatter after its backward; with ``prefetch`` the next unit's all-gather is issued while
   the current one computes. All times in the link's seconds (no time scale).
@@ -85,8 +86,13 @@ def predict_ddp(layer_param_bytes: list[list[int]], t_fwd: float, t_bwd: float, 
                 world_size: int, bucket_cap_mb: float, overlap: bool = True, t_opt: float = 0.0,
                 zero1: bool = False, largest_partition_bytes: int = 0) -> Prediction:
     """One DDP step (forward, backward, the bucket all-reduces, the optimizer) on the two lanes.
-    ``layer_param_bytes[i]``: the bytes of layer ``i``'s parameters in registration order."""
+    ``layer_param_bytes[i]``: the bytes of layer ``i``'s parameters in registration order (one
+    dtype). ``t_opt``: the optimizer's time for the whole model; with ``zero1`` the slowest rank
+    takes ``t_opt * largest_partition_bytes / sum(bytes)`` (pass the whole model's ``t_opt``)."""
     from mtb_helpers.cost import predict
+    if zero1 and not 0 < largest_partition_bytes <= sum(b for layer in layer_param_bytes for b in layer):
+        raise ValueError("predict_ddp(zero1=True) needs largest_partition_bytes between 1 and the "
+                         f"model's bytes, got {largest_partition_bytes!r}")
     p = world_size
     flat = [b for layer in layer_param_bytes for b in layer]
     layer_of = [i for i, layer in enumerate(layer_param_bytes) for _ in layer]
@@ -104,7 +110,8 @@ def predict_ddp(layer_param_bytes: list[list[int]], t_fwd: float, t_bwd: float, 
         ops.append(_all_reduce(k, buckets[k], flat, p, link, predict, after=("backward 0",)))
     waits = tuple(f"all-reduce bucket {k}" for k in range(len(buckets)))
     if t_opt:
-        ops.append(Op("compute", "optimizer", t_opt / p if zero1 else t_opt, waits))
+        share = largest_partition_bytes / sum(flat) if zero1 else 1.0
+        ops.append(Op("compute", "optimizer", t_opt * share, waits))
     if zero1:
         gathered = p * largest_partition_bytes
         ops.append(Op("comm", "all-gather partitions", predict("all-gather", gathered, p, link),

@@ -18,32 +18,77 @@ __all__ = ["plot_lanes", "plot_step_times", "plot_bucket_curve", "plot_precision
 PREDICTED = "#555555"
 
 
+# one hatch per collective, so that a lane shows which one queues behind which
+COLLECTIVES = (("all-reduce", "xxx"), ("all-gather", "////"), ("reduce-scatter", "\\\\\\\\"),
+               ("broadcast", "..."))
+
+
+def _collective(name: str) -> str:
+    """The collective an event name stands for: the model's "all-gather 3 fwd" and the ranks'
+    "all_gather_single" alike; "other" for anything else (a barrier, a send)."""
+    key = name.replace("_", "-")
+    for collective, _ in COLLECTIVES:
+        if collective in key:
+            return collective
+    return "other"
+
+
+def _short(kind: str, name: str) -> str:
+    """A box's label: "F3"/"B3" for a layer's forward/backward, "opt", or "AR"/"AG"/"RS"/"BC"."""
+    if kind == "comm":
+        return {"all-reduce": "AR", "all-gather": "AG", "reduce-scatter": "RS",
+                "broadcast": "BC"}.get(_collective(name), "")
+    digits = "".join(ch for ch in name if ch.isdigit())
+    if "bwd" in name or "backward" in name:
+        return f"B{digits}"
+    if "fwd" in name or "forward" in name:
+        return f"F{digits}"
+    return "opt" if "optim" in name else ""
+
+
 def plot_lanes(events: Sequence[Sequence[tuple]], title: str, predicted: Sequence[tuple] | None = None,
                ax=None, unit: float = 1e-3) -> Figure:
-    """Two lanes per rank (compute above, communication below, hatched) from each rank's events,
-    times in seconds drawn in ms; ``predicted`` (one rank's model events) as the top pair, grey."""
+    """Two lanes per rank (compute above, communication below) from each rank's events, times in
+    seconds drawn in ms; ``predicted`` (one rank's model events) as the top pair, grey. Each
+    collective has its own hatch (all-reduce, all-gather, reduce-scatter), and a box is labelled
+    ("F3", "B3", "opt", "AR", "AG", "RS") where the label fits."""
     rows = ([("predicted", PREDICTED, predicted)] if predicted is not None else []) + \
         [(f"rank {r}", rank_color(r), evs) for r, evs in enumerate(events)]
     if ax is None:
         fig, ax = plt.subplots(figsize=(10, 1.6 + 0.75 * len(rows)))
     else:
         fig = ax.figure
-    labels, y = [], 0
+    span = max((e[3] / unit for _, _, evs in rows for e in evs), default=1.0) or 1.0
+    points_per_ms = fig.get_figwidth() * 0.75 * 72 / (span * 1.05)   # the axes take ~3/4 of the width
+    hatches, seen, labels, y = dict(COLLECTIVES), set(), [], 0
     for name, color, evs in reversed(rows):
         for lane, kind in ((0, "comm"), (1, "compute")):
-            spans = [((e[2]) / unit, (e[3] - e[2]) / unit) for e in evs if e[0] == kind]
-            ax.broken_barh(spans, (y + lane - 0.38, 0.76), facecolors=color if kind == "compute" else "white",
-                           edgecolors="white" if kind == "compute" else color,
-                           hatch=None if kind == "compute" else "////", linewidth=1)
+            for e in (e for e in evs if e[0] == kind):
+                start, length = e[2] / unit, (e[3] - e[2]) / unit
+                collective = _collective(e[1]) if kind == "comm" else None
+                seen.add(collective)
+                ax.broken_barh([(start, length)], (y + lane - 0.38, 0.76),
+                               facecolors=color if kind == "compute" else "white",
+                               edgecolors="white" if kind == "compute" else color,
+                               hatch=None if kind == "compute" else hatches.get(collective, "--"),
+                               linewidth=1)
+                text = _short(kind, e[1])
+                size = min(7.0, length * points_per_ms / (0.62 * max(len(text), 1) + 0.6))
+                if text and size >= 5.5:   # too small to read is worse than no label
+                    ax.text(start + length / 2, y + lane, text, ha="center", va="center",
+                            fontsize=size, bbox={"facecolor": "white", "edgecolor": "none",
+                                                 "pad": 0.3, "alpha": 0.85})
             labels.append(f"{name} {kind}")
         y += 2
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.set_xlabel("time in the step (ms of the modelled link)")
     ax.set_title(title, fontsize=10)
-    ax.legend(handles=[Patch(facecolor="#BBBBBB", edgecolor="black", label="compute (padded)"),
-                       Patch(facecolor="white", edgecolor="black", hatch="////",
-                             label="communication")], loc="upper left", bbox_to_anchor=(1.0, 1.0),
-              fontsize=8)
+    legend = [Patch(facecolor="#BBBBBB", edgecolor="black", label="compute (padded):\nF forward, "
+                    "B backward,\nopt optimizer")]
+    legend += [Patch(facecolor="white", edgecolor="black", hatch=hatch, label=f"{collective} "
+                     f"({_short('comm', collective)})")
+               for collective, hatch in COLLECTIVES if collective in seen]
+    ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return fig
@@ -73,20 +118,21 @@ def plot_step_times(names: Sequence[str], predicted: Sequence[float], measured: 
 def plot_bucket_curve(caps: Sequence[float], predicted: Sequence[float], measured: Sequence[float] | None,
                       no_overlap: float, title: str, buckets: Sequence[int] | None = None,
                       unit: float = 1e-3) -> Figure:
-    """Step time against ``bucket_cap_mb`` (one tick per cap, with its number of buckets): the
-    prediction, the measurement, the step without overlap as a line, the predicted minimum starred."""
+    """Step time against ``bucket_cap_mb``, each cap at its own value on a linear axis (one tick per
+    cap, with its number of buckets): the prediction, the measurement, the step without overlap as a
+    line, the predicted minimum starred."""
     fig, ax = plt.subplots(figsize=(7, 3.8))
-    xs = list(range(len(caps)))
+    xs = [float(c) for c in caps]
     ax.plot(xs, [p / unit for p in predicted], "o--", color=PREDICTED, label="predicted")
     if measured is not None:
         ax.plot(xs, [m / unit for m in measured], "s-", color=rank_color(0), label="measured")
     ax.axhline(no_overlap / unit, color="black", linestyle=":", label="no overlap (predicted)")
-    best = min(xs, key=lambda i: predicted[i])
-    ax.plot([best], [predicted[best] / unit], "*", color="black", markersize=14,
+    best = min(range(len(xs)), key=lambda i: predicted[i])
+    ax.plot([xs[best]], [predicted[best] / unit], "*", color="black", markersize=14,
             label="predicted minimum")
     ax.set_xticks(xs, [f"{c:g}" + (f"\n{n} bucket{'s' if n > 1 else ''}" if buckets else "")
                        for c, n in zip(caps, buckets or caps)], fontsize=8)
-    ax.set_xlabel("bucket_cap_mb (MiB)")
+    ax.set_xlabel("bucket_cap_mb (MiB, to scale)")
     ax.set_ylabel("step time (ms)")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)

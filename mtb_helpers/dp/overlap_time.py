@@ -151,9 +151,9 @@ def measure_ddp(world_size: int = 2, link: Link = DEFAULT_LINK, bucket_cap_mb: f
     owner = partition_by_size([n // 4 for layer in layer_bytes for n in layer], world_size)
     flat = [n for layer in layer_bytes for n in layer]
     largest = max(sum(n for n, o in zip(flat, owner) if o == r) for r in range(world_size))
-    t_opt = spec["t_opt"] * (largest / sum(flat) if zero1 else 1.0)
+    # the whole model's t_opt: predict_ddp takes the largest partition's share itself
     prediction = predict_ddp(layer_bytes, spec["t_fwd"], spec["t_bwd"], link, world_size,
-                             bucket_cap_mb, overlap, t_opt, zero1, largest)
+                             bucket_cap_mb, overlap, spec["t_opt"], zero1, largest)
     results = run(_ddp_on_rank, {**spec, "layers": L, "hidden": h}, bucket_cap_mb, overlap, zero1,
                   steps, world_size=world_size, link=link, time_scale=scale, timeout=timeout)
     return {**_result(results, scale, prediction), "bucket_cap_mb": bucket_cap_mb,
