@@ -1,7 +1,7 @@
 """Calibration, the send/recv all-reduce algorithms and the timeline figure.
 
 Calibrating an emulated link must give back its α and β (the fit and the emulation checked
-against each other); the ring, tree and naive all-reduces must sum exactly like dist.all_reduce
+against each other); the ring, halving-doubling and naive all-reduces must sum exactly like dist.all_reduce
 and, under a link, take what their formulas say (their code and their formulas are separate)."""
 from __future__ import annotations
 
@@ -72,9 +72,9 @@ def _by(n: int, algorithm: str):
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
-def test_ring_tree_and_naive_sum_exactly_and_take_their_predicted_time(world_size):
+def test_ring_halving_doubling_and_naive_sum_exactly_and_take_their_predicted_time(world_size):
     n = 1536 * world_size
-    for algorithm in ("ring", "tree", "naive"):
+    for algorithm in ("ring", "halving-doubling", "naive"):
         runs = [run(_by, n, algorithm, world_size=world_size, link=SLOW, timeout=120)
                 for _ in range(2)]
         assert all(ok for results in runs for ok, _ in results), algorithm
@@ -104,8 +104,8 @@ def test_the_timeline_figure_says_the_link_is_emulated_and_how_much_slower():
     assert [t.get_text() for t in ax.get_yticklabels()] == [
         "rank 0 compute", "rank 0 comm", "rank 1 compute", "rank 1 comm"]
     assert "modelled link" in ax.get_xlabel()
-    # 2 lanes x 2 ranks colour bands + 1 compute + 1 comm box per rank (barrier excluded: none)
-    assert len(ax.patches) >= 8
+    # 1 compute + 1 comm box per rank at least, and nothing left of time 0 (no unexplained bands)
+    assert len(ax.patches) >= 4 and all(patch.get_x() >= 0 for patch in ax.patches)
 
 
 def test_the_fit_weighs_every_size_by_its_relative_error():

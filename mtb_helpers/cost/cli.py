@@ -28,7 +28,9 @@ def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubPar
     parser.add_argument("--alpha", required=True, type=float, help="seconds per message")
     parser.add_argument("--bandwidth", required=True, type=float, help="bytes per second")
     parser.add_argument("--algorithm", default="ring",
-                        help="ring (default), tree or naive where the collective has them")
+                        help="ring (default), or another of the collective's: all-reduce "
+                             "halving-doubling or naive, broadcast tree or naive, all-gather "
+                             "doubling, reduce-scatter halving")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=predict_command)
     cal = groups["cost"].add_parser(

@@ -10,20 +10,22 @@ table of ``(a, b)`` (Thakur, Rabenseifner & Gropp 2005, "Optimization of collect
 operations in MPICH", IJHPCA 19(1); γ, the reduction's arithmetic, is left out: on these sizes it
 is memory-bound and small next to β). ``p`` ranks, ``L = ⌈lg p⌉``, ``p' = 2^⌊lg p⌋``:
 
-    collective      algorithm  a (messages)          b (fraction of n)         n ("size", nccl-tests)
-    all-reduce      ring       2(p-1)                2(p-1)/p                  each rank's buffer
-                    tree       2 lg p' (+2)          2(p'-1)/p' (+2)           recursive halving + doubling
-                    naive      2(p-1)                2(p-1)                    reduce to rank 0, broadcast
-    broadcast       ring       L + p-1               2(p-1)/p                  the root's buffer
-                    tree       L                     L                         binomial tree
-                    naive      p-1                   p-1                       the root sends p-1 times
-    all-gather      ring       p-1                   (p-1)/p                   the gathered output (p x input)
-                    tree       L                     (p-1)/p                   recursive doubling / Bruck
-    reduce-scatter  ring       p-1                   (p-1)/p                   the full input (p x output)
-                    tree       lg p' (+2)            (p'-1)/p' (+1 + 1/p)      recursive halving
-    all-to-all      ring       p-1                   (p-1)/p                   each rank's send buffer
-    send/recv       ring       1                     1                         the message
+    collective      algorithm         a (messages)  b (fraction of n)     n ("size", nccl-tests)
+    all-reduce      ring              2(p-1)        2(p-1)/p              each rank's buffer
+                    halving-doubling  2 lg p' (+2)  2(p'-1)/p' (+2)       Rabenseifner's algorithm
+                    naive             2(p-1)        2(p-1)                reduce to rank 0, broadcast
+    broadcast       ring              L + p-1       2(p-1)/p              the root's buffer
+                    tree              L             L                     binomial tree
+                    naive             p-1           p-1                   the root sends p-1 times
+    all-gather      ring              p-1           (p-1)/p               the gathered output (p x input)
+                    doubling          L             (p-1)/p               recursive doubling / Bruck
+    reduce-scatter  ring              p-1           (p-1)/p               the full input (p x output)
+                    halving           lg p' (+2)    (p'-1)/p' (+1 + 1/p)  recursive halving
+    all-to-all      ring              p-1           (p-1)/p               each rank's send buffer
+    send/recv       ring              1             1                     the message
 
+"halving-doubling" is not NCCL's (double binary) tree: it moves the ring's bytes in fewer
+messages, so at a power-of-two ``p`` it never loses to the ring (MPICH runs it for long messages).
 (+...) is TRG's fold for a ``p`` that is not a power of two: the ``p - p'`` extra ranks hand their
 whole vector to a partner first (one message of n) and get their result back last. The ring
 broadcast is van de Geijn's scatter + ring all-gather (TRG's long-message broadcast); the ring
@@ -32,7 +34,10 @@ all-to-all is the pairwise exchange (step k: send to rank r+k, receive from r-k)
 
 ``algbw`` and ``busbw`` are nccl-tests' (doc/PERFORMANCE.md): algbw = S/t with S the size above;
 busbw = algbw x 2(p-1)/p (all-reduce), (p-1)/p (all-gather, reduce-scatter, all-to-all), 1
-(broadcast, send/recv). For the ring algorithms busbw tends to β as n grows: that is its point.
+(broadcast, send/recv). For the ring all-reduce, all-gather, reduce-scatter and all-to-all busbw
+tends to β as n grows: that is its point. Not for this ring broadcast: it moves 2(p-1)/p of n
+through each link (scatter + all-gather) where nccl-tests' factor is 1, so its busbw tends to
+β·p/(2(p-1)).
 """
 from __future__ import annotations
 
@@ -44,8 +49,8 @@ __all__ = ["Link", "COLLECTIVES", "ALGORITHMS", "normalize", "coefficients", "pr
 
 COLLECTIVES = ("broadcast", "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send/recv")
 ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "broadcast": ("ring", "tree", "naive"), "all-reduce": ("ring", "tree", "naive"),
-    "all-gather": ("ring", "tree"), "reduce-scatter": ("ring", "tree"),
+    "broadcast": ("ring", "tree", "naive"), "all-reduce": ("ring", "halving-doubling", "naive"),
+    "all-gather": ("ring", "doubling"), "reduce-scatter": ("ring", "halving"),
     "all-to-all": ("ring",), "send/recv": ("ring",)}
 # torch.distributed's and comm/records' spellings of the same collectives
 _ALIASES = {"allreduce": "all-reduce", "allgather": "all-gather", "reducescatter": "reduce-scatter",
@@ -129,19 +134,19 @@ def coefficients(collective: str, world_size: int, algorithm: str = "ring") -> t
     if p == 1:
         return 0.0, 0.0
     lg = math.ceil(math.log2(p))
-    low = 2 ** int(math.floor(math.log2(p)))   # p': the power of two the tree runs on
+    low = 2 ** int(math.floor(math.log2(p)))   # p': the power of two halving/doubling runs on
     fold = 0 if low == p else 1                 # TRG: extra ranks fold in first and out last
     table = {
         ("all-reduce", "ring"): (2 * (p - 1), 2 * (p - 1) / p),
-        ("all-reduce", "tree"): (2 * math.log2(low) + 2 * fold, 2 * (low - 1) / low + 2 * fold),
+        ("all-reduce", "halving-doubling"): (2 * math.log2(low) + 2 * fold, 2 * (low - 1) / low + 2 * fold),
         ("all-reduce", "naive"): (2 * (p - 1), 2 * (p - 1)),
         ("broadcast", "ring"): (lg + p - 1, 2 * (p - 1) / p),
         ("broadcast", "tree"): (lg, lg),
         ("broadcast", "naive"): (p - 1, p - 1),
         ("all-gather", "ring"): (p - 1, (p - 1) / p),
-        ("all-gather", "tree"): (lg, (p - 1) / p),
+        ("all-gather", "doubling"): (lg, (p - 1) / p),
         ("reduce-scatter", "ring"): (p - 1, (p - 1) / p),
-        ("reduce-scatter", "tree"): (math.log2(low) + 2 * fold,
+        ("reduce-scatter", "halving"): (math.log2(low) + 2 * fold,
                                      (low - 1) / low + fold * (1 + 1 / p)),
         ("all-to-all", "ring"): (p - 1, (p - 1) / p),
     }

@@ -2,10 +2,11 @@
 
     fig = plot_timeline(results.timeline, title="TP MLP forward + backward")
 
-Drawn as notebook 09's charts are: one row per lane, rank r's colour band left of time 0, one
-box per event (compute solid in the rank's colour, communication hatched in it), its name inside
-when it fits. Times are the modelled link's (the run's clock divided by the time scale), and the
-title says the link is emulated and, when stretched, how many times slower than real time it ran.
+One row per lane, one box per event (compute solid in the rank's colour, communication hatched
+in it), its name inside when it fits; the names of boxes too narrow for one are listed in the
+legend, left to right, so that no box goes unnamed. Times are the modelled link's (the run's
+clock divided by the time scale), and the title says the link is emulated and, when stretched,
+how many times slower than real time it ran.
 """
 from __future__ import annotations
 
@@ -34,13 +35,12 @@ def plot_timeline(timeline: Timeline, title: str = "", ax: plt.Axes | None = Non
     span = max(model.makespan * scale, 1e-12)
     band = span * 0.02
     axes_inches = fig.get_figwidth() * ax.get_position().width
-    ticks, labels = [], []
+    ticks, labels, unnamed = [], [], []
     for r, events in enumerate(model.ranks):
         for lane, kind in enumerate(LANES):
             y = (p - 1 - r) * 2.4 + (1 - lane) * 1.0
             ticks.append(y)
             labels.append(f"rank {r} {_LABEL[kind]}")
-            ax.add_patch(Rectangle((-band * 1.6, y - 0.4), band, 0.8, color=rank_color(r)))
             for e in (e for e in events if e.kind == kind):
                 start, length = e.start * scale, (e.end - e.start) * scale
                 solid = kind == "compute"
@@ -54,7 +54,9 @@ def plot_timeline(timeline: Timeline, title: str = "", ax: plt.Axes | None = Non
                     ax.text(start + length / 2, y, e.name, ha="center", va="center",
                             fontsize=size, bbox={"facecolor": "white", "edgecolor": "none",
                                                  "pad": 0.5, "alpha": 0.8})
-    ax.set_xlim(-band * 2, span * 1.02)
+                else:             # named in the legend instead
+                    unnamed.append((start, e.name))
+    ax.set_xlim(-band, span * 1.02)
     ax.set_ylim(-0.7, (p - 1) * 2.4 + 1.7)
     ax.set_yticks(ticks, labels, fontsize=8)
     stretched = f"; the run took {timeline.time_scale:g}× longer" if timeline.time_scale != 1 else ""
@@ -62,9 +64,13 @@ def plot_timeline(timeline: Timeline, title: str = "", ax: plt.Axes | None = Non
     ax.set_xlabel(f"time ({shown} of the modelled link{stretched})")
     head = f"{title}\n" if title else ""
     ax.set_title(f"{head}{timeline.label()}: makespan {span:.3g} {shown}", fontsize=10)
-    ax.legend(handles=[Patch(facecolor="#999999", edgecolor="black", label="compute (padded)"),
-                       Patch(facecolor="white", edgecolor="#555555", hatch="///",
-                             label="communication")],
+    handles = [Patch(facecolor="#999999", edgecolor="black", label="compute (padded)"),
+               Patch(facecolor="white", edgecolor="#555555", hatch="///", label="communication")]
+    if unnamed:           # each name once, in the order the boxes start
+        names = list(dict.fromkeys(name for _, name in sorted(unnamed)))
+        handles.append(Patch(facecolor="none", edgecolor="none",
+                             label="narrow boxes, left to right:\n" + ", ".join(names)))
+    ax.legend(handles=handles,
               loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, framealpha=0.9)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
