@@ -33,6 +33,7 @@ readme_times = load_script("scripts/readme_times.py")
 # The ratchet: notebooks rewritten to the course's text targets. Add a notebook here when it meets
 # them; never remove one.
 REWRITTEN = [
+    "00_collectives.ipynb",
 ]
 
 MAX_AVG, MAX_PCT_OVER35, MAX_LONGEST = 17, 4, 50
