@@ -165,8 +165,9 @@ def collective_png(report, collective: str) -> Png:
 
 
 def plot_bytes(rows: Sequence[dict]) -> Figure:
-    """Bytes each rank sends (÷ n, the full tensor's bytes) against the number of ranks p: measured dots (rank colours) on the
-    formula line, one panel per collective. ``rows`` come from ``measure_bytes``."""
+    """Bytes each rank sends (÷ n, the full tensor's bytes) against the number of ranks p: measured
+    dots (rank colours) on the formula line, one panel per collective. ``rows`` come from
+    ``measure_bytes``."""
     collectives = [c for c in _COLLECTIVES if any(r["collective"] == c for r in rows)]
     sizes = sorted({r["world_size"] for r in rows})
     fig, axes = plt.subplots(1, len(collectives), figsize=(10, 3.9), sharey=True, squeeze=False)
