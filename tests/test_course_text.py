@@ -34,6 +34,7 @@ readme_times = load_script("scripts/readme_times.py")
 # them; never remove one.
 REWRITTEN = [
     "00_collectives.ipynb",
+    "05_pipeline_bubble.ipynb",
 ]
 
 MAX_AVG, MAX_PCT_OVER35, MAX_LONGEST = 17, 4, 50
