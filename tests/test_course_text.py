@@ -35,6 +35,7 @@ readme_times = load_script("scripts/readme_times.py")
 REWRITTEN = [
     "00_collectives.ipynb",
     "05_pipeline_bubble.ipynb",
+    "06_data_parallel_family.ipynb",
 ]
 
 MAX_AVG, MAX_PCT_OVER35, MAX_LONGEST = 17, 4, 50

@@ -29,6 +29,7 @@ NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 FOLLOWS_CONVENTION = [
     "00_collectives.ipynb",
     "05_pipeline_bubble.ipynb",
+    "06_data_parallel_family.ipynb",
 ]
 
 HEADING = re.compile(r"^### Exercise (\d+) · \S", re.MULTILINE)
