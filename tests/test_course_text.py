@@ -36,6 +36,7 @@ REWRITTEN = [
     "00_collectives.ipynb",
     "05_pipeline_bubble.ipynb",
     "06_data_parallel_family.ipynb",
+    "07_moe_all_to_all.ipynb",
 ]
 
 MAX_AVG, MAX_PCT_OVER35, MAX_LONGEST = 17, 4, 50

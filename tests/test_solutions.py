@@ -30,6 +30,7 @@ FOLLOWS_CONVENTION = [
     "00_collectives.ipynb",
     "05_pipeline_bubble.ipynb",
     "06_data_parallel_family.ipynb",
+    "07_moe_all_to_all.ipynb",
 ]
 
 HEADING = re.compile(r"^### Exercise (\d+) · \S", re.MULTILINE)
