@@ -37,6 +37,7 @@ REWRITTEN = [
     "05_pipeline_bubble.ipynb",
     "06_data_parallel_family.ipynb",
     "07_moe_all_to_all.ipynb",
+    "08_tp_x_dp.ipynb",
 ]
 
 MAX_AVG, MAX_PCT_OVER35, MAX_LONGEST = 17, 4, 50

@@ -31,6 +31,7 @@ FOLLOWS_CONVENTION = [
     "05_pipeline_bubble.ipynb",
     "06_data_parallel_family.ipynb",
     "07_moe_all_to_all.ipynb",
+    "08_tp_x_dp.ipynb",
 ]
 
 HEADING = re.compile(r"^### Exercise (\d+) · \S", re.MULTILINE)
