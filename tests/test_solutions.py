@@ -32,6 +32,12 @@ FOLLOWS_CONVENTION = [
     "06_data_parallel_family.ipynb",
     "07_moe_all_to_all.ipynb",
     "08_tp_x_dp.ipynb",
+    "09_pipeline_on_ranks.ipynb",
+    "10_attention_and_vocab.ipynb",
+    "11_context_parallel.ipynb",
+    "12_capstone_4d.ipynb",
+    "13_communication_cost.ipynb",
+    "14_hiding_communication.ipynb",
 ]
 
 HEADING = re.compile(r"^### Exercise (\d+) · \S", re.MULTILINE)
