@@ -1,9 +1,9 @@
 """The torch.distributed functions a rank calls under an emulated link, each taking its modelled time.
 
-``install(emulation)`` replaces the public collective and point-to-point functions in
-``torch.distributed`` (and in ``distributed_c10d``, so ``P2POp`` and ``batch_isend_irecv`` accept
-them and the object collectives use them) for the duration of one call; it returns ``restore``.
-What each replacement does, on the rank's comm stream (``comm_thread.CommStream``), in issue order:
+``install(emulation)`` hooks the emulation into the interception point of ``torch.distributed``
+(:mod:`mtb_helpers.runtime.intercept`, innermost: closest to the real op) for the duration of one
+call; it returns ``restore``. What each call then does, on the rank's comm stream
+(``comm_thread.CommStream``), in issue order:
 
 * a collective: the group's ranks first agree, with a two-number all-reduce (MAX) of their
   ready times and modelled times: the transfer starts when the last rank was ready, and its
@@ -26,7 +26,6 @@ directly) is not emulated and takes this machine's time.
 """
 from __future__ import annotations
 
-import inspect
 import threading
 import time
 from functools import partial
@@ -37,6 +36,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from mtb_helpers.runtime.comm_thread import Handle
+from mtb_helpers.runtime.intercept import ORIG, add_hook, signature
 from mtb_helpers.runtime.timeline import Event
 
 __all__ = ["install", "COLLECTIVE_OPS", "P2P_OPS", "ORIG", "sleep_until"]
@@ -64,10 +64,8 @@ COLLECTIVE_OPS: dict[str, tuple[str, Callable[[dict, int], int]]] = {
     "barrier": ("all-reduce", lambda a, p: 0),
 }
 P2P_OPS = ("send", "recv", "isend", "irecv")
-# run as they are, after the stream has drained: their own traffic goes through the functions above
-DRAINED = ("monitored_barrier",)
-ORIG: dict[str, Callable] = {n: getattr(c10d, n) for n in (*COLLECTIVE_OPS, *P2P_OPS, *DRAINED)
-                             if hasattr(c10d, n)}
+# DRAINED (monitored_barrier) runs as it is, after the stream has drained: its own traffic goes
+# through the functions above
 
 
 def sleep_until(deadline: float) -> None:
@@ -75,13 +73,6 @@ def sleep_until(deadline: float) -> None:
     remaining = deadline - time.perf_counter()
     if remaining > 0:
         time.sleep(remaining)
-
-
-def _named(fn: Callable, name: str) -> Callable:
-    # the stack dump of a blocked rank then names the collective, as torch's own function would
-    fn.__code__ = fn.__code__.replace(co_name=name, co_qualname=name)
-    fn.__name__ = fn.__qualname__ = name
-    return fn
 
 
 def _run_collective(em: Any, name: str, collective: str, nbytes: int, p: int, group: Any,
@@ -104,13 +95,10 @@ def _run_collective(em: Any, name: str, collective: str, nbytes: int, p: int, gr
 
 
 def _collective(em: Any, name: str) -> Callable:
-    orig, (collective, size_of) = ORIG[name], COLLECTIVE_OPS[name]
-    signature = inspect.signature(orig)
+    collective, size_of = COLLECTIVE_OPS[name]
 
-    def op(*args, **kwargs):
-        if em.bypass():
-            return orig(*args, **kwargs)
-        bound = signature.bind(*args, **kwargs)
+    def op(orig: Callable, args: tuple, kwargs: dict):
+        bound = signature(name).bind(*args, **kwargs)
         group = bound.arguments.get("group")
         if c10d._rank_not_in_group(group):
             return orig(*args, **kwargs)     # torch warns and returns, as without a link
@@ -126,7 +114,7 @@ def _collective(em: Any, name: str) -> Callable:
         handle.wait()
         return None
 
-    return _named(op, name)
+    return op
 
 
 class P2PHandle(Handle):
@@ -211,14 +199,10 @@ class P2PHandle(Handle):
 
 
 def _p2p(em: Any, name: str) -> Callable:
-    orig = ORIG[name]
-    signature = inspect.signature(orig)
     sending, blocking = name in ("send", "isend"), name in ("send", "recv")
 
-    def op(*args, **kwargs):
-        if em.bypass():
-            return orig(*args, **kwargs)
-        bound = signature.bind(*args, **kwargs)
+    def op(orig: Callable, args: tuple, kwargs: dict):
+        bound = signature(name).bind(*args, **kwargs)
         bound.apply_defaults()
         if c10d._rank_not_in_group(bound.arguments.get("group")):
             return orig(*args, **kwargs)
@@ -228,33 +212,25 @@ def _p2p(em: Any, name: str) -> Callable:
         handle.wait()
         return None if sending else handle.source
 
-    return _named(op, name)
+    return op
 
 
 def _drained(em: Any, name: str) -> Callable:
-    orig = ORIG[name]
-
-    def op(*args, **kwargs):
-        if not em.bypass():
-            em.stream.drain()
+    def op(orig: Callable, args: tuple, kwargs: dict):
+        em.stream.drain()
         return orig(*args, **kwargs)
 
-    return _named(op, name)
+    return op
 
 
 def install(em: Any) -> Callable[[], None]:
-    """Replace the functions in ``torch.distributed`` and ``distributed_c10d``; return restore."""
-    saved = [(module, name, getattr(module, name)) for module in (dist, c10d) for name in ORIG
-             if hasattr(module, name)]
-    for name in ORIG:
-        maker = _collective if name in COLLECTIVE_OPS else _p2p if name in P2P_OPS else _drained
-        replacement = maker(em, name)
-        for module in (dist, c10d):
-            if hasattr(module, name):
-                setattr(module, name, replacement)
+    """Emulate every torch.distributed call of this rank under ``em`` until ``restore()``."""
+    ops = {name: (_collective if name in COLLECTIVE_OPS else _p2p if name in P2P_OPS
+                  else _drained)(em, name) for name in ORIG}
 
-    def restore() -> None:
-        for module, name, fn in saved:
-            setattr(module, name, fn)
+    def hook(name: str, call: Callable, args: tuple, kwargs: dict):
+        if em.bypass():    # the comm stream's own ops, or a block inside unmodelled()
+            return call(*args, **kwargs)
+        return ops[name](call, args, kwargs)
 
-    return restore
+    return add_hook(hook, depth=0)
