@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from mtb_helpers.comm.records import note
-from mtb_helpers.runtime.intercept import ORIG
+from mtb_helpers.runtime.link_ops import ORIG
 from mtb_helpers.runtime.link import unmodelled
 
 __all__ = ["issue", "agree", "group_size", "group_rank"]

@@ -3,7 +3,7 @@
 Inside ``with record() as rec:`` every ``torch.distributed`` collective and message this rank
 issues is appended to ``rec`` as a ``CollectiveEvent`` (op, region, direction, shape, bytes), in the
 order the rank issued it, forward and backward alike (call ``.backward()`` inside the block). The
-record observes ``torch.distributed`` from below (:mod:`mtb_helpers.runtime.intercept`), so a
+record observes ``torch.distributed`` from below (:mod:`mtb_helpers.runtime.link_ops`), so a
 student's own ``dist.all_reduce`` is recorded exactly like the course's. Where a call came from is
 found on the Python stack: inside the ``forward`` or ``backward`` of an autograd Function
 registered with ``@recorded(region, operator)`` (the regions of ``comm/regions.py``) it carries
@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from mtb_helpers.runtime.intercept import add_hook, signature
+from mtb_helpers.runtime.link_ops import add_hook, signature
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast",
        "reduce", "gather", "scatter", "barrier")
@@ -34,11 +34,12 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv
 
 @dataclass(frozen=True)
 class CollectiveEvent:
-    """One operation a region issued on one rank.
+    """One torch.distributed operation this rank issued.
 
     ``shape``/``bytes`` describe the tensor this rank handed to the operation; ``out_shape`` the
-    tensor it got back. ``sent_bytes`` is what this rank sends with the usual ring algorithm for a
-    group of ``group_size`` ranks and N = ``bytes``: all-reduce 2(t-1)/t N, all-gather (t-1) N,
+    tensor it got back (a list of ``t`` tensors, as ``dist.all_gather`` fills, reads ``[t, ..]``).
+    ``sent_bytes`` is what this rank sends with the usual ring algorithm for a group of
+    ``group_size`` ranks and N = ``bytes``: all-reduce 2(t-1)/t N, all-gather (t-1) N,
     reduce-scatter (t-1) N_out = (t-1)/t N (N_out the bytes of the chunk it keeps; gloo's own
     reduce-scatter is an all-reduce inside and sends more, notebook 00 measures it), all-to-all
     the bytes of the rows addressed to the other ranks (what leaves this rank; its own rows stay),
@@ -206,16 +207,16 @@ def _label(frame: Any) -> tuple[str, str, str] | None:
 
 
 def _flat(x: Any) -> torch.Tensor:
-    """A tensor argument as one tensor: a list of them concatenated along dim 0 (empty: none)."""
+    """A tensor argument as one tensor: a list of ``t`` of them stacked, ``[t, ..]`` (none: empty)."""
     if isinstance(x, torch.Tensor):
         return x
-    return torch.cat([t.reshape(-1, *t.shape[1:]) for t in x]) if x else torch.empty(0)
+    return torch.stack(list(x)) if x else torch.empty(0)
 
 
 def _shape(x: Any) -> tuple[int, ...]:
     if isinstance(x, torch.Tensor):
         return tuple(x.shape)
-    return (sum(t.shape[0] for t in x), *x[0].shape[1:]) if x else ()
+    return (len(x), *x[0].shape) if x else ()
 
 
 def _bytes(x: Any) -> int:

@@ -1,9 +1,16 @@
-"""The torch.distributed functions a rank calls under an emulated link, each taking its modelled time.
+"""The one interception point of torch.distributed on a rank, and the emulated link that uses it.
 
-``install(emulation)`` hooks the emulation into the interception point of ``torch.distributed``
-(:mod:`mtb_helpers.runtime.intercept`, innermost: closest to the real op) for the duration of one
-call; it returns ``restore``. What each call then does, on the rank's comm stream
-(``comm_thread.CommStream``), in issue order:
+While something observes them (``add_hook``), the public collective and point-to-point functions
+of ``torch.distributed`` (and of ``distributed_c10d``, so ``P2POp``, ``batch_isend_irecv`` and the
+object collectives use them too) are wrappers that hand each call to the hooks, outermost first,
+ending in the function that was in place before (torch's own, or a test's). A hook is
+``hook(name, call, args, kwargs)`` and goes on with ``call(*args, **kwargs)``. Two exist: the
+emulated link (``install`` below, innermost) and the record of collectives (``comm/records.py``).
+With no hook the functions are torch's own, untouched. A lesson's ``dist.all_reduce`` and a
+student's are observed alike; the runtime's own traffic calls ``ORIG`` and is neither.
+
+Under an emulated link each call runs on the rank's comm stream (``comm_thread.CommStream``), in
+issue order:
 
 * a collective: the group's ranks first agree, with a two-number all-reduce (MAX) of their
   ready times and modelled times: the transfer starts when the last rank was ready, and its
@@ -22,10 +29,11 @@ call; it returns ``restore``. What each call then does, on the rank's comm strea
   order the rank waits for them), so a root that talks to p-1 ranks pays p-1 messages.
 
 Anything a rank issues without these functions (PyTorch's DDP, DTensor and FSDP2 call C++
-directly) is not emulated and takes this machine's time.
+directly) is neither emulated nor recorded.
 """
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from functools import partial
@@ -36,10 +44,9 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from mtb_helpers.runtime.comm_thread import Handle
-from mtb_helpers.runtime.intercept import ORIG, add_hook, signature
 from mtb_helpers.runtime.timeline import Event
 
-__all__ = ["install", "COLLECTIVE_OPS", "P2P_OPS", "ORIG", "sleep_until"]
+__all__ = ["add_hook", "signature", "install", "COLLECTIVE_OPS", "P2P_OPS", "ORIG", "sleep_until"]
 
 
 def _b(t: torch.Tensor) -> int:
@@ -64,8 +71,59 @@ COLLECTIVE_OPS: dict[str, tuple[str, Callable[[dict, int], int]]] = {
     "barrier": ("all-reduce", lambda a, p: 0),
 }
 P2P_OPS = ("send", "recv", "isend", "irecv")
-# DRAINED (monitored_barrier) runs as it is, after the stream has drained: its own traffic goes
-# through the functions above
+DRAINED = ("monitored_barrier",)   # runs as it is, once the stream has drained
+ORIG: dict[str, Callable] = {n: getattr(c10d, n) for n in (*COLLECTIVE_OPS, *P2P_OPS, *DRAINED)
+                             if hasattr(c10d, n)}
+_SIGNATURES: dict[str, inspect.Signature] = {}
+_HOOKS: list[tuple[int, Callable]] = []   # (depth, hook): the smallest depth runs closest to torch
+_saved: list[tuple[Any, str, Callable]] = []   # what the wrappers replaced, to put back
+
+
+def signature(name: str) -> inspect.Signature:
+    """The signature of torch's ``name`` (to bind a call's arguments by name), computed once."""
+    if name not in _SIGNATURES:
+        _SIGNATURES[name] = inspect.signature(ORIG[name])
+    return _SIGNATURES[name]
+
+
+def _wrapper(name: str, inner: Callable) -> Callable:
+    def op(*args, **kwargs):
+        call = inner
+        for _, hook in _HOOKS:   # innermost first: the last one wraps the others
+            call = partial(_hooked, hook, name, call)
+        return call(*args, **kwargs)
+
+    # a blocked rank's stack dump then names the collective, as torch's own function would
+    op.__code__ = op.__code__.replace(co_name=name, co_qualname=name)
+    op.__name__ = op.__qualname__ = name
+    return op
+
+
+def _hooked(hook: Callable, name: str, call: Callable, *args, **kwargs):
+    return hook(name, call, args, kwargs)
+
+
+def add_hook(hook: Callable[[str, Callable, tuple, dict], Any], depth: int) -> Callable[[], None]:
+    """Observe every call of ``ORIG``'s names with ``hook`` until the returned ``remove()``; hooks
+    of larger ``depth`` wrap the others. The first hook puts the wrappers in place (one per
+    function: ``dist.isend is c10d.isend`` stays true); removing the last puts back what was there."""
+    if not _HOOKS:
+        _saved[:] = [(m, n, getattr(m, n)) for m in (dist, c10d) for n in ORIG if hasattr(m, n)]
+        wrappers: dict[int, Callable] = {}
+        for module, name, inner in _saved:
+            setattr(module, name, wrappers.setdefault(id(inner), _wrapper(name, inner)))
+    entry = (depth, hook)
+    _HOOKS.append(entry)
+    _HOOKS.sort(key=lambda e: e[0])
+
+    def remove() -> None:
+        _HOOKS.remove(entry)
+        if not _HOOKS:
+            for module, name, fn in _saved:
+                setattr(module, name, fn)
+            _saved.clear()
+
+    return remove
 
 
 def sleep_until(deadline: float) -> None:
