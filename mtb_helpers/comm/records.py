@@ -1,18 +1,15 @@
 """The record of every collective a rank issued: what, where, which way, how many bytes.
 
 Inside ``with record() as rec:`` every ``torch.distributed`` collective and message this rank
-issues is appended to ``rec`` as a ``CollectiveEvent`` (op, region, direction, shape, bytes), in the
-order the rank issued it, forward and backward alike (call ``.backward()`` inside the block). The
-record observes ``torch.distributed`` from below (:mod:`mtb_helpers.runtime.link_ops`), so a
-student's own ``dist.all_reduce`` is recorded exactly like the course's. Where a call came from is
-found on the Python stack: inside the ``forward`` or ``backward`` of an autograd Function
-registered with ``@recorded(region, operator)`` (the regions of ``comm/regions.py``) it carries
-that region, operator and direction; any other call has an empty region and direction, unless the
-code that issued it names it right after with ``note(...)``. Calls torch makes itself inside
-its own functions (``all_gather_object``'s all-gathers) are not recorded. Only communication is
-recorded: a local split moves nothing and is not a collective. ``rec.count("all_reduce")`` counts
-what you ask for. Records are plain data: a check returns them from its ranks and a notebook
-compares them with the formulas.
+issues is appended to ``rec`` as a ``CollectiveEvent``, in issue order, forward and backward alike
+(call ``.backward()`` inside the block). It observes ``torch.distributed`` from below
+(``runtime/link_ops.add_observer``), so a student's own ``dist.all_reduce`` is recorded like the
+course's. A call made in the ``forward`` or ``backward`` of an autograd Function registered with
+``@recorded(region, operator)`` (``comm/regions.py``) carries that region, operator and direction;
+any other has an empty region and direction unless its code names it with ``note(...)``. Calls
+torch makes inside its own functions (``all_gather_object``'s) and local splits (no
+communication) are not recorded. Records are plain data: a check returns them from its ranks and
+a notebook compares them with the formulas.
 """
 from __future__ import annotations
 
@@ -26,7 +23,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from mtb_helpers.runtime.link_ops import add_hook, signature
+from mtb_helpers.runtime.link_ops import add_observer, signature
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast",
        "reduce", "gather", "scatter", "barrier")
@@ -154,7 +151,7 @@ def record(keep_tensors: bool = False) -> Iterator[CollectiveRecord]:
     """Record every torch.distributed call this rank issues inside the block (nesting allowed)."""
     rec = CollectiveRecord(keep_tensors=keep_tensors)
     if not _ACTIVE:
-        _remove_hook.append(add_hook(_observe, depth=1))
+        _remove_hook.append(add_observer(_observe))
     _ACTIVE.append(rec)
     try:
         yield rec
@@ -191,7 +188,7 @@ _ARGS = {"all_gather": ("tensor", "tensor_list"), "all_gather_into_tensor": ("in
 def _label(frame: Any) -> tuple[str, str, str] | None:
     """(region, operator, direction) of the nearest registered Function on the stack, if any;
     None when torch issued the call inside one of its own functions (not recorded)."""
-    while frame is not None and frame.f_globals.get("__name__") in (__name__, add_hook.__module__):
+    while frame is not None and frame.f_globals.get("__name__") in (__name__, add_observer.__module__):
         frame = frame.f_back
     if frame is None or frame.f_globals.get("__name__", "").startswith("torch."):
         return None
@@ -225,38 +222,40 @@ def _bytes(x: Any) -> int:
     return sum(t.numel() * t.element_size() for t in x or ())
 
 
-def _observe(name: str, call: Callable, args: tuple, kwargs: dict) -> Any:
-    """The interception hook: run the call, and append what it was to every active record."""
+def _observe(name: str, args: tuple, kwargs: dict) -> Callable[[Any], None] | None:
+    """The observer: before the call, what to append to every active record once it returned."""
     label = _label(inspect.currentframe()) if _ACTIVE and name != "monitored_barrier" else None
     if label is None:
-        return call(*args, **kwargs)
+        return None
     a = signature(name).bind(*args, **kwargs).arguments
     src, dst = _ARGS.get(name, ("tensor", "tensor"))
     x, out = a.get(src), a.get(dst)
     before = _flat(x).detach().clone() if any(r.keep_tensors for r in _ACTIVE) else None
     started = time.perf_counter()
-    result = call(*args, **kwargs)
-    seconds = time.perf_counter() - started
-    group = a.get("group")
-    t, me = dist.get_world_size(group), dist.get_rank(group)
-    op, nbytes = _OP.get(name, name), _bytes(x)
-    sent = _sent_bytes(op, nbytes, _bytes(out), t)
-    if op == "all_to_all":
-        own = a.get("input_split_sizes") or [_shape(x)[0] // t if _shape(x) else 0] * t
-        rows = _shape(x)[0] if _shape(x) else 0
-        sent = nbytes - (own[me] * (nbytes // rows) if rows else 0) if name == "all_to_all_single" \
-            else nbytes - _bytes(x[me])
-    elif op in ("broadcast", "scatter"):
-        sent = (t - 1) * _bytes(out if op == "scatter" else x) if me == a.get("src", 0) else 0
-    elif op in ("reduce", "gather"):
-        sent = nbytes if me != a.get("dst", 0) else 0
-    elif op in ("send", "recv"):
-        sent = nbytes if op == "send" else 0
-    tensors = (before, _flat(out).detach().clone()) if before is not None else None
-    _append(CollectiveEvent(op, *label[:2], label[2], _shape(x), _shape(out),
-                            str(_flat(x).dtype).replace("torch.", ""), nbytes, sent, t, seconds),
-            tensors)
-    return result
+
+    def done(result: Any) -> None:
+        seconds = time.perf_counter() - started
+        group = a.get("group")
+        t, me = dist.get_world_size(group), dist.get_rank(group)
+        op, nbytes = _OP.get(name, name), _bytes(x)
+        sent = _sent_bytes(op, nbytes, _bytes(out), t)
+        if op == "all_to_all":
+            own = a.get("input_split_sizes") or [_shape(x)[0] // t if _shape(x) else 0] * t
+            rows = _shape(x)[0] if _shape(x) else 0
+            sent = nbytes - (own[me] * (nbytes // rows) if rows else 0) if name == "all_to_all_single" \
+                else nbytes - _bytes(x[me])
+        elif op in ("broadcast", "scatter"):
+            sent = (t - 1) * _bytes(out if op == "scatter" else x) if me == a.get("src", 0) else 0
+        elif op in ("reduce", "gather"):
+            sent = nbytes if me != a.get("dst", 0) else 0
+        elif op in ("send", "recv"):
+            sent = nbytes if op == "send" else 0
+        tensors = (before, _flat(out).detach().clone()) if before is not None else None
+        _append(CollectiveEvent(op, *label[:2], label[2], _shape(x), _shape(out),
+                                str(_flat(x).dtype).replace("torch.", ""), nbytes, sent, t, seconds),
+                tensors)
+
+    return done
 
 
 def _append(event: CollectiveEvent, tensors: tuple[torch.Tensor, torch.Tensor] | None) -> None:
@@ -279,15 +278,16 @@ def _sent_bytes(op: str, nbytes: int, out_bytes: int, t: int) -> int:
 
 def note(op: str, x: torch.Tensor, out: torch.Tensor, region: str, operator: str,
          direction: str, t: int, sent: int | None = None, seconds: float | None = None,
-         issued: str | None = None) -> None:
+         issued: str | None = None, issued_bytes: int | None = None) -> None:
     """Name the collective this code has just issued outside a registered region: the latest
-    unnamed event of ``issued`` (torch's op, by default ``op``) on as many bytes as ``x`` leaves
-    the record and this description takes its place at the end (an op that never reached
-    torch.distributed, e.g. a message a rank hands itself, is simply appended)."""
+    unnamed event of ``issued`` (torch's op, by default ``op``) on ``issued_bytes`` (by default
+    ``x``'s) leaves the record and this description takes its place at the end (an op that never
+    reached torch.distributed, e.g. a message a rank hands itself, is simply appended)."""
     nbytes, issued = x.numel() * x.element_size(), issued or op
+    match = nbytes if issued_bytes is None else issued_bytes
     for rec in _ACTIVE:
         found = next((i for i in range(len(rec.events) - 1, -1, -1) if rec.events[i].region == ""
-                      and rec.events[i].op == issued and rec.events[i].bytes == nbytes), None)
+                      and rec.events[i].op == issued and rec.events[i].bytes == match), None)
         took = None if found is None else rec.events.pop(found).seconds
         if found is not None:
             rec.tensors.pop(found)

@@ -1,13 +1,12 @@
 """The one interception point of torch.distributed on a rank, and the emulated link that uses it.
 
-While something observes them (``add_hook``), the public collective and point-to-point functions
-of ``torch.distributed`` (and of ``distributed_c10d``, so ``P2POp``, ``batch_isend_irecv`` and the
-object collectives use them too) are wrappers that hand each call to the hooks, outermost first,
-ending in the function that was in place before (torch's own, or a test's). A hook is
-``hook(name, call, args, kwargs)`` and goes on with ``call(*args, **kwargs)``. Two exist: the
-emulated link (``install`` below, innermost) and the record of collectives (``comm/records.py``).
-With no hook the functions are torch's own, untouched. A lesson's ``dist.all_reduce`` and a
-student's are observed alike; the runtime's own traffic calls ``ORIG`` and is neither.
+While something observes them (a record, an emulated link), the public collective and
+point-to-point functions of ``torch.distributed`` (and of ``distributed_c10d``, so ``P2POp`` and
+the object collectives use them too) are wrappers: each call goes to the observers
+(``add_observer``: the records, ``comm/records.py``), then to the emulated link (``install``),
+and ends in the function that was in place before (torch's, or a test's). With neither, the
+functions are torch's own. A lesson's ``dist.all_reduce`` and a student's are observed alike;
+the runtime's own traffic calls ``ORIG``, torch's functions as imported, and is neither.
 
 Under an emulated link each call runs on the rank's comm stream (``comm_thread.CommStream``), in
 issue order:
@@ -46,7 +45,7 @@ from torch.distributed import distributed_c10d as c10d
 from mtb_helpers.runtime.comm_thread import Handle
 from mtb_helpers.runtime.timeline import Event
 
-__all__ = ["add_hook", "signature", "install", "COLLECTIVE_OPS", "P2P_OPS", "ORIG", "sleep_until"]
+__all__ = ["add_observer", "signature", "install", "COLLECTIVE_OPS", "P2P_OPS", "ORIG", "sleep_until"]
 
 
 def _b(t: torch.Tensor) -> int:
@@ -75,7 +74,8 @@ DRAINED = ("monitored_barrier",)   # runs as it is, once the stream has drained
 ORIG: dict[str, Callable] = {n: getattr(c10d, n) for n in (*COLLECTIVE_OPS, *P2P_OPS, *DRAINED)
                              if hasattr(c10d, n)}
 _SIGNATURES: dict[str, inspect.Signature] = {}
-_HOOKS: list[tuple[int, Callable]] = []   # (depth, hook): the smallest depth runs closest to torch
+_HOOKS: list[Callable] = []       # around a call: the emulated link (it runs the call itself)
+_OBSERVERS: list[Callable] = []   # before a call, returning what to do after it: the records
 _saved: list[tuple[Any, str, Callable]] = []   # what the wrappers replaced, to put back
 
 
@@ -88,10 +88,12 @@ def signature(name: str) -> inspect.Signature:
 
 def _wrapper(name: str, inner: Callable) -> Callable:
     def op(*args, **kwargs):
-        call = inner
-        for _, hook in _HOOKS:   # innermost first: the last one wraps the others
-            call = partial(_hooked, hook, name, call)
-        return call(*args, **kwargs)
+        after = [a for a in (observe(name, args, kwargs) for observe in _OBSERVERS) if a]
+        # the emulated link runs the call on its stream (one link per call on a rank)
+        result = _HOOKS[-1](name, inner, args, kwargs) if _HOOKS else inner(*args, **kwargs)
+        for done in after:
+            done(result)
+        return result
 
     # a blocked rank's stack dump then names the collective, as torch's own function would
     op.__code__ = op.__code__.replace(co_name=name, co_qualname=name)
@@ -99,31 +101,32 @@ def _wrapper(name: str, inner: Callable) -> Callable:
     return op
 
 
-def _hooked(hook: Callable, name: str, call: Callable, *args, **kwargs):
-    return hook(name, call, args, kwargs)
-
-
-def add_hook(hook: Callable[[str, Callable, tuple, dict], Any], depth: int) -> Callable[[], None]:
-    """Observe every call of ``ORIG``'s names with ``hook`` until the returned ``remove()``; hooks
-    of larger ``depth`` wrap the others. The first hook puts the wrappers in place (one per
-    function: ``dist.isend is c10d.isend`` stays true); removing the last puts back what was there."""
-    if not _HOOKS:
+def _attach(fn: Callable, into: list[Callable]) -> Callable[[], None]:
+    """Put ``fn`` into ``into`` until the returned ``remove()``. The first hook or observer puts
+    the wrappers in place (one per function: ``dist.isend is c10d.isend`` stays true); removing
+    the last puts back what was there."""
+    if not _HOOKS and not _OBSERVERS:
         _saved[:] = [(m, n, getattr(m, n)) for m in (dist, c10d) for n in ORIG if hasattr(m, n)]
         wrappers: dict[int, Callable] = {}
         for module, name, inner in _saved:
             setattr(module, name, wrappers.setdefault(id(inner), _wrapper(name, inner)))
-    entry = (depth, hook)
-    _HOOKS.append(entry)
-    _HOOKS.sort(key=lambda e: e[0])
+    into.append(fn)
 
     def remove() -> None:
-        _HOOKS.remove(entry)
-        if not _HOOKS:
-            for module, name, fn in _saved:
-                setattr(module, name, fn)
+        into.remove(fn)
+        if not _HOOKS and not _OBSERVERS:
+            for module, name, was in _saved:
+                setattr(module, name, was)
             _saved.clear()
 
     return remove
+
+
+def add_observer(observe: Callable[[str, tuple, dict], Callable[[Any], None] | None]) -> Callable[[], None]:
+    """``observe(name, args, kwargs)`` before every call of ``ORIG``'s names; what it returns (if
+    anything) is called with the call's result once it returned. Its frames are not on the stack
+    while the call runs, so a blocked rank is reported at the line that called torch."""
+    return _attach(observe, _OBSERVERS)
 
 
 def sleep_until(deadline: float) -> None:
@@ -146,7 +149,8 @@ def _run_collective(em: Any, name: str, collective: str, nbytes: int, p: int, gr
         agreed = torch.tensor([start, em.modelled(collective, nbytes, p)], dtype=torch.float64)
         ORIG["all_reduce"](agreed, op=dist.ReduceOp.MAX, group=group)
         start, modelled = agreed.tolist()
-    call()
+    with torch.no_grad():   # as on the calling thread inside an autograd Function: gloo writes
+        call()              # into views of the output, which autograd must not track
     sleep_until(start + modelled)
     em.free_at = start + modelled
     em.events.append(Event("comm", name, nbytes, start, time.perf_counter(), modelled))
@@ -291,4 +295,4 @@ def install(em: Any) -> Callable[[], None]:
             return call(*args, **kwargs)
         return ops[name](call, args, kwargs)
 
-    return add_hook(hook, depth=0)
+    return _attach(hook, _HOOKS)
