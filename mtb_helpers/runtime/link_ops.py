@@ -77,6 +77,7 @@ _SIGNATURES: dict[str, inspect.Signature] = {}
 _HOOKS: list[Callable] = []       # around a call: the emulated link (it runs the call itself)
 _OBSERVERS: list[Callable] = []   # before a call, returning what to do after it: the records
 _saved: list[tuple[Any, str, Callable]] = []   # what the wrappers replaced, to put back
+_WRAPPERS: dict[Callable, Callable] = {}   # one wrapper per function, made once
 
 
 def signature(name: str) -> inspect.Signature:
@@ -107,9 +108,10 @@ def _attach(fn: Callable, into: list[Callable]) -> Callable[[], None]:
     the last puts back what was there."""
     if not _HOOKS and not _OBSERVERS:
         _saved[:] = [(m, n, getattr(m, n)) for m in (dist, c10d) for n in ORIG if hasattr(m, n)]
-        wrappers: dict[int, Callable] = {}
         for module, name, inner in _saved:
-            setattr(module, name, wrappers.setdefault(id(inner), _wrapper(name, inner)))
+            if inner not in _WRAPPERS:
+                _WRAPPERS[inner] = _wrapper(name, inner)
+            setattr(module, name, _WRAPPERS[inner])
     into.append(fn)
 
     def remove() -> None:
