@@ -115,8 +115,8 @@ def test_column_trace_with_gather_and_records_per_rank():
     names = [s.name for s in report.steps]
     assert "all-gather Y" in names and names.index("all-gather Y") == names.index("local matmul") + 1
     for rank, rec in enumerate(report.records):
-        # the gather's backward is a local split: not a collective, not recorded
-        assert [(e.op, e.direction) for e in rec] == [("all_gather", "forward"), ("all_reduce", "backward")]
+        assert [(e.op, e.direction) for e in rec] == [
+            ("all_gather", "forward"), ("split", "backward"), ("all_reduce", "backward")]
     assert report.steps[names.index("local matmul")].holdings[1].cols == (6, 12)
     wrong = check_column_parallel(world_size=2, gather_output=True, batch_shape=(3,),
                                   bug="allgather-wrong-order")

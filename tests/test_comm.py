@@ -65,9 +65,10 @@ def test_gather_is_all_gather_last_dim_forward_and_split_backward(t):
     for r, (y, dx, rec) in enumerate(out):
         assert torch.equal(y, gathered)
         assert torch.equal(dx, _g(full, r)[..., 2 * r:2 * r + 2])
-        # dist.all_gather fills a list of t shards: [t, 2, 3, 2]; the split back is local, unrecorded
-        assert [(e.op, e.direction, e.out_shape) for e in rec] == [("all_gather", "forward", (t, *shape))]
-        assert rec.events[0].sent_bytes == (t - 1) * 12 * 4
+        # dist.all_gather fills a list of t shards: [t, 2, 3, 2]; the split back is local, 0 B sent
+        assert [(e.op, e.direction, e.out_shape) for e in rec] == [
+            ("all_gather", "forward", (t, *shape)), ("split", "backward", shape)]
+        assert rec.events[1].sent_bytes == 0 and rec.events[0].sent_bytes == (t - 1) * 12 * 4
 
 
 @pytest.mark.parametrize("t", [1, 2, 3])
@@ -77,7 +78,7 @@ def test_scatter_is_split_last_dim_forward_and_all_gather_backward(t):
     for r, (y, dx, rec) in enumerate(out):
         assert torch.equal(y, _x(full, r)[:, 3 * r:3 * r + 3])
         assert torch.equal(dx, torch.cat([_g(shape, q) for q in range(t)], dim=-1))
-        assert [(e.op, e.direction) for e in rec] == [("all_gather", "backward")]
+        assert [(e.op, e.direction) for e in rec] == [("split", "forward"), ("all_gather", "backward")]
 
 
 def test_regions_work_without_ranks_as_identities():
@@ -164,12 +165,12 @@ def test_every_region_and_check_has_the_one_import_path_design_promises():
         comm.no_such_region  # noqa: B018
 
 
-# the torch.distributed op each region issues in forward and in backward (None: none, local)
+# what each region records in forward and in backward (None: nothing, the identity)
 TRANSPOSE = {"copy_to_tensor_model_parallel_region": (None, "all_reduce"),
              "reduce_from_tensor_model_parallel_region": ("all_reduce", None),
-             "gather_from_tensor_model_parallel_region": ("all_gather", None),
-             "scatter_to_tensor_model_parallel_region": (None, "all_gather"),
-             "scatter_to_sequence_parallel_region": (None, "all_gather"),
+             "gather_from_tensor_model_parallel_region": ("all_gather", "split"),
+             "scatter_to_tensor_model_parallel_region": ("split", "all_gather"),
+             "scatter_to_sequence_parallel_region": ("split", "all_gather"),
              "gather_from_sequence_parallel_region": ("all_gather", "reduce_scatter"),
              "reduce_scatter_to_sequence_parallel_region": ("reduce_scatter", "all_gather")}
 
@@ -187,7 +188,8 @@ def _every_region_on_rank() -> dict:
 
 def test_each_region_issues_its_collective_forward_and_the_transpose_backward():
     """Megatron's mappings.py: each backward is the transpose of its forward (an all-gather's
-    transpose is a reduce-scatter; a split's, an all-gather), recorded under the region's name."""
+    transpose is a reduce-scatter, or a split; a split's, an all-gather), recorded under the
+    region's name, local splits included (0 B sent)."""
     from mtb_helpers.comm.regions import REGIONS
 
     assert set(REGIONS) == set(TRANSPOSE)

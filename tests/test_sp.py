@@ -49,8 +49,8 @@ def test_scatter_splits_the_sequence_forward_and_all_gathers_backward(t):
     for r, (y, dx, rec) in enumerate(out):
         assert torch.equal(y, _x(full, r)[3 * r:3 * (r + 1)])
         assert torch.equal(dx, grads)
-        # the split forward is local: only the all-gather of the grad is a collective
-        assert [(e.op, e.region, e.direction) for e in rec] == [("all_gather", SCATTER_SP, "backward")]
+        assert [(e.op, e.region, e.direction) for e in rec] == [
+            ("split", SCATTER_SP, "forward"), ("all_gather", SCATTER_SP, "backward")]
 
 
 @pytest.mark.parametrize("t", [1, 2, 3])
@@ -74,7 +74,7 @@ def test_gather_with_a_replicated_grad_only_splits_it_backward():
                           tensor_parallel_output_grad=False), world_size=2)
     for r, (_, dx, rec) in enumerate(out):
         assert torch.equal(dx, -_x(full, r)[2 * r:2 * (r + 1)])     # its own rows, not a sum
-        assert [e.op for e in rec] == ["all_gather"]   # backward splits locally: no collective
+        assert [e.op for e in rec] == ["all_gather", "split"]
 
 
 @pytest.mark.parametrize("t", [1, 2, 4])

@@ -1,15 +1,15 @@
 """The record of every collective a rank issued: what, where, which way, how many bytes.
 
 Inside ``with record() as rec:`` every ``torch.distributed`` collective and message this rank
-issues is appended to ``rec`` as a ``CollectiveEvent``, in issue order, forward and backward alike
-(call ``.backward()`` inside the block). It observes ``torch.distributed`` from below
-(``runtime/link_ops.add_observer``), so a student's own ``dist.all_reduce`` is recorded like the
-course's. A call made in the ``forward`` or ``backward`` of an autograd Function registered with
-``@recorded(region, operator)`` (``comm/regions.py``) carries that region, operator and direction;
-any other has an empty region and direction unless its code names it with ``note(...)``. Calls
-torch makes inside its own functions (``all_gather_object``'s) and local splits (no
-communication) are not recorded. Records are plain data: a check returns them from its ranks and
-a notebook compares them with the formulas.
+issues is appended to ``rec`` as a ``CollectiveEvent``, in issue order, forward and backward alike.
+It observes ``torch.distributed`` from below (``runtime/link_ops.add_observer``), so a student's
+own ``dist.all_reduce`` is recorded like the course's. A call in the ``forward`` or ``backward`` of
+an autograd Function registered with ``@recorded(region, operator)`` (``comm/regions.py``) carries
+that region, operator and direction; any other has none unless its code names it (``note``). Calls
+torch makes inside its own functions (``all_gather_object``'s) are not recorded; a region's local
+split is (``local_split``, 0 bytes sent), so a step trace can show where the layout changed.
+Records are plain data: a check returns them from its ranks, a notebook compares them with the
+formulas.
 """
 from __future__ import annotations
 
@@ -25,23 +25,21 @@ import torch.distributed as dist
 
 from mtb_helpers.runtime.link_ops import add_observer, signature
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast",
-       "reduce", "gather", "scatter", "barrier")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "split", "all_to_all", "send", "recv",
+       "broadcast", "reduce", "gather", "scatter", "barrier")
 
 
 @dataclass(frozen=True)
 class CollectiveEvent:
-    """One torch.distributed operation this rank issued.
+    """One torch.distributed operation (or a region's local split) this rank issued.
 
-    ``shape``/``bytes`` describe the tensor this rank handed to the operation; ``out_shape`` the
-    tensor it got back (a list of ``t`` tensors, as ``dist.all_gather`` fills, reads ``[t, ..]``).
-    ``sent_bytes`` is what this rank sends with the usual ring algorithm for a group of
-    ``group_size`` ranks and N = ``bytes``: all-reduce 2(t-1)/t N, all-gather (t-1) N,
-    reduce-scatter (t-1) N_out = (t-1)/t N (N_out the bytes of the chunk it keeps; gloo's own
-    reduce-scatter is an all-reduce inside and sends more, notebook 00 measures it), all-to-all
-    the bytes of the rows addressed to the other ranks (what leaves this rank; its own rows stay),
-    send the bytes of the message, recv 0; broadcast and scatter from a root that sends to every
-    rank itself ((t-1) N at the root), reduce and gather N from every other rank, barrier 0.
+    ``shape``/``bytes``: the tensor handed to the operation; ``out_shape``: the one it got back (a
+    list of ``t`` tensors, as ``dist.all_gather`` fills, reads ``[t, ..]``). ``sent_bytes``: what
+    this rank sends with the usual ring algorithm, ``t`` = ``group_size``, N = ``bytes``: all-reduce
+    2(t-1)/t N, all-gather (t-1) N, reduce-scatter (t-1) N_out = (t-1)/t N (N_out: the chunk it
+    keeps; gloo's own reduce-scatter is an all-reduce inside and sends more, notebook 00 measures
+    it), all-to-all the rows addressed to the other ranks, split 0 (local), send N, recv 0,
+    broadcast and scatter (t-1) N at the root, reduce and gather N from every other rank, barrier 0.
     """
     op: str
     region: str
@@ -107,16 +105,17 @@ class CollectiveRecord:
         return sum(e.sent_bytes if sent else e.bytes for e in self.select(op, direction))
 
     def communicating(self) -> list[CollectiveEvent]:
-        """The events that moved data between ranks (all of them: only communication is recorded)."""
-        return list(self.events)
+        """The events that moved data between ranks (everything but local splits)."""
+        return [e for e in self.events if e.op != "split"]
 
     def summary(self) -> str:
-        """One line per direction, e.g. ``'forward: 1 all_reduce (192 B)'``. forward and backward
-        always appear; other directions (an optimizer ``step``, ``""`` outside a region) when used."""
+        """One line per direction, e.g. ``'forward: 1 all_reduce (192 B)'``; local splits left out.
+        forward and backward always appear; other directions (a ``step``, ``""`` outside a region)
+        when used."""
         parts = []
         for direction in dict.fromkeys(["forward", "backward", *(e.direction for e in self)]):
             counts: dict[str, list[int]] = {}
-            for e in self.events:
+            for e in self.communicating():
                 if e.direction == direction:
                     n, b = counts.get(e.op, [0, 0])
                     counts[e.op] = [n + 1, b + e.bytes]
@@ -138,8 +137,8 @@ class CollectiveRecord:
                                        "out_shape": tuple(d["out_shape"])}) for d in items])
 
 
-# The records being filled on this rank process. A plain list rather than a ContextVar because
-# autograd may run backward functions on a worker thread, where a ContextVar set here is unset.
+# The records being filled on this rank process: a plain list, not a ContextVar (autograd may run
+# backward functions on a worker thread, where a ContextVar set here is unset).
 _ACTIVE: list[CollectiveRecord] = []
 _remove_hook: list[Callable[[], None]] = []
 # forward/backward code of each registered autograd Function -> (region, operator, direction)
@@ -205,21 +204,26 @@ def _label(frame: Any) -> tuple[str, str, str] | None:
 
 def _flat(x: Any) -> torch.Tensor:
     """A tensor argument as one tensor: a list of ``t`` of them stacked, ``[t, ..]`` (none: empty)."""
-    if isinstance(x, torch.Tensor):
-        return x
-    return torch.stack(list(x)) if x else torch.empty(0)
+    return x if isinstance(x, torch.Tensor) else torch.stack(list(x)) if x else torch.empty(0)
 
 
 def _shape(x: Any) -> tuple[int, ...]:
-    if isinstance(x, torch.Tensor):
-        return tuple(x.shape)
-    return (len(x), *x[0].shape) if x else ()
+    return tuple(x.shape) if isinstance(x, torch.Tensor) else (len(x), *x[0].shape) if x else ()
 
 
 def _bytes(x: Any) -> int:
-    if isinstance(x, torch.Tensor):
-        return x.numel() * x.element_size()
-    return sum(t.numel() * t.element_size() for t in x or ())
+    return sum(t.numel() * t.element_size() for t in ([x] if isinstance(x, torch.Tensor) else x or ()))
+
+
+def local_split(x: torch.Tensor, out: torch.Tensor, t: int) -> None:
+    """Record the local split ``x`` -> ``out`` of the region on the stack: no communication (0 bytes
+    sent), recorded so that a step trace can show where the layout changed."""
+    label = _label(inspect.currentframe()) if _ACTIVE and dist.is_initialized() else None
+    if label:
+        keep = any(r.keep_tensors for r in _ACTIVE)
+        _append(CollectiveEvent("split", *label, tuple(x.shape), tuple(out.shape),
+                                str(x.dtype).replace("torch.", ""), _bytes(x), 0, t),
+                (x.detach().clone(), out.detach().clone()) if keep else None)
 
 
 def _observe(name: str, args: tuple, kwargs: dict) -> Callable[[Any], None] | None:
@@ -239,11 +243,11 @@ def _observe(name: str, args: tuple, kwargs: dict) -> Callable[[Any], None] | No
         t, me = dist.get_world_size(group), dist.get_rank(group)
         op, nbytes = _OP.get(name, name), _bytes(x)
         sent = _sent_bytes(op, nbytes, _bytes(out), t)
-        if op == "all_to_all":
-            own = a.get("input_split_sizes") or [_shape(x)[0] // t if _shape(x) else 0] * t
-            rows = _shape(x)[0] if _shape(x) else 0
-            sent = nbytes - (own[me] * (nbytes // rows) if rows else 0) if name == "all_to_all_single" \
-                else nbytes - _bytes(x[me])
+        if op == "all_to_all":   # all but the rows (or the tensor) this rank keeps
+            rows = _shape(x)[0] if name == "all_to_all_single" and _shape(x) else 0
+            own = (a.get("input_split_sizes") or [rows // t] * t)[me] * (nbytes // rows) if rows \
+                else _bytes(x[me]) if name == "all_to_all" else 0
+            sent = nbytes - own
         elif op in ("broadcast", "scatter"):
             sent = (t - 1) * _bytes(out if op == "scatter" else x) if me == a.get("src", 0) else 0
         elif op in ("reduce", "gather"):
@@ -279,18 +283,15 @@ def _sent_bytes(op: str, nbytes: int, out_bytes: int, t: int) -> int:
 def note(op: str, x: torch.Tensor, out: torch.Tensor, region: str, operator: str,
          direction: str, t: int, sent: int | None = None, seconds: float | None = None,
          issued: str | None = None, issued_bytes: int | None = None) -> None:
-    """Name the collective this code has just issued outside a registered region: the latest
-    unnamed event of ``issued`` (torch's op, by default ``op``) on ``issued_bytes`` (by default
-    ``x``'s) leaves the record and this description takes its place at the end (an op that never
-    reached torch.distributed, e.g. a message a rank hands itself, is simply appended)."""
+    """Name the collective this code just issued outside a registered region: the latest unnamed
+    event of ``issued`` (torch's op; ``op``) on ``issued_bytes`` (``x``'s) moves to the end as this
+    description (one that never reached torch.distributed, e.g. a message to itself, is added)."""
     nbytes, issued = x.numel() * x.element_size(), issued or op
     match = nbytes if issued_bytes is None else issued_bytes
     for rec in _ACTIVE:
         found = next((i for i in range(len(rec.events) - 1, -1, -1) if rec.events[i].region == ""
                       and rec.events[i].op == issued and rec.events[i].bytes == match), None)
-        took = None if found is None else rec.events.pop(found).seconds
-        if found is not None:
-            rec.tensors.pop(found)
+        took = None if found is None else (rec.events.pop(found).seconds, rec.tensors.pop(found))[0]
         rec.events.append(CollectiveEvent(
             op, region, operator, direction, tuple(x.shape), tuple(out.shape),
             str(x.dtype).replace("torch.", ""), nbytes,

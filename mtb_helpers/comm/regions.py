@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from mtb_helpers.comm.records import recorded
+from mtb_helpers.comm.records import local_split, recorded
 from mtb_helpers.comm.sharding import Partial, Replicate, Shard
 
 __all__ = ["allreduce_grad", "copy_to_tensor_model_parallel_region",
@@ -53,13 +53,13 @@ def _size(group: dist.ProcessGroup | None) -> int:
     return dist.get_world_size(group) if dist.is_initialized() else 1
 
 
-def _rank(group: dist.ProcessGroup | None) -> int:
-    return dist.get_rank(group) if dist.is_initialized() else 0
-
-
 def _split(x: torch.Tensor, dim: int, group) -> torch.Tensor:
-    """This rank's contiguous chunk of ``x`` along ``dim``: no communication."""
-    return x.chunk(_size(group), dim=dim)[_rank(group)].contiguous()
+    """This rank's contiguous chunk of ``x`` along ``dim``: no communication (recorded as a split)."""
+    if not dist.is_initialized():
+        return x
+    out = x.chunk(_size(group), dim=dim)[dist.get_rank(group)].contiguous()
+    local_split(x, out, _size(group))
+    return out
 
 
 @recorded("copy_to_tensor_model_parallel_region", "f")
