@@ -108,3 +108,36 @@ def test_note_names_each_dtype():
             comm.issue("all_reduce", torch.ones(2, dtype=dtype), region="t", direction="forward")
     assert [e.dtype for e in rec] == ["float32", "float64", "bfloat16", "float32"]
     assert [e.bytes for e in rec] == [8, 16, 4, 8]
+
+
+def _linked_region():
+    x = torch.ones(4, 8, requires_grad=True)
+    with comm.record() as rec:
+        y = comm.reduce_from_tensor_model_parallel_region(comm.copy_to_tensor_model_parallel_region(x))
+        y.sum().backward()
+    return [(e.op, e.operator, e.direction) for e in rec], x.grad
+
+
+def test_one_interception_serves_an_emulated_link_and_the_record_together():
+    """Under a link each region's collective is recorded once and takes its modelled time once."""
+    from mtb_helpers.cost import Link
+    out = run(_linked_region, world_size=2, link=Link(alpha=2e-3, bandwidth=1e8), time_scale="auto")
+    for r, (events, grad) in enumerate(out):
+        assert events == [("all_reduce", "g", "forward"), ("all_reduce", "f", "backward")]
+        assert torch.equal(grad, torch.full((4, 8), 2.0))
+        assert [e.name for e in out.timeline.events(rank=r, kind="comm")] == ["all_reduce"] * 2
+        assert all(e.seconds >= e.modelled for e in out.timeline.events(rank=r, kind="comm"))
+
+
+def test_the_lesson_regions_call_torch_distributed_themselves():
+    """What notebooks 01-04 print: f's backward, g's forward and the sequence-parallel pair hold
+    the torch.distributed call itself, not a course function."""
+    import inspect
+    from mtb_helpers.comm import regions
+    calls = {regions._CopyToModelParallelRegion.backward: "dist.all_reduce(",
+             regions._ReduceFromModelParallelRegion.forward: "dist.all_reduce(",
+             regions._GatherFromSequenceParallelRegion.forward: "getattr(dist, _ALL_GATHER)(",
+             regions._GatherFromSequenceParallelRegion.backward: "getattr(dist, _REDUCE_SCATTER)("}
+    for fn, call in calls.items():
+        assert call in inspect.getsource(fn), fn
+    assert "issue(" not in inspect.getsource(regions)
