@@ -240,8 +240,8 @@ def _observe(name: str, args: tuple, kwargs: dict) -> Callable[[Any], None] | No
     def done(result: Any) -> None:
         seconds = time.perf_counter() - started
         group = a.get("group")
-        t, me = dist.get_world_size(group), dist.get_rank(group)
-        op, nbytes = _OP.get(name, name), _bytes(x)
+        op, nbytes, t = _OP.get(name, name), _bytes(x), dist.get_world_size(group)
+        me = dist.get_rank(group) if op in ("all_to_all", "broadcast", "scatter", "reduce", "gather") else 0
         sent = _sent_bytes(op, nbytes, _bytes(out), t)
         if op == "all_to_all":   # all but the rows (or the tensor) this rank keeps
             rows = _shape(x)[0] if name == "all_to_all_single" and _shape(x) else 0
