@@ -27,8 +27,7 @@ issue order:
   one after another, and messages arriving together are received one after another (in the
   order the rank waits for them), so a root that talks to p-1 ranks pays p-1 messages.
 
-Anything a rank issues without these functions (PyTorch's DDP, DTensor and FSDP2 call C++
-directly) is neither emulated nor recorded.
+What a rank issues without them (DDP, DTensor and FSDP2 call C++) is neither emulated nor recorded.
 """
 from __future__ import annotations
 
