@@ -251,6 +251,6 @@ def plot_drift(drift: dict, title: str = "") -> Figure:
     ax.set_xlabel("step")
     ax.set_ylabel("largest parameter error\nvs one process")
     ax.set_title(title or "Rounding compounds through AdamW; each step on its own agrees")
-    ax.legend(fontsize=8, loc="center left")
+    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     return fig
