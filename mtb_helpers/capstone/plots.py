@@ -101,7 +101,6 @@ def _limits(runs: tuple, reference: tuple) -> tuple:
 def _exact_ticks(ax, top: float) -> None:
     """Log ticks between ``FLOOR`` and ``top``, the floor labelled "0 (exact)" as the course's
     error plots do: an exact zero is drawn there, and a reader must not take it for 1e-17."""
-    ax.axhline(FLOOR, color="grey", linestyle=":", linewidth=1)
     lo, hi = round(math.log10(FLOOR)), math.floor(math.log10(top))
     stride = max(1, math.ceil((hi - lo) / 5))
     exps = [k for k in range(hi, lo + 1, -stride)][::-1]   # none right on top of the floor's label
