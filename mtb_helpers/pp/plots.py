@@ -30,12 +30,11 @@ SCHEDULE_HATCHES = {"gpipe": "", "1f1b": "//", "interleaved": "..", "zb-h1": "xx
 
 
 def _shade(color: str, chunk: int, chunks: int) -> tuple[float, float, float]:
-    """Model chunks run from a darker to a paler version of the op colour (Megatron's figures
-    shade chunks too); the spread is wide so that two chunks' shades are easy to tell apart."""
-    if chunks == 1:
-        return to_rgb(color)
-    mix = -0.4 + 1.0 * chunk / (chunks - 1)   # < 0 darkens towards black, > 0 pales towards white
-    return tuple(c * (1 + mix) if mix < 0 else c + (1 - c) * mix for c in to_rgb(color))
+    """Later model chunks get paler versions of the op colour (Megatron's figures do the same).
+    The last chunk is mixed 75 % towards white, so two chunks are easy to tell apart, while
+    black labels stay readable on every shade (``measured_plots`` draws them black too)."""
+    mix = 0.75 * chunk / max(chunks - 1, 1)
+    return tuple(c + (1 - c) * mix for c in to_rgb(color))
 
 
 def _description(timeline: Timeline, name: str | None) -> str:
@@ -88,9 +87,8 @@ def plot_gantt(timeline: Timeline, name: str | None = None, ax: plt.Axes | None 
             longest = max(len(line) for line in text.split("\n"))
             size = min(9.0 if chunks == 1 else 7.5, box_points / (0.62 * longest + 0.3))
             if size >= 5.0:  # too small to read is worse than no label
-                dark = 0.299 * face[0] + 0.587 * face[1] + 0.114 * face[2] < 0.45
                 ax.text((e.start + e.end) / 2, y, text, ha="center", va="center", fontsize=size,
-                        linespacing=1.0, color="white" if dark else "black")
+                        linespacing=1.0)
     ax.set_xlim(-band * 2, span * 1.01)
     ax.set_ylim(-0.6, p - 0.4)
     ax.set_yticks(range(p), [f"stage {r}" for r in reversed(range(p))])
