@@ -71,10 +71,10 @@ ORIG: dict[str, Callable] = {n: getattr(c10d, n) for n in (*COLLECTIVE_OPS, *P2P
 
 
 def sleep_until(deadline: float) -> None:
-    """Sleep (no CPU) until ``time.perf_counter()`` reaches ``deadline``."""
-    remaining = deadline - time.perf_counter()
-    if remaining > 0:
-        time.sleep(remaining)
+    """Sleep (no CPU) until ``time.perf_counter()`` reaches ``deadline``, a day at a time at
+    most: one sleep of 1e10 s overflows the platform's time_t (OverflowError)."""
+    while (remaining := deadline - time.perf_counter()) > 0:
+        time.sleep(min(remaining, 86400.0))
 
 
 def _named(fn: Callable, name: str) -> Callable:
