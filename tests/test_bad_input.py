@@ -17,7 +17,8 @@ import torch.distributed as dist
 
 from mtb_helpers import RankTimeoutError, run
 from mtb_helpers.cli import main
-from mtb_helpers.cost import Link, algbw, busbw, coefficients, n_half, predict
+from mtb_helpers.cost import (Link, algbw, busbw, coefficients, n_half, predict,
+                              predict_pipeline_step_time)
 from mtb_helpers.cost.calibrate import _elements, _time_on_ranks
 from mtb_helpers.plan.search import divisors
 
@@ -194,10 +195,14 @@ def test_10_numpy_scalars_are_numbers_and_bools_are_not(no_ranks):
     assert n_half("all-reduce", np.int64(4), link) == pytest.approx(n_half("all-reduce", 4, link))
     assert algbw(np.float32(1e6), np.float64(1e-3)) == pytest.approx(1e9)
     assert busbw("all-reduce", np.int64(10**6), np.float32(1e-3), np.int64(2)) == pytest.approx(1e9)
+    step = predict_pipeline_step_time("1f1b", 4, 8, (1e-3, 2e-3), 10**6, link)
+    assert predict_pipeline_step_time("1f1b", np.int64(4), np.int64(8), (np.float32(1e-3), 2e-3),
+                                      np.int64(10**6), link) == pytest.approx(step, rel=1e-6)
     for bad in (lambda: Link(True, 1e9), lambda: Link(1e-6, np.bool_(True)),
                 lambda: predict("all-reduce", 10, True, link),
                 lambda: predict("all-reduce", np.bool_(False), 4, link),
-                lambda: predict("all-reduce", 10, np.float64(4.0), link)):
+                lambda: predict("all-reduce", 10, np.float64(4.0), link),
+                lambda: predict_pipeline_step_time("1f1b", True, 8, (1e-3, 2e-3), 10, link)):
         with pytest.raises(ValueError):
             bad()
 

@@ -21,11 +21,14 @@ from mtb_helpers.cost.model import ALGORITHMS, COLLECTIVES, Link, busbw, n_half,
 
 def byte_sizes(text: str) -> list[int]:
     """An argparse ``type``: comma-separated byte counts ("1024,1e6"), each a whole number."""
-    try:
-        return [integer(0)(word.strip()) for word in text.split(",")]
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of byte "
-                                         "counts (whole numbers)") from None
+    sizes = []
+    for word in text.split(","):
+        try:
+            sizes.append(integer(0)(word.strip()))
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"{word.strip()!r} in {text!r} is not a whole "
+                                             "number of bytes") from None
+    return sizes
 
 
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
@@ -89,7 +92,7 @@ def predict_command(args: argparse.Namespace) -> int:
 
 def calibrate_command(args: argparse.Namespace) -> int:
     """Handler of ``minitrainbench cost calibrate``; ValueError (exit 2) on bad input."""
-    with naming(args, "--world-size", "--sizes", "--k"):
+    with naming(args, "--world-size", "--sizes"):
         cal = calibrate(args.world_size, sizes=args.sizes, collectives=args.collective, k=args.k)
     return emit_document(cal.to_dict, args.json, lambda: (
         f"calibrated on {cal.world_size} gloo ranks of this machine (times move from machine "

@@ -14,7 +14,7 @@ import argparse
 
 from mtb_helpers.cli.common import add_json_option, emit_document, integer, naming, real
 from mtb_helpers.plan.presets import CLUSTERS, GIB, MODELS, cluster, model
-from mtb_helpers.plan.search import check_reserve, plan
+from mtb_helpers.plan.search import check_gpus, check_reserve, plan
 
 __all__ = ["register", "run_plan"]
 
@@ -49,6 +49,8 @@ def run_plan(args: argparse.Namespace) -> int:
     """Handler of ``minitrainbench plan``; ValueError (exit 2) on bad input."""
     with naming(args, "--model"):
         spec = model(args.model)
+    with naming(args, "--gpus"):
+        check_gpus(args.gpus)              # at once: a count with too many layouts to weigh
     with naming(args, "--cluster", "--gpus", "--gpu-memory", "--gpus-per-node"):
         gpus = cluster(args.cluster, args.gpus, args.gpu_memory, args.gpus_per_node)
     with naming(args, "--reserve", "--gpu-memory"):

@@ -30,7 +30,7 @@ from mtb_helpers.plan.specs import (ClusterSpec, Layout, ModelSpec, layout_probl
 from mtb_helpers.plan.steptime import StepTime, step_time
 
 __all__ = ["Candidate", "PlanResult", "plan", "divisors", "prime_factors", "groupings",
-           "check_reserve", "MAX_GPUS", "MAX_GROUPINGS"]
+           "check_reserve", "check_gpus", "MAX_GPUS", "MAX_GROUPINGS"]
 
 MAX_GPUS = 2**64            # factorised at once below this (Pollard's rho on two 32-bit primes)
 MAX_GROUPINGS = 20_000      # tp x pp x cp groupings weighed at most (8e9 GPUs have 100,100)
@@ -191,7 +191,7 @@ def check_reserve(cluster: ClusterSpec, reserve: float) -> None:
                          f"{cluster.memory_bytes / GIB:.4g} GiB per GPU")
 
 
-def _check_gpus(n: int) -> None:
+def check_gpus(n: int) -> None:
     """ValueError when the layouts of ``n`` GPUs are too many to list (see ``MAX_GROUPINGS``)."""
     if n >= MAX_GPUS:
         raise ValueError(f"gpus={n}: the planner factorises GPU counts below 2**64")
@@ -221,7 +221,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: int
     budget = cluster.memory_bytes - reserve
     result = PlanResult(model, cluster, global_batch)
     n = cluster.gpus
-    _check_gpus(n)
+    check_gpus(n)
     expert_sizes = divisors(model.experts)
     for tp, pp, cp in _groupings(n, cp_sizes):
         dp = n // (tp * pp * cp)
