@@ -147,9 +147,8 @@ def _fit(collective: str, p: int, sizes: list[int], seconds: list[float]) -> Fit
                tuple(float(x) for x in resid), tuple(float(x) for x in resid / target))
 
 
-def _measured_bytes(collective: str, nbytes: int, p: int) -> int:
-    """The S a row really measures for ``nbytes`` asked: whole float32 elements, split evenly."""
-    n = _elements(collective, nbytes, p)
+def _measured_bytes(collective: str, n: int, p: int) -> int:
+    """The S a row measures when each rank hands over ``n`` float32 elements (``_elements``)."""
     return 4 * (n * p if collective == "all-gather" else n)
 
 
@@ -174,7 +173,8 @@ def _validate(world_size: int, sizes, collectives, k: int, warmup: int) -> tuple
                          "element (4 bytes): nothing would be sent")
     k, warmup = _whole("k", k, 1), _whole("warmup", warmup, 0)
     for name in names:   # a fit of two unknowns needs two different sizes really measured
-        kept = sorted({_measured_bytes(name, s, world_size) for s in sizes})
+        kept = sorted({_measured_bytes(name, _elements(name, s, world_size), world_size)
+                       for s in sizes})
         if len(kept) < 2:
             raise ValueError(
                 f"sizes {sizes} round to {len(kept)} distinct size ({kept[0]} bytes) for {name} on "
@@ -207,7 +207,7 @@ def calibrate(world_size: int = 2, sizes=None, collectives=None, k: int = 5, war
     stretch = per_rank.timeline.time_scale if link is not None else 1.0
     cal = Calibration(p, link=link)
     for i, (collective, n) in enumerate(plan):
-        nbytes = 4 * (n * p if collective == "all-gather" else n)   # _measured_bytes
+        nbytes = _measured_bytes(collective, n, p)
         runs = [max(rank[i][j] for rank in per_rank) / stretch for j in range(k)]
         seconds = statistics.median(runs)
         cal.rows.append({"collective": collective, "bytes": nbytes, "seconds": seconds,
