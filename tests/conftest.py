@@ -9,7 +9,7 @@ from mtb_helpers import shutdown
 # models), the package's layering and lint, the notebooks' saved outputs. Every other test starts
 # ranks (or a subprocess) and is marked slow, except one that asks for ``no_ranks`` (bad input
 # refused before any rank starts).
-NO_RANK_MODULES = {"test_layering", "test_lint", "test_cost_model", "test_plan_memory",
+NO_RANK_MODULES = {"test_layering", "test_lint", "test_course_text", "test_cost_model", "test_plan_memory",
                    "test_plan_time", "test_pp", "test_pp_bubble_limits", "test_notebook_hygiene",
                    "test_corrections", "test_mp_private"}
 _PROCESS_NAMES = {"run", "subprocess", "Popen"}   # a test that names these starts ranks or a process

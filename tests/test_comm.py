@@ -1,4 +1,4 @@
-"""The four tensor-parallel regions: forward, backward, process groups, and the collective record."""
+"""The regions: forward, backward, process groups, and the collective record they leave."""
 from __future__ import annotations
 
 import pytest
@@ -65,8 +65,9 @@ def test_gather_is_all_gather_last_dim_forward_and_split_backward(t):
     for r, (y, dx, rec) in enumerate(out):
         assert torch.equal(y, gathered)
         assert torch.equal(dx, _g(full, r)[..., 2 * r:2 * r + 2])
+        # dist.all_gather fills a list of t shards: [t, 2, 3, 2]; the split back is local, 0 B sent
         assert [(e.op, e.direction, e.out_shape) for e in rec] == [
-            ("all_gather", "forward", full), ("split", "backward", shape)]
+            ("all_gather", "forward", (t, *shape)), ("split", "backward", shape)]
         assert rec.events[1].sent_bytes == 0 and rec.events[0].sent_bytes == (t - 1) * 12 * 4
 
 
@@ -81,12 +82,15 @@ def test_scatter_is_split_last_dim_forward_and_all_gather_backward(t):
 
 
 def test_regions_work_without_ranks_as_identities():
-    x = torch.randn(3, 4, requires_grad=True)
+    """One process, no torch.distributed: every region is the identity and nothing is recorded
+    (nothing reached torch.distributed)."""
+    x = torch.randn(3, 4, 2, requires_grad=True)
     with comm.record() as rec:
         y = comm.reduce_from_tensor_model_parallel_region(comm.copy_to_tensor_model_parallel_region(x))
+        y = comm.gather_from_sequence_parallel_region(comm.reduce_scatter_to_sequence_parallel_region(y))
         y.sum().backward()
-    assert torch.equal(y, x) and torch.equal(x.grad, torch.ones(3, 4))
-    assert rec.count() == 2 and rec.total_bytes(sent=True) == 0
+    assert torch.equal(y, x) and torch.equal(x.grad, torch.ones(3, 4, 2))
+    assert rec.count() == 0
 
 
 def test_regions_stay_inside_their_process_group():
@@ -124,22 +128,28 @@ def test_issue_gathers_and_reduce_scatters_along_any_dim():
         comm.issue("broadcast", torch.ones(1), region="test", direction="forward")
 
 
-def test_record_counts_filters_serialises_and_nests():
+def _nested_records():
     x = torch.ones(2, 8, requires_grad=True)
     with comm.record(keep_tensors=True) as outer:
         with comm.record() as inner:
             y = comm.copy_to_tensor_model_parallel_region(x)
         z = comm.reduce_from_tensor_model_parallel_region(y * 2)
         z.sum().backward()
-    assert inner.count() == 0            # f's all-reduce runs in backward, after inner closed
-    assert outer.count("all_reduce") == 2 and outer.count(direction="forward") == 1
-    assert outer.count(region="f") == 1 and outer.count(region="g") == 1
-    assert outer.total_bytes("all_reduce", "forward") == 64
-    assert torch.equal(outer.tensors[0][1], 2 * torch.ones(2, 8))
-    again = comm.CollectiveRecord.from_list(outer.to_list())
-    assert again.events == outer.events and again.tensors == []
-    assert "forward: 1 all_reduce (64 B)" in outer.summary()
-    assert outer.without_tensors().tensors == [] and not collective_record._ACTIVE
+    return inner, outer, list(collective_record._ACTIVE)
+
+
+def test_record_counts_filters_serialises_and_nests():
+    for inner, outer, active in run(_nested_records, world_size=2):
+        assert inner.count() == 0            # f's all-reduce runs in backward, after inner closed
+        assert outer.count("all_reduce") == 2 and outer.count(direction="forward") == 1
+        assert outer.count(region="f") == 1 and outer.count(region="g") == 1
+        assert outer.total_bytes("all_reduce", "forward") == 64
+        assert torch.equal(outer.tensors[0][0], 2 * torch.ones(2, 8))   # g's input, this rank's
+        assert torch.equal(outer.tensors[0][1], 4 * torch.ones(2, 8))   # its output, the sum
+        again = comm.CollectiveRecord.from_list(outer.to_list())
+        assert again.events == outer.events and again.tensors == []
+        assert "forward: 1 all_reduce (64 B)" in outer.summary()
+        assert outer.without_tensors().tensors == [] and active == []
 
 
 def test_every_region_and_check_has_the_one_import_path_design_promises():
@@ -155,18 +165,35 @@ def test_every_region_and_check_has_the_one_import_path_design_promises():
         comm.no_such_region  # noqa: B018
 
 
-TRANSPOSE = {"identity": {"all_reduce"}, "all_reduce": {"identity"},
-             "all_gather": {"reduce_scatter", "split"}, "split": {"all_gather"},
-             "reduce_scatter": {"all_gather"}}
+# what each region records in forward and in backward (None: nothing, the identity)
+TRANSPOSE = {"copy_to_tensor_model_parallel_region": (None, "all_reduce"),
+             "reduce_from_tensor_model_parallel_region": ("all_reduce", None),
+             "gather_from_tensor_model_parallel_region": ("all_gather", "split"),
+             "scatter_to_tensor_model_parallel_region": ("split", "all_gather"),
+             "scatter_to_sequence_parallel_region": ("split", "all_gather"),
+             "gather_from_sequence_parallel_region": ("all_gather", "reduce_scatter"),
+             "reduce_scatter_to_sequence_parallel_region": ("reduce_scatter", "all_gather")}
 
 
-def test_the_region_table_pairs_every_forward_with_its_transpose():
-    """Megatron's mappings.py as one table: each backward is the transpose of its forward (an
-    all-gather's transpose is a reduce-scatter; where the grad arrives whole, a split)."""
+def _every_region_on_rank() -> dict:
+    out = {}
+    for name in TRANSPOSE:
+        x = torch.randn(4, 2, 6, dtype=torch.float64, requires_grad=True)
+        with comm.record() as rec:
+            y = getattr(comm, name)(x)
+            y.backward(torch.ones_like(y))
+        out[name] = [(e.region, e.op, e.direction) for e in rec]
+    return out
+
+
+def test_each_region_issues_its_collective_forward_and_the_transpose_backward():
+    """Megatron's mappings.py: each backward is the transpose of its forward (an all-gather's
+    transpose is a reduce-scatter, or a split; a split's, an all-gather), recorded under the
+    region's name, local splits included (0 B sent)."""
     from mtb_helpers.comm.regions import REGIONS
 
-    assert len(REGIONS) == 7
-    for region in REGIONS.values():
-        assert region.backward in TRANSPOSE[region.forward], region
-        assert region.dim == (0 if "sequence" in region.name else -1), region
-    assert {r.operator for r in REGIONS.values()} >= {"f", "g"}
+    assert set(REGIONS) == set(TRANSPOSE)
+    for events in run(_every_region_on_rank, world_size=2):
+        for name, (fwd, bwd) in TRANSPOSE.items():
+            want = [(name, op, d) for op, d in ((fwd, "forward"), (bwd, "backward")) if op]
+            assert events[name] == want, name

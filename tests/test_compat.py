@@ -17,8 +17,6 @@ from mtb_helpers.runtime.ranks import run
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mtb_helpers"
 GUARDED = {"runtime/compat.py", "runtime/mp_private.py"}
-# where else a private torch name may still be read, and who moves it (issue 34, item 3)
-ELSEWHERE = {"comm/issue.py"}   # its collective fast path: moved by the communication rewrite
 
 
 def _owner(where: str):
@@ -80,10 +78,8 @@ KNOWN_PRIVATE_METHODS = {"_partition_parameters", "_rank_not_in_group", "_get_de
 def test_no_private_torch_name_outside_the_guarded_place():
     found = {p.relative_to(PACKAGE).as_posix(): names for p in sorted(PACKAGE.rglob("*.py"))
              if (names := private_torch_names(p))}
-    outside = {p: n for p, n in found.items() if p not in GUARDED | ELSEWHERE}
+    outside = {p: n for p, n in found.items() if p not in GUARDED}
     assert not outside, f"private torch names outside runtime/compat.py: {outside}"
-    moved = sorted(ELSEWHERE - set(found))
-    assert not moved, f"{moved} read no private torch name any more: remove them from ELSEWHERE"
 
 
 def test_the_private_name_finder_finds_each_kind(tmp_path):

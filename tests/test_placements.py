@@ -321,9 +321,9 @@ def test_every_layer_that_declares_a_layout_is_checked_here():
     covered = {c for t in (2,) for name, (mods, *_rest) in _cases(t).items() if name != "_zig"
                for c in type(_build(name, mods, 1)).__mro__}
     from mtb_helpers.capstone import layers as cap
-    from mtb_helpers.comm.regions import Region   # every row: test_every_region_is_the_redistribution...
+    from mtb_helpers.comm.regions import REGIONS   # each: test_every_region_is_the_redistribution...
     covered |= {cap.ContextParallelCore, cap.ParallelEmbedding, cap.ParallelBlock, cap.ParallelHead,
-                Region}
+                *REGIONS.values()}
     missing = {f"{c.__module__}.{c.__name__}" for c in _declaring_classes() - covered}
     assert not missing, f"layers whose layouts no test feeds: {sorted(missing)}"
 

@@ -21,8 +21,8 @@ Both assume ``t`` EQUAL shards (rank r's first token is ``r*V/t``), as Megatron 
 vocabulary to a multiple of ``t``). Uneven shards (``torch.tensor_split`` of V = 10 over 4 ranks:
 3, 3, 2, 2) would put every later rank's tokens at the wrong ids and give a wrong loss, so they are
 refused with a ValueError on every rank. The loss learns the shard widths from ``vocab_size`` when
-given (no communication), else from one small all-reduce of every rank's width (an input check, not
-one of the loss's three all-reduces, so not recorded).
+given (no communication), else from one small all-gather of every rank's width (``agree``: an
+input check, not one of the loss's three all-reduces, so neither recorded nor modelled).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtb_helpers.comm.records import note
-from mtb_helpers.comm.issue import group_rank, group_size, issue
+from mtb_helpers.comm.issue import agree, group_rank, group_size, issue
 from mtb_helpers.comm.regions import reduce_from_tensor_model_parallel_region
 from mtb_helpers.comm.sharding import Replicate, Shard, check_divisible, shard_range
 
@@ -161,9 +161,8 @@ class VocabParallelCrossEntropy(nn.Module):
             return
         if t == 1:
             return
-        widths = torch.zeros(t, dtype=torch.int64)         # [t]: rank r writes its width at r
-        widths[group_rank(self.group)] = width
-        dist.all_reduce(widths, group=self.group)          # input check only: not recorded
+        # [1] from every rank: an input check the ranks make together, not the loss's traffic
+        widths = torch.cat(agree(torch.tensor([width]), self.group))
         if len(set(widths.tolist())) > 1:
             raise ValueError(f"the logits' vocabulary shards have widths {widths.tolist()} on the "
                              f"{t} ranks; they must be equal (V/t each, rank r holding tokens "

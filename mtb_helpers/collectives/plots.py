@@ -2,7 +2,7 @@
 
 They draw plain data (a :class:`~mtb_helpers.collectives.check.CollectivesReport`, its ``to_dict()``,
 or the rows of ``measure_bytes``); they never start ranks. A cell is coloured by the rank its
-value came from; a value summed from several ranks is striped in all their colours.
+value came from; a complete sum over several ranks shows one band of each rank's colour.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Sequence
 import matplotlib.pyplot as plt
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
+from matplotlib.legend_handler import HandlerTuple
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
@@ -42,7 +43,7 @@ def draw_buffers(ax, buffers: Sequence[Sequence[float]], sources: Sequence[Seque
     """Draw one row per rank (rank 0 on top) of value cells on ``ax``.
 
     ``sources[r][i]``: the ranks whose data is in cell i of rank r (one -> its colour, several ->
-    stripes, none -> grey). ``chunks``: thick separators every len/chunks cells. ``expected``: a
+    bands, none -> grey). ``chunks``: thick separators every len/chunks cells. ``expected``: a
     cell whose value differs gets a thick dark-orange (vermillion) border and the wanted value
     underneath."""
     width = max((len(b) for b in buffers), default=1)
@@ -52,7 +53,7 @@ def draw_buffers(ax, buffers: Sequence[Sequence[float]], sources: Sequence[Seque
         y = len(buffers) - 1 - r
         for i, (v, src) in enumerate(zip(values, srcs)):
             colors = [rank_color(s) for s in src] or [EMPTY_COLOR]
-            for k, c in enumerate(colors):  # stripes for a sum over several ranks
+            for k, c in enumerate(colors):  # one band per rank of a sum over several ranks
                 ax.add_patch(Rectangle((i + k / len(colors), y), 1 / len(colors), 1, facecolor=c,
                                        edgecolor="none"))
             wrong = expected is not None and i < len(expected[r]) and expected[r][i] != v
@@ -85,15 +86,15 @@ def draw_buffers(ax, buffers: Sequence[Sequence[float]], sources: Sequence[Seque
 
 
 def _legend(fig: Figure, world_size: int, striped: bool, wrong: bool) -> None:
-    handles = rank_legend_handles(world_size)
-    if striped:
-        handles.append(Patch(facecolor="white", edgecolor="black", hatch="||",
-                             label="sum of several ranks (stripes)"))
+    handles: list = rank_legend_handles(world_size)
+    if striped:   # bands, not a hatch: in the course a hatch means a partial sum (notebooks 01-03)
+        handles.append(tuple(Patch(facecolor=rank_color(r), edgecolor="none") for r in range(world_size)))
     if wrong:
-        handles.append(Patch(facecolor="white", edgecolor=FAIL_COLOR, linewidth=2.5,
-                             label="wrong value (thick dark-orange border)"))
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles) if len(handles) <= 5 else 3,
-               fontsize=9,
+        handles.append(Patch(facecolor="white", edgecolor=FAIL_COLOR, linewidth=2.5))
+    labels = [f"rank {r}" for r in range(world_size)] + \
+        ["a complete sum: one band per rank added"] * striped + ["wrong value (thick dark-orange border)"] * wrong
+    fig.legend(handles=handles, labels=labels, handler_map={tuple: HandlerTuple(ndivide=None, pad=0)},
+               loc="lower center", ncol=len(handles) if len(handles) <= 5 else 3, fontsize=9,
                frameon=False, bbox_to_anchor=(0.5, 0.0))
 
 
@@ -120,7 +121,7 @@ def _build_collective(new_figure, data):
     fig = new_figure((min(10, 2.2 + 0.55 * (max(n_before, 3) + max(n_after, 3))), 1.9 + 0.55 * t))
     grid = fig.add_gridspec(1, 2, width_ratios=[max(n_before, 3), max(n_after, 3)], wspace=0.25)
     ax_b, ax_a = fig.add_subplot(grid[0]), fig.add_subplot(grid[1])
-    # Thick lines mark the n/t chunks wherever a chunk is the unit that moves.
+    # Thick lines mark the chunks (n/p bytes each) wherever a chunk is the unit that moves.
     chunks_before = t if collective in ("reduce-scatter", "all-to-all") else 1
     chunks_after = t if collective in ("all-gather", "all-to-all") else 1
     draw_buffers(ax_b, [r["before"] for r in rows], [[[r["rank"]]] * n_before for r in rows],
@@ -153,7 +154,7 @@ def plot_collective(report, collective: str) -> Figure:
     """Every rank's buffer before and after ``collective``, from a check report (or its dict).
 
     One row per rank; a cell's colour is the rank its value came from; thick lines separate the
-    n/t chunks; a value that differs from the single-process reference has a dark-orange border."""
+    chunks of n/p bytes; a value that differs from the single-process reference has a dark-orange border."""
     return LIVE_COLLECTIVE.figure(_collective_data(report, collective))
 
 
@@ -164,8 +165,9 @@ def collective_png(report, collective: str) -> Png:
 
 
 def plot_bytes(rows: Sequence[dict]) -> Figure:
-    """Bytes each rank sends (÷ V) against the world size: measured dots (rank colours) on the
-    formula line, one panel per collective. ``rows`` come from ``measure_bytes``."""
+    """Bytes each rank sends (÷ n, the full tensor's bytes) against the number of ranks p: measured
+    dots (rank colours) on the formula line, one panel per collective. ``rows`` come from
+    ``measure_bytes``."""
     collectives = [c for c in _COLLECTIVES if any(r["collective"] == c for r in rows)]
     sizes = sorted({r["world_size"] for r in rows})
     fig, axes = plt.subplots(1, len(collectives), figsize=(10, 3.9), sharey=True, squeeze=False)
@@ -173,11 +175,11 @@ def plot_bytes(rows: Sequence[dict]) -> Figure:
     for ax, name in zip(axes[0], collectives):
         mine = [r for r in rows if r["collective"] == name]
         formula = [max(r["formula"] for r in mine if r["world_size"] == t) / V for t in sizes]
-        ax.plot(sizes, formula, "k-", label=_FORMULA_LABEL[name])
+        ax.plot(sizes, formula, "k-", label=FORMULA_LABEL[name])
         if name == "broadcast":
-            ax.plot(sizes, [1 if t > 1 else 0 for t in sizes], "k:", label="pipelined ring: V")
+            ax.plot(sizes, [1 if t > 1 else 0 for t in sizes], "k:", label="pipelined ring: n")
         if name == "reduce-scatter":  # gloo has no ring reduce-scatter: it all-reduces inside
-            ax.plot(sizes, [2 * (t - 1) / t for t in sizes], "k:", label="2(t-1)/t·V (gloo)")
+            ax.plot(sizes, [2 * (t - 1) / t for t in sizes], "k:", label="2(p-1)/p·n (gloo)")
         for r in mine:
             if r["measured"] is not None:
                 x = r["world_size"] + 0.1 * (r["rank"] - (r["world_size"] - 1) / 2)
@@ -185,27 +187,27 @@ def plot_bytes(rows: Sequence[dict]) -> Figure:
                         markeredgecolor="black", markersize=6, zorder=3)
         ax.set_title(name, fontsize=11)
         ax.set_xticks(sizes)
-        ax.set_xlabel("world size t")
+        ax.set_xlabel("ranks p")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8.5, loc="upper left", frameon=True, framealpha=0.9,
                   handlelength=1.5)
-    axes[0][0].set_ylabel("bytes sent by a rank / V")
+    axes[0][0].set_ylabel("bytes sent by a rank / n")
     axes[0][0].set_ylim(-0.1, 2.6)
     handles = [Line2D([], [], marker="o", linestyle="", color=rank_color(r), markeredgecolor="black",
                       label=f"rank {r}, measured") for r in range(max(sizes))]
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=9, frameon=False)
     fig.suptitle(f"Bytes each rank sends: measured on gloo (dots) vs the formula (lines); "
-                 f"V = {V:,} B, the full tensor", fontsize=11)
+                 f"n = {V:,} B, the full tensor", fontsize=11)
     fig.subplots_adjust(top=0.86, bottom=0.25, left=0.07, right=0.99, wspace=0.1)
     return fig
 
 
-_FORMULA_LABEL = {
-    "broadcast": "tree root: ⌈log2 t⌉·V",
-    "all-reduce": "ring: 2(t-1)/t·V",
-    "all-gather": "ring: (t-1)/t·V",
-    "reduce-scatter": "ring: (t-1)/t·V",
-    "all-to-all": "(t-1)/t·V",
+FORMULA_LABEL = {
+    "broadcast": "tree root: ⌈log2 p⌉·n",
+    "all-reduce": "ring: 2(p-1)/p·n",
+    "all-gather": "ring: (p-1)/p·n",
+    "reduce-scatter": "ring: (p-1)/p·n",
+    "all-to-all": "(p-1)/p·n",
 }
 
 

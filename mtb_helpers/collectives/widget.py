@@ -5,9 +5,9 @@ from __future__ import annotations
 import ipywidgets as widgets
 
 from mtb_helpers.collectives.bugs import BUGS, COLLECTIVE_BUGS
-from mtb_helpers.collectives.ops import COLLECTIVES, FORMULAS
+from mtb_helpers.collectives.ops import COLLECTIVES
 from mtb_helpers.collectives.check import check_collectives
-from mtb_helpers.collectives.plots import collective_png
+from mtb_helpers.collectives.plots import FORMULA_LABEL, collective_png
 from mtb_helpers.plots.live import Png
 from mtb_helpers.widgets.frame import live_view
 
@@ -16,7 +16,7 @@ MAX_EXPLORER_RANKS = 4   # Binder has 1 CPU and 2 GB; the figures are made for a
 
 def render(world_size: int, collective: str, per_chunk: int,
            inject_bug: bool = False) -> tuple[Png, str]:
-    """Run ``collective`` on ``world_size`` ranks with n = per_chunk·t elements; return its figure
+    """Run ``collective`` on ``world_size`` ranks with per_chunk·world_size elements; return its figure
     and a line comparing the bytes each rank sent with the formula."""
     bug = next((b for b, c in COLLECTIVE_BUGS.items() if c == collective), None) if inject_bug else None
     note, numel = "", per_chunk * world_size
@@ -29,19 +29,19 @@ def render(world_size: int, collective: str, per_chunk: int,
     measured = [r["bytes_measured"] for r in rows]
     formula = [round(r["bytes_formula"]) for r in rows]
     text = (f"{'PASS' if report.passed else 'FAIL'}: {collective}, bug={bug}{note}. "
-            f"V = {rows[0]['V_bytes']} B. Bytes sent per rank, measured: "
-            f"{'n/a' if None in measured else measured}; formula {FORMULAS[collective]}: {formula}")
+            f"n = {rows[0]['V_bytes']} B. Bytes sent per rank, measured: "
+            f"{'n/a' if None in measured else measured}; formula {FORMULA_LABEL[collective]}: {formula}")
     return collective_png(report, collective), text
 
 
 def collectives_explorer(world_size: int = 2, collective: str = "all-gather",
                          per_chunk: int = 2) -> widgets.VBox:
-    """Sliders for the world size (1-4) and the elements per chunk (n/t, 1-4), a dropdown for the
+    """Sliders for the world size (1-4) and the elements per chunk (1-4), a dropdown for the
     collective and a checkbox injecting that collective's deliberate bug."""
     size = widgets.IntSlider(value=world_size, min=1, max=MAX_EXPLORER_RANKS,
                              description="world size", continuous_update=False)
     which = widgets.Dropdown(options=list(COLLECTIVES), value=collective, description="collective")
-    chunk = widgets.IntSlider(value=per_chunk, min=1, max=4, description="n / t",
+    chunk = widgets.IntSlider(value=per_chunk, min=1, max=4, description="per chunk",
                               continuous_update=False)
     bug = widgets.Checkbox(value=False, description="inject this collective's bug")
     def show() -> list:

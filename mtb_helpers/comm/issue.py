@@ -1,11 +1,11 @@
-"""``issue()``: perform one collective on this rank and note it in the active records.
+"""``issue()``: perform one collective on this rank along any dim and name it in the records.
 
-Every region of the course (tensor-, sequence-, expert-, data- and context-parallel) goes through
-``issue``; a point-to-point message, and the one all-reduce with another operator than a sum (the
-vocabulary's max, ``attention/vocab.py``), perform their op themselves and note it with ``records.note``.
-So ``with record() as rec:`` sees all of them the same way: what, in which region, which direction, how many
-bytes. With one rank every op returns ``x`` unchanged and is still recorded (``sent_bytes == 0``),
-so a program's record has the same shape at every world size.
+The regions of tensor and sequence parallelism (``comm/regions.py``) call ``torch.distributed``
+themselves. The other topics (expert-, data- and context-parallel) still go through ``issue``:
+it calls the same public ``torch.distributed`` function, which the record observes from below,
+and names the event (region, operator, direction) with ``records.note``. With one rank every op
+returns ``x`` unchanged and is still recorded (``sent_bytes == 0``), so a program's record has
+the same shape at every world size.
 """
 from __future__ import annotations
 
@@ -14,44 +14,28 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch.distributed import distributed_c10d as c10d
 
-from mtb_helpers.comm.records import OPS, note
+from mtb_helpers.comm.records import note
+from mtb_helpers.runtime.link_ops import ORIG
 from mtb_helpers.runtime.link import unmodelled
 
 __all__ = ["issue", "agree", "group_size", "group_rank"]
 
-# torch 2.13 renamed reduce_scatter_tensor (the old name warns); Colab's older torch only has it.
-# Looked up by name on every call: an emulated link (runtime/link.py) patches torch.distributed.
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+# torch 2.13 renamed these (the old names warn); Colab's older torch has only the old ones.
+# Looked up by name on every call: a test may replace them.
+_ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
 _REDUCE_SCATTER = ("reduce_scatter_single" if hasattr(dist, "reduce_scatter_single")
                    else "reduce_scatter_tensor")
-# torch.distributed's own functions, as imported: while they are still the ones in place (no
-# emulated link, no test, has wrapped them) an op of a real group goes to the group itself, the
-# very call they end in (the same c10d op, so a profiler or CommDebugMode sees it too). Their
-# Python checks and logging cost ~15 us of a rank's CPU per collective on a shared CPU, ~3 % of a
-# capstone step; they guard cases the course never hands them here (complex, coalescing, modes).
-_PLAIN = {"all_reduce": dist.all_reduce, "all_gather": dist.all_gather,
-          "reduce_scatter": getattr(dist, _REDUCE_SCATTER) if _REDUCE_SCATTER == "reduce_scatter_single"
-          else None}
-
-
-def _direct(op: str, x: torch.Tensor, group) -> bool:
-    """Whether ``op`` on ``x`` may skip ``torch.distributed``'s wrapper and call ``group``."""
-    name = _REDUCE_SCATTER if op == "reduce_scatter" else op
-    return (isinstance(group, dist.ProcessGroup) and getattr(dist, name) is _PLAIN[op]
-            and not x.is_complex() and not c10d._world.pg_coalesce_state
-            and not torch._C._has_torch_function((x,)))
 
 
 def group_size(group: dist.ProcessGroup | None = None) -> int:
-    if isinstance(group, dist.ProcessGroup):   # every op asks: the group itself answers, ~5x faster
-        return group.size()                    # (a group exists only once dist is initialised)
-    if not dist.is_initialized():
-        return 1
-    return dist.get_world_size(group)          # the default group (None), or not a member (-1)
+    """Ranks in ``group`` (1 without torch.distributed: one process)."""
+    return dist.get_world_size(group) if dist.is_initialized() else 1
 
 
 def group_rank(group: dist.ProcessGroup | None = None) -> int:
+    """This rank's index in ``group`` (0 without torch.distributed)."""
     return dist.get_rank(group) if dist.is_initialized() else 0
 
 
@@ -60,20 +44,19 @@ def agree(mine: torch.Tensor, group: dist.ProcessGroup | None = None) -> list[to
     all-gather for a check the ranks make together (do we all hold shards of one shape?), not
     part of the step's traffic, so neither recorded nor given an emulated link's time."""
     everyone = [torch.empty_like(mine) for _ in range(group_size(group))]
-    with unmodelled():
-        dist.all_gather(everyone, mine, group=group)
+    with unmodelled():   # torch's own function: outside the link's model and every record
+        ORIG["all_gather"](everyone, mine, group=group)
     return everyone
 
 
 def issue(op: str, x: torch.Tensor, *, region: str, direction: str, operator: str = "",
           dim: int = -1, group: dist.ProcessGroup | None = None,
           splits: tuple[list[int], list[int]] | None = None) -> torch.Tensor:
-    """Perform ``op`` on this rank's ``x`` along ``dim`` and record it (every region uses this).
+    """Perform ``op`` on this rank's ``x`` along ``dim`` and name it in the records.
 
     ``all_reduce``: ``x`` -> sum over ranks, same shape. ``all_gather``: ``[.., n/t]`` ->
     ``[.., n]``, shards concatenated along ``dim`` in rank order. ``reduce_scatter``:
-    ``[.., n]`` -> this rank's ``[.., n/t]`` of the sum. ``split``: ``[.., n]`` -> this rank's
-    ``[.., n/t]``, no communication. ``all_to_all`` (rows, ``dim`` must be 0): ``x`` ``[m, ..]``
+    ``[.., n]`` -> this rank's ``[.., n/t]`` of the sum. ``all_to_all`` (rows, ``dim`` must be 0): ``x`` ``[m, ..]``
     is cut into ``splits[0][q]`` consecutive rows for rank q; the result stacks the
     ``splits[1][q]`` rows received from each rank q in rank order, ``[sum(splits[1]), ..]``.
     Without ``splits`` every rank sends ``m/t`` rows to each rank. ``sent_bytes`` counts the rows
@@ -93,17 +76,14 @@ def issue(op: str, x: torch.Tensor, *, region: str, direction: str, operator: st
         out = x
     elif op == "all_reduce":
         out = x.contiguous().clone()
-        if _direct(op, out, group):
-            group.allreduce([out], c10d.AllreduceOptions()).wait()
-        else:
-            dist.all_reduce(out, group=group)
+        dist.all_reduce(out, group=group)
     elif op == "all_gather":
-        x = x.contiguous()
-        out = _all_gather(x, dim, group, t)
-    elif op == "reduce_scatter":
-        out = _reduce_scatter(x, dim, group, t)
+        out = _all_gather(x.contiguous(), dim, group, t)
     else:
-        out = x.chunk(t, dim=dim)[group_rank(group)].contiguous()
+        out, issued = _reduce_scatter(x, dim, group, t)
+        note(op, x, out, region, operator, direction, t, seconds=time.perf_counter() - started,
+             issued=issued)
+        return out
     note(op, x, out, region, operator, direction, t, seconds=time.perf_counter() - started)
     return out
 
@@ -116,16 +96,14 @@ def _all_gather(x: torch.Tensor, dim: int, group, t: int) -> torch.Tensor:
         parts = [out[q * n:(q + 1) * n] for q in range(t)]
     else:
         parts = [torch.empty_like(x) for _ in range(t)]
-    if _direct("all_gather", x, group):
-        group.allgather([parts], [x], c10d.AllgatherOptions()).wait()
-    else:
-        dist.all_gather(parts, x, group=group)
+    dist.all_gather(parts, x, group=group)
     return out if dim == 0 else torch.cat(parts, dim=dim)
 
 
 def _reduce_scatter(x: torch.Tensor, dim: int, group: dist.ProcessGroup | None,
-                    t: int) -> torch.Tensor:
-    """``[.., n, ..]`` (``n`` at ``dim``) -> this rank's ``[.., n/t, ..]`` of the sum over the group.
+                    t: int) -> tuple[torch.Tensor, str]:
+    """``[.., n, ..]`` (``n`` at ``dim``) -> this rank's ``[.., n/t, ..]`` of the sum over the group,
+    and the op that produced it (``"reduce_scatter"``, or ``"all_reduce"`` on an old gloo).
 
     Issues the real reduce-scatter (``dist.reduce_scatter_tensor``, ``reduce_scatter_single`` in
     torch 2.13; what DTensor and FSDP2 call), so a profiler or
@@ -139,18 +117,16 @@ def _reduce_scatter(x: torch.Tensor, dim: int, group: dist.ProcessGroup | None,
                          f"{t} ranks of the group")
     full = (x if dim == 0 else x.movedim(dim, 0)).contiguous()   # [n, ..]: chunks are contiguous
     out = full.new_empty((n // t, *full.shape[1:]))              # [n, ..] -> reduce-scatter -> [n/t, ..]
+    issued = "reduce_scatter"
     try:
-        if _direct("reduce_scatter", full, group):
-            group.reduce_scatter_single(out, full, c10d.ReduceScatterOptions()).wait()
-        else:
-            getattr(dist, _REDUCE_SCATTER)(out, full, group=group)
+        getattr(dist, _REDUCE_SCATTER)(out, full, group=group)
     except RuntimeError as exc:
         if "support" not in str(exc):
             raise
-        total = full.clone()                                     # full may be x itself
+        total, issued = full.clone(), "all_reduce"               # full may be x itself
         dist.all_reduce(total, group=group)
         out = total.chunk(t)[group_rank(group)]
-    return out if dim == 0 else out.movedim(0, dim).contiguous()
+    return (out if dim == 0 else out.movedim(0, dim).contiguous()), issued
 
 
 def _all_to_all(x: torch.Tensor, region: str, operator: str, direction: str, dim: int,

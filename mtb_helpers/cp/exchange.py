@@ -82,11 +82,13 @@ def _pass_together(hops: list[Hop], group: dist.ProcessGroup | None,
         pieces = incoming.split([x.numel() * x.element_size() for x in sent])
         received = [piece.clone().view(x.dtype).view(x.shape) for piece, x in zip(pieces, sent)]
     seconds = time.perf_counter() - started
+    message = sum(x.numel() * x.element_size() for x in sent)   # what dist.isend / irecv carried
     for hop, x, out, rec in zip(hops, sent, received, records):
-        with kept_in(rec):
-            note("send", x, x, hop.region, "", hop.direction, t,
+        with kept_in(rec):   # each hop named with its own bytes; the shared message once
+            note("send", x, x, hop.region, "", hop.direction, t, issued_bytes=message,
                  sent=0 if t == 1 else x.numel() * x.element_size(), seconds=seconds)
-            note("recv", out, out, hop.region, "", hop.direction, t, sent=0, seconds=seconds)
+            note("recv", out, out, hop.region, "", hop.direction, t, sent=0, seconds=seconds,
+                 issued_bytes=message)
     return received
 
 

@@ -98,7 +98,7 @@ def plot_memory(reports) -> Figure:
     ax.set_xticks(range(len(reports)), [NAMES[r.config["strategy"]] for r in reports])
     ax.set_ylabel("bytes held per rank")
     ax.set_ylim(0, top * 1.15)
-    ax.set_title(f"Memory per rank after the last Adam step, t = {t}, Ψ = {mem0['numel']} parameters "
+    ax.set_title(f"Memory per rank after the last Adam step, p = {t}, Ψ = {mem0['numel']} parameters "
                  f"({reports[0].config['dtype']}): measured vs Rajbhandari et al. 2020", fontsize=10)
     handles = [Patch(facecolor=TERM_COLORS[k], edgecolor="black", label=TERM_LABELS[k])
                for k in reversed(MEMORY_TERMS)]
@@ -131,14 +131,16 @@ def plot_communication(reports) -> Figure:
         ax.plot([x - w / 2, x + w / 2], [comm["formula"]] * 2, color="black", linewidth=2.5)
         top = max(top, bottom, comm["formula"])
     for i, rep in enumerate(reports):
-        ax.text(i, top * 1.04, rep.extra["communication"]["formula_text"].split(" ")[-1],
+        formula = rep.extra["communication"]["formula_text"].split(" ")[-1]   # the course's letters:
+        formula = formula.replace("(t-1)/t", "(p-1)/p").replace("dΨ", "eΨ")    # p ranks, e bytes each
+        ax.text(i, top * 1.04, formula,
                 ha="center", va="bottom", fontsize=8)
     t = len(reports[0].records)
     ax.set_xticks(range(len(reports)), [NAMES[r.config["strategy"]] for r in reports])
     ax.set_ylabel("bytes sent per rank per step")
     ax.set_ylim(0, top * 1.2)
-    ax.set_title(f"Bytes on the wire per step, t = {t}: the record of each rank vs the formula "
-                 f"(d bytes per element)", fontsize=10)
+    ax.set_title(f"Bytes on the wire per step, p = {t}: the record of each rank vs the formula "
+                 f"(e bytes per element)", fontsize=10)
     handles = [Patch(facecolor=OP_COLORS[op], edgecolor="black", label=op)
                for op in OP_COLORS if op in used]
     handles += [Line2D([], [], color="black", linewidth=2.5, label="formula"), *rank_legend_handles(t)]

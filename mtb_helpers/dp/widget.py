@@ -37,7 +37,7 @@ def dp_summary(report: Report) -> str:
 def explore_data_parallel(world_size: int = 2, strategy: str = "ddp",
                           bug: str | None = None) -> widgets.VBox:
     """The explorer widget; display it (it is the last expression of a notebook cell)."""
-    size = widgets.IntSlider(value=world_size, min=1, max=4, description="world size t",
+    size = widgets.IntSlider(value=world_size, min=1, max=4, description="world size p",
                              style={"description_width": "initial"}, continuous_update=False)
     choose = widgets.Dropdown(options=list(STRATEGIES), value=strategy, description="strategy")
     broken = widgets.Dropdown(options=["none", *DP_BUGS], value=bug or "none", description="bug")

@@ -42,7 +42,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtb_helpers.comm.sharding import Shard
-from mtb_helpers.comm.issue import group_rank, group_size, issue
+from mtb_helpers.comm.issue import group_rank, group_size
+from mtb_helpers.comm.records import note, recorded
 from mtb_helpers.comm.regions import allreduce_grad
 
 __all__ = ["Expert", "route", "expert_capacity", "capacity_mask", "inverse_permutation",
@@ -100,6 +101,7 @@ def inverse_permutation(order: torch.Tensor) -> torch.Tensor:
     return torch.argsort(order)
 
 
+@recorded(DISPATCH)   # or COMBINE: each use names its region in ctx.region
 class _AllToAll(torch.autograd.Function):
     """forward: all-to-all of rows with splits (send, recv); backward: all-to-all of the grad with
     the splits swapped (recv, send), which returns every row's grad to the rank it came from."""
@@ -107,14 +109,23 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, send, recv, region, group):
         ctx.send, ctx.recv, ctx.region, ctx.group = send, recv, region, group
-        return issue("all_to_all", x, region=region, direction="forward", dim=0, group=group,
-                     splits=(send, recv))
+        if not dist.is_initialized():   # one process: every row stays here
+            return x.view_as(x)
+        out = x.new_empty((sum(recv), *x.shape[1:]))
+        # [sum(send), h]: send[q] rows to rank q -> recv[q] rows from rank q -> [sum(recv), h]
+        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv, input_split_sizes=send,
+                               group=group)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
-        return (issue("all_to_all", grad.contiguous(), region=ctx.region, direction="backward",
-                      dim=0, group=ctx.group, splits=(ctx.recv, ctx.send)),
-                None, None, None, None)
+        if not dist.is_initialized():
+            return grad, None, None, None, None
+        out = grad.new_empty((sum(ctx.send), *grad.shape[1:]))
+        # [sum(recv), h] -> every row's grad back to the rank it came from -> [sum(send), h]
+        dist.all_to_all_single(out, grad.contiguous(), output_split_sizes=ctx.send,
+                               input_split_sizes=ctx.recv, group=ctx.group)
+        return out, None, None, None, None
 
 
 def all_to_all_rows(x: torch.Tensor, send: list[int], recv: list[int], region: str,
@@ -225,8 +236,12 @@ class ExpertParallelMoE(nn.Module):
         order = torch.argsort(dest_expert, stable=True)               # by expert = by rank
         counts = torch.bincount(dest_expert, minlength=E)             # [E]
         # [E] -> all-to-all -> [t * E/t]: how many rows each source rank sends each local expert
-        recv_counts = issue("all_to_all", counts, region=COUNTS, direction="forward", dim=0,
-                            group=self.group).view(t, E // t)         # [source rank, local expert]
+        recv_counts = counts.clone()
+        if dist.is_initialized():
+            dist.all_to_all_single(recv_counts, counts, group=self.group)
+        note("all_to_all", counts, recv_counts, COUNTS, "", "forward", t,
+             sent=(t - 1) * counts.numel() // t * counts.element_size())
+        recv_counts = recv_counts.view(t, E // t)                     # [source rank, local expert]
         send = counts.view(t, E // t).sum(1).tolist()
         recv = recv_counts.sum(1).tolist()
         # [kept, h] -> all-to-all (uneven) -> [m_in, h]: the rows this rank's experts must process

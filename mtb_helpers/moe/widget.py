@@ -38,7 +38,7 @@ def explore_moe(world_size: int = 2, num_experts: int = 4) -> widgets.VBox:
     """The MoE explorer widget; display it."""
     slider = dict(continuous_update=False, style={"description_width": "initial"})
     size = widgets.IntSlider(value=world_size, min=1, max=MAX_EXPLORER_RANKS,
-                             description="world size t", **slider)
+                             description="world size p", **slider)
     experts = widgets.Dropdown(options=[2, 4, 8], value=num_experts, description="experts E")
     top_k = widgets.IntSlider(value=1, min=1, max=2, description="top-k", **slider)
     capacity = widgets.Dropdown(options=CAPACITY_FACTORS, value=None, description="capacity c")

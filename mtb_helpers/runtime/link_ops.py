@@ -1,9 +1,15 @@
-"""The torch.distributed functions a rank calls under an emulated link, each taking its modelled time.
+"""The one interception point of torch.distributed on a rank, and the emulated link that uses it.
 
-``install(emulation)`` replaces the public collective and point-to-point functions in
-``torch.distributed`` (and in ``distributed_c10d``, so ``P2POp`` and ``batch_isend_irecv`` accept
-them and the object collectives use them) for the duration of one call; it returns ``restore``.
-What each replacement does, on the rank's comm stream (``comm_thread.CommStream``), in issue order:
+While something observes them (a record, an emulated link), the public collective and
+point-to-point functions of ``torch.distributed`` (and of ``distributed_c10d``, so ``P2POp`` and
+the object collectives use them too) are wrappers: each call goes to the observers
+(``add_observer``: the records, ``comm/records.py``), then to the emulated link (``install``),
+and ends in the function that was in place before (torch's, or a test's). With neither, the
+functions are torch's own. A lesson's ``dist.all_reduce`` and a student's are observed alike;
+the runtime's own traffic calls ``ORIG``, torch's functions as imported, and is neither.
+
+Under an emulated link each call runs on the rank's comm stream (``comm_thread.CommStream``), in
+issue order:
 
 * a collective: the group's ranks first agree, with a two-number all-reduce (MAX) of their
   ready times and modelled times: the transfer starts when the last rank was ready, and its
@@ -21,8 +27,7 @@ What each replacement does, on the rank's comm stream (``comm_thread.CommStream`
   one after another, and messages arriving together are received one after another (in the
   order the rank waits for them), so a root that talks to p-1 ranks pays p-1 messages.
 
-Anything a rank issues without these functions (PyTorch's DDP, DTensor and FSDP2 call C++
-directly) is not emulated and takes this machine's time.
+What a rank issues without them (DDP, DTensor and FSDP2 call C++) is neither emulated nor recorded.
 """
 from __future__ import annotations
 
@@ -40,7 +45,7 @@ from mtb_helpers.runtime.comm_thread import Handle
 from mtb_helpers.runtime.compat import rank_not_in_group
 from mtb_helpers.runtime.timeline import Event
 
-__all__ = ["install", "COLLECTIVE_OPS", "P2P_OPS", "ORIG", "sleep_until"]
+__all__ = ["add_observer", "signature", "install", "COLLECTIVE_OPS", "P2P_OPS", "ORIG", "sleep_until"]
 
 
 def _b(t: torch.Tensor) -> int:
@@ -65,10 +70,65 @@ COLLECTIVE_OPS: dict[str, tuple[str, Callable[[dict, int], int]]] = {
     "barrier": ("all-reduce", lambda a, p: 0),
 }
 P2P_OPS = ("send", "recv", "isend", "irecv")
-# run as they are, after the stream has drained: their own traffic goes through the functions above
-DRAINED = ("monitored_barrier",)
+DRAINED = ("monitored_barrier",)   # runs as it is, once the stream has drained
 ORIG: dict[str, Callable] = {n: getattr(c10d, n) for n in (*COLLECTIVE_OPS, *P2P_OPS, *DRAINED)
                              if hasattr(c10d, n)}
+_SIGNATURES: dict[str, inspect.Signature] = {}
+_HOOKS: list[Callable] = []       # around a call: the emulated link (it runs the call itself)
+_OBSERVERS: list[Callable] = []   # before a call, returning what to do after it: the records
+_saved: list[tuple[Any, str, Callable]] = []   # what the wrappers replaced, to put back
+_WRAPPERS: dict[Callable, Callable] = {}   # one wrapper per function, made once
+
+
+def signature(name: str) -> inspect.Signature:
+    """The signature of torch's ``name`` (to bind a call's arguments by name), computed once."""
+    if name not in _SIGNATURES:
+        _SIGNATURES[name] = inspect.signature(ORIG[name])
+    return _SIGNATURES[name]
+
+
+def _wrapper(name: str, inner: Callable) -> Callable:
+    def op(*args, **kwargs):
+        after = [a for a in (observe(name, args, kwargs) for observe in _OBSERVERS) if a]
+        # the emulated link runs the call on its stream (one link per call on a rank)
+        result = _HOOKS[-1](name, inner, args, kwargs) if _HOOKS else inner(*args, **kwargs)
+        for done in after:
+            done(result)
+        return result
+
+    # a blocked rank's stack dump then names the collective, as torch's own function would
+    op.__code__ = op.__code__.replace(co_name=name, co_qualname=name)
+    op.__name__ = op.__qualname__ = name
+    return op
+
+
+def _attach(fn: Callable, into: list[Callable]) -> Callable[[], None]:
+    """Put ``fn`` into ``into`` until the returned ``remove()``. The first hook or observer puts
+    the wrappers in place (one per function: ``dist.isend is c10d.isend`` stays true); removing
+    the last puts back what was there."""
+    if not _HOOKS and not _OBSERVERS:
+        _saved[:] = [(m, n, getattr(m, n)) for m in (dist, c10d) for n in ORIG if hasattr(m, n)]
+        for module, name, inner in _saved:
+            if inner not in _WRAPPERS:
+                _WRAPPERS[inner] = _wrapper(name, inner)
+            setattr(module, name, _WRAPPERS[inner])
+    into.append(fn)
+
+    def remove() -> None:
+        into.remove(fn)
+        if not _HOOKS and not _OBSERVERS:
+            for module, name, was in _saved:
+                setattr(module, name, was)
+            _saved.clear()
+
+    return remove
+
+
+def add_observer(observe: Callable[[str, tuple, dict], Callable[[Any], None] | None]) -> Callable[[], None]:
+    """``observe(name, args, kwargs)`` before every call of ``ORIG``'s names; what it returns (if
+    anything) is called with the call's result once it returned. Its frames are not on the stack
+    while the call runs, so a blocked rank is reported at the line that called torch."""
+    return _attach(observe, _OBSERVERS)
 
 
 def sleep_until(deadline: float) -> None:
@@ -76,13 +136,6 @@ def sleep_until(deadline: float) -> None:
     remaining = deadline - time.perf_counter()
     if remaining > 0:
         time.sleep(remaining)
-
-
-def _named(fn: Callable, name: str) -> Callable:
-    # the stack dump of a blocked rank then names the collective, as torch's own function would
-    fn.__code__ = fn.__code__.replace(co_name=name, co_qualname=name)
-    fn.__name__ = fn.__qualname__ = name
-    return fn
 
 
 def _run_collective(em: Any, name: str, collective: str, nbytes: int, p: int, group: Any,
@@ -98,20 +151,18 @@ def _run_collective(em: Any, name: str, collective: str, nbytes: int, p: int, gr
         agreed = torch.tensor([start, em.modelled(collective, nbytes, p)], dtype=torch.float64)
         ORIG["all_reduce"](agreed, op=dist.ReduceOp.MAX, group=group)
         start, modelled = agreed.tolist()
-    call()
+    with torch.no_grad():   # as on the calling thread inside an autograd Function: gloo writes
+        call()              # into views of the output, which autograd must not track
     sleep_until(start + modelled)
     em.free_at = start + modelled
     em.events.append(Event("comm", name, nbytes, start, time.perf_counter(), modelled))
 
 
 def _collective(em: Any, name: str) -> Callable:
-    orig, (collective, size_of) = ORIG[name], COLLECTIVE_OPS[name]
-    signature = inspect.signature(orig)
+    collective, size_of = COLLECTIVE_OPS[name]
 
-    def op(*args, **kwargs):
-        if em.bypass():
-            return orig(*args, **kwargs)
-        bound = signature.bind(*args, **kwargs)
+    def op(orig: Callable, args: tuple, kwargs: dict):
+        bound = signature(name).bind(*args, **kwargs)
         group = bound.arguments.get("group")
         if rank_not_in_group(group):
             return orig(*args, **kwargs)     # torch warns and returns, as without a link
@@ -127,7 +178,7 @@ def _collective(em: Any, name: str) -> Callable:
         handle.wait()
         return None
 
-    return _named(op, name)
+    return op
 
 
 class P2PHandle(Handle):
@@ -212,14 +263,10 @@ class P2PHandle(Handle):
 
 
 def _p2p(em: Any, name: str) -> Callable:
-    orig = ORIG[name]
-    signature = inspect.signature(orig)
     sending, blocking = name in ("send", "isend"), name in ("send", "recv")
 
-    def op(*args, **kwargs):
-        if em.bypass():
-            return orig(*args, **kwargs)
-        bound = signature.bind(*args, **kwargs)
+    def op(orig: Callable, args: tuple, kwargs: dict):
+        bound = signature(name).bind(*args, **kwargs)
         bound.apply_defaults()
         if rank_not_in_group(bound.arguments.get("group")):
             return orig(*args, **kwargs)
@@ -229,33 +276,25 @@ def _p2p(em: Any, name: str) -> Callable:
         handle.wait()
         return None if sending else handle.source
 
-    return _named(op, name)
+    return op
 
 
 def _drained(em: Any, name: str) -> Callable:
-    orig = ORIG[name]
-
-    def op(*args, **kwargs):
-        if not em.bypass():
-            em.stream.drain()
+    def op(orig: Callable, args: tuple, kwargs: dict):
+        em.stream.drain()
         return orig(*args, **kwargs)
 
-    return _named(op, name)
+    return op
 
 
 def install(em: Any) -> Callable[[], None]:
-    """Replace the functions in ``torch.distributed`` and ``distributed_c10d``; return restore."""
-    saved = [(module, name, getattr(module, name)) for module in (dist, c10d) for name in ORIG
-             if hasattr(module, name)]
-    for name in ORIG:
-        maker = _collective if name in COLLECTIVE_OPS else _p2p if name in P2P_OPS else _drained
-        replacement = maker(em, name)
-        for module in (dist, c10d):
-            if hasattr(module, name):
-                setattr(module, name, replacement)
+    """Emulate every torch.distributed call of this rank under ``em`` until ``restore()``."""
+    ops = {name: (_collective if name in COLLECTIVE_OPS else _p2p if name in P2P_OPS
+                  else _drained)(em, name) for name in ORIG}
 
-    def restore() -> None:
-        for module, name, fn in saved:
-            setattr(module, name, fn)
+    def hook(name: str, call: Callable, args: tuple, kwargs: dict):
+        if em.bypass():    # the comm stream's own ops, or a block inside unmodelled()
+            return call(*args, **kwargs)
+        return ops[name](call, args, kwargs)
 
-    return restore
+    return _attach(hook, _HOOKS)

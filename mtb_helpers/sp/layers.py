@@ -28,10 +28,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from mtb_helpers.comm.issue import group_rank, group_size, issue
+from mtb_helpers.comm.issue import group_rank, group_size
+from mtb_helpers.comm.records import recorded
 from mtb_helpers.comm.regions import (GATHER_SP, allreduce_sequence_parallel_grad,
-                                 gather_from_sequence_parallel_region,
-                                 reduce_scatter_to_sequence_parallel_region)
+                                      gather_from_sequence_parallel_region,
+                                      reduce_scatter_to_sequence_parallel_region)
 from mtb_helpers.comm.sharding import Replicate, Shard, shard_range
 from mtb_helpers.sp.dropout import PositionKeyedDropout, keep_mask, position_keyed_dropout
 from mtb_helpers.tp.layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear
@@ -88,14 +89,22 @@ class SequenceParallelLayerNorm(nn.Module):
         return f"{tuple(self.weight.shape)}, eps={self.eps}, grad_sync={self.grad_sync!r}"
 
 
+# torch 2.13 renamed these (the old names warn); Colab's older torch has only the old ones
+_ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+_REDUCE_SCATTER = ("reduce_scatter_single" if hasattr(dist, "reduce_scatter_single")
+                   else "reduce_scatter_tensor")
+
+
+@recorded(GATHER_SP)
 class _GatherThenLinear(torch.autograd.Function):
     """forward: all-gather x along dim 0, then ``X @ W.T + b``, saving only the shard ``[s/t, b, in]``;
     backward: all-gather x again (for dW), reduce-scatter dX along dim 0 (Megatron's choice)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, group):
-        # [s/t, b, in] -> all-gather -> [s, b, in]
-        full = issue("all_gather", x, region=GATHER_SP, direction="forward", dim=0, group=group)
+        x = x.contiguous()
+        full = x.new_empty((group_size(group) * x.shape[0], *x.shape[1:]))
+        getattr(dist, _ALL_GATHER)(full, x, group=group)   # [s/t, b, in] -> [s, b, in]
         ctx.save_for_backward(x, weight)
         ctx.group, ctx.has_bias = group, bias is not None
         return F.linear(full, weight, bias)   # [s, b, in] @ [in, out/t] -> [s, b, out/t]
@@ -103,15 +112,17 @@ class _GatherThenLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
-        # [s/t, b, in] -> all-gather again -> [s, b, in]
-        full = issue("all_gather", x, region=GATHER_SP, operator="re-gather", direction="backward",
-                     dim=0, group=ctx.group)
+        full = x.new_empty((group_size(ctx.group) * x.shape[0], *x.shape[1:]))
+        ctx.operator = "re-gather"   # how the record names this second all-gather of x
+        getattr(dist, _ALL_GATHER)(full, x, group=ctx.group)   # [s/t, b, in] -> [s, b, in] again
         dy2 = dy.reshape(-1, dy.shape[-1])
         dw = dy2.T @ full.reshape(-1, full.shape[-1])   # [out/t, s*b] @ [s*b, in] -> [out/t, in]
         db = dy2.sum(0) if ctx.has_bias else None
         # [s, b, out/t] @ [out/t, in] -> [s, b, in] (partial) -> reduce-scatter -> [s/t, b, in]
-        dx = issue("reduce_scatter", dy @ weight, region=GATHER_SP, direction="backward", dim=0,
-                   group=ctx.group)
+        partial = (dy @ weight).contiguous()
+        dx = partial.new_empty((partial.shape[0] // group_size(ctx.group), *partial.shape[1:]))
+        ctx.operator = ""
+        getattr(dist, _REDUCE_SCATTER)(dx, partial, group=ctx.group)
         return dx, dw, db, None
 
 

@@ -11,11 +11,14 @@ correct one. The last two bugs set PyTorch up wrongly in the comparison of ``tp/
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from mtb_helpers.checking.bug import Bug, names_for, swap
-from mtb_helpers.comm.issue import group_size, issue
-from mtb_helpers.comm.regions import (copy_to_tensor_model_parallel_region,
+from mtb_helpers.comm.records import recorded
+from mtb_helpers.comm.regions import (_CopyToModelParallelRegion, _GatherFromModelParallelRegion,
+                                      _ReduceFromModelParallelRegion,
+                                      copy_to_tensor_model_parallel_region,
                                       gather_from_tensor_model_parallel_region,
                                       reduce_from_tensor_model_parallel_region,
                                       scatter_to_tensor_model_parallel_region)
@@ -24,31 +27,38 @@ from mtb_helpers.tp.plan import TensorParallelPlan
 
 
 
+@recorded("copy_to_tensor_model_parallel_region", "f")
+class _CopyWithoutAllReduce(_CopyToModelParallelRegion):
+    """f with the wrong backward: identity instead of the all-reduce of dX."""
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None   # BUG: no all-reduce, each rank keeps only its partial dX
+
+
 class ColumnWithoutF(ColumnParallelLinear):
     """f-backward-identity."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias)   # BUG: x skips f, so backward never all-reduces dX
+        x = _CopyWithoutAllReduce.apply(x, self.group)   # BUG: f whose backward never all-reduces dX
+        y = F.linear(x, self.weight, self.bias)
         if self.gather_output:
             y = gather_from_tensor_model_parallel_region(y, self.group)
         return y
 
 
-class _GatherReversed(torch.autograd.Function):
+@recorded("gather_from_tensor_model_parallel_region")
+class _GatherReversed(_GatherFromModelParallelRegion):
     """forward: all-gather along the last dim, concatenated in reverse rank order (wrong);
     backward: split along the last dim in rank order (right)."""
 
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        y = issue("all_gather", x, region="gather_from_tensor_model_parallel_region",
-                  direction="forward", group=group)
-        return torch.cat(y.chunk(group_size(group), dim=-1)[::-1], dim=-1)   # BUG: reversed
-
-    @staticmethod
-    def backward(ctx, grad):
-        return issue("split", grad, region="gather_from_tensor_model_parallel_region",
-                     direction="backward", group=ctx.group), None
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x, group=group)   # [.., n/t] from every rank, in rank order
+        return torch.cat(parts[::-1], dim=-1)    # BUG: concatenated in reverse rank order
 
 
 class ColumnGatherWrongOrder(ColumnParallelLinear):
@@ -82,19 +92,20 @@ class RowWithoutAllReduce(RowParallelLinear):
         return y + self.bias if self.bias is not None else y
 
 
-class _ReduceBothWays(torch.autograd.Function):
-    """forward: all-reduce (right); backward: all-reduce (wrong: g's backward is the identity)."""
+@recorded("reduce_from_tensor_model_parallel_region", "g")
+class _ReduceBothWays(_ReduceFromModelParallelRegion):
+    """g with the wrong backward: all-reduce (right in forward; g's backward is the identity)."""
 
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        return issue("all_reduce", x, region="reduce_from_tensor_model_parallel_region",
-                     operator="g", direction="forward", group=group)
+        return _ReduceFromModelParallelRegion.forward(ctx, x, group)
 
     @staticmethod
     def backward(ctx, grad):
-        return issue("all_reduce", grad, region="reduce_from_tensor_model_parallel_region",
-                     operator="g", direction="backward", group=ctx.group), None   # BUG
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)   # BUG: every grad before g becomes t times too large
+        return grad, None
 
 
 class RowGBackwardAllReduce(RowParallelLinear):

@@ -3,8 +3,9 @@
 They draw a check's step trace (``report.steps``, see ``mtb_helpers.checking.trace``); they never start
 ranks. Each tensor is drawn as its 2-D view (rows = the flattened batch dims, a weight as
 ``W [in, out]``), one small panel per rank: the cells that rank holds are filled in its colour,
-hatched when it holds only a partial sum, and the rest is grey. A step that runs a collective says
-so in its title; a rank that fails the step gets a red frame.
+hatched when it holds only a partial sum, striped with one band per rank when it holds a complete
+sum over the ranks (as in notebook 00), and the rest is grey. A step that runs a collective says so
+in its title; a rank that fails the step gets a red frame.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
+from matplotlib.legend_handler import HandlerTuple
 from matplotlib.patches import Patch, Rectangle
 
 from mtb_helpers.plots.live import LiveFigure, Png
@@ -55,10 +57,8 @@ def _draw_holding(ax: Axes, step, holding, rank: int, extent: tuple[int, int]) -
     rows, cols = step.global_shape
     ax.add_patch(Rectangle((0, 0), cols, rows, facecolor=EMPTY_COLOR, edgecolor="none"))
     if holding.shape is not None:
-        (r0, r1), (c0, c1) = holding.rows, holding.cols
-        ax.add_patch(Rectangle((c0, r0), c1 - c0, r1 - r0, facecolor=rank_color(rank),
-                               edgecolor="white" if holding.partial else "none",
-                               hatch="//" if holding.partial else None, linewidth=0))
+        for patch in _held_patches(step, holding, rank):
+            ax.add_patch(patch)
     ax.add_collection(LineCollection(_grid_segments(rows, cols), colors="white", linewidths=0.6))
     ax.add_patch(Rectangle((0, 0), cols, rows, fill=False, edgecolor="black", linewidth=0.8))
     ax.set_xlim(-0.5, extent[1] + 0.5)
@@ -78,6 +78,21 @@ def _draw_holding(ax: Axes, step, holding, rank: int, extent: tuple[int, int]) -
             side.set_visible(False)
 
 
+def _held_patches(step, holding, rank: int, x0: float = 0, y0: float = 0, scale: float = 1) -> list:
+    """What ``rank`` holds, at (x0, y0), cell size ``scale``: its colour, hatched if a partial sum;
+    an issued all-reduce's or reduce-scatter's complete sum: a band per rank in every cell column (00)."""
+    (r0, r1), (c0, c1) = holding.rows, holding.cols
+    y, height, c = y0 + r0 * scale, (r1 - r0) * scale, step.collective
+    if not holding.partial and c and not c.get("missing") and c["op"] in ("all_reduce", "reduce_scatter"):
+        t = len(step.holdings)
+        return [Rectangle((x0 + (c + k / t) * scale, y), scale / t, height, facecolor=rank_color(k),
+                          edgecolor="none", linewidth=0)
+                for c in range(c0, c1) for k in range(t)]
+    return [Rectangle((x0 + c0 * scale, y), (c1 - c0) * scale, height, facecolor=rank_color(rank),
+                      edgecolor="white" if holding.partial else "none",
+                      hatch="//" if holding.partial else None, linewidth=0)]
+
+
 def _holding_what(step, holding, rank: int) -> str:
     """``rank 1: rows 4:8``: what a rank holds of ``step``."""
     rows, cols = step.global_shape
@@ -91,11 +106,13 @@ def _holding_what(step, holding, rank: int) -> str:
 
 
 def _holding_title(step, holding, rank: int) -> str:
-    """``rank 1: rows 4:8`` / ``err 0``: what a rank holds of ``step`` and how wrong it is."""
+    """``rank 1: rows 4:8`` / ``err 0``: what a rank holds of ``step`` and how wrong it is (a partial
+    sum: against the term it should hold, ``err 0 vs its term``)."""
     if holding.shape is None:
         return _holding_what(step, holding, rank) + "\nerr missing"
     err = "0" if holding.max_abs_err == 0 else f"{holding.max_abs_err:.1e}"
-    return f"{_holding_what(step, holding, rank)}\nerr {err}"
+    # a partial sum is compared with the one term this rank should hold, not with the full sum
+    return f"{_holding_what(step, holding, rank)}\nerr {err}" + (" vs its term" if holding.partial else "")
 
 
 def _grid_segments(rows: int, cols: int, x0: float = 0, y0: float = 0, scale: float = 1) -> list:
@@ -119,11 +136,16 @@ def _axis_names(step) -> tuple[str, str]:
     return f"{name} rows (tokens)", f"{name} columns (features)"
 
 
-def _legend_handles(world_size: int) -> list:
-    return [*rank_legend_handles(world_size),
-            Patch(facecolor="white", edgecolor="black", hatch="//", label="partial sum"),
-            Patch(facecolor=EMPTY_COLOR, edgecolor="black", label="not held"),
-            Patch(facecolor="white", edgecolor=FAIL_COLOR, linewidth=2, label="wrong / missing")]
+def _legend(fig: Figure, world_size: int) -> None:
+    handles = [*rank_legend_handles(world_size),
+               Patch(facecolor="white", edgecolor="black", hatch="//"),
+               tuple(Patch(facecolor=rank_color(r), edgecolor="none") for r in range(world_size)),
+               Patch(facecolor=EMPTY_COLOR, edgecolor="black"),
+               Patch(facecolor="white", edgecolor=FAIL_COLOR, linewidth=2)]
+    labels = [f"rank {r}" for r in range(world_size)] + [
+        "partial sum", "complete sum (a band per rank)", "not held", "wrong / missing"]
+    fig.legend(handles=handles, labels=labels, handler_map={tuple: HandlerTuple(ndivide=None, pad=0)},
+               loc="lower center", ncol=(world_size + 5) // 2, fontsize=8, frameon=False)   # two rows
 
 
 def plot_step(report, step, figsize: tuple[float, float] | None = None) -> Figure:
@@ -134,7 +156,7 @@ def plot_step(report, step, figsize: tuple[float, float] | None = None) -> Figur
     rows, cols = s.global_shape
     width = min(10.0, 1.2 + 2.3 * t)
     panel_h = max(1.2, min(3.0, (width - 1.2) / t * rows / max(cols, 1)))
-    fig, axes = plt.subplots(1, t, figsize=figsize or (width, panel_h + 2.0), squeeze=False)
+    fig, axes = plt.subplots(1, t, figsize=figsize or (width, panel_h + 2.2), squeeze=False)
     for r, h in enumerate(s.holdings):
         _draw_holding(axes[0][r], s, h, r, s.global_shape)
         if t > 4:   # eight panels in 10 inches: shorter titles, or they run into each other
@@ -143,10 +165,9 @@ def plot_step(report, step, figsize: tuple[float, float] | None = None) -> Figur
     axes[0][0].set_ylabel(_axis_names(s)[0], fontsize=8)
     title = step_title(s) + f"\n{s.tensor} is {rows} x {cols}, {LAYOUT_TEXT[s.layout]}"
     fig.suptitle(title, fontsize=10, x=0.02, ha="left")
-    fig.legend(handles=_legend_handles(t), loc="lower center", ncol=min(t + 3, 8), fontsize=8,
-               frameon=False)
+    _legend(fig, t)
     top = 1 - (0.19 * (title.count("\n") + 1) + 0.1) / fig.get_figheight()   # inches: 0.19/line
-    fig.tight_layout(rect=(0, 0.42 / fig.get_figheight(), 1, top))   # the legend takes ~0.4 in
+    fig.tight_layout(rect=(0, 0.75 / fig.get_figheight(), 1, top))   # the legend takes two rows
     return fig
 
 
@@ -164,8 +185,9 @@ def plot_steps(report, phase: str | None = None, steps: list | None = None,
     n = len(chosen)
     if one_axes:  # the same picture, a fraction of the drawing time
         return LIVE_STEPS.figure((report, chosen))
-    fig, axes = plt.subplots(n, t, figsize=(min(10.0, 3.6 + 1.7 * t), 0.8 + 1.35 * n),
-                             squeeze=False)
+    heights = _step_heights(chosen)
+    fig, axes = plt.subplots(n, t, figsize=(min(10.0, 3.6 + 1.7 * t), 1.0 + sum(heights)),
+                             squeeze=False, gridspec_kw={"height_ratios": heights})
     for i, s in enumerate(chosen):
         for r, h in enumerate(s.holdings):
             _draw_holding(axes[i][r], s, h, r, s.global_shape)
@@ -175,11 +197,15 @@ def plot_steps(report, phase: str | None = None, steps: list | None = None,
                               color="black" if s.passed else FAIL_COLOR)
     title = f"{report.check}: who holds what, step by step ({t} ranks)"
     fig.suptitle(title + ("" if report.passed else " - FAILED"), fontsize=11)
-    fig.legend(handles=_legend_handles(t), loc="lower center", ncol=min(t + 3, 7), fontsize=8,
-               frameon=False)
-    height = 0.8 + 1.35 * n
-    fig.tight_layout(rect=(0, 0.5 / height, 1, 1 - 0.35 / height))
+    _legend(fig, t)
+    height = 1.0 + sum(heights)
+    fig.tight_layout(rect=(0, 0.65 / height, 1, 1 - 0.35 / height))
     return fig
+
+
+def _step_heights(chosen: list) -> list[float]:
+    """Inches per row of the overview: more for a tall tensor (fc2's W2 [ffn, h]), not a sliver."""
+    return [1.35 if r <= 2 * c else min(4.0, 0.6 + 0.1 * r) for r, c in (s.global_shape for s in chosen)]
 
 
 def _step_label(s) -> str:
@@ -197,17 +223,21 @@ def _steps_key(data) -> tuple:
 
 def _steps_geometry(chosen: list, t: int) -> dict:
     """Inches on the one Axes: panel (step i, rank r) at origin (x0, y0) with cell size scale."""
-    n, left, top, bottom = len(chosen), 1.75, 0.45, 0.5
-    width, height = min(10.0, 3.6 + 1.7 * t), 0.8 + 1.35 * n
-    cw, ch = (width - left - 0.1) / t, (height - top - bottom) / n
+    left, top, bottom = 1.75, 0.45, 0.65
+    heights = _step_heights(chosen)
+    width, height = min(10.0, 3.6 + 1.7 * t), 1.0 + sum(heights)
+    cw = (width - left - 0.1) / t
+    tops = [top + sum(heights[:i]) * (height - top - bottom) / sum(heights) for i in range(len(chosen))]
     panels = {}
     for i, s in enumerate(chosen):
-        (rows, cols), cy = s.global_shape, top + i * ch
+        (rows, cols), cy = s.global_shape, tops[i]
+        ch = heights[i] * (height - top - bottom) / sum(heights)
         scale = min((cw - 0.45) / max(cols, 1), (ch - 0.62) / max(rows, 1))
         for r in range(t):
             panels[i, r] = (left + r * cw + 0.3 + (cw - 0.45 - cols * scale) / 2, cy + 0.48,
                             cols * scale, rows * scale, scale)
-    return {"size": (width, height), "left": left, "ch": ch, "top": top, "panels": panels}
+    middles = [tops[i] + heights[i] * (height - top - bottom) / sum(heights) / 2 for i in range(len(chosen))]
+    return {"size": (width, height), "left": left, "middles": middles, "panels": panels}
 
 
 def _build_steps(new_figure, data) -> dict:
@@ -221,25 +251,21 @@ def _build_steps(new_figure, data) -> dict:
     ax.set_axis_off()
     lines, labels = [], []
     for i, s in enumerate(chosen):
-        labels += [ax.text(geo["left"] - 0.12, geo["top"] + (i + 0.5) * geo["ch"], _step_label(s),
+        labels += [ax.text(geo["left"] - 0.12, geo["middles"][i], _step_label(s),
                 ha="right", va="center", fontsize=8)]
         for r, h in enumerate(s.holdings):
             x0, y0, w, hgt, scale = geo["panels"][i, r]
             ax.add_patch(Rectangle((x0, y0), w, hgt, facecolor=EMPTY_COLOR, edgecolor="none"))
             if h.shape is not None:
-                (r0, r1), (c0, c1) = h.rows, h.cols
-                ax.add_patch(Rectangle((x0 + c0 * scale, y0 + r0 * scale), (c1 - c0) * scale,
-                                       (r1 - r0) * scale, facecolor=rank_color(r),
-                                       edgecolor="white" if h.partial else "none",
-                                       hatch="//" if h.partial else None, linewidth=0))
+                for patch in _held_patches(s, h, r, x0, y0, scale):
+                    ax.add_patch(patch)
             lines += _grid_segments(*s.global_shape, x0, y0, scale)
             ax.add_patch(Rectangle((x0, y0), w, hgt, fill=False, edgecolor="black", linewidth=0.8))
             ax.text(x0 + w / 2, y0 - 0.08, _holding_what(s, h, r), ha="center", va="bottom",
                     fontsize=7.5)
     ax.add_collection(LineCollection(lines, colors="white", linewidths=0.6))
     fig.suptitle("", fontsize=11, y=1 - 0.1 / height)   # the verdict: set by every update
-    fig.legend(handles=_legend_handles(t), loc="lower center", ncol=min(t + 3, 7), fontsize=8,
-               frameon=False)
+    _legend(fig, t)
     return {"ax": ax, "geo": geo, "labels": labels}
 
 
