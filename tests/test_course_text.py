@@ -44,6 +44,7 @@ REWRITTEN = [
     "12_capstone_4d.ipynb",
     "13_communication_cost.ipynb",
     "14_hiding_communication.ipynb",
+    "15_choosing_a_layout.ipynb",
 ]
 
 MAX_AVG, MAX_PCT_OVER35, MAX_LONGEST = 17, 4, 50

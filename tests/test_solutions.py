@@ -38,6 +38,7 @@ FOLLOWS_CONVENTION = [
     "12_capstone_4d.ipynb",
     "13_communication_cost.ipynb",
     "14_hiding_communication.ipynb",
+    "15_choosing_a_layout.ipynb",
 ]
 
 HEADING = re.compile(r"^### Exercise (\d+) · \S", re.MULTILINE)

@@ -24,7 +24,7 @@ class HeadsNotDivided(LocalAttention):
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         s, b, _ = x.shape
-        # BUG: all n heads on h/t features: every head is cut into t pieces of d/t features
+        # BUG: all a heads on h/t features: every head is cut into t pieces of d/t features
         return x.reshape(s, b, self.n_heads, -1).permute(1, 2, 0, 3)
 
 
@@ -47,7 +47,7 @@ class SumExpNotAllReduced(VocabParallelCrossEntropy):
     """vocab-ce-sum-exp-not-allreduced."""
 
     def combine_sum_exp(self, local_sum: torch.Tensor) -> torch.Tensor:
-        return local_sum   # BUG: the softmax denominator covers only this rank's V/t tokens
+        return local_sum   # BUG: the softmax denominator covers only this rank's vocab/t entries
 
 
 class TargetLogitNotAllReduced(VocabParallelCrossEntropy):
@@ -59,7 +59,7 @@ class TargetLogitNotAllReduced(VocabParallelCrossEntropy):
 
 BUGS: dict[str, Bug] = {
     "attn-heads-not-divided": Bug(
-        "TP attention: each rank splits its h/t features into all n heads instead of n/t, so "
+        "TP attention: each rank splits its h/t features into all a heads instead of a/t, so "
         "every head is cut into pieces of d/t features (needs head_dim divisible by t)",
         checks=("tp_attention",), replaces={LocalAttention: HeadsNotDivided},
         needs={"head_dim divisible by the world size (each head is cut into t pieces)":
@@ -82,7 +82,7 @@ BUGS: dict[str, Bug] = {
         checks=("vocab_parallel",), replaces={VocabParallelCrossEntropy: MaxNotAllReduced}),
     "vocab-ce-sum-exp-not-allreduced": Bug(
         "vocab-parallel cross-entropy: the sum of exponentials is not all-reduced, so each "
-        "rank's softmax is normalised over its own V/t tokens",
+        "rank's softmax is normalised over its own vocab/t entries",
         checks=("vocab_parallel",), replaces={VocabParallelCrossEntropy: SumExpNotAllReduced}),
     "vocab-ce-target-not-allreduced": Bug(
         "vocab-parallel cross-entropy: the target logit is not all-reduced, so only the rank "

@@ -3,13 +3,13 @@
 Notation: ``x`` is ``[s, b, h]`` (sequence first, as in the sequence-parallel block), ``n`` heads of
 ``d = h/n`` features, ``t`` ranks. Head ``i`` is features ``i*d:(i+1)*d`` of Q, K and V, as in
 ``nn.MultiheadAttention``. Heads never talk to each other inside attention, so rank ``r`` can own
-heads ``r*n/t .. (r+1)*n/t - 1`` entirely:
+heads ``r*a/t .. (r+1)*a/t - 1`` entirely:
 
 * Q, K, V are column-parallel: rank r holds the rows of ``Wq, Wk, Wv`` that produce its heads'
   features, ``h/t`` of each. The three shards are stacked into ONE ``ColumnParallelLinear``
   (``[3h/t, h]`` per rank, like Megatron's fused ``query_key_value``), so the input enters the
   tensor-parallel region through one ``f``: forward identity, backward one all-reduce of dX.
-* each rank runs softmax attention on its own ``n/t`` heads: no communication.
+* each rank runs softmax attention on its own ``a/t`` heads: no communication.
 * the output projection is row-parallel: rank r holds the ``h/t`` input columns of ``Wo`` that read
   its heads, produces a partial ``[s, b, h]`` and ``g`` all-reduces it; ``bo`` is added once, after.
 
@@ -58,7 +58,7 @@ def grouped_qkv(wq: nn.Linear, wk: nn.Linear, wv: nn.Linear, world_size: int) ->
 
 
 class LocalAttention(nn.Module):
-    """Softmax attention on this rank's ``n/t`` heads; no communication.
+    """Softmax attention on this rank's ``a/t`` heads; no communication.
 
     forward: ``qkv [s, b, 3h/t]`` (this rank's ``[Q_r, K_r, V_r]`` features) -> ``[s, b, h/t]``.
     """
@@ -75,7 +75,7 @@ class LocalAttention(nn.Module):
         self.local_heads = n_heads // world_size
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        """``[s, b, h/t] -> [b, n/t, s, d]``: local feature ``j*d:(j+1)*d`` is local head ``j``."""
+        """``[s, b, h/t] -> [b, a/t, s, d]``: local feature ``j*d:(j+1)*d`` is local head ``j``."""
         s, b, width = x.shape
         if width != self.local_heads * self.head_dim:   # else reshape would cut other heads
             raise ValueError(f"qkv must be [s, b, 3 x {self.local_heads} heads x {self.head_dim}]"
@@ -90,14 +90,14 @@ class LocalAttention(nn.Module):
         return x.permute(2, 0, 1, 3).reshape(s, b, heads * d)
 
     def forward(self, qkv: torch.Tensor) -> torch.Tensor:
-        q, k, v = (self.split_heads(z) for z in qkv.chunk(3, dim=-1))  # 3 x [b, n/t, s, d]
+        q, k, v = (self.split_heads(z) for z in qkv.chunk(3, dim=-1))  # 3 x [b, a/t, s, d]
         scale = 1.0 / math.sqrt(q.shape[-1])
-        scores = q @ k.transpose(-2, -1) * scale      # [b, n/t, s, d] @ [b, n/t, d, s] -> [b, n/t, s, s]
+        scores = q @ k.transpose(-2, -1) * scale      # [b, a/t, s, d] @ [b, a/t, d, s] -> [b, a/t, s, s]
         if self.causal:
             s = scores.shape[-1]
             mask = torch.ones(s, s, dtype=torch.bool, device=scores.device).triu(1)
             scores = scores.masked_fill(mask, float("-inf"))
-        ctx = scores.softmax(dim=-1) @ v              # [b, n/t, s, s] @ [b, n/t, s, d] -> [b, n/t, s, d]
+        ctx = scores.softmax(dim=-1) @ v              # [b, a/t, s, s] @ [b, a/t, s, d] -> [b, a/t, s, d]
         return self.merge_heads(ctx)                  # -> [s, b, h/t]
 
     def extra_repr(self) -> str:
@@ -150,7 +150,7 @@ class ParallelSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv(x)      # f, then [s, b, h] @ [h, 3h/t] -> [s, b, 3h/t]
-        ctx = self.core(qkv)   # this rank's n/t heads -> [s, b, h/t]
+        ctx = self.core(qkv)   # this rank's a/t heads -> [s, b, h/t]
         return self.out(ctx)   # [s, b, h/t] @ [h/t, h] -> partial [s, b, h] -> g (all-reduce) -> + bo
 
     def extra_repr(self) -> str:

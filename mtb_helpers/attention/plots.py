@@ -138,7 +138,7 @@ def plot_vocab_split(ids, vocab: int, world_size: int) -> Figure:
     right.set_aspect("equal")
     right.set_xlabel("batch")
     right.set_ylabel("position")
-    right.set_title("token ids, coloured by the rank that owns them:\nthe others look up 0, "
+    right.set_title("token ids, coloured by the rank that owns them:\nthe others give zero rows; "
                     "one all-reduce sums", fontsize=9)
     fig.suptitle(f"Vocab-parallel embedding, vocab={vocab} on {world_size} ranks", fontsize=11)
     fig.legend(handles=rank_legend_handles(world_size), loc="lower center", ncol=world_size,

@@ -1,24 +1,24 @@
 """The vocabulary split at both ends of a Megatron model (Shoeybi et al. 2019, section 3).
 
-Notation: ``V`` tokens in the vocabulary, ``t`` ranks; rank ``r`` owns tokens
-``[r*V/t, (r+1)*V/t)`` (``shard_range``).
+Notation: ``vocab`` entries in the vocabulary, ``t`` ranks; rank ``r`` owns tokens
+``[r*vocab/t, (r+1)*vocab/t)`` (``shard_range``).
 
-* ``VocabParallelEmbedding``: rank r holds rows ``r*V/t:(r+1)*V/t`` of the table ``E [V, h]``.
+* ``VocabParallelEmbedding``: rank r holds rows ``r*vocab/t:(r+1)*vocab/t`` of the table ``W_emb [vocab, h]``.
   A token outside its range looks up row 0 and is then zeroed, so exactly one rank contributes
   each token's row; ``g`` (one all-reduce) sums the ``t`` partial outputs. Backward: ``g`` is the
   identity and each rank's grad lands only in its own rows.
-* ``vocab_parallel_cross_entropy``: each rank holds logits ``[.., V/t]``. The loss
-  ``log sum_j exp(x_j - m) - (x_target - m)`` needs three numbers per token, each combined over
-  ranks with ONE all-reduce of a ``[..]`` tensor: the max ``m`` (all-reduce max), the sum of
+* ``vocab_parallel_cross_entropy``: each rank holds logits ``[.., vocab/t]``. The loss
+  ``log sum_j exp(z_j - mx) - (z_target - mx)`` needs three numbers per token, each combined over
+  ranks with ONE all-reduce of a ``[..]`` tensor: the max ``mx`` (all-reduce max), the sum of
   exponentials (all-reduce sum) and the target logit (all-reduce sum; only the owning rank
-  contributes it). No rank ever holds ``[.., V]``. With ``fuse_sums=True`` the last two are ONE
+  contributes it). No rank ever holds ``[.., vocab]``. With ``fuse_sums=True`` the last two are ONE
   all-reduce of their stack ``[2, ..]`` (Megatron-LM's fused cross-entropy does the same): the
   same bytes, one round trip fewer; the capstone uses it, notebook 10 shows the three apart.
   The backward is written by hand and needs no communication:
   ``dx = (softmax(x) - onehot(target)) * dloss`` on this rank's columns.
 
-Both assume ``t`` EQUAL shards (rank r's first token is ``r*V/t``), as Megatron does (it pads the
-vocabulary to a multiple of ``t``). Uneven shards (``torch.tensor_split`` of V = 10 over 4 ranks:
+Both assume ``t`` EQUAL shards (rank r's first token is ``r*vocab/t``), as Megatron does (it pads the
+vocabulary to a multiple of ``t``). Uneven shards (``torch.tensor_split`` of vocab = 10 over 4 ranks:
 3, 3, 2, 2) would put every later rank's tokens at the wrong ids and give a wrong loss, so they are
 refused with a ValueError on every rank. The loss learns the shard widths from ``vocab_size`` when
 given (no communication), else from one small all-gather of every rank's width (``agree``: an
@@ -44,12 +44,12 @@ REDUCTIONS = ("mean", "sum", "none")
 
 
 class VocabParallelEmbedding(nn.Module):
-    """``E[ids]`` with the rows of ``E`` split by vocabulary range; ``.weight`` is ``[V/t, h]``.
+    """``W_emb[ids]`` with the rows of ``W_emb`` split by vocabulary range; ``.weight`` is ``[vocab/t, h]``.
 
     forward: token ids ``[..]`` (replicated, any shape) -> ``[.., h]`` (replicated, after g).
     """
     input_layouts = output_layouts = Replicate()   # ids [..] in, [.., h] out
-    weight_layout = Shard(0)                       # [V/t, h]
+    weight_layout = Shard(0)                       # [vocab/t, h]
 
     def __init__(self, weight: torch.Tensor, num_embeddings: int, group=None):
         super().__init__()
@@ -97,9 +97,9 @@ class _CrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, combiner, reduction):
         lo = group_rank(combiner.group) * logits.shape[-1]
-        local_max = logits.max(dim=-1).values                     # [.., V/t] -> [..]
-        m = combiner.combine_max(local_max.detach())              # all-reduce (max): [..]
-        shifted = logits - m.unsqueeze(-1)                        # [.., V/t]
+        local_max = logits.max(dim=-1).values                     # [.., vocab/t] -> [..]
+        mx = combiner.combine_max(local_max.detach())              # all-reduce (max): [..]
+        shifted = logits - mx.unsqueeze(-1)                        # [.., vocab/t]
         exp = shifted.exp()
         outside = (target < lo) | (target >= lo + logits.shape[-1])
         local_t = (target - lo).masked_fill(outside, 0)           # [..], 0 where not ours
@@ -116,7 +116,7 @@ class _CrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         softmax, local_t, outside = ctx.saved_tensors
-        dlogits = softmax.clone()                                 # [.., V/t]
+        dlogits = softmax.clone()                                 # [.., vocab/t]
         # d loss / d x_j = softmax_j - [j == target]; the -1 only on the rank owning the target
         dlogits.scatter_add_(-1, local_t.unsqueeze(-1),
                              (outside.to(softmax.dtype) - 1.0).unsqueeze(-1))
@@ -132,10 +132,10 @@ class _CrossEntropy(torch.autograd.Function):
 class VocabParallelCrossEntropy(nn.Module):
     """``F.cross_entropy`` on logits split by vocabulary range; see the module docstring.
 
-    forward: ``logits [.., V/t]`` (sharded on the last dim), ``target [..]`` (global token ids,
+    forward: ``logits [.., vocab/t]`` (sharded on the last dim), ``target [..]`` (global token ids,
     replicated) -> the loss (replicated): a scalar, or ``[..]`` with ``reduction="none"``.
     """
-    input_layouts = (Shard(-1), Replicate())   # logits [.., V/t], target [..] (one per argument)
+    input_layouts = (Shard(-1), Replicate())   # logits [.., vocab/t], target [..] (one per argument)
     output_layouts = Replicate()               # the loss
 
     def __init__(self, reduction: str = "mean", group=None, vocab_size: int | None = None,
@@ -150,7 +150,7 @@ class VocabParallelCrossEntropy(nn.Module):
         self.fuse_sums = fuse_sums
 
     def check_equal_shards(self, width: int) -> None:
-        """ValueError (on every rank alike) unless every rank holds ``V/t`` logit columns."""
+        """ValueError (on every rank alike) unless every rank holds ``vocab/t`` logit columns."""
         t = group_size(self.group)
         if self.vocab_size is not None:
             check_divisible("vocab_size", self.vocab_size, t)
@@ -165,8 +165,8 @@ class VocabParallelCrossEntropy(nn.Module):
         widths = torch.cat(agree(torch.tensor([width]), self.group))
         if len(set(widths.tolist())) > 1:
             raise ValueError(f"the logits' vocabulary shards have widths {widths.tolist()} on the "
-                             f"{t} ranks; they must be equal (V/t each, rank r holding tokens "
-                             f"[r*V/t, (r+1)*V/t)): pad the vocabulary to a multiple of {t}")
+                             f"{t} ranks; they must be equal (vocab/t each, rank r holding tokens "
+                             f"[r*vocab/t, (r+1)*vocab/t)): pad the vocabulary to a multiple of {t}")
 
     def combine_max(self, local_max: torch.Tensor) -> torch.Tensor:
         """``[..]`` -> all-reduce (max) -> ``[..]``, the max over the whole vocabulary."""
@@ -178,7 +178,7 @@ class VocabParallelCrossEntropy(nn.Module):
         return out
 
     def combine_sum_exp(self, local_sum: torch.Tensor) -> torch.Tensor:
-        """``[..]`` -> all-reduce (sum) -> ``[..]``, sum of exp(x - m) over the whole vocabulary."""
+        """``[..]`` -> all-reduce (sum) -> ``[..]``, sum of exp(z - mx) over the whole vocabulary."""
         return issue("all_reduce", local_sum, region=REGION, operator="sum_exp",
                      direction="forward", group=self.group)
 
@@ -214,10 +214,10 @@ def vocab_parallel_cross_entropy(logits_shard: torch.Tensor, target: torch.Tenso
                                  reduction: str = "mean", group=None,
                                  vocab_size: int | None = None, fuse_sums: bool = False
                                  ) -> torch.Tensor:
-    """``F.cross_entropy(full_logits, target, reduction=...)`` from this rank's ``[.., V/t]``
+    """``F.cross_entropy(full_logits, target, reduction=...)`` from this rank's ``[.., vocab/t]``
     columns (class dim last); ``target [..]`` holds global token ids, the same on every rank.
-    Every token counts: there is no ``ignore_index`` (ids outside ``[0, V)`` are refused).
-    Shards must be equal (ValueError otherwise); ``vocab_size=V`` lets each rank check its own
+    Every token counts: there is no ``ignore_index`` (ids outside ``[0, vocab)`` are refused).
+    Shards must be equal (ValueError otherwise); ``vocab_size=vocab`` lets each rank check its own
     width without the extra exchange of widths; ``fuse_sums`` all-reduces the sum of
     exponentials and the target logit together (two all-reduces instead of three)."""
     return VocabParallelCrossEntropy(reduction, group, vocab_size, fuse_sums)(logits_shard, target)

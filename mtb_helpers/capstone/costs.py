@@ -30,14 +30,17 @@ _DP_REGIONS = ("ddp_grad_bucket", "zero_grad_reduce_scatter", "zero_param_all_ga
 _SP_REGIONS = (SCATTER_SP, GATHER_SP, REDUCE_SCATTER_SP, GRAD_ALLREDUCE_SP)
 
 FORMULAS = {
-    "tp": "per micro-batch: blocks 8(t-1)/t·A each without SP; embedding g 2(t-1)/t·A; "
-          "head f 2(t-1)/t·A without SP; cross-entropy 3·2(t-1)/t·A/h",
-    "sp": "per micro-batch: blocks 8(t-1)/t·A each; embedding split (t-1)/t·A; head 2(t-1)/t·A; "
-          "once per step: LayerNorm and bias grads 2(t-1)/t·Ψ_rep·e, one all-reduce",
-    "pp": "per micro-batch: A/t (A without SP) to the next stage, A/t back to the previous one",
-    "cp": "per micro-batch and block, N = A/t bytes of this rank's K (or V): forward 2(c-1)N, "
-          "backward 4(c-1)N + 2N (K, V, dK, dV around the ring, dK and dV home)",
-    "dp": "2(g-1)/g·Ψ_r·e (DDP all-reduce; ZeRO-1 reduce-scatter + all-gather of Ψ_r padded)",
+    "tp": "per micro-batch: blocks 8(t-1)/t·n_act each without SP; embedding g 2(t-1)/t·n_act; "
+          "head f 2(t-1)/t·n_act without SP; cross-entropy 3·2(t-1)/t·n_act/h",
+    "sp": "per micro-batch: blocks 8(t-1)/t·n_act each; embedding split (t-1)/t·n_act; "
+          "head 2(t-1)/t·n_act; once per step: LayerNorm and bias grads 2(t-1)/t·Ψ_rep·e, "
+          "one all-reduce",
+    "pp": "per micro-batch: n_act/t (n_act without SP) to the next stage, n_act/t back to the "
+          "previous one",
+    "cp": "per micro-batch and block, n_kv = n_act/t bytes of this rank's K (or V): forward "
+          "2(cp-1)·n_kv, backward 4(cp-1)·n_kv + 2·n_kv (K, V, dK, dV around the ring, dK and dV home)",
+    "dp": "2(p-1)/p·Ψ_r·e with p = dp·cp (DDP all-reduce; ZeRO-1 reduce-scatter + all-gather of "
+          "Ψ_r padded)",
 }
 
 

@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import MaxNLocator, NullLocator
 
 from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import rank_color, rank_legend_handles
@@ -98,6 +98,17 @@ def _limits(runs: tuple, reference: tuple) -> tuple:
     return top, (FLOOR / 3, 10.0 ** decade)
 
 
+def _exact_ticks(ax, top: float) -> None:
+    """Log ticks between ``FLOOR`` and ``top``, the floor labelled "0 (exact)" as the course's
+    error plots do: an exact zero is drawn there, and a reader must not take it for 1e-17."""
+    lo, hi = round(math.log10(FLOOR)), math.floor(math.log10(top))
+    stride = max(1, math.ceil((hi - lo) / 5))
+    exps = [k for k in range(hi, lo + 1, -stride)][::-1]   # none right on top of the floor's label
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.set_yticks([FLOOR] + [10.0 ** k for k in exps], ["0 (exact)"] + [f"1e{k}" for k in exps])
+    ax.set_ylim(FLOOR / 3, top)
+
+
 def _style(i: int) -> dict:
     return {"marker": MARKERS[i % len(MARKERS)], "markersize": 4,
             "color": "black" if i == 0 else f"C{i}"}
@@ -115,8 +126,8 @@ def _losses_build(new_figure, data: tuple):
     runs, reference, title = data
     (top_lim, bottom_lim), steps = _limits(runs, reference), range(1, len(reference) + 1)
     fig = new_figure((7.5, 5.2))
-    top = fig.add_axes((0.11, 0.40, 0.86, 0.53), xlim=(0.7, len(reference) + 0.3), ylim=top_lim)
-    bottom = fig.add_axes((0.11, 0.09, 0.86, 0.25), sharex=top, yscale="log", ylim=bottom_lim)
+    top = fig.add_axes((0.14, 0.40, 0.83, 0.53), xlim=(0.7, len(reference) + 0.3), ylim=top_lim)
+    bottom = fig.add_axes((0.14, 0.09, 0.83, 0.25), sharex=top, yscale="log", ylim=bottom_lim)
     top.plot(steps, reference, color="#999999", linewidth=5, alpha=0.6)
     top.xaxis.set_tick_params(labelbottom=False)
     top.set_ylabel("training loss (cross-entropy)")
@@ -126,6 +137,7 @@ def _losses_build(new_figure, data: tuple):
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     bottom.set_xlabel("step")
     bottom.set_ylabel("|parallel - one process|")
+    _exact_ticks(bottom, bottom_lim[1])
     bottom.axhline(TOLERANCE_LINE, color="#D55E00", linestyle=":", label="fp64 tolerance 1e-10")
     bottom.legend(fontsize=8, loc="upper left")
     top.set_title(title, fontsize=12)
@@ -221,20 +233,23 @@ def plot_drift(drift: dict, title: str = "") -> Figure:
     """Largest parameter error per step on a log scale: the parallel run against one process
     running on its own (free: rounding compounds through AdamW) and against one process
     re-anchored on the parallel run's state before each step (each step judged alone).
-    ``drift`` is a capstone report's ``extra["drift"]``; zeros are drawn at 1e-17."""
+    ``drift`` is a capstone report's ``extra["drift"]``; zeros are drawn on the "0 (exact)" line."""
     fig, ax = plt.subplots(figsize=(7.5, 3.6))
     steps = drift["steps"]
-    floor = lambda values: [max(v, 1e-17) if v is not None else float("nan") for v in values]  # noqa: E731
+    floor = lambda values: [max(v, FLOOR) if v is not None else float("nan") for v in values]  # noqa: E731
     for kind, style, label in (("free", "-o", "free-running: the two runs drift apart"),
                                ("anchored", "--s", "re-anchored before each step")):
         ax.semilogy(steps, floor(drift[kind]["params"]), style, color="black" if kind == "free"
                     else "#777777", markersize=4, label=label)
     ax.axhline(drift["tolerance"]["params"], color="#D55E00", linestyle=":",
                label=f"the check's tolerance {drift['tolerance']['params']:.0e}")
+    highest = max([drift["tolerance"]["params"]] + [v for kind in ("free", "anchored")
+                                                    for v in drift[kind]["params"] if v is not None])
+    _exact_ticks(ax, 10.0 ** (math.ceil(math.log10(highest)) + 1))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
     ax.set_ylabel("largest parameter error\nvs one process")
     ax.set_title(title or "Rounding compounds through AdamW; each step on its own agrees")
-    ax.legend(fontsize=8, loc="center left")
+    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     return fig

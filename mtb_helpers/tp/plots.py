@@ -127,11 +127,14 @@ def _grid_segments(rows: int, cols: int, x0: float = 0, y0: float = 0, scale: fl
 def _axis_names(step) -> tuple[str, str]:
     """Axis labels of a step's 2-D view: a weight is ``[in, out]``, an activation ``[tokens, features]``."""
     name = step.tensor
+    if name.lstrip("d") == "W_emb":   # [vocab, h]: one row per token id
+        return f"{name} rows (token ids)", f"{name} columns (features)"
     if name.lstrip("d").startswith("W"):
         return f"{name} rows (in features)", f"{name} columns (out features)"
     if name.lstrip("d").startswith("b"):
         return "", f"{name} (out features)"
-    if name in ("m", "S", "T", "L"):   # one number per token of the [s, b] ids, not features
+    # one number per token of the [s, b] ids, not features
+    if name in ("m", "S", "T", "L", "mx", "sum_exp", "target_logit", "loss"):
         return f"{name} rows (positions s)", f"{name} columns (sequences b)"
     return f"{name} rows (tokens)", f"{name} columns (features)"
 
