@@ -14,7 +14,7 @@ def test_all_strategies_pass_and_print_tables_memory_and_bytes(capsys):
     for strategy in ("ddp", "zero1", "zero2", "zero3"):
         assert f"strategy={strategy}" in out
     assert out.count("PASSED") == 4 and out.rstrip().endswith("all passed")
-    assert "ZeRO paper 2Ψ+2Ψ+12Ψ" in out and "formula all-reduce 2(t-1)/t·dΨ = 2208" in out
+    assert "ZeRO paper 2Ψ+2Ψ+12Ψ" in out and "formula all-reduce 2(p-1)/p·eΨ = 2208" in out
     assert "step: 1 all_gather" in out     # ZeRO-1/2's all-gather after the step is listed
 
 

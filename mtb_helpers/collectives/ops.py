@@ -1,12 +1,13 @@
 """The five collectives on real ranks, checked against one process, with the bytes each rank sends.
 
-Notation: ``t`` ranks, ``n`` elements in the full (logical) tensor, ``V`` its size in bytes.
+Notation (the course's glossary): ``p`` ranks; ``n`` the size of the full (logical) tensor, in
+elements in a shape such as [n], in bytes in FORMULAS.
 
     broadcast       rank 0's [n] -> every rank's [n]
     all-reduce      every rank's [n] -> their sum [n] on every rank
-    all-gather      rank r's shard [n/t] -> the concatenation [n] (shards in rank order) everywhere
-    reduce-scatter  every rank's [n] -> rank r keeps chunk r of the sum, [n/t]
-    all-to-all      rank r's [n] in t chunks -> chunk j goes to rank j; rank r gets [n] made of
+    all-gather      rank r's shard [n/p] -> the concatenation [n] (shards in rank order) everywhere
+    reduce-scatter  every rank's [n] -> rank r keeps chunk r of the sum, [n/p]
+    all-to-all      rank r's [n] in p chunks -> chunk j goes to rank j; rank r gets [n] made of
                     chunk r of every rank, in rank order
 
 Inputs are integer-valued (rank r holds ``10*r + d`` with a seeded digit d), so every result is
@@ -27,21 +28,21 @@ import torch.distributed as dist
 COLLECTIVES: tuple[str, ...] = ("broadcast", "all-reduce", "all-gather", "reduce-scatter",
                                 "all-to-all")
 FORMULAS: dict[str, str] = {
-    "broadcast": "binomial tree: rank r sends V per child, the root ceil(log2 t)·V "
-                 "(a pipelined ring: V per rank, 0 for the last)",
-    "all-reduce": "2(t-1)/t·V",
-    "all-gather": "(t-1)/t·V",
-    "reduce-scatter": "(t-1)/t·V",
-    "all-to-all": "(t-1)/t·V",
+    "broadcast": "binomial tree: rank r sends n per child, the root ceil(log2 p)·n "
+                 "(a pipelined ring: n per rank, 0 for the last)",
+    "all-reduce": "2(p-1)/p·n",
+    "all-gather": "(p-1)/p·n",
+    "reduce-scatter": "(p-1)/p·n",
+    "all-to-all": "(p-1)/p·n",
 }
 GLOO_HEADER_BYTES = 48   # gloo's TCP transport prefixes every message with six 8-byte fields
 # Why a measurement can differ from its formula (shown when it does).
 MEASURED_NOTES: dict[str, str] = {
     "reduce-scatter": "gloo has no ring reduce-scatter: it all-reduces the whole buffer and keeps "
-                      "chunk r, so it sends 2(t-1)/t·V; NCCL's ring (and ring_reduce_scatter here) "
-                      "sends (t-1)/t·V",
+                      "chunk r, so it sends 2(p-1)/p·n; NCCL's ring (and ring_reduce_scatter here) "
+                      "sends (p-1)/p·n",
     "all-reduce": "gloo cuts a small buffer into uneven pieces, so ranks send a little more or "
-                  "less than 2(t-1)/t·V; the total over ranks matches",
+                  "less than 2(p-1)/p·n; the total over ranks matches",
 }
 
 # ---------------------------------------------------------------- rank side (inside a rank)
@@ -62,7 +63,7 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
 
 
 def all_gather(x: torch.Tensor) -> torch.Tensor:
-    """Inside a rank: this rank's shard [n/t] -> every shard, in rank order [n]."""
+    """Inside a rank: this rank's shard [n/p] -> every shard, in rank order [n]."""
     out = x.new_empty(x.numel() * dist.get_world_size())
     # torch 2.13 renamed all_gather_into_tensor; Colab's older torch only has the old name.
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -71,9 +72,9 @@ def all_gather(x: torch.Tensor) -> torch.Tensor:
 
 
 def reduce_scatter(x: torch.Tensor) -> torch.Tensor:
-    """Inside a rank: ``x`` [n] -> chunk ``rank`` of the sum over ranks [n/t]."""
-    t, rank = dist.get_world_size(), dist.get_rank()
-    out = x.new_empty(x.numel() // t)
+    """Inside a rank: ``x`` [n] -> chunk ``rank`` of the sum over ranks [n/p]."""
+    p, rank = dist.get_world_size(), dist.get_rank()
+    out = x.new_empty(x.numel() // p)
     fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     try:
         fn(out, x.contiguous())
@@ -82,13 +83,13 @@ def reduce_scatter(x: torch.Tensor) -> torch.Tensor:
             raise
         total = x.clone()
         dist.all_reduce(total)
-        out = total.chunk(t)[rank].clone()
+        out = total.chunk(p)[rank].clone()
     return out
 
 
 def all_to_all(x: torch.Tensor) -> torch.Tensor:
-    """Inside a rank: ``x`` [n] as t chunks [n/t]; chunk j goes to rank j. Returns [n]: chunk
-    ``rank`` of every rank, in rank order (a transpose of the [t, t] grid of chunks)."""
+    """Inside a rank: ``x`` [n] as p chunks [n/p]; chunk j goes to rank j. Returns [n]: chunk
+    ``rank`` of every rank, in rank order (a transpose of the [p, p] grid of chunks)."""
     out = torch.empty_like(x)
     dist.all_to_all_single(out, x.contiguous())
     return out
@@ -100,33 +101,33 @@ RANK_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 def ring_all_gather(x: torch.Tensor) -> torch.Tensor:
-    """Inside a rank: all-gather [n/t] -> [n] from point-to-point messages around a ring.
+    """Inside a rank: all-gather [n/p] -> [n] from point-to-point messages around a ring.
 
     In step s every rank passes the shard it received last (its own at s=0) to rank r+1 and
-    receives a new one from rank r-1: t-1 steps of n/t elements, so (t-1)/t·V bytes sent."""
-    t, rank = dist.get_world_size(), dist.get_rank()
-    shards = [torch.empty_like(x) for _ in range(t)]
+    receives a new one from rank r-1: p-1 messages of a shard [n/p], (p-1)/p of the tensor's bytes."""
+    p, rank = dist.get_world_size(), dist.get_rank()
+    shards = [torch.empty_like(x) for _ in range(p)]
     shards[rank] = x.clone()
-    for step in range(t - 1):
-        send_idx, recv_idx = (rank - step) % t, (rank - step - 1) % t
-        req = dist.isend(shards[send_idx], dst=(rank + 1) % t)
-        dist.recv(shards[recv_idx], src=(rank - 1) % t)
+    for step in range(p - 1):
+        send_idx, recv_idx = (rank - step) % p, (rank - step - 1) % p
+        req = dist.isend(shards[send_idx], dst=(rank + 1) % p)
+        dist.recv(shards[recv_idx], src=(rank - 1) % p)
         req.wait()
     return torch.cat(shards)
 
 
 def ring_reduce_scatter(x: torch.Tensor) -> torch.Tensor:
-    """Inside a rank: reduce-scatter [n] -> [n/t] around a ring, the way NCCL does it.
+    """Inside a rank: reduce-scatter [n] -> [n/p] around a ring, the way NCCL does it.
 
-    Chunk k starts on rank k+1 and travels t-1 hops, each rank adding its own chunk k, so it
-    ends summed on rank k: t-1 messages of n/t elements, (t-1)/t·V bytes sent."""
-    t, rank = dist.get_world_size(), dist.get_rank()
-    chunks = [c.clone() for c in x.chunk(t)]
-    for step in range(t - 1):
-        send_idx, recv_idx = (rank - step - 1) % t, (rank - step - 2) % t
+    Chunk k starts on rank k+1 and travels p-1 hops, each rank adding its own chunk k, so it
+    ends summed on rank k: p-1 messages of a chunk [n/p], (p-1)/p of the tensor's bytes."""
+    p, rank = dist.get_world_size(), dist.get_rank()
+    chunks = [c.clone() for c in x.chunk(p)]
+    for step in range(p - 1):
+        send_idx, recv_idx = (rank - step - 1) % p, (rank - step - 2) % p
         incoming = torch.empty_like(chunks[recv_idx])
-        req = dist.isend(chunks[send_idx], dst=(rank + 1) % t)
-        dist.recv(incoming, src=(rank - 1) % t)
+        req = dist.isend(chunks[send_idx], dst=(rank + 1) % p)
+        dist.recv(incoming, src=(rank - 1) % p)
         req.wait()
         chunks[recv_idx] += incoming
     return chunks[rank]
@@ -136,7 +137,7 @@ def ring_reduce_scatter(x: torch.Tensor) -> torch.Tensor:
 
 
 def input_numel(collective: str, world_size: int, numel: int) -> int:
-    """Elements in each rank's input: the shard n/t for all-gather, the full n otherwise."""
+    """Elements in each rank's input: the shard n/p for all-gather, the full n otherwise."""
     return numel // world_size if collective == "all-gather" else numel
 
 
@@ -151,17 +152,17 @@ def rank_input(collective: str, rank: int, world_size: int, numel: int,
 
 def reference(collective: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """What every rank must hold after ``collective``, computed in one process from all inputs."""
-    t = len(inputs)
+    p = len(inputs)
     if collective == "broadcast":
-        return [inputs[0].clone() for _ in range(t)]
+        return [inputs[0].clone() for _ in range(p)]
     if collective == "all-gather":
-        return [torch.cat(inputs) for _ in range(t)]
+        return [torch.cat(inputs) for _ in range(p)]
     if collective == "all-to-all":
-        return [torch.cat([x.chunk(t)[r] for x in inputs]) for r in range(t)]
+        return [torch.cat([x.chunk(p)[r] for x in inputs]) for r in range(p)]
     total = torch.stack(inputs).sum(dim=0)
     if collective == "all-reduce":
-        return [total.clone() for _ in range(t)]
-    return [c.clone() for c in total.chunk(t)]  # reduce-scatter
+        return [total.clone() for _ in range(p)]
+    return [c.clone() for c in total.chunk(p)]  # reduce-scatter
 
 
 def _tree_children(rank: int, world_size: int) -> int:
@@ -171,17 +172,17 @@ def _tree_children(rank: int, world_size: int) -> int:
 
 
 def formula_bytes(collective: str, world_size: int, nbytes: float) -> list[float]:
-    """Bytes each rank sends by the textbook algorithm; ``nbytes`` = V, the full tensor's bytes
+    """Bytes each rank sends by the textbook algorithm; ``nbytes`` = n, the full tensor's bytes
     (all-gather's output, reduce-scatter's input). Rings for all but broadcast (binomial tree)."""
-    t = world_size
+    p = world_size
     if collective == "broadcast":
-        return [float(nbytes * _tree_children(r, t)) for r in range(t)]
+        return [float(nbytes * _tree_children(r, p)) for r in range(p)]
     factor = 2 if collective == "all-reduce" else 1  # all-reduce = reduce-scatter + all-gather
-    return [factor * (t - 1) / t * nbytes] * t
+    return [factor * (p - 1) / p * nbytes] * p
 
 
 def ring_broadcast_bytes(world_size: int, nbytes: float) -> list[float]:
-    """A pipelined ring broadcast: every rank but the last forwards V once."""
+    """A pipelined ring broadcast: every rank but the last forwards n once."""
     return [float(nbytes)] * (world_size - 1) + [0.0]
 
 

@@ -24,17 +24,17 @@ TORCH_MODEL = "mtb_helpers.dp.pytorch.torch_model"   # by name: see checking.bug
 
 
 class DoubleAverage(Strategy):
-    """dp-double-average: e.g. the loss already divided by t, and the reduction averages again."""
+    """dp-double-average: e.g. the loss already divided by p, and the reduction averages again."""
 
     def average(self, summed: torch.Tensor) -> torch.Tensor:
-        return summed / self.t / self.t   # BUG: divided by t twice
+        return summed / self.t / self.t   # BUG: divided by p (self.t) twice
 
 
 class SumNotAverage(Strategy):
-    """dp-sum-not-average: the all-reduce sums, and nobody divides by t."""
+    """dp-sum-not-average: the all-reduce sums, and nobody divides by p."""
 
     def average(self, summed: torch.Tensor) -> torch.Tensor:
-        return summed                     # BUG: the sum over ranks, t times the batch gradient
+        return summed                     # BUG: the sum over ranks, p times the batch gradient
 
 
 class StaleParams(Strategy):
@@ -68,18 +68,18 @@ def fsdp_sum_not_average(strategy: str, model: nn.Sequential) -> nn.Module:
     model = torch_model(strategy, model)
     for m in model.modules():
         if hasattr(m, "set_gradient_divide_factor"):
-            m.set_gradient_divide_factor(1.0)   # BUG: the reduce-scatter sums, nobody divides by t
+            m.set_gradient_divide_factor(1.0)   # BUG: the reduce-scatter sums, nobody divides by p
     return model
 
 
 CHECK = "data_parallel"
 BUGS: dict[str, Bug] = {
     "dp-double-average": Bug(
-        "data parallel: the reduced gradient is divided by t twice (e.g. the loss already divided "
-        "by t, then averaged again), t times too small", (CHECK,),
+        "data parallel: the reduced gradient is divided by p twice (e.g. the loss already divided "
+        "by p, then averaged again), p times too small", (CHECK,),
         on(DoubleAverage, DDP, ZeRO1, ZeRO2, ZeRO3)),
     "dp-sum-not-average": Bug(
-        "data parallel: the gradient is summed over ranks and never divided by t, t times the "
+        "data parallel: the gradient is summed over ranks and never divided by p, p times the "
         "whole batch's gradient", (CHECK,),
         on(SumNotAverage, DDP, ZeRO1, ZeRO2, ZeRO3)),
     "zero-stale-params": Bug(
@@ -97,7 +97,7 @@ BUGS: dict[str, Bug] = {
         {TORCH_MODEL: ddp_without_wrapper},
         needs={"strategy='ddp'": lambda a: a["strategy"] == "ddp"}),
     "fsdp-sum-not-average": Bug(
-        "PyTorch's FSDP2: set_gradient_divide_factor(1.0), so the reduce-scatter sums: t times "
+        "PyTorch's FSDP2: set_gradient_divide_factor(1.0), so the reduce-scatter sums: p times "
         "the batch gradient", ("pytorch_data_parallel",), {TORCH_MODEL: fsdp_sum_not_average},
         needs={"strategy='fsdp'": lambda a: a["strategy"] == "fsdp"}),
 }

@@ -133,9 +133,10 @@ def memory_model(strategy: str, layout: Layout, dtype_bytes: int) -> dict:
     return {"ours": ours, "paper_mixed_precision": paper}
 
 
-_FORMULA_TEXT = {"ddp": "all-reduce 2(t-1)/t·dΨ", "zero1": "reduce-scatter + all-gather 2(t-1)/t·dΨ",
-                 "zero2": "reduce-scatter + all-gather 2(t-1)/t·dΨ",
-                 "zero3": "all-gather fwd + all-gather bwd + reduce-scatter 3(t-1)/t·dΨ"}
+# the course's letters (glossary): p ranks, e bytes per element, Ψ parameters
+_FORMULA_TEXT = {"ddp": "all-reduce 2(p-1)/p·eΨ", "zero1": "reduce-scatter + all-gather 2(p-1)/p·eΨ",
+                 "zero2": "reduce-scatter + all-gather 2(p-1)/p·eΨ",
+                 "zero3": "all-gather fwd + all-gather bwd + reduce-scatter 3(p-1)/p·eΨ"}
 
 
 def communication_model(strategy: str, layout: Layout, dtype_bytes: int) -> int:

@@ -1,11 +1,11 @@
 """ZeRO stage 3 / FSDP: parameters sharded too, gathered only while a layer runs.
 
 Each linear layer is one unit: its ``[weight, bias]`` flattened and zero-padded to ``n_pad``
-(a multiple of ``t``); rank r keeps only ``[r*n_pad/t, (r+1)*n_pad/t)`` as an ``nn.Parameter``.
+(a multiple of ``p``); rank r keeps only ``[r*n_pad/p, (r+1)*n_pad/p)`` as an ``nn.Parameter``.
 
     forward of a unit:  all-gather the shard -> [n_pad] -> W, b;  Y = X @ W.T + b;  free W, b
     backward of a unit: all-gather again;  dX = dY @ W;  [dW, db] flat -> reduce-scatter, average
-                        -> this rank's ``[n_pad/t]`` gradient shard;  free W, b
+                        -> this rank's ``[n_pad/p]`` gradient shard;  free W, b
 
 Autograd keeps the unit's input activation ``X`` for backward (as FSDP does), but not its
 parameters: that is why backward gathers them a second time. Adam then updates each shard with
@@ -84,7 +84,7 @@ class ZeRO3(Strategy):
         return out
 
     def gather(self, shard: torch.Tensor, unit: int, direction: str):
-        """All-gather unit ``unit``'s parameters: ``[n_pad/t] -> [n_pad]`` -> ``(W, b)``."""
+        """All-gather unit ``unit``'s parameters: ``[n_pad/p] -> [n_pad]`` -> ``(W, b)``."""
         full = issue("all_gather", shard.detach(), region="zero3_param_all_gather",
                      direction=direction, group=self.group)
         self.gathered_bytes = max(self.gathered_bytes, full.numel() * full.element_size())

@@ -131,8 +131,7 @@ def plot_communication(reports) -> Figure:
         ax.plot([x - w / 2, x + w / 2], [comm["formula"]] * 2, color="black", linewidth=2.5)
         top = max(top, bottom, comm["formula"])
     for i, rep in enumerate(reports):
-        formula = rep.extra["communication"]["formula_text"].split(" ")[-1]   # the course's letters:
-        formula = formula.replace("(t-1)/t", "(p-1)/p").replace("dΨ", "eΨ")    # p ranks, e bytes each
+        formula = rep.extra["communication"]["formula_text"].split(" ")[-1]   # e.g. 2(p-1)/p·eΨ
         ax.text(i, top * 1.04, formula,
                 ha="center", va="bottom", fontsize=8)
     t = len(reports[0].records)

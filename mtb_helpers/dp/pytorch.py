@@ -5,7 +5,7 @@ against the course's ``DDP`` and ``ZeRO3`` strategies.
     print(res); print(res.summary())
 
 Every rank starts from the same MLP (``dp.make_mlp``: fc1, GeLU, fc2) and takes ``steps`` Adam
-steps on its rows ``[B/t, h]`` of each batch (mean-squared error), once with the course's strategy
+steps on its rows ``[b/p, h]`` of each batch (mean-squared error), once with the course's strategy
 (``dp.build_strategy``: ``"ddp"`` or ``"zero3"``) and once with PyTorch's:
 
     course DDP    -> torch.nn.parallel.DistributedDataParallel(model) + torch.optim.Adam
@@ -44,11 +44,11 @@ __all__ = ["pytorch_data_parallel", "dp_on_rank", "torch_model", "DP_PAIRS"]
 DP_PAIRS = {"ddp": "ddp", "fsdp": "zero3"}     # PyTorch's strategy -> the course's
 _DIRECTIONS = ("forward", "backward", "step")
 _MAP = {"ddp": [("DDP: all-reduce of the flat grad bucket", "DistributedDataParallel(model)"),
-                ("Strategy.average: / t", "DDP divides the bucket by t")],
+                ("Strategy.average: / p", "DDP divides the bucket by p")],
         "fsdp": [("ZeRO3: one unit per nn.Linear", "fully_shard(layer) per nn.Linear"),
-                 ("flat unit padded to t, shard r", "each parameter a DTensor Shard(0)"),
+                 ("flat unit padded to p, shard r", "each parameter a DTensor Shard(0)"),
                  ("all-gather before use, fwd and bwd", "unshard / reshard_after_forward"),
-                 ("reduce-scatter of [dW, db], / t", "reduce-scatter, gradient divide factor t")]}
+                 ("reduce-scatter of [dW, db], / p", "reduce-scatter, gradient divide factor p")]}
 
 
 def torch_model(strategy: str, model: nn.Sequential) -> nn.Module:

@@ -1,21 +1,21 @@
 """Data parallelism on flat buffers: DDP, ZeRO-1 and ZeRO-2 (ZeRO-3 / FSDP is in ``fsdp.py``).
 
-Every rank holds a replica of a small MLP (``fc1 [h -> f]``, GeLU, ``fc2 [f -> h]``) and runs
-forward and backward on its slice of the batch, ``X_r = X[r*B/t:(r+1)*B/t]`` ``[B/t, h]``. The
+Every rank holds a replica of a small MLP (``fc1 [h -> ffn]``, GeLU, ``fc2 [ffn -> h]``) and runs
+forward and backward on its slice of the batch, ``X_r = X[r*b/p:(r+1)*b/p]`` ``[b/p, h]``. The
 loss is the mean over the slice, so the **average** of the ranks' gradients is the gradient of the
 whole batch. What the strategies differ in is who keeps what (Rajbhandari et al. 2020, "ZeRO"):
 
-    strategy  parameters   gradients                optimizer state (Adam m, v)   collectives per step
+    strategy  parameters   gradients                optimizer state (Adam)        collectives per step
     ddp       all Ψ        all Ψ                    all Ψ                        all-reduce grads
-    zero1     all Ψ        all Ψ (own shard summed) shard Ψ/t                    reduce-scatter grads, all-gather params
-    zero2     all Ψ        shard Ψ/t                shard Ψ/t                    reduce-scatter grads, all-gather params
-    zero3     shard Ψ/t    shard Ψ/t                shard Ψ/t                    all-gather params (fwd
+    zero1     all Ψ        all Ψ (own shard summed) shard Ψ/p                    reduce-scatter grads, all-gather params
+    zero2     all Ψ        shard Ψ/p                shard Ψ/p                    reduce-scatter grads, all-gather params
+    zero3     shard Ψ/p    shard Ψ/p                shard Ψ/p                    all-gather params (fwd
                                                                              and bwd), reduce-scatter grads
 
 Parameters live in one flat buffer ``[Ψ_pad]`` (the module's tensors are views into it, like DDP's
-gradient buckets), padded with zeros to a multiple of ``t`` when it is sharded, so any parameter
+gradient buckets), padded with zeros to a multiple of ``p`` when it is sharded, so any parameter
 count works; the padding stays zero through Adam (zero grad, zero state). Each rank's shard is the
-contiguous ``[r*Ψ_pad/t, (r+1)*Ψ_pad/t)``. Every collective goes through ``comm.issue`` and is
+contiguous ``[r*Ψ_pad/p, (r+1)*Ψ_pad/p)``. Every collective goes through ``comm.issue`` and is
 recorded (direction ``"backward"`` for grads, ``"step"`` for the all-gather after the optimizer).
 
 Each training step starts with ``zero_grad()``: autograd *adds* into ``.grad``, so without it the
@@ -40,7 +40,7 @@ STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 SHARDED = {"ddp": (), "zero1": ("grads", "exp_avg", "exp_avg_sq"),
            "zero2": ("grads", "exp_avg", "exp_avg_sq"),
            "zero3": ("params", "grads", "exp_avg", "exp_avg_sq")}
-# The ZeRO paper's memory terms, and which of them each strategy keeps only 1/t of (ZeRO-1 keeps
+# The ZeRO paper's memory terms, and which of them each strategy keeps only 1/p of (ZeRO-1 keeps
 # the full local gradient buffer).
 MEMORY_TERMS = ("params", "grads", "optimizer_state")
 MEMORY_SHARDED = {"ddp": (), "zero1": ("optimizer_state",), "zero2": ("grads", "optimizer_state"),
@@ -70,7 +70,7 @@ class Adam:
 
 
 def make_mlp(hidden: int, ffn_hidden: int, gen: torch.Generator, dtype: torch.dtype) -> nn.Sequential:
-    """``Sequential(fc1 [h -> f], GELU, fc2 [f -> h])``, weights ~ N(0, 1/in), biases ~ N(0, 0.1²)."""
+    """``Sequential(fc1 [h -> ffn], GELU, fc2 [ffn -> h])``, weights ~ N(0, 1/in), biases ~ N(0, 0.1²)."""
     model = nn.Sequential(nn.Linear(hidden, ffn_hidden, dtype=dtype), nn.GELU(),
                           nn.Linear(ffn_hidden, hidden, dtype=dtype))
     with torch.no_grad():
@@ -148,10 +148,10 @@ def held_bytes(tensors) -> int:
 class Strategy:
     """One data-parallel training step, whatever is sharded: forward and backward on this rank's
     slice of the batch, gradients reduced (how is the subclass's business), one Adam step.
-    Subclasses set ``t`` (the group size) and ``optimizer``."""
+    Subclasses set ``t`` (the group size, the course's p) and ``optimizer``."""
 
     def average(self, summed: torch.Tensor) -> torch.Tensor:
-        """The sum over ranks -> the mean: each rank's loss is the mean over its B/t samples."""
+        """The sum over ranks -> the mean: each rank's loss is the mean over its b/p samples."""
         return summed / self.t
 
     def step(self) -> None:
@@ -173,7 +173,7 @@ class Strategy:
 
 class DDP(Strategy):
     """Distributed data parallel: everything replicated; after backward one all-reduce of the flat
-    gradient bucket ``[Ψ]``, divided by ``t``; every rank runs the same Adam step on all of Ψ.
+    gradient bucket ``[Ψ]``, divided by ``p``; every rank runs the same Adam step on all of Ψ.
 
     ``start`` holds flat ``[Ψ]`` tensors ``params``, ``exp_avg``, ``exp_avg_sq`` and the int
     ``step``: the state after the steps already taken (the same on every rank).
@@ -215,7 +215,7 @@ class DDP(Strategy):
         self.zero_grad()
 
     def forward_backward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Loss (mean squared error) of this rank's slice ``x, target [B/t, h]``, then backward."""
+        """Loss (mean squared error) of this rank's slice ``x, target [b/p, h]``, then backward."""
         loss = nn.functional.mse_loss(self.model(x), target)
         loss.backward()
         return loss.detach()
@@ -286,7 +286,7 @@ class ZeRO1(DDP):
         self.gather_params()
 
     def gather_params(self) -> None:
-        """Every rank's updated shard to every rank: ``[Ψ_pad/t] -> [Ψ_pad]`` into the flat buffer."""
+        """Every rank's updated shard to every rank: ``[Ψ_pad/p] -> [Ψ_pad]`` into the flat buffer."""
         self.flat.copy_(issue("all_gather", self.master.detach(), region="zero_param_all_gather",
                               direction="step", group=self.group))
 

@@ -23,15 +23,17 @@ __all__ = ["OP_COLORS", "plot_gantt", "plot_bubble_vs_microbatches", "plot_peak_
            "plot_stage_layout"]
 
 OP_COLORS = {"F": "#77AADD", "B": "#EE8866", "I": "#EEDD88", "W": "#44BB99"}
-OP_NAMES = {"F": "F forward", "B": "B backward (dX and dW)", "I": "I input grad (dX)",
+OP_NAMES = {"F": "F forward", "B": "B backward (input and weight grads)", "I": "I input grad",
             "W": "W weight grad (dW)"}
 IDLE_HATCH = "///"
 SCHEDULE_HATCHES = {"gpipe": "", "1f1b": "//", "interleaved": "..", "zb-h1": "xx"}
 
 
 def _shade(color: str, chunk: int, chunks: int) -> tuple[float, float, float]:
-    """Later model chunks get paler versions of the op colour (Megatron's figures do the same)."""
-    mix = 0.55 * chunk / max(chunks - 1, 1)
+    """Later model chunks get paler versions of the op colour (Megatron's figures do the same).
+    The last chunk is mixed 75 % towards white, so two chunks are easy to tell apart, while
+    black labels stay readable on every shade (``measured_plots`` draws them black too)."""
+    mix = 0.75 * chunk / max(chunks - 1, 1)
     return tuple(c + (1 - c) * mix for c in to_rgb(color))
 
 
@@ -90,7 +92,9 @@ def plot_gantt(timeline: Timeline, name: str | None = None, ax: plt.Axes | None 
     ax.set_xlim(-band * 2, span * 1.01)
     ax.set_ylim(-0.6, p - 0.4)
     ax.set_yticks(range(p), [f"stage {r}" for r in reversed(range(p))])
-    ax.set_xlabel("time (in the units of forward= / backward= given to simulate)")
+    forward = next((e.end - e.start) * chunks for e in timeline.events[0] if e.op.kind == "F")
+    ax.set_xlabel("time (units of one forward F)" if abs(forward - 1.0) < 1e-12
+                  else f"time (one forward F = {forward:g})")
     ax.set_ylabel("stage (= rank)")
     ax.set_title(f"{_description(timeline, name)}\nmakespan {span:g}, bubble "
                  f"{timeline.bubble_fraction:.1%} of p x makespan (hatched = idle)")
@@ -178,14 +182,14 @@ def plot_peak_memory(stages: int = 4, microbatches: int = 8, chunks: int = 2,
 
 
 def plot_stage_layout(stages: int = 4, microbatches: int = 4) -> Figure:
-    """Who holds what: stage r (rank r) holds layer block W_r; micro-batches X_i enter stage 0,
+    """Who holds what: stage r (rank r) holds its own layers; micro-batches X_i enter stage 0,
     activations [s, b, h] go right by send/recv, their gradients come back left; loss on the last."""
     fig, ax = plt.subplots(figsize=(9, 2.6))
     for r in range(stages):
         x = 1.0 + 2.0 * r
         ax.add_patch(Rectangle((x, 0.0), 1.3, 1.0, facecolor=rank_color(r), alpha=0.35,
                                edgecolor=rank_color(r), linewidth=2.5))
-        ax.text(x + 0.65, 0.5, f"stage {r}\nrank {r}\nholds W{r}", ha="center", va="center",
+        ax.text(x + 0.65, 0.5, f"stage {r}\nrank {r}\nits layers", ha="center", va="center",
                 fontsize=9)
         if r < stages - 1:  # forward activation right (top), its gradient left (bottom)
             ax.annotate("", xy=(x + 2.0, 0.75), xytext=(x + 1.3, 0.75),
@@ -198,14 +202,16 @@ def plot_stage_layout(stages: int = 4, microbatches: int = 4) -> Figure:
     end = 1.0 + 2.0 * (stages - 1) + 1.3
     ax.annotate("", xy=(end + 0.6, 0.5), xytext=(end, 0.5), arrowprops=dict(arrowstyle="->"))
     ax.text(end + 0.7, 0.5, "loss", va="center", fontsize=9)
-    handles = [Line2D([], [], color="black", label="F: send activation Y_r [s, b, h] to stage r+1"),
-               Line2D([], [], color="#D55E00", label="B: send gradient dY_r [s, b, h] back to stage r")]
+    handles = [Line2D([], [], color="black",
+                      label="F: stage r sends its output Y_r [s, b, h] to stage r+1"),
+               Line2D([], [], color="#D55E00",
+                      label="B: stage r sends the gradient dY_{r-1} [s, b, h] back to stage r-1")]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=2,
               fontsize=8, frameon=False)
     ax.set_xlim(-0.2, end + 1.5)
     ax.set_ylim(-0.1, 1.1)
     ax.set_axis_off()
-    ax.set_title(f"Pipeline parallelism: W = [W0, ..., W{stages - 1}] split by layers, "
+    ax.set_title(f"Pipeline parallelism: the layers split into {stages} stages, "
                  f"{microbatches} micro-batches X_i flow through")
     fig.tight_layout()
     return fig

@@ -3,8 +3,8 @@ how many activations.
 
 Rules (the only ones; no runtime effects beyond an optional point-to-point latency):
   * a rank runs its ops one at a time, in the schedule's order;
-  * an op also waits for its dependency: F of virtual stage s needs F of s-1 (the activation);
-    B or I of s needs B/I of s+1 (the output gradient), the last virtual stage's needs its own F
+  * an op also waits for its dependency: F of (virtual) stage i needs F of i-1 (the activation);
+    B or I of i needs B/I of i+1 (the output gradient), the last virtual stage's needs its own F
     (the loss); W needs the I of the same micro-batch on the same rank;
   * a dependency computed on another rank arrives ``latency`` later.
 Virtual stage of chunk c on rank r is c*p + r (Megatron-LM's interleaved layout; c = 0 otherwise).
@@ -130,20 +130,21 @@ def simulate(ops: Sequence[Sequence[Any]], forward: float | Sequence[float] = 1.
     if not kinds <= {"F", "B", "I", "W"}:
         raise ValueError(f"unknown op kinds {sorted(kinds - {'F', 'B', 'I', 'W'})}")
     chunks = getattr(ops, "chunks", None) or 1 + max((op.chunk for r in ops for op in r), default=0)
+    # duration[rank][kind]: how long one op of that kind takes on that rank
     duration = [{"F": forwards[r] / chunks, "B": backwards[r] / chunks,
                  "I": (backwards[r] / 2 if per_rank else input) / chunks,
                  "W": (backwards[r] / 2 if per_rank else weight) / chunks} for r in range(p)]
-    last = chunks * p - 1
-    grad = "I" if "I" in kinds else "B"
-    done: dict[tuple[str, int, int], tuple[float, int]] = {}  # (kind, mb, virtual) -> (end, rank)
+    last = chunks * p - 1                   # the last (virtual) stage, the one with the loss
+    grad = "I" if "I" in kinds else "B"     # the op that sends a gradient back: B, or I if split
+    done: dict[tuple[str, int, int], tuple[float, int]] = {}  # (kind, mb, stage) -> (end, rank)
 
     def dependency(op: Any, rank: int) -> tuple[str, int, int] | None:
-        s = op.chunk * p + rank
+        stage = op.chunk * p + rank         # op.chunk is 0 unless the schedule is interleaved
         if op.kind == "F":
-            return ("F", op.microbatch, s - 1) if s > 0 else None
+            return ("F", op.microbatch, stage - 1) if stage > 0 else None
         if op.kind == "W":
-            return ("I", op.microbatch, s)
-        return (grad, op.microbatch, s + 1) if s < last else ("F", op.microbatch, s)
+            return ("I", op.microbatch, stage)
+        return (grad, op.microbatch, stage + 1) if stage < last else ("F", op.microbatch, stage)
 
     events: list[list[Event]] = [[] for _ in range(p)]
     free = [0.0] * p
