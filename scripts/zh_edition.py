@@ -89,13 +89,13 @@ def problems(en_path: Path, zh_dir: Path = ZH_DIR) -> list[str]:
         return found + [f"{name}: the Chinese notebook's cells are not the English ones (rebuild it)"]
     if zh.metadata != en.metadata:
         found.append(f"{name}: the Chinese notebook's metadata differs from the English (rebuild it)")
-    for e, z in zip(en.cells, zh.cells):
-        if e.cell_type == "code" and z != e:
-            found.append(f"{name}: code cell {e.id} or its output differs from the English (rebuild it)")
-        elif e.cell_type == "markdown" and e.id in tr and z.source != tr[e.id][1]:
-            found.append(f"{name}: markdown cell {e.id} is not its translation (rebuild it)")
-        elif e.cell_type not in ("code", "markdown") and z != e:
-            found.append(f"{name}: cell {e.id} differs from the English (rebuild it)")
+    code = [e.id for e, z in zip(en.cells, zh.cells) if e.cell_type != "markdown" and z != e]
+    if code:
+        found.append(f"{name}: {len(code)} code cell(s) or their outputs differ from the English, "
+                     f"first {code[0]} (rebuild it)")
+    found += [f"{name}: markdown cell {e.id} is not its translation (rebuild it)"
+              for e, z in zip(en.cells, zh.cells)
+              if e.cell_type == "markdown" and e.id in tr and z.source != tr[e.id][1]]
     return found
 
 
