@@ -54,7 +54,11 @@ def test_calibrating_an_emulated_link_gives_back_its_alpha_and_beta():
     ({"sizes": [1024]}, "at least two"),
     ({"collectives": ["all-sum"]}, "unknown collective"),
     ({"k": 0}, "k must be"),
-    ({"world_size": 1, "collectives": ["send/recv"]}, "send/recv needs"),
+    ({"world_size": 1, "collectives": ["send/recv"]}, "needs at least 2 ranks"),
+    ({"world_size": 1, "collectives": ["all-reduce"]}, "world_size=1: a calibration needs"),
+    ({"sizes": [4, 5, 6, 7], "collectives": ["all-reduce"]}, "round to 1 distinct size"),
+    ({"sizes": [2, 1024]}, "less than one float32"),
+    ({"sizes": [1024, 2048], "k": True}, "k must be"),
 ])
 def test_bad_calibration_input_is_refused_before_any_rank_starts(no_ranks, kwargs, match):
     with pytest.raises(ValueError, match=match):

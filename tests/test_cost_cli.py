@@ -8,6 +8,14 @@ import pytest
 from mtb_helpers.cli import main
 
 
+def status(argv: list[str]) -> int:
+    """The exit status of ``minitrainbench argv``: argparse's refusals raise SystemExit(2)."""
+    try:
+        return main(argv)
+    except SystemExit as stop:
+        return stop.code
+
+
 def test_cost_predict_prints_the_ring_all_reduce_time(capsys):
     argv = ["cost", "predict", "--collective", "all-reduce", "--bytes", "1e8", "--world-size", "8",
             "--alpha", "5e-6", "--bandwidth", "50e9"]
@@ -30,7 +38,7 @@ def test_cost_predict_refuses_bad_input_with_exit_2(capsys, bad, match):
     options = {"--collective": "all-reduce", "--bytes": "1000", "--world-size": "4",
                "--alpha": "1e-5", "--bandwidth": "1e9"}
     options.update(zip(bad[::2], bad[1::2]))
-    assert main(["cost", "predict", *(x for kv in options.items() for x in kv)]) == 2
+    assert status(["cost", "predict", *(x for kv in options.items() for x in kv)]) == 2
     assert match in capsys.readouterr().err
 
 
@@ -45,8 +53,8 @@ def test_cost_calibrate_prints_a_fit_as_json(capsys):
 
 
 @pytest.mark.parametrize("bad, match", [(["--sizes", "1e13,1e3"], "use smaller sizes"),
-                                        (["--sizes", "abc"], "--sizes must be"),
-                                        (["--k", "0"], "k must be")])
+                                        (["--sizes", "abc"], "argument --sizes: 'abc'"),
+                                        (["--k", "0"], "argument --k: 0 is not >= 1")])
 def test_cost_calibrate_refuses_bad_input_before_any_rank_starts(no_ranks, capsys, bad, match):
-    assert main(["cost", "calibrate", *bad]) == 2
+    assert status(["cost", "calibrate", *bad]) == 2
     assert match in capsys.readouterr().err

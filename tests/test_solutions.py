@@ -9,8 +9,8 @@ the stub whole. An exercise answered in words has only the fold.
 For each notebook in FOLLOWS_CONVENTION this module (1) reads the structure, (2) checks that as
 saved every check cell printed its ``✘`` line, and (3) executes the notebook once, top to bottom in
 a fresh kernel, with every stub replaced by its solution, and checks that every check cell printed
-its ``✔`` line. FOLLOWS_CONVENTION is a ratchet: a notebook joins it when its exercises are
-converted, and never leaves it. Marked slow and notebook, like the nbval runs (tests/conftest.py).
+its ``✔`` line. FOLLOWS_CONVENTION is every notebook of the course. Marked slow and notebook, like
+the nbval runs (tests/conftest.py).
 """
 from __future__ import annotations
 
@@ -25,21 +25,7 @@ from nbclient import NotebookClient
 pytestmark = [pytest.mark.slow, pytest.mark.notebook]
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
-# The ratchet: notebooks whose exercises follow the convention. Add one when it is converted.
-FOLLOWS_CONVENTION = [
-    "00_collectives.ipynb",
-    "05_pipeline_bubble.ipynb",
-    "06_data_parallel_family.ipynb",
-    "07_moe_all_to_all.ipynb",
-    "08_tp_x_dp.ipynb",
-    "09_pipeline_on_ranks.ipynb",
-    "10_attention_and_vocab.ipynb",
-    "11_context_parallel.ipynb",
-    "12_capstone_4d.ipynb",
-    "13_communication_cost.ipynb",
-    "14_hiding_communication.ipynb",
-    "15_choosing_a_layout.ipynb",
-]
+FOLLOWS_CONVENTION = sorted(p.name for p in NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 
 HEADING = re.compile(r"^### Exercise (\d+) · \S", re.MULTILINE)
 FOLD = "<details><summary>Solution</summary>"

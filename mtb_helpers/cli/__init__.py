@@ -14,6 +14,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
+_ARGPARSE_ERROR: list[str] = []   # argparse's last error message (the --json document quotes it)
+
 if TYPE_CHECKING:
     import argparse
 
@@ -26,7 +28,15 @@ def build_parser(topics: tuple[Topic, ...] | None = None) -> argparse.ArgumentPa
     import argparse   # here, not above: importing this module must cost nothing (main's Ctrl-C)
 
     from mtb_helpers.topics import cli_groups, listed
-    parser = argparse.ArgumentParser(
+
+    class Parser(argparse.ArgumentParser):   # every sub-parser is one too (add_parser)
+        """argparse's parser; its error message is kept for the --json document."""
+
+        def error(self, message: str):
+            _ARGPARSE_ERROR[:] = [message]
+            super().error(message)
+
+    parser = Parser(
         prog="minitrainbench",
         description="Run MiniTrainBench's checks on real gloo ranks (or inside torchrun).")
     top = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -55,6 +65,8 @@ def _main(argv: list[str], as_json: bool) -> int:
     from mtb_helpers.cli.common import (exit_on_interrupt, json_stdout, print_failure_json,
                                         run_command)
 
+    _ARGPARSE_ERROR.clear()
+
     def parse() -> object:
         with exit_on_interrupt(as_json):   # the topics and torch load here
             parser = build_parser()
@@ -63,10 +75,12 @@ def _main(argv: list[str], as_json: bool) -> int:
         args = run_command(parse, as_json)
     except SystemExit as exc:   # argparse: usage on stderr, exit 2 (0 after --help)
         if as_json and exc.code == 2:
-            print_failure_json(None, "bad arguments: argparse's message is on stderr")
+            print_failure_json(None, "bad arguments: refused before any rank started",
+                               "; ".join(_ARGPARSE_ERROR))
         raise
     if isinstance(args, int):   # interrupted while the commands were being loaded
         return args
+    args.argv = argv   # a refusal quotes the options as typed (common.typed)
     with json_stdout(as_json):   # stdout: the document only; everything else to stderr
         return int(run_command(lambda: args.func(args), as_json))
 

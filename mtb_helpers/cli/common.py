@@ -1,14 +1,23 @@
-"""Options and output shared by the check commands, and how a command ends whatever happens.
+"""Options and output shared by the commands, and how a command ends whatever happens.
+
+Every command takes ``--json`` (:func:`add_json_option`); those that start ranks ``--world-size``
+(:func:`add_world_size_option`); the checks also ``--dtype``, ``--seed``, ``--bug``. A number
+option is checked when it is parsed (:func:`integer`, :func:`real`: argparse names the option and
+the text typed); a refusal that needs several options names each as typed (:func:`naming`). A
+command prints through :func:`emit_document` (or :func:`emit` for check reports): rank 0 only
+under torchrun, the JSON document with ``--json``, else text.
 
 Exit status: 0 every check passed, 1 a check failed (a rank raised or hung included), 2 bad
 arguments, 130 interrupted (Ctrl-C). With ``--json`` stdout holds exactly one JSON document in
-every one of these cases: ``{"passed": ..., "checks": [...]}``, plus ``"error": {"type",
-"diagnosis", "message"}`` when the command did not get as far as a report."""
+every one of these cases: ``{"passed": ..., "checks": [...]}`` (``cost``, ``plan``: their own
+document), plus ``"error": {"type", "diagnosis", "message"}`` when the command did not get as far
+as a report."""
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -16,18 +25,90 @@ import threading
 from typing import Callable, Iterator
 
 
-def add_check_options(parser: argparse.ArgumentParser, world_size: int = 2) -> None:
-    """--world-size, --dtype, --seed, --bug, --json: the options every check command takes."""
+def add_json_option(parser: argparse.ArgumentParser, help_text: str = "print one JSON document") -> None:
+    """--json: stdout is then one JSON document whatever happens."""
+    parser.add_argument("--json", action="store_true", help=help_text)
+
+
+def add_world_size_option(parser: argparse.ArgumentParser, world_size: int = 2) -> None:
+    """--world-size: gloo ranks on this machine (``run`` refuses a bad one before any rank
+    starts, a check its own minimum); torchrun sets its own."""
     from mtb_helpers.runtime.ranks import MAX_WORLD_SIZE   # torch: not before main() guards Ctrl-C
     parser.add_argument("--world-size", type=int, default=world_size,
                         help=f"number of gloo ranks, 1..{MAX_WORLD_SIZE} (default {world_size}); "
                              "ignored under torchrun, which sets it")
+
+
+def add_check_options(parser: argparse.ArgumentParser, world_size: int = 2) -> None:
+    """--world-size, --dtype, --seed, --bug, --json: the options every check command takes."""
+    add_world_size_option(parser, world_size)
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bug", default=None,
                         help="inject a deliberate bug (see `python -c 'import mtb_helpers; "
                              "print(mtb_helpers.BUGS)'`); the check must then fail")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_json_option(parser, "print the report as JSON")
+
+
+def integer(low: int = 1, high: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number in ``[low, high]`` ("1e3" accepted)."""
+    def parse(text: str) -> int:
+        try:
+            value = float(text) if "e" in text.lower() else int(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value != int(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+        if not low <= int(value) <= (high if high is not None else math.inf):
+            limit = f"between {low} and {high}" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"{text} is not {limit}")
+        return int(value)
+    parse.__name__ = "integer"
+    return parse
+
+
+def real(low: float = 0.0, high: float = math.inf, strict: bool = True) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number above ``low`` (``strict``) or at least ``low``, and
+    at most ``high``."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or value < low or (strict and value == low) or value > high:
+            side = f"> {low:g}" if strict else f">= {low:g}"
+            limit = f"{side} and <= {high:g}" if math.isfinite(high) else side
+            raise argparse.ArgumentTypeError(f"{text} is not a finite number {limit}")
+        return value
+    parse.__name__ = "number"
+    return parse
+
+
+def typed(args: argparse.Namespace, *options: str) -> str:
+    """``'--alpha 1e300 --bandwidth 2.5e8'``: those of ``options`` the user typed, as typed
+    (the last time each was given); ``''`` when none was."""
+    argv = getattr(args, "argv", None) or []
+    words = {}
+    for i, word in enumerate(argv):
+        for option in options:
+            if word == option and i + 1 < len(argv):
+                words[option] = argv[i + 1]
+            elif word.startswith(option + "="):
+                words[option] = word.split("=", 1)[1]
+    return " ".join(f"{option} {words[option]}" for option in options if option in words)
+
+
+@contextlib.contextmanager
+def naming(args: argparse.Namespace, *options: str) -> Iterator[None]:
+    """A ValueError raised inside (bad input found by the library, in its own words) names the
+    options the user typed first: ``--alpha 1e300: this link would take ...``."""
+    try:
+        yield
+    except ValueError as exc:
+        given = typed(args, *options)
+        if not given:
+            raise
+        raise ValueError(f"{given}: {exc}") from None
 
 
 def is_primary() -> bool:
@@ -68,15 +149,19 @@ def print_json(reports: list) -> None:
                     "checks": [r.to_dict() for r in reports]})
 
 
-def failure_document(exc: BaseException | None, diagnosis: str) -> dict:
+def failure_document(exc: BaseException | None, diagnosis: str, message: str | None = None) -> dict:
     """The --json document of a command that ended without a report: what happened and why."""
+    if message is None:
+        message = str(exc) if exc is not None else ""
     return {"passed": False, "checks": [],
             "error": {"type": type(exc).__name__ if exc is not None else None,
-                      "diagnosis": diagnosis, "message": str(exc) if exc is not None else ""}}
+                      "diagnosis": diagnosis, "message": message}}
 
 
-def print_failure_json(exc: BaseException | None, diagnosis: str) -> None:
-    print_document(failure_document(exc, diagnosis))
+def print_failure_json(exc: BaseException | None, diagnosis: str, message: str | None = None) -> None:
+    """The failure document on stdout, from rank 0 only under torchrun."""
+    if is_primary():
+        print_document(failure_document(exc, diagnosis, message))
 
 
 def run_command(func: Callable[[], object], as_json: bool):
@@ -96,7 +181,7 @@ def run_command(func: Callable[[], object], as_json: bool):
         outcome = (exc, f"rank {exc.rank} failed; its traceback is in the message", 1)
     exc, diagnosis, status = outcome
     print(f"minitrainbench: error: {exc}", file=sys.stderr, flush=True)
-    if as_json and is_primary():
+    if as_json:
         print_failure_json(exc, diagnosis)
     return status
 
@@ -105,7 +190,7 @@ def interrupted(as_json: bool, diagnosis: str = "interrupted (Ctrl-C): every ran
     """What Ctrl-C ends a command with, wherever it lands: one stderr line, the JSON document
     under ``--json``; returns 130. Imports nothing (it may run in a signal handler)."""
     print("minitrainbench: interrupted", file=sys.stderr, flush=True)
-    if as_json and is_primary():
+    if as_json:
         print_failure_json(KeyboardInterrupt(), diagnosis)
     forget_unhandled_interrupt()
     return 130
@@ -143,13 +228,23 @@ def exit_on_interrupt(as_json: bool) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
 
 
-def emit(reports: list, as_json: bool, details: Callable[[object], str] | None = None) -> int:
-    """Print the reports (rank 0 only under torchrun): one JSON document with ``--json``, else each
-    report's table followed by ``details(report)`` when given. Returns the exit status: 0 when
-    every report passed, 1 otherwise."""
+def emit_document(document: Callable[[], object], as_json: bool, text: Callable[[], str],
+                  status: int = 0) -> int:
+    """A command's one output, rank 0 only under torchrun: ``document()`` as one JSON document
+    with ``--json``, else ``text()``. Returns ``status`` (the command's exit status)."""
     if is_primary():
         if as_json:
-            print_json(reports)
+            print_document(document())
         else:
-            print("\n\n".join(str(r) + (f"\n{details(r)}" if details else "") for r in reports))
-    return 0 if all(r.passed for r in reports) else 1
+            print(text())
+    return status
+
+
+def emit(reports: list, as_json: bool, details: Callable[[object], str] | None = None) -> int:
+    """Print the reports (:func:`emit_document`): one JSON document with ``--json``, else each
+    report's table followed by ``details(report)`` when given. Returns the exit status: 0 when
+    every report passed, 1 otherwise."""
+    return emit_document(
+        lambda: {"passed": all(r.passed for r in reports), "checks": [r.to_dict() for r in reports]},
+        as_json, lambda: "\n\n".join(str(r) + (f"\n{details(r)}" if details else "") for r in reports),
+        0 if all(r.passed for r in reports) else 1)

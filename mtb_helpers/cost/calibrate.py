@@ -13,6 +13,7 @@ units of one message on one link, comparable across collectives and world sizes.
 """
 from __future__ import annotations
 
+import numbers
 import os
 import statistics
 import time
@@ -105,10 +106,13 @@ def _time_on_ranks(plan: list[tuple[str, int]], warmup: int, k: int) -> list[lis
     out = []
     for collective, n in plan:
         x = torch.ones(n)
+        # torch 2.13 renamed the tensor forms (the old names warn); Colab's torch has only the old
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
         ops = {"all-reduce": lambda: dist.all_reduce(x),
                "broadcast": lambda: dist.broadcast(x, src=0),
-               "all-gather": lambda: dist.all_gather_into_tensor(x.new_empty(n * p), x),
-               "reduce-scatter": lambda: dist.reduce_scatter_tensor(x.new_empty(n // p), x),
+               "all-gather": lambda: gather(x.new_empty(n * p), x),
+               "reduce-scatter": lambda: scatter(x.new_empty(n // p), x),
                "all-to-all": lambda: dist.all_to_all_single(torch.empty_like(x), x),
                "send/recv": lambda: (dist.send(x, 1) if r == 0 else
                                      dist.recv(x, 0) if r == 1 else None)}
@@ -143,16 +147,39 @@ def _fit(collective: str, p: int, sizes: list[int], seconds: list[float]) -> Fit
                tuple(float(x) for x in resid), tuple(float(x) for x in resid / target))
 
 
+def _measured_bytes(collective: str, n: int, p: int) -> int:
+    """The S a row measures when each rank hands over ``n`` float32 elements (``_elements``)."""
+    return 4 * (n * p if collective == "all-gather" else n)
+
+
+def _whole(name: str, value: object, low: int) -> int:
+    """An int (Python's or numpy's, not a bool) >= ``low``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return int(value)
+
+
 def _validate(world_size: int, sizes, collectives, k: int, warmup: int) -> tuple[list, list]:
     names = [normalize(c) for c in (collectives or COLLECTIVES)]
-    if "send/recv" in names and world_size < 2:
-        raise ValueError("send/recv needs world_size >= 2")
+    if world_size < 2:   # one rank sends nothing: every row would be ~0 s and the fit made up
+        raise ValueError(f"world_size={world_size}: a calibration needs at least 2 ranks (on one "
+                         "rank a collective sends nothing, so there is no α or β to fit)")
     sizes = list(sizes if sizes is not None else DEFAULT_SIZES)
-    if len(sizes) < 2 or any(isinstance(s, bool) or not isinstance(s, int) or s < 4 for s in sizes):
-        raise ValueError(f"sizes must be at least two ints >= 4 (bytes), got {sizes!r}")
-    for name, value, low in (("k", k, 1), ("warmup", warmup, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    if any(isinstance(s, bool) or not isinstance(s, numbers.Integral) for s in sizes):
+        raise ValueError(f"sizes must be ints (bytes), got {sizes!r}")
+    sizes = [int(s) for s in sizes]
+    if any(s < 4 for s in sizes):
+        raise ValueError(f"sizes {sizes} include {min(sizes)} bytes, less than one float32 "
+                         "element (4 bytes): nothing would be sent")
+    k, warmup = _whole("k", k, 1), _whole("warmup", warmup, 0)
+    for name in names:   # a fit of two unknowns needs two different sizes really measured
+        kept = sorted({_measured_bytes(name, _elements(name, s, world_size), world_size)
+                       for s in sizes})
+        if len(kept) < 2:
+            raise ValueError(
+                f"sizes {sizes} round to {len(kept)} distinct size ({kept[0]} bytes) for {name} on "
+                f"{world_size} ranks (whole float32 elements, split evenly over the ranks); a fit "
+                "of α and β needs at least two")
     need = MEMORY_PER_BYTE * max(sizes) * world_size
     try:
         free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -162,7 +189,7 @@ def _validate(world_size: int, sizes, collectives, k: int, warmup: int) -> tuple
         raise ValueError(f"sizes up to {max(sizes)} bytes need about {need / 2**20:.0f} MiB on "
                          f"{world_size} ranks; this machine has {free / 2**20:.0f} MiB free: "
                          "use smaller sizes")
-    return names, sorted(set(sizes))
+    return names, sorted(set(sizes)), k, warmup
 
 
 def calibrate(world_size: int = 2, sizes=None, collectives=None, k: int = 5, warmup: int = 2,
@@ -172,14 +199,15 @@ def calibrate(world_size: int = 2, sizes=None, collectives=None, k: int = 5, war
     ``world_size`` ranks and fit α, β to each; ValueError on bad input before any rank starts.
     Under ``link`` with a ``time_scale`` (or "auto"), times are divided back by the scale used."""
     p = resolve_world_size(world_size)
-    names, sizes = _validate(p, sizes, collectives, k, warmup)
-    plan = [(c, _elements(c, s, p)) for c in names for s in sizes]
+    names, sizes, k, warmup = _validate(p, sizes, collectives, k, warmup)
+    # sizes that round to one tensor are measured once (dict: insertion order kept)
+    plan = list(dict.fromkeys((c, _elements(c, s, p)) for c in names for s in sizes))
     per_rank = run(_time_on_ranks, plan, warmup, k, world_size=p, timeout=timeout, link=link,
                    time_scale=time_scale)
     stretch = per_rank.timeline.time_scale if link is not None else 1.0
     cal = Calibration(p, link=link)
     for i, (collective, n) in enumerate(plan):
-        nbytes = 4 * (n * p if collective == "all-gather" else n)
+        nbytes = _measured_bytes(collective, n, p)
         runs = [max(rank[i][j] for rank in per_rank) / stretch for j in range(k)]
         seconds = statistics.median(runs)
         cal.rows.append({"collective": collective, "bytes": nbytes, "seconds": seconds,

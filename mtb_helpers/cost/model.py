@@ -42,7 +42,10 @@ through each link (scatter + all-gather) where nccl-tests' factor is 1, so its b
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
+
+from mtb_helpers.runtime.errors import too_slow, years
 
 __all__ = ["Link", "COLLECTIVES", "ALGORITHMS", "normalize", "coefficients", "predict",
            "algbw", "busbw", "busbw_factor", "n_half"]
@@ -58,12 +61,18 @@ _ALIASES = {"allreduce": "all-reduce", "allgather": "all-gather", "reducescatter
             "sendrecv": "send/recv", "send-recv": "send/recv", "p2p": "send/recv"}
 
 
-def _positive(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+def _number(name: str, value: object) -> float:
+    """``value`` as a float: Python's and numpy's ints and floats are numbers; bools are not."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):   # numpy's bool is not Real
         raise ValueError(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
     return float(value)
+
+
+def _positive(name: str, value: object) -> float:
+    number = _number(name, value)
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+    return number
 
 
 @dataclass(frozen=True)
@@ -71,14 +80,19 @@ class Link:
     """A link between ranks: ``alpha`` seconds per message, ``bandwidth`` bytes per second.
 
     A message of n bytes takes ``alpha + n / bandwidth``. ``Link(5e-6, 50e9)`` is NVLink-like,
-    ``Link(50e-6, 1e9)`` a slow network. Refuses a non-finite, zero or negative value (ValueError
-    naming it)."""
+    ``Link(50e-6, 1e9)`` a slow network. Numbers may be Python's or numpy's. Refuses a bool, a
+    non-finite, zero or negative value, and a link on which one message (α) or one byte (1/β)
+    takes more than a year: its times would overflow a clock (ValueError naming it)."""
     alpha: float
     bandwidth: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "alpha", _positive("alpha", self.alpha))
-        object.__setattr__(self, "bandwidth", _positive("bandwidth", self.bandwidth))
+        alpha, bandwidth = _positive("alpha", self.alpha), _positive("bandwidth", self.bandwidth)
+        problem = too_slow(alpha, bandwidth)
+        if problem:
+            raise ValueError(problem)
+        object.__setattr__(self, "alpha", alpha)
+        object.__setattr__(self, "bandwidth", bandwidth)
 
     @property
     def n_half(self) -> float:
@@ -116,9 +130,10 @@ def normalize(collective: str) -> str:
 
 
 def _world_size(world_size: object) -> int:
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or \
+            world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
-    return world_size
+    return int(world_size)
 
 
 def coefficients(collective: str, world_size: int, algorithm: str = "ring") -> tuple[float, float]:
@@ -155,11 +170,10 @@ def coefficients(collective: str, world_size: int, algorithm: str = "ring") -> t
 
 
 def _nbytes(nbytes: object) -> float:
-    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)):
-        raise ValueError(f"nbytes must be a number of bytes, got {nbytes!r}")
-    if not math.isfinite(nbytes) or nbytes < 0:
+    number = _number("nbytes", nbytes)
+    if not math.isfinite(number) or number < 0:
         raise ValueError(f"nbytes must be finite and >= 0, got {nbytes!r}")
-    return float(nbytes)
+    return number
 
 
 def predict(collective: str, nbytes: int, world_size: int, link: Link,
@@ -169,7 +183,11 @@ def predict(collective: str, nbytes: int, world_size: int, link: Link,
     if not isinstance(link, Link):
         raise ValueError(f"link must be a Link(alpha, bandwidth), got {link!r}")
     a, b = coefficients(collective, world_size, algorithm)
-    return a * link.alpha + b * _nbytes(nbytes) / link.bandwidth
+    seconds = a * link.alpha + b * _nbytes(nbytes) / link.bandwidth
+    if math.isinf(seconds):
+        raise ValueError(f"{normalize(collective)} ({algorithm}) of {nbytes:g} B on {world_size} "
+                         f"ranks: this link would take {years(seconds)}")
+    return seconds
 
 
 def n_half(collective: str, world_size: int, link: Link, algorithm: str = "ring") -> float:

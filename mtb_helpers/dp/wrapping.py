@@ -102,20 +102,47 @@ def check_group(process_group) -> tuple[int, int]:
 
 def check_module(module, wrapper: str) -> None:
     """Refuse what no wrapper can take: not a module, a module already wrapped (by this wrapper,
-    another of the course's, or PyTorch's DDP), parameters on several devices."""
+    another of the course's, or PyTorch's DDP: the ``DistributedDataParallel`` itself, the module
+    a live one wraps, or a module holding either), parameters on several devices."""
     if not isinstance(module, nn.Module):
         raise ValueError(f"{wrapper}: module must be a torch.nn.Module, got {type(module).__name__}")
-    from torch.nn.parallel import DistributedDataParallel
-    for sub in module.modules():
-        owner = getattr(sub, WRAPPED_ATTR, None)
-        if owner is not None or isinstance(sub, DistributedDataParallel):
-            raise ValueError(f"{wrapper}: module {type(sub).__name__} is already wrapped by "
-                             f"{owner or 'DistributedDataParallel'}; wrap a module once (two "
-                             "wrappers would both synchronise its gradients)")
+    subs = list(module.modules())
+    owners = [(sub, getattr(sub, WRAPPED_ATTR, None)) for sub in subs]
+    wrapped = next(((sub, owner) for sub, owner in owners if owner is not None), None)
+    if wrapped is None and (sub := _in_pytorch_ddp(subs)) is not None:
+        wrapped = sub, "DistributedDataParallel"
+    if wrapped is not None:
+        raise ValueError(f"{wrapper}: module {type(wrapped[0]).__name__} is already wrapped by "
+                         f"{wrapped[1]}; wrap a module once (two wrappers would both synchronise "
+                         "its gradients)")
     devices = {p.device for p in module.parameters()} | {b.device for b in module.buffers()}
     if len(devices) > 1:
         raise ValueError(f"{wrapper}: module's parameters are on different devices "
                          f"({', '.join(sorted(map(str, devices)))}); move it to one device first")
+
+
+def _in_pytorch_ddp(subs: list[nn.Module]) -> nn.Module | None:
+    """The first of ``subs`` that is a ``DistributedDataParallel`` or the ``.module`` of a live
+    one, or None. PyTorch's DDP marks nothing on the module it wraps (its hooks live in C++): look
+    among what refers to the modules (a garbage-collector pass, ~30 ms; a second one only when a
+    dict outside the module tree holds one of them, e.g. a DDP's ``_modules``)."""
+    import gc
+
+    from torch.nn.parallel import DistributedDataParallel
+    direct = next((m for m in subs if isinstance(m, DistributedDataParallel)), None)
+    if direct is not None:
+        return direct
+    ids, inside = {id(m) for m in subs}, {id(m._modules) for m in subs}
+    holders = [r for r in gc.get_referrers(*subs) if type(r) is dict and id(r) not in inside
+               and any(id(v) in ids for v in r.values())]
+    for r in gc.get_referrers(*holders) if holders else ():
+        # a DDP (Python >= 3.12 lists the object), or its __dict__ (3.11 lists that)
+        if isinstance(r, DistributedDataParallel) or (type(r) is dict and "reducer" in r
+                                                      and "static_graph" in r):
+            held = (r._modules if isinstance(r, nn.Module) else r.get("_modules", {})).get("module")
+            if held is not None and id(held) in ids:
+                return held
+    return None
 
 
 def group_source(process_group) -> int:

@@ -4,15 +4,17 @@
 
 Prints the fastest layouts that fit (predicted step time, tokens/s, MFU, the busiest rank's GiB)
 and one example of each reason a layout was refused. Exit 0 when some layout fits, 1 when none
-does, 2 on bad arguments (an unknown model or cluster, a GPU count that is not whole nodes).
+does, 2 on bad arguments (an unknown model or cluster, a GPU count that is not whole nodes or has
+too many layouts to weigh, a --reserve that leaves no memory), named as typed; under torchrun
+rank 0 prints (cli/common.py).
 """
 from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.cli.common import print_document
+from mtb_helpers.cli.common import add_json_option, emit_document, integer, naming, real
 from mtb_helpers.plan.presets import CLUSTERS, GIB, MODELS, cluster, model
-from mtb_helpers.plan.search import plan
+from mtb_helpers.plan.search import check_gpus, check_reserve, plan
 
 __all__ = ["register", "run_plan"]
 
@@ -26,33 +28,37 @@ def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubPar
                     "model, the course's pipeline simulator); list the ones that fit, fastest "
                     "first, and why the others were refused. Nothing is run or allocated.")
     parser.add_argument("--model", required=True, help=f"one of {', '.join(MODELS)}")
-    parser.add_argument("--gpus", type=int, required=True, help="number of GPUs")
-    parser.add_argument("--gpu-memory", type=float, default=None,
+    parser.add_argument("--gpus", type=integer(1), required=True, help="number of GPUs")
+    parser.add_argument("--gpu-memory", type=real(), default=None,
                         help="GiB per GPU (default: the cluster preset's, 80)")
-    parser.add_argument("--global-batch", type=int, required=True, help="sequences per step")
-    parser.add_argument("--seq-len", type=int, default=None,
+    parser.add_argument("--global-batch", type=integer(1), required=True, help="sequences per step")
+    parser.add_argument("--seq-len", type=integer(1), default=None,
                         help="tokens per sequence (default: the model's)")
-    parser.add_argument("--cluster", default="h100", help=f"one of {', '.join(CLUSTERS)} (h100)")
-    parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--mfu", type=float, default=0.5,
-                        help="fraction of peak FLOP/s the matmuls reach, your assumption (0.5)")
-    parser.add_argument("--reserve", type=float, default=0.0,
+    parser.add_argument("--cluster", default="h100",
+                        help=f"one of {', '.join(CLUSTERS)} (h100), or a .json from benchmarks/gpu_layer.py")
+    parser.add_argument("--gpus-per-node", type=integer(1), default=8)
+    parser.add_argument("--mfu", type=real(0.0, 1.0), default=None,
+                        help="fraction of peak every matmul reaches, an assumption; default: the GPU's "
+                             "measured curve (h100, h200; a100 needs --mfu)")
+    parser.add_argument("--reserve", type=real(0.0, strict=False), default=0.0,
                         help="GiB per GPU kept for the CUDA context, NCCL and fragmentation (0)")
-    parser.add_argument("--top", type=int, default=10, help="layouts to list (10)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--top", type=integer(1), default=10, help="layouts to list (10)")
+    add_json_option(parser)
     parser.set_defaults(func=run_plan)
 
 
 def run_plan(args: argparse.Namespace) -> int:
     """Handler of ``minitrainbench plan``; ValueError (exit 2) on bad input."""
-    if args.top < 1:
-        raise ValueError(f"--top must be a positive integer, got {args.top}")
-    spec = model(args.model)
-    gpus = cluster(args.cluster, args.gpus, args.gpu_memory, args.gpus_per_node)
-    result = plan(spec, gpus, args.global_batch, args.seq_len, mfu=args.mfu,
-                  reserve=args.reserve * GIB)
-    if args.json:
-        print_document(result.to_dict(top=args.top))
-    else:
-        print(result.table(args.top))
-    return 0 if result.ranked else 1
+    with naming(args, "--model"):
+        spec = model(args.model)
+    with naming(args, "--gpus"):
+        check_gpus(args.gpus)              # at once: a count with too many layouts to weigh
+    with naming(args, "--cluster", "--gpus", "--gpu-memory", "--gpus-per-node"):
+        gpus = cluster(args.cluster, args.gpus, args.gpu_memory, args.gpus_per_node)
+    with naming(args, "--reserve", "--gpu-memory"):
+        check_reserve(gpus, args.reserve * GIB)
+    with naming(args, "--gpus", "--global-batch", "--seq-len"):
+        result = plan(spec, gpus, args.global_batch, args.seq_len, mfu=args.mfu,
+                      reserve=args.reserve * GIB)
+    return emit_document(lambda: result.to_dict(top=args.top), args.json,
+                         lambda: result.table(args.top), 0 if result.ranked else 1)

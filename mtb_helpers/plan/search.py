@@ -10,14 +10,18 @@ tensor group wider than a node is refused with its reason), ep over the divisors
 divide the experts, each micro-batch size in ``microbatches`` that divides the replica's batch,
 each ZeRO stage, recompute mode and schedule asked for. A layout is refused when a size does not
 divide (``layout_problems``) or when its busiest rank needs more than ``cluster.memory_bytes`` -
-``reserve`` ("needs 93 GiB > 80 GiB").
+``reserve`` ("needs 93 GiB > 80 GiB"). Divisors come from the GPU count's prime factors (trial
+division, then Pollard's rho), never from a loop up to the count. A count with more than
+``MAX_GROUPINGS`` tp x pp x cp groupings is refused at once (ValueError) rather than weighed:
+each grouping is dozens of layouts (micro-batch x ZeRO x recompute), and 8e9 GPUs' 100,100
+groupings would take minutes; real clusters have a few thousand (131072 GPUs: 1140).
 """
 from __future__ import annotations
 
 import math
 import re
 from dataclasses import dataclass, field
-from itertools import product
+from itertools import count, product
 
 from mtb_helpers.plan.budget import StageMemory, memory_per_rank
 from mtb_helpers.plan.presets import GIB
@@ -25,7 +29,12 @@ from mtb_helpers.plan.specs import (ClusterSpec, Layout, ModelSpec, layout_probl
                                     positive_number)
 from mtb_helpers.plan.steptime import StepTime, step_time
 
-__all__ = ["Candidate", "PlanResult", "plan", "divisors"]
+__all__ = ["Candidate", "PlanResult", "plan", "divisors", "prime_factors", "groupings",
+           "check_reserve", "check_gpus", "MAX_GPUS", "MAX_GROUPINGS"]
+
+MAX_GPUS = 2**64            # factorised at once below this (Pollard's rho on two 32-bit primes)
+MAX_GROUPINGS = 20_000      # tp x pp x cp groupings weighed at most (8e9 GPUs have 100,100)
+_SMALL_PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)
 
 
 @dataclass
@@ -103,12 +112,99 @@ def _kind(reason: str) -> str:
     return re.sub(r"[0-9.]+", "N", reason.split(" (")[0])
 
 
+def _is_prime(n: int) -> bool:
+    """Miller-Rabin with the first 12 primes as bases: exact below 3.3e24."""
+    if n < 2:
+        return False
+    for p in _SMALL_PRIMES:
+        if n % p == 0:
+            return n == p
+    d, s = n - 1, 0
+    while d % 2 == 0:
+        d, s = d // 2, s + 1
+    for a in _SMALL_PRIMES:
+        x = pow(a, d, n)
+        if x in (1, n - 1):
+            continue
+        for _ in range(s - 1):
+            x = x * x % n
+            if x == n - 1:
+                break
+        else:
+            return False
+    return True
+
+
+def _factor(n: int) -> int:
+    """A factor of the odd composite ``n`` other than 1 and n (Pollard's rho, Floyd's cycle)."""
+    for c in count(1):
+        x = y = 2
+        d = 1
+        while d == 1:
+            x = (x * x + c) % n
+            y = ((y * y + c) ** 2 + c) % n
+            d = math.gcd(abs(x - y), n)
+        if d != n:
+            return d
+    raise AssertionError("unreachable")
+
+
+def prime_factors(n: int) -> dict[int, int]:
+    """``{prime: exponent}`` of ``n`` >= 1 (n < ``MAX_GPUS``): 8e9 -> {2: 12, 5: 9}."""
+    factors: dict[int, int] = {}
+    for p in range(2, 1000):            # small primes by trial division (composites never divide)
+        while n % p == 0:
+            factors[p] = factors.get(p, 0) + 1
+            n //= p
+    stack = [n] if n > 1 else []
+    while stack:                        # what is left has only prime factors above 1000
+        m = stack.pop()
+        if _is_prime(m):
+            factors[m] = factors.get(m, 0) + 1
+        else:
+            d = _factor(m)
+            stack += [d, m // d]
+    return dict(sorted(factors.items()))
+
+
 def divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+    """Every divisor of ``n``, ascending, from its prime factors (never a loop up to n)."""
+    out = [1]
+    for p, e in prime_factors(n).items():
+        out = [d * p**k for d in out for k in range(e + 1)]
+    return sorted(out)
+
+
+def groupings(n: int) -> int:
+    """How many (tp, pp, cp) have a product that divides ``n``: for each prime of exponent e, the
+    ways to share out at most e of it among three, C(e + 3, 3)."""
+    return math.prod(math.comb(e + 3, 3) for e in prime_factors(n).values())
+
+
+def check_reserve(cluster: ClusterSpec, reserve: float) -> None:
+    """ValueError unless ``reserve`` bytes leave some of each GPU's memory: finite, >= 0, less."""
+    if isinstance(reserve, bool) or not isinstance(reserve, (int, float)) or \
+            not 0 <= reserve < math.inf:
+        raise ValueError(f"reserve must be a finite number of bytes >= 0, got {reserve!r}")
+    if reserve >= cluster.memory_bytes:
+        raise ValueError(f"reserve {reserve / GIB:.4g} GiB leaves nothing of the "
+                         f"{cluster.memory_bytes / GIB:.4g} GiB per GPU")
+
+
+def check_gpus(n: int) -> None:
+    """ValueError when the layouts of ``n`` GPUs are too many to list (see ``MAX_GROUPINGS``)."""
+    if n >= MAX_GPUS:
+        raise ValueError(f"gpus={n}: the planner factorises GPU counts below 2**64")
+    ways = groupings(n)
+    if ways > MAX_GROUPINGS:
+        primes = " x ".join(f"{p}^{e}" if e > 1 else str(p) for p, e in prime_factors(n).items())
+        raise ValueError(f"{n} GPUs = {primes} split into {ways} tp x pp x cp groupings, more "
+                         f"than the planner weighs ({MAX_GROUPINGS}, each dozens of layouts); "
+                         "a real cluster has a few thousand")
 
 
 def plan(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: int | None = None, *,
-         mfu: float = 0.5, microbatches: tuple[int, ...] = (1, 2, 4),
+         mfu: float | None = None, microbatches: tuple[int, ...] = (1, 2, 4),
          zero_stages: tuple[int, ...] = (0, 1, 2, 3),
          recomputes: tuple[str, ...] = ("none", "selective", "full"),
          schedules: tuple[str, ...] = ("1f1b",), cp_sizes: tuple[int, ...] | None = None,
@@ -116,21 +212,28 @@ def plan(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: int
     """Every layout of ``model`` (trained on ``seq_len``, its own by default) on ``cluster`` for
     ``global_batch`` sequences per step: the ones that fit ranked by predicted step time, the
     others with their reasons. ``cp_sizes``: context-parallel sizes to try (every divisor when
-    None). ``reserve``: bytes per GPU left for the CUDA context, NCCL and fragmentation."""
+    None). ``reserve``: bytes per GPU left for the CUDA context, NCCL and fragmentation. ``mfu``:
+    the fraction of peak every matmul reaches, an assumption; None takes compute from the GPU's
+    measured curve (``layer_seconds``; h100 and h200 have one, a100 needs a number)."""
     positive_int("global_batch", global_batch)
-    positive_number("mfu", mfu)
-    if reserve < 0 or reserve != reserve:
-        raise ValueError(f"reserve must be >= 0 bytes, got {reserve!r}")
+    if mfu is not None:
+        positive_number("mfu", mfu)
+    check_reserve(cluster, reserve)
     if seq_len is not None:
         model = model.with_(seq_len=positive_int("seq_len", seq_len))
     budget = cluster.memory_bytes - reserve
     result = PlanResult(model, cluster, global_batch)
     n = cluster.gpus
-    for tp, pp, cp in product(divisors(n), divisors(n), cp_sizes or divisors(n)):
-        if n % (tp * pp * cp):
-            continue
+    check_gpus(n)
+    expert_sizes = divisors(model.experts)
+    for tp, pp, cp in _groupings(n, cp_sizes):
         dp = n // (tp * pp * cp)
-        eps = [e for e in divisors(dp) if model.experts % e == 0] if model.experts > 1 else [1]
+        eps = [e for e in expert_sizes if dp % e == 0] if model.experts > 1 else [1]
+        if global_batch % dp:   # no micro-batch size can help: one refusal each, as below
+            result.rejected += [(Layout(tp, pp, dp, cp, ep, microbatches[0]), [
+                f"global batch {global_batch} is not divisible by dp*microbatch = "
+                f"{dp}*{microbatches[0]}"]) for ep in eps for _ in schedules]
+            continue
         for ep, mb, zero, rc, sched in product(eps, microbatches, zero_stages, recomputes,
                                                schedules):
             m, rest = divmod(global_batch, dp * mb)
@@ -159,3 +262,15 @@ def plan(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: int
                                                                      mfu, overlap)))
     result.ranked.sort(key=lambda c: (c.time.step, c.peak_bytes))
     return result
+
+
+def _groupings(n: int, cp_sizes: tuple[int, ...] | None):
+    """(tp, pp, cp) whose product divides ``n``, in the order of ``product(divisors(n), ...)``."""
+    every = divisors(n)
+    for tp in every:
+        after_tp = [d for d in every if (n // tp) % d == 0]       # divisors(n // tp)
+        for pp in after_tp:
+            rest = n // (tp * pp)
+            for cp in cp_sizes or [d for d in after_tp if rest % d == 0]:
+                if rest % cp == 0:
+                    yield tp, pp, cp

@@ -35,6 +35,40 @@ class RankError(RuntimeError):
         self.consequences: dict[int, "RankError"] = {}  # other ranks' errors this one caused
 
 
+class LinkTimeout(RuntimeError):
+    """Raised on a rank when the emulated link would end an operation after the call's timeout;
+    the owner raises a :class:`RankTimeoutError` naming the link (:func:`link_timeout_message`)."""
+
+
+YEAR = 365.25 * 24 * 3600   # seconds; a link slower than this per message or byte is refused
+
+
+def years(seconds: float) -> str:
+    """``seconds`` in years, for refusals: '3.2e+292 years'; for inf, that the time overflows."""
+    if seconds == float("inf"):
+        return f"more than {1.7976931348623157e308 / YEAR:.2g} years (the time overflows a float)"
+    return f"{seconds / YEAR:.3g} years"
+
+
+def too_slow(alpha: float, bandwidth: float, scale: float = 1.0) -> str | None:
+    """Why a link of ``alpha`` s per message and ``bandwidth`` B/s, its times stretched by
+    ``scale``, would overflow a clock (one message or one byte past a year), or None."""
+    for seconds, what, given in ((alpha, "one message", f"alpha={alpha:g} s"),
+                                 (1 / bandwidth, "one byte", f"bandwidth={bandwidth:g} B/s")):
+        if seconds * scale > YEAR:
+            times = " times the time scale" if scale != 1 else ""
+            return (f"{given}: this link would take {years(seconds * scale)} to send {what}; "
+                    f"α and 1/β{times} must each be under a year")
+    return None
+
+
+def link_timeout(link: object, seconds: float, scale: float, what: str) -> LinkTimeout:
+    """The LinkTimeout of ``what``, which takes ``seconds`` (x ``scale``) on ``link``."""
+    describe = getattr(link, "describe", lambda: f"α = {link.alpha:g} s, β = {link.bandwidth:g} B/s")
+    return LinkTimeout(f"{what} takes {seconds / scale:.3g} s of modelled time on the emulated "
+                       f"link ({describe()}), x time_scale {scale:g}")
+
+
 class RankTimeoutError(TimeoutError):
     """Ranks stopped answering. ``.finished`` lists ranks that answered; ``.waiting`` maps each
     rank still busy to where it was (a :class:`WaitPoint`, or None if it could not say)."""
@@ -233,6 +267,17 @@ def timeout_message(timeout: float, finished: list[int],
                      "that skipped it, called a different one, or used a different shape.")
     lines.append("The rank pool was stopped; the next run() starts a fresh one.")
     return "\n".join(lines)
+
+
+def link_timeout_message(error: RankError, timeout: float) -> str:
+    """What a :class:`LinkTimeout` on a rank (``error``, as the owner got it) tells the student:
+    the link, not a rank that skipped a collective, made the call slower than ``timeout``."""
+    first = str(error).split("\n", 1)[0]
+    what = first.split(f"{error.exc_type}: ", 1)[-1]
+    return (f"the emulated link made this call slower than timeout={timeout:g} s: on rank "
+            f"{error.rank}, {what}. Not a hang: the link is too slow for this call. Use a faster "
+            "link, smaller tensors, a smaller time_scale or a larger timeout.\n"
+            "The rank pool was stopped; the next run() starts a fresh one.")
 
 
 def _ranks(ranks: list[int]) -> str:

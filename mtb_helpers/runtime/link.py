@@ -2,21 +2,18 @@
 
 Inside the call every collective and message a rank issues through ``torch.distributed`` (the
 student's own code included) runs on the rank's comm stream and takes the link's modelled time
-(:mod:`mtb_helpers.runtime.link_ops`), and ``with padded("fc1.fwd", seconds):`` makes a block of
-computation take a modelled time too, so a timeline follows the model rather than this machine's
-cores. Results are gloo's, unchanged: a link changes when things finish, never what they compute.
+(:mod:`mtb_helpers.runtime.link_ops`); ``with padded("fc1.fwd", seconds):`` gives a block of
+computation a modelled time too, so a timeline follows the model, not this machine's cores.
+Results are gloo's, unchanged: a link changes when things finish, never what they compute.
 
-``time_scale=N`` multiplies every modelled time (communication and padded compute) by N, keeping
-their ratios: an NVLink's microseconds are far under what gloo needs on loopback, so such a link
-is refused at N = 1, with the smallest N that works (``time_scale="auto"`` picks it). The floor
-is measured on a pool's first linked call (:func:`measure_floor`): a collective costs the ranks'
-agreement plus a tiny gloo op, and gloo's loopback bandwidth caps β. A machine gets busier (other
-notebooks, other users): after a call that overran its model the floor is measured again (at most
-every ``FLOOR_REFRESH`` seconds), so refusals and ``time_scale="auto"`` follow the machine as it is
-now, not as it was when the pool started. The caller gets ``RunResults`` (the per-rank results) with
-``.timeline`` (see :mod:`mtb_helpers.runtime.timeline`). The link is duck-typed (``alpha``,
-``bandwidth``, ``time(collective, nbytes, world_size)``): ``mtb_helpers.cost.Link`` is one, and
-the runtime imports no topic.
+``time_scale=N`` multiplies every modelled time by N, keeping their ratios: a link faster than
+gloo on loopback (the floor, :func:`measure_floor`: the ranks' agreement plus a tiny op, and
+gloo's bandwidth) is refused naming the smallest N that works (``time_scale="auto"`` picks it).
+After a call that overran its model the floor is measured again (at most every
+``FLOOR_REFRESH`` s): refusals follow the machine as it is now. An operation the link would end
+after the call's timeout raises, at once, a RankTimeoutError naming the link. The caller gets
+``RunResults`` with ``.timeline`` (:mod:`mtb_helpers.runtime.timeline`). The link is duck-typed
+(``alpha``, ``bandwidth``, ``time(collective, nbytes, p)``): the runtime imports no topic.
 """
 from __future__ import annotations
 
@@ -32,6 +29,8 @@ import torch.distributed as dist
 
 from mtb_helpers.runtime import link_ops
 from mtb_helpers.runtime.comm_thread import CommStream
+from mtb_helpers.runtime.errors import (LinkTimeout, RankError, RankTimeoutError, link_timeout,
+                                        link_timeout_message, too_slow)
 from mtb_helpers.runtime.timeline import Event, RunResults, Timeline
 
 __all__ = ["padded", "pad_backward", "validate_link", "measure_floor", "Floor", "run_linked", "LinkedCall",
@@ -44,10 +43,11 @@ _ACTIVE: "Emulation | None" = None   # the emulation of the call running on this
 
 
 class Emulation:
-    """One call's emulated link on one rank: the comm stream, the events, the patches."""
+    """One call's emulated link on one rank: the comm stream, the events, the patches, and the
+    owner's ``deadline`` (``time.perf_counter()``: all processes here share that clock)."""
 
-    def __init__(self, link: Any, time_scale: float):
-        self.link, self.scale = link, time_scale
+    def __init__(self, link: Any, time_scale: float, deadline: float = math.inf):
+        self.link, self.scale, self.deadline = link, time_scale, deadline
         self.events: list[Event] = []
         self.p2p: list = []
         self.free_at = 0.0   # when the stream's last collective ends (perf_counter seconds)
@@ -57,7 +57,11 @@ class Emulation:
         self.restore = link_ops.install(self)
 
     def modelled(self, collective: str, nbytes: int, p: int) -> float:
-        return self.link.time(collective, nbytes, p) * self.scale
+        seconds = self.link.time(collective, nbytes, p) * self.scale
+        # past the owner's deadline: say so now (sleeping into its timeout would look like a hang)
+        if max(time.perf_counter(), self.free_at) + seconds > self.deadline:
+            raise link_timeout(self.link, seconds, self.scale, f"{collective} of {nbytes} B on {p} ranks")
+        return seconds
 
     def bypass(self) -> bool:
         """True on the stream's own thread (its real ops must not be emulated twice) and inside
@@ -83,10 +87,9 @@ def active_time_scale() -> float:
 
 @contextlib.contextmanager
 def unmodelled() -> Iterator[None]:
-    """The block's collectives run at gloo's own speed, outside the link's model and timeline:
-    for an agreement that moves none of the step's data (context parallelism's check that every
-    rank holds shards of one shape), which the α-β prediction of the step rightly leaves out.
-    The comm stream is drained first, so every rank still issues its collectives in one order."""
+    """The block's collectives run at gloo's speed, outside the link's model and timeline: for an
+    agreement that moves none of the step's data (context parallelism's check of shard shapes),
+    which the α-β prediction leaves out. The stream is drained first (one order on every rank)."""
     em = _ACTIVE
     if em is None or em.direct is not None:
         yield
@@ -101,12 +104,9 @@ def unmodelled() -> Iterator[None]:
 
 def comm_seconds(since: float) -> float:
     """Seconds after ``since`` (a ``time.perf_counter()`` reading) in which this rank's emulated
-    collectives or received messages were under way (0 without a link); each from its agreed start
-    or its message's departure, overlaps counted once. Sends are left out: they leave on the comm
-    stream beside the computation, while a receive is what a rank waits for (a ring hop's send
-    and receive run together). With it a block that both computes and communicates (a tensor-
-    parallel layer, a ring attention) is padded to "its modelled compute plus its communication",
-    the α-β model's sum, whatever its real compute took."""
+    collectives or received messages were under way (0 without a link), overlaps counted once;
+    sends leave beside the computation and are left out. A block that computes and communicates
+    (a TP layer, a ring attention) is padded with it to the α-β sum of compute and communication."""
     em = _ACTIVE
     if em is None:
         return 0.0
@@ -165,13 +165,13 @@ class LinkedCall:
     """What a rank runs for ``run(fn, ..., link=...)``: ``fn`` under the emulated link. Returns
     ``{"result", "events", "zero"}``. ``__wrapped__`` lets the owner find ``fn``'s source."""
 
-    def __init__(self, fn: Callable, link: Any, time_scale: float):
+    def __init__(self, fn: Callable, link: Any, time_scale: float, deadline: float = math.inf):
         self.__wrapped__ = fn
-        self.link, self.time_scale = link, time_scale
+        self.link, self.time_scale, self.deadline = link, time_scale, deadline
 
     def __call__(self, *args: Any, **kwargs: Any) -> dict:
         global _ACTIVE
-        em = Emulation(self.link, self.time_scale)
+        em = Emulation(self.link, self.time_scale, self.deadline)
         _ACTIVE = em
         try:
             if dist.get_world_size() > 1:
@@ -186,8 +186,8 @@ class LinkedCall:
 
 
 def validate_link(link: Any, time_scale: object) -> None:
-    """ValueError before any rank starts: not a link, or a time scale that is neither "auto" nor
-    a finite number > 0."""
+    """ValueError before any rank starts: not a link, a time scale that is neither "auto" nor
+    a finite number > 0, or one that stretches a message (α) or a byte (1/β) past a year."""
     if not all(hasattr(link, a) for a in ("alpha", "bandwidth", "time")):
         raise ValueError(f"link must be a Link(alpha, bandwidth) from mtb_helpers.cost, got {link!r}")
     if time_scale == "auto":
@@ -195,20 +195,20 @@ def validate_link(link: Any, time_scale: object) -> None:
     if isinstance(time_scale, bool) or not isinstance(time_scale, (int, float)) or \
             not math.isfinite(time_scale) or time_scale <= 0:
         raise ValueError(f"time_scale must be a finite number > 0, got {time_scale!r}")
+    if problem := too_slow(link.alpha, link.bandwidth, time_scale):
+        raise ValueError(f"time_scale={time_scale:g} with {problem}")
 
 
 @dataclass(frozen=True)
 class Floor:
-    """What gloo needs on this machine at best: ``latency`` seconds per emulated collective (the
-    ranks' agreement and a tiny op) and ``bandwidth`` bytes/s (its busbw on a 1 MiB all-reduce),
-    measured at ``time.monotonic()`` = ``measured_at``."""
+    """What gloo needs here at best: ``latency`` s per emulated collective (agreement + tiny op),
+    ``bandwidth`` B/s (busbw of a 1 MiB all-reduce), measured at ``time.monotonic()`` ``measured_at``."""
     latency: float
     bandwidth: float
     measured_at: float = 0.0
 
     def smallest_scale(self, link: Any) -> float:
-        """The smallest time scale from 1, 2, 5, 10, 20, 50, ... at which ``link`` is honoured
-        with a 1.5x margin (``time_scale="auto"``)."""
+        """The smallest scale of 1, 2, 5, 10, 20, ... honouring ``link`` with a 1.5x margin."""
         need = 1.5 * max(self.latency / link.alpha, link.bandwidth / self.bandwidth)
         scale = 1.0
         while scale < need:
@@ -245,14 +245,12 @@ def _probe() -> tuple[float, float]:
             t0 = time.perf_counter()
             all_reduce(big)
             large.append(time.perf_counter() - t0)
-    # the best case: what gloo needs at all here (a busy moment costs more, and is reported as an
-    # overrun of the model, not refused in advance)
+    # the best case: a busy moment costs more, reported as an overrun, not refused in advance
     return min(small[2:]), min(large)
 
 
 def measure_floor(pool: Any, timeout: float) -> Floor:
-    """The pool's floor: measured on its first linked call and kept on the pool until a call
-    overruns its model (``stale_floor``)."""
+    """The pool's floor, measured on its first linked call, kept until one overruns (stale_floor)."""
     if pool.link_floor is None:
         p = pool.world_size
         replies = pool.call(_probe, (), {}, timeout)
@@ -264,10 +262,8 @@ def measure_floor(pool: Any, timeout: float) -> Floor:
 
 
 def stale_floor(pool: Any) -> None:
-    """A linked call on ``pool`` overran its model: the machine may be busier than when the floor
-    was measured. Forget the floor (the next linked call measures it again, ~30 gloo ops) unless
-    it was measured less than ``FLOOR_REFRESH`` seconds ago (a loop of overrunning calls probes
-    at most that often)."""
+    """A linked call on ``pool`` overran its model (the machine may be busier): forget the floor,
+    unless measured under ``FLOOR_REFRESH`` s ago (a loop of overrunning calls probes that often)."""
     floor = pool.link_floor
     if floor is not None and time.monotonic() - floor.measured_at >= FLOOR_REFRESH:
         pool.link_floor = None
@@ -282,7 +278,13 @@ def run_linked(pool: Any, fn: Callable, args: tuple, kwargs: dict, timeout: floa
         problem = measure_floor(pool, timeout).refusal(link, time_scale)
         if problem:
             raise ValueError(problem)
-    replies = pool.call(LinkedCall(fn, link, time_scale), args, kwargs, timeout)
+    try:
+        replies = pool.call(LinkedCall(fn, link, time_scale, time.perf_counter() + timeout),
+                            args, kwargs, timeout)
+    except RankError as exc:   # the link, not a hang, would have run the call past its timeout
+        if exc.exc_type != LinkTimeout.__name__:
+            raise
+        raise RankTimeoutError(link_timeout_message(exc, timeout), [], {}) from None
     zero = min(r["zero"] for r in replies)
     ranks = [[Event(e.kind, e.name, e.bytes, e.start - zero, e.end - zero, e.modelled)
               for e in r["events"]] for r in replies]

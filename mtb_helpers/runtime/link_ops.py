@@ -132,10 +132,10 @@ def add_observer(observe: Callable[[str, tuple, dict], Callable[[Any], None] | N
 
 
 def sleep_until(deadline: float) -> None:
-    """Sleep (no CPU) until ``time.perf_counter()`` reaches ``deadline``."""
-    remaining = deadline - time.perf_counter()
-    if remaining > 0:
-        time.sleep(remaining)
+    """Sleep (no CPU) until ``time.perf_counter()`` reaches ``deadline``, a day at a time at
+    most: one sleep of 1e10 s overflows the platform's time_t (OverflowError)."""
+    while (remaining := deadline - time.perf_counter()) > 0:
+        time.sleep(min(remaining, 86400.0))
 
 
 def _run_collective(em: Any, name: str, collective: str, nbytes: int, p: int, group: Any,

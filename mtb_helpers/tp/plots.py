@@ -1,11 +1,9 @@
 """Tensor-parallel figures: who holds which part of each tensor, step by step, and how wrong it is.
 
-They draw a check's step trace (``report.steps``, see ``mtb_helpers.checking.trace``); they never start
-ranks. Each tensor is drawn as its 2-D view (rows = the flattened batch dims, a weight as
-``W [in, out]``), one small panel per rank: the cells that rank holds are filled in its colour,
-hatched when it holds only a partial sum, striped with one band per rank when it holds a complete
-sum over the ranks (as in notebook 00), and the rest is grey. A step that runs a collective says so
-in its title; a rank that fails the step gets a red frame.
+They draw a check's step trace (``report.steps``, ``checking/trace.py``) and never start ranks.
+Each tensor is drawn as its 2-D view (rows = the flattened batch dims, a weight as ``W [in, out]``),
+one small panel per rank: a rank's cells in its colour, hatched for a partial sum, one band per rank
+for a complete sum (as in notebook 00), grey where it holds nothing; a failing rank is framed red.
 """
 from __future__ import annotations
 
@@ -125,16 +123,15 @@ def _grid_segments(rows: int, cols: int, x0: float = 0, y0: float = 0, scale: fl
 
 
 def _axis_names(step) -> tuple[str, str]:
-    """Axis labels of a step's 2-D view: a weight is ``[in, out]``, an activation ``[tokens, features]``."""
-    name = step.tensor
-    if name.lstrip("d") == "W_emb":   # [vocab, h]: one row per token id
-        return f"{name} rows (token ids)", f"{name} columns (features)"
-    if name.lstrip("d").startswith("W"):
-        return f"{name} rows (in features)", f"{name} columns (out features)"
-    if name.lstrip("d").startswith("b"):
+    """Axis labels of a step's 2-D view: a weight is ``[in, out]`` (the embedding ``[vocab, h]``),
+    an activation ``[tokens, features]``, the loss's per-token numbers ``[s, b]``."""
+    name, bare = step.tensor, step.tensor.lstrip("d")
+    if bare.startswith("W"):
+        ins, outs = ("token ids", "features") if bare == "W_emb" else ("in features", "out features")
+        return f"{name} rows ({ins})", f"{name} columns ({outs})"
+    if bare.startswith("b"):
         return "", f"{name} (out features)"
-    # one number per token of the [s, b] ids, not features
-    if name in ("m", "S", "T", "L", "mx", "sum_exp", "target_logit", "loss"):
+    if name in ("mx", "sum_exp", "target_logit", "loss"):   # one number per token of the [s, b] ids
         return f"{name} rows (positions s)", f"{name} columns (sequences b)"
     return f"{name} rows (tokens)", f"{name} columns (features)"
 
