@@ -155,7 +155,7 @@ class _ScatterToSequenceParallelRegion(torch.autograd.Function):
             return grad, None
         grad = grad.contiguous()
         out = grad.new_empty((_size(ctx.group) * grad.shape[0], *grad.shape[1:]))
-        getattr(dist, _ALL_GATHER)(out, grad, group=ctx.group)   # [s/t, b, h] -> [s, b, h]
+        getattr(dist, _ALL_GATHER)(out, grad, group=ctx.group)   # all-gather: [s/t, b, h] -> [s, b, h]
         return out, None
 
 
@@ -172,7 +172,7 @@ class _GatherFromSequenceParallelRegion(torch.autograd.Function):
             return x.view_as(x)
         x = x.contiguous()
         out = x.new_empty((_size(group) * x.shape[0], *x.shape[1:]))
-        getattr(dist, _ALL_GATHER)(out, x, group=group)   # [s/t, b, h] -> [s, b, h]
+        getattr(dist, _ALL_GATHER)(out, x, group=group)   # all-gather: [s/t, b, h] -> [s, b, h]
         return out
 
     @staticmethod
@@ -182,7 +182,7 @@ class _GatherFromSequenceParallelRegion(torch.autograd.Function):
         grad = grad.contiguous()
         out = grad.new_empty((grad.shape[0] // _size(ctx.group), *grad.shape[1:]))
         # [s, b, h] partial on every rank -> this rank's rows of the sum [s/t, b, h]
-        getattr(dist, _REDUCE_SCATTER)(out, grad, group=ctx.group)
+        getattr(dist, _REDUCE_SCATTER)(out, grad, group=ctx.group)   # reduce-scatter: [s, b, h] -> [s/t, b, h]
         return out, None, None
 
 
@@ -198,7 +198,7 @@ class _ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
             return x.view_as(x)
         x = x.contiguous()
         out = x.new_empty((x.shape[0] // _size(group), *x.shape[1:]))
-        getattr(dist, _REDUCE_SCATTER)(out, x, group=group)   # [s, b, h] partial -> [s/t, b, h]
+        getattr(dist, _REDUCE_SCATTER)(out, x, group=group)   # reduce-scatter: [s, b, h] partial -> [s/t, b, h]
         return out
 
     @staticmethod
@@ -207,7 +207,7 @@ class _ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
             return grad, None
         grad = grad.contiguous()
         out = grad.new_empty((_size(ctx.group) * grad.shape[0], *grad.shape[1:]))
-        getattr(dist, _ALL_GATHER)(out, grad, group=ctx.group)   # [s/t, b, h] -> [s, b, h]
+        getattr(dist, _ALL_GATHER)(out, grad, group=ctx.group)   # all-gather: [s/t, b, h] -> [s, b, h]
         return out, None
 
 
