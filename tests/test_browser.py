@@ -31,7 +31,8 @@ import pytest
 from tests.procs import wait_dead
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+# every English notebook, and one of the Chinese edition (notebooks/zh: the same code, translated text)
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + [ROOT / "notebooks" / "zh" / "05_pipeline_bubble.ipynb"]
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -288,16 +289,21 @@ def _shutdown_kernels(base: str) -> None:
         _api(base, f"/api/sessions/{session['id']}", method="DELETE")
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def _name(path: Path) -> str:
+    """``05_pipeline_bubble``, or ``zh-05_pipeline_bubble`` for the Chinese edition's copy."""
+    return "-".join(path.relative_to(ROOT / "notebooks").with_suffix("").parts)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[_name(p) for p in NOTEBOOKS])
 def test_notebook_runs_in_jupyterlab(lab, browser, path):
-    name = path.stem
+    name = _name(path)
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     page_errors: list[str] = []
     page.on("pageerror", lambda e: page_errors.append(str(e)))
     try:
         # a fresh workspace per notebook: nothing restored from the previous one
-        page.goto(f"{lab['base']}/lab/workspaces/t-{name}/tree/{path.name}")
+        page.goto(f"{lab['base']}/lab/workspaces/t-{name}/tree/{path.relative_to(ROOT / 'notebooks').as_posix()}")
         _wait_kernel_ready(page, name)
         page.keyboard.press("Control+b")  # hide the file browser: the screenshot is the notebook
         _menu(page, "Edit", "Clear Outputs of All Cells")
