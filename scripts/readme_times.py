@@ -6,7 +6,8 @@ a minute on each code cell (read it, run it, look at its output) and 12 minutes 
 nearest 5 minutes.
 
 Usage: python scripts/readme_times.py           print each notebook's load and time beside the README's
-       python scripts/readme_times.py --write   rewrite the README table's time column from the notebooks
+       python scripts/readme_times.py --write   rewrite the time column of README.md's table from the
+                                                notebooks, and README.zh.md's (the same minutes, in Chinese)
 tests/test_course_text.py checks that the README's times are within 5 minutes of these.
 """
 from __future__ import annotations
@@ -114,12 +115,39 @@ def rewrite(readme: str, root: Path = ROOT) -> str:
     return "\n".join(lines) + ("\n" if readme.endswith("\n") else "")
 
 
+ZH_ROW = re.compile(r"^\| \[\d\d [^|]*\]\(notebooks/zh/(?P<name>\d\d_\w+\.ipynb)\) \|")
+
+
+def fmt_zh(minutes: int) -> str:
+    """45 -> '45 分钟', 75 -> '1 小时 15 分', 60 -> '1 小时'."""
+    if minutes < 60:
+        return f"{minutes} 分钟"
+    h, m = divmod(minutes, 60)
+    return f"{h} 小时 {m:02d} 分" if m else f"{h} 小时"
+
+
+def rewrite_zh(readme_zh: str, readme: str) -> str:
+    """README.zh.md with each Chinese notebook's time (its table's 4th column) set to the English
+    README's time for the same notebook: one course, one estimate."""
+    given = readme_times(readme)
+    lines = readme_zh.splitlines()
+    for i, line in enumerate(lines):
+        m = ZH_ROW.match(line)
+        if m:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            cells[3] = fmt_zh(given[f"notebooks/{m.group('name')}"])
+            lines[i] = "| " + " | ".join(cells) + " |"
+    return "\n".join(lines) + ("\n" if readme_zh.endswith("\n") else "")
+
+
 def main(argv: list[str]) -> int:
     readme_path = ROOT / "README.md"
     readme = readme_path.read_text()
     if "--write" in argv:
         readme_path.write_text(rewrite(readme))
         readme = readme_path.read_text()
+        zh_path = ROOT / "README.zh.md"
+        zh_path.write_text(rewrite_zh(zh_path.read_text(encoding="utf-8"), readme), encoding="utf-8")
     given = readme_times(readme)
     print(f"{'notebook':<32} {'words':>6} {'code':>5} {'ex':>3} {'load':>7} {'time':>7} {'README':>7}")
     for path in sorted(ROOT.glob("notebooks/[0-9][0-9]_*.ipynb")):

@@ -259,3 +259,11 @@ def test_exercises_are_counted_in_every_form():
     assert readme_times.exercises(["## 7 · Exercises\n\n**1.** One.\n\n**2.** Two.\n\n**3.** Three."]) == 3
     assert readme_times.exercises(["## 8 · Exercise: all-gather by hand"]) == 1
     assert readme_times.exercises(["No exercise in here."]) == 0
+
+
+def test_the_chinese_readme_gives_each_notebook_the_english_time():
+    readme = (ROOT / "README.md").read_text()
+    zh = (ROOT / "README.zh.md").read_text(encoding="utf-8")
+    assert readme_times.rewrite_zh(zh, readme) == zh, "run python scripts/readme_times.py --write"
+    wrong = zh.replace("| 50 分钟 |", "| 55 分钟 |", 1)
+    assert wrong != zh and readme_times.rewrite_zh(wrong, readme) != wrong   # a drift is caught
