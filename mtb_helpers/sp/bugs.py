@@ -42,7 +42,7 @@ class RowAllReduceThenSlice(SequenceParallelRowLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # BUG: g all-reduces the whole [s, b, h] and the rank slices its rows out. The forward
         # values are right, but the transpose of "slice" pads with zeros and g's backward is the
-        # identity: no all-gather of dM, so every grad before this point misses the other shards.
+        # identity: no all-gather of dY_fc2, so every grad before this point misses the other shards.
         full = reduce_from_tensor_model_parallel_region(F.linear(x, self.weight), self.group)
         n = full.shape[0] // group_size(self.group)
         r = group_rank(self.group)
@@ -70,7 +70,7 @@ BUGS: dict[str, Bug] = {
         needs={"dropout_p > 0 (no mask otherwise)": lambda a: a["dropout_p"] > 0}),
     "sp-allreduce-instead-of-reduce-scatter": Bug(
         'sequence-parallel fc2: all-reduce (g) of the whole sequence, then each '
-        'rank slices its rows; forward is right, backward never all-gathers dM',
+        'rank slices its rows; forward is right, backward never all-gathers dY_fc2',
         checks=('sequence',), replaces={SequenceParallelRowLinear: RowAllReduceThenSlice}),
     "ln-grad-partial": Bug(
         "PyTorch's LayerNorm grads read with .to_local(): each rank's Partial piece, the sum "

@@ -105,12 +105,12 @@ def tp_on_rank(kind: str, layers: list[nn.Linear], x: torch.Tensor, dy: torch.Te
 
 
 _MAP = {
-    "column": [("ColumnParallelLinear (W_i = rows of weight)", "ColwiseParallel: weight Shard(0)"),
+    "column": [("ColumnParallelLinear (W_r = rows of weight)", "ColwiseParallel: weight Shard(0)"),
                ("X replicated, f = copy (bwd all-reduce)", "input Replicate(); dX Partial -> Replicate"),
-               ("Y_i = X W_i, [.., out/t]", "output Shard(-1), .to_local()")],
-    "row": [("RowParallelLinear (W_i = columns of weight)", "RowwiseParallel: weight Shard(1)"),
-            ("X_i, [.., in/t]", "input Shard(-1)"),
-            ("partial sums X_i W_i, + b once after g", "Partial(); each rank adds b/t"),
+               ("Y_r = X W_r, [.., out/t]", "output Shard(-1), .to_local()")],
+    "row": [("RowParallelLinear (W_r = columns of weight)", "RowwiseParallel: weight Shard(1)"),
+            ("X_r, [.., in/t]", "input Shard(-1)"),
+            ("partial sums X_r W_r, + b once after g", "Partial(); each rank adds b/t"),
             ("g = all-reduce, Y on every rank", "Partial -> Replicate()")],
     "mlp": [("ParallelMLP: fc1 column, GeLU, fc2 row", "parallelize_module(mlp, mesh, plan)"),
             ("fc1 = ColumnParallelLinear", 'plan["0"] = ColwiseParallel()'),
@@ -136,7 +136,7 @@ def _compare(kind: str, lesson: str, world_size: int, in_features: int, out_feat
 def pytorch_column(world_size: int = 2, in_features: int = 8, out_features: int = 12,
                    batch_shape: tuple[int, ...] = (2, 3), seed: int = 0,
                    bug: str | None = None, timeout: float = 60.0) -> Agreement:
-    """``ColwiseParallel`` vs ``ColumnParallelLinear``: output ``[.., out/t]``, dX, dW_i, db_i."""
+    """``ColwiseParallel`` vs ``ColumnParallelLinear``: output ``[.., out/t]``, dX, dW_r, db_r."""
     return _compare("column", "column parallel", world_size, in_features, out_features, 0,
                     batch_shape, seed, bug, timeout)
 
@@ -144,7 +144,7 @@ def pytorch_column(world_size: int = 2, in_features: int = 8, out_features: int 
 def pytorch_row(world_size: int = 2, in_features: int = 12, out_features: int = 8,
                 batch_shape: tuple[int, ...] = (2, 3), seed: int = 0,
                 bug: str | None = None, timeout: float = 60.0) -> Agreement:
-    """``RowwiseParallel`` vs ``RowParallelLinear``: output ``[.., out]``, dX_i, dW_i, db."""
+    """``RowwiseParallel`` vs ``RowParallelLinear``: output ``[.., out]``, dX_r, dW_r, db."""
     return _compare("row", "row parallel", world_size, in_features, out_features, 0,
                     batch_shape, seed, bug, timeout)
 
