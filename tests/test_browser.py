@@ -9,6 +9,11 @@ A full-height screenshot per notebook goes to test-artifacts/browser/<name>.png.
 
 One JupyterLab server serves the whole module; each notebook gets its own workspace and browser
 context, and its kernel (and with it its ranks) is shut down before the next one opens.
+
+The kernel is always this Python. The front end is this Python's JupyterLab, unless MTB_LAB_PYTHON
+names another Python whose ``jupyter lab`` serves the page: CI's Colab leg does that, because an
+ipywidgets 7 kernel needs an ipywidgets 7 front end (JupyterLab 3 with jupyterlab_widgets 1.x;
+jupyterlab_widgets 3 in JupyterLab 4 refuses 7's widget models), as Colab's own front end is one.
 """
 from __future__ import annotations
 
@@ -42,6 +47,9 @@ WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 SLIDER_NOTEBOOKS = {"03_tp_mlp", "05_pipeline_bubble"}
 RUN_ALL_TIMEOUT_MS = 420_000
 PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+# what scrolls the notebook: in JupyterLab 4, else (JupyterLab 3) the notebook itself
+SCROLLER = ("(document.querySelector(panel + ' .jp-WindowedPanel-outer')"
+            " ?? document.querySelector(panel + ' .jp-NotebookPanel-notebook'))")
 RANK_LINE = re.compile(r"^\[rank \d+\]")
 MAX_SCREENSHOT_HEIGHT = 60_000  # px; the longest notebook is about 30 000
 
@@ -67,6 +75,15 @@ def _api(base: str, path: str, method: str = "GET"):
     return json.loads(body) if body else None
 
 
+def _kernelspec(jupyter_path: Path) -> None:
+    """The default kernel ("python3") runs this Python, whichever Python serves JupyterLab."""
+    spec = jupyter_path / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (ipykernel)", "language": "python"}))
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """A JupyterLab server on a free loopback port serving a copy of notebooks/; yields its URL.
@@ -79,9 +96,13 @@ def lab(tmp_path_factory):
     port = _free_port()
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp / "config"),
                JUPYTER_RUNTIME_DIR=str(tmp / "runtime"))
+    lab_python = os.environ.get("MTB_LAB_PYTHON") or sys.executable
+    if lab_python != sys.executable:  # another Python's front end, this Python's kernel
+        _kernelspec(tmp / "kernels-path")
+        env["JUPYTER_PATH"] = str(tmp / "kernels-path")
     log = open(tmp / "jupyterlab.log", "w")
     server = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+        [lab_python, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
          f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
          "--IdentityProvider.token=", "--ServerApp.password=", "--ServerApp.allow_root=True",
          "--ServerApp.disable_check_xsrf=True",
@@ -150,9 +171,12 @@ def browser():
         b.close()
 
 
-def _menu(page, top: str, item: str) -> None:
+def _menu(page, top: str, *items: str) -> None:
+    """Click menu ``top``, then the first of ``items`` it shows (JupyterLab 3 and 4 name some
+    items differently)."""
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(f"^{re.escape(top)}$")).click()
-    page.locator(".lm-Menu-itemLabel", has_text=re.compile(f"^{re.escape(item)}$")).click()
+    names = "|".join(re.escape(i) for i in items)
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(f"^({names})$")).first.click()
 
 
 def _wait_kernel_ready(page, name: str, timeout_s: float = 120) -> None:
@@ -194,7 +218,7 @@ def _code_cell_report(page) -> list[dict]:
           const hidden = cell.querySelector('.jp-InputPlaceholder') !== null;  // folded source
           const prompt = cell.querySelector('.jp-InputArea-prompt')?.textContent.trim() ?? '';
           const first = (hidden ? cell.querySelector('.jp-PlaceholderText')?.textContent
-                                : cell.querySelector('.cm-content .cm-line')?.textContent) ?? '';
+                                : cell.querySelector('.cm-content .cm-line, .CodeMirror-line')?.textContent) ?? '';
           const stderr = [...cell.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')]
                           .map(e => e.textContent);
           const outputs = cell.querySelector('.jp-Cell-outputArea');
@@ -222,20 +246,19 @@ def _screenshot(page, name: str) -> None:
     view, so grow, let them render, measure again, until the last cell fits."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     size = page.viewport_size
-    page.evaluate("(panel) => document.querySelector(panel + ' .jp-WindowedPanel-outer')"
-                  "?.scrollTo(0, 0)", PANEL)
+    page.evaluate(f"(panel) => {SCROLLER}?.scrollTo(0, 0)", PANEL)
     height = size["height"]
     for _ in range(6):
         extra = page.evaluate(
             """(panel) => {
-              const s = document.querySelector(panel + ' .jp-WindowedPanel-outer');
+              const s = {SCROLLER};
               const cells = document.querySelectorAll(panel + ' .jp-Cell');
               if (!s || !cells.length) return 0;
               // up to the last cell, not the scroll-past-end padding below it
               const bottom = cells[cells.length - 1].getBoundingClientRect().bottom
                              - s.getBoundingClientRect().top + s.scrollTop;
               return Math.ceil(bottom + 24 - s.clientHeight);
-            }""", PANEL)
+            }""".replace("{SCROLLER}", SCROLLER), PANEL)
         if extra <= 0 or height >= MAX_SCREENSHOT_HEIGHT:
             break
         height = min(height + extra, MAX_SCREENSHOT_HEIGHT)
@@ -265,10 +288,19 @@ def _move_a_slider(page, name: str) -> None:
     assert explorer.count(), f"{name}: no explorer with a slider and a figure"
     src0, text0 = _explorer_state(explorer)
     assert src0 and text0.strip(), f"{name}: the explorer shows no figure or no summary text"
-    handle = explorer.locator(".widget-slider .noUi-handle").first
-    at_max = handle.get_attribute("aria-valuenow") == handle.get_attribute("aria-valuemax")
+    # ipywidgets 8 draws a noUiSlider (with aria values), ipywidgets 7 a jQuery UI slider (without)
+    slider = explorer.locator(".widget-slider").first
+    handle = slider.locator(".noUi-handle, .ui-slider-handle").first
+    readout = slider.locator(".widget-readout").first
+    before = readout.inner_text()
+    at_max = handle.get_attribute("aria-valuenow") is not None and \
+        handle.get_attribute("aria-valuenow") == handle.get_attribute("aria-valuemax")
     handle.focus()
     handle.press("ArrowLeft" if at_max else "ArrowRight")
+    page.wait_for_timeout(500)
+    if readout.inner_text() == before:  # at the right end, with no aria value to have said so
+        handle.press("ArrowLeft")
+    assert readout.inner_text() != before, f"{name}: the slider's arrow keys did not move it"
     try:
         page.wait_for_function(
             """([el, src0, text0, figure, summary]) => {
@@ -309,7 +341,7 @@ def test_notebook_runs_in_jupyterlab(lab, browser, path):
         if name.startswith("zh-"):   # the Chinese edition shows its translated text
             heading = page.locator(f"{PANEL} .jp-RenderedMarkdown h1").first.inner_text()
             assert re.search(r"[\u4e00-\u9fff]", heading), f"{name}: no Chinese in the title {heading!r}"
-        _menu(page, "Edit", "Clear Outputs of All Cells")
+        _menu(page, "Edit", "Clear Outputs of All Cells", "Clear All Outputs")  # Lab 4, Lab 3
         _menu(page, "Run", "Run All Cells")
         try:
             _wait_run_all(page, RUN_ALL_TIMEOUT_MS)
