@@ -22,8 +22,8 @@ def _allreduce_lost_inplace(x):
 
 
 def _allgather_rank_order(x):
-    t, rank = dist.get_world_size(), dist.get_rank()
-    shards = list(all_gather(x).chunk(t))
+    p, rank = dist.get_world_size(), dist.get_rank()
+    shards = list(all_gather(x).chunk(p))
     return torch.cat(shards[rank:] + shards[:rank])  # arrival order, own shard first
 
 
@@ -33,8 +33,8 @@ def _reduce_scatter_wrong_chunk(x):
 
 
 def _alltoall_wrong_split(x):
-    t = dist.get_world_size()
-    return all_to_all(x.view(-1, t).t().reshape(-1))  # element i goes to rank i % t
+    p = dist.get_world_size()
+    return all_to_all(x.view(-1, p).t().reshape(-1))  # element i goes to rank i % p
 
 
 def _shows(collective: str) -> dict:
@@ -63,8 +63,8 @@ BUGS: dict[str, Bug] = {
         checks=("collectives",), replaces={reduce_scatter: _reduce_scatter_wrong_chunk},
         needs=_shows("reduce-scatter")),
     "alltoall-wrong-split": Bug(
-        "all-to-all: splits along the wrong dimension, element i goes to rank i mod t instead of "
-        "chunk i // (n/t)",
+        "all-to-all: splits along the wrong dimension, element i goes to rank i mod p instead of "
+        "rank i // (numel/p)",
         checks=("collectives",), replaces={all_to_all: _alltoall_wrong_split},
         needs={**_shows("all-to-all"), "2 or more elements per rank's chunk":
                lambda a: a["numel"] // a["world_size"] >= 2}),

@@ -65,19 +65,19 @@ def _split(x: torch.Tensor, dim: int, group) -> torch.Tensor:
 @recorded("copy_to_tensor_model_parallel_region", "f")
 class _CopyToModelParallelRegion(torch.autograd.Function):
     """f: forward identity, backward all-reduce (dX is a partial sum on every rank)."""
-    input_layouts, output_layouts = Replicate(), Replicate()   # [.., h] on every rank
+    input_layouts, output_layouts = Replicate(), Replicate()   # [.., in] on every rank
 
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        return x.view_as(x)   # [.., h] -> [.., h], a new tensor for autograd
+        return x.view_as(x)   # [.., in] -> [.., in], a new tensor for autograd
 
     @staticmethod
     def backward(ctx, grad):
         if not dist.is_initialized():
             return grad, None
         grad = grad.contiguous().clone()      # this node's own copy: grad may be used elsewhere
-        dist.all_reduce(grad, group=ctx.group)   # [.., h] partial dX -> sum over ranks
+        dist.all_reduce(grad, group=ctx.group)   # [.., in] partial dX -> sum over ranks
         return grad, None
 
 
@@ -90,8 +90,8 @@ class _ReduceFromModelParallelRegion(torch.autograd.Function):
     def forward(ctx, x, group):
         if not dist.is_initialized():
             return x.view_as(x)
-        x = x.contiguous().clone()          # [.., h] partial: x itself stays this rank's addend
-        dist.all_reduce(x, group=group)     # [.., h] -> sum over ranks, the same on every rank
+        x = x.contiguous().clone()          # [.., out] partial: x itself stays this rank's addend
+        dist.all_reduce(x, group=group)     # [.., out] -> sum over ranks, the same on every rank
         return x
 
     @staticmethod
@@ -111,12 +111,12 @@ class _GatherFromModelParallelRegion(torch.autograd.Function):
             return x.view_as(x)
         x = x.contiguous()
         parts = [torch.empty_like(x) for _ in range(_size(group))]
-        dist.all_gather(parts, x, group=group)   # [.., n/t] from every rank, in rank order
-        return torch.cat(parts, dim=-1)          # -> [.., n]
+        dist.all_gather(parts, x, group=group)   # [.., out/t] from every rank, in rank order
+        return torch.cat(parts, dim=-1)          # -> [.., out]
 
     @staticmethod
     def backward(ctx, grad):
-        return _split(grad, -1, ctx.group), None   # [.., n] -> this rank's [.., n/t]
+        return _split(grad, -1, ctx.group), None   # [.., out] -> this rank's [.., out/t]
 
 
 @recorded("scatter_to_tensor_model_parallel_region")
@@ -127,7 +127,7 @@ class _ScatterToModelParallelRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        return _split(x, -1, group)   # [.., n] -> this rank's [.., n/t]
+        return _split(x, -1, group)   # [.., in] -> this rank's [.., in/t]
 
     @staticmethod
     def backward(ctx, grad):
@@ -135,7 +135,7 @@ class _ScatterToModelParallelRegion(torch.autograd.Function):
             return grad, None
         grad = grad.contiguous()
         parts = [torch.empty_like(grad) for _ in range(_size(ctx.group))]
-        dist.all_gather(parts, grad, group=ctx.group)   # [.., n/t] -> [.., n]
+        dist.all_gather(parts, grad, group=ctx.group)   # [.., in/t] -> [.., in]
         return torch.cat(parts, dim=-1), None
 
 
@@ -231,22 +231,22 @@ class _AllReduceGrad(torch.autograd.Function):
 
 
 def copy_to_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
-    """f: ``[.., h]`` replicated; forward identity, backward all-reduce of dX."""
+    """f: ``[.., in]`` replicated; forward identity, backward all-reduce of dX."""
     return _CopyToModelParallelRegion.apply(x, group)
 
 
 def reduce_from_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
-    """g: ``[.., h]`` partial sums -> all-reduce -> ``[.., h]``; backward identity."""
+    """g: ``[.., out]`` partial sums -> all-reduce -> ``[.., out]``; backward identity."""
     return _ReduceFromModelParallelRegion.apply(x, group)
 
 
 def gather_from_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
-    """``[.., n/t]`` -> all-gather along the last dim -> ``[.., n]``; backward splits it."""
+    """``[.., out/t]`` -> all-gather along the last dim -> ``[.., out]``; backward splits it."""
     return _GatherFromModelParallelRegion.apply(x, group)
 
 
 def scatter_to_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
-    """``[.., n]`` -> this rank's ``[.., n/t]``; backward all-gathers along the last dim."""
+    """``[.., in]`` -> this rank's ``[.., in/t]``; backward all-gathers along the last dim."""
     return _ScatterToModelParallelRegion.apply(x, group)
 
 

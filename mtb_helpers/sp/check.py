@@ -46,7 +46,7 @@ SP_SPECS = [
       Replicate(), ("record", AG, "forward", "out"), (AG, "forward")),
     S("fc1", "fc1 local matmul", "forward", "H", "H_r = X_ln @ W1_r + b1_r", Shard(-1), ("hook", "fc1", "out")),
     S("act", "GeLU", "forward", "Z", "Z_r = gelu(H_r)", Shard(-1), ("hook", "act", "out")),
-    S("partial", "fc2 local matmul", "forward", "Y_fc2", "P_r = Z_r @ W2_r (no bias)", Partial(),
+    S("partial", "fc2 local matmul", "forward", "Y_fc2", "Y^(r) = Z_r @ W2_r (no bias)", Partial(),
       ("record", RS, "forward", "in")),
     S("scattered", "reduce-scatter along the sequence", "forward", "Y_fc2", "Y_sum_r = (sum_q P_q)[seq rows r]",
       Shard(0), ("record", RS, "forward", "out"), (RS, "forward")),
