@@ -1,9 +1,16 @@
 """The time column of README.md's course table, computed from each notebook's reading load.
 
 A student reads prose at 150 words a minute (the prose words scripts/prose_stats.py counts), spends
-a minute on each code cell (read it, run it, look at its output) and 12 minutes on each exercise
-(the middle of the 10-15 a short coding or predicting exercise takes). The sum is rounded to the
-nearest 5 minutes.
+a minute on each code cell (read it, run it, look at its output), another minute on each figure a
+cell draws (the figures carry the lesson: a student compares them with the text) and 15 minutes on
+each exercise (the top of the 10-15 a short coding or predicting exercise takes). The sum is
+rounded to the nearest 5 minutes.
+
+Calibrated against two students' readings of notebooks 00-05 (session 13, helpers reading every
+sentence, figure and exercise): they took 60-130 minutes a notebook. Prose, cells and 12-minute
+exercises alone predicted 15-30 % less than that for every notebook; with a minute per figure and
+15-minute exercises the prediction is within 10 % for 00-03 and 5, and 14 % under for 04 (its memory
+tables). Re-read a notebook as a student and compare before changing these constants.
 
 Usage: python scripts/readme_times.py           print each notebook's load and time beside the README's
        python scripts/readme_times.py --write   rewrite the time column of README.md's table from the
@@ -23,7 +30,8 @@ from prose_stats import nb_stats  # noqa: E402  (the script's own folder, whethe
 ROOT = Path(__file__).resolve().parents[1]
 WORDS_PER_MINUTE = 150
 MINUTES_PER_CODE_CELL = 1
-MINUTES_PER_EXERCISE = 12
+MINUTES_PER_FIGURE = 1
+MINUTES_PER_EXERCISE = 15
 # a table row of the README's course table: | [NN · title](notebooks/NN_x.ipynb) | ... | 45 min | ... |
 ROW = re.compile(r"^\| \[(?P<nn>\d\d) [^|]*\]\((?P<path>notebooks/\d\d_[\w]+\.ipynb)\) \|")
 TIME = re.compile(r"^(\d+) min$|^(\d+) h(?: (\d+))?$")
@@ -56,10 +64,18 @@ def load(path: Path) -> dict:
     md = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
     st = nb_stats(str(path))
     n_ex = exercises(md)
+    n_fig = figures(nb)
     raw = (st["prose_words"] / WORDS_PER_MINUTE + st["code_cells"] * MINUTES_PER_CODE_CELL
-           + n_ex * MINUTES_PER_EXERCISE)
-    return dict(prose_words=st["prose_words"], code_cells=st["code_cells"], exercises=n_ex,
-                raw_minutes=raw, minutes=5 * round(raw / 5))
+           + n_fig * MINUTES_PER_FIGURE + n_ex * MINUTES_PER_EXERCISE)
+    return dict(prose_words=st["prose_words"], code_cells=st["code_cells"], figures=n_fig,
+                exercises=n_ex, raw_minutes=raw, minutes=5 * round(raw / 5))
+
+
+def figures(nb: dict) -> int:
+    """Figures the saved notebook shows: PNG outputs of its code cells (an explorer's live figure is
+    not saved as one, and is counted with its cell)."""
+    return sum("image/png" in o.get("data", {})
+               for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", []))
 
 
 def fmt(minutes: int) -> str:
@@ -149,11 +165,11 @@ def main(argv: list[str]) -> int:
         zh_path = ROOT / "README.zh.md"
         zh_path.write_text(rewrite_zh(zh_path.read_text(encoding="utf-8"), readme), encoding="utf-8")
     given = readme_times(readme)
-    print(f"{'notebook':<32} {'words':>6} {'code':>5} {'ex':>3} {'load':>7} {'time':>7} {'README':>7}")
+    print(f"{'notebook':<32} {'words':>6} {'code':>5} {'figs':>5} {'ex':>3} {'load':>7} {'time':>7} {'README':>7}")
     for path in sorted(ROOT.glob("notebooks/[0-9][0-9]_*.ipynb")):
         rel = str(path.relative_to(ROOT))
         ld = load(path)
-        print(f"{path.name:<32} {ld['prose_words']:>6} {ld['code_cells']:>5} {ld['exercises']:>3} "
+        print(f"{path.name:<32} {ld['prose_words']:>6} {ld['code_cells']:>5} {ld['figures']:>5} {ld['exercises']:>3} "
               f"{ld['raw_minutes']:>7.1f} {fmt(ld['minutes']):>7} {fmt(given[rel]) if rel in given else '-':>7}")
     return 0
 

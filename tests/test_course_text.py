@@ -9,8 +9,8 @@ Per notebook (markdown prose, measured by scripts/prose_stats.py, the project's 
       hidden that way is in plain sight; solutions go in a markdown ``<details>`` fold).
 (a)-(d) hold for every notebook of the course, a new one included.
   (e) README.md's course table gives every notebook a time within 5 minutes of its reading load
-      (scripts/readme_times.py: prose words at 150 a minute, a minute a code cell, 12 minutes an
-      exercise). ``python scripts/readme_times.py --write`` regenerates the column.
+      (scripts/readme_times.py: prose words at 150 a minute, a minute a code cell, a minute a
+      figure, 15 minutes an exercise). ``python scripts/readme_times.py --write`` regenerates the column.
 Each check ships with a deliberately bad input it must reject.
 """
 from __future__ import annotations
@@ -205,7 +205,7 @@ def _time_problems(readme: str) -> list[str]:
         if abs(given[rel] - load["raw_minutes"]) > 5:
             found.append(f"{rel}: the README says {given[rel]} min, its reading load is "
                          f"{load['raw_minutes']:.0f} min ({load['prose_words']} words, {load['code_cells']} "
-                         f"code cells, {load['exercises']} exercises): run python scripts/readme_times.py --write")
+                         f"code cells, {load['figures']} figures, {load['exercises']} exercises): run python scripts/readme_times.py --write")
     return found
 
 
