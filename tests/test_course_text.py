@@ -205,7 +205,8 @@ def _time_problems(readme: str) -> list[str]:
         if abs(given[rel] - load["raw_minutes"]) > 5:
             found.append(f"{rel}: the README says {given[rel]} min, its reading load is "
                          f"{load['raw_minutes']:.0f} min ({load['prose_words']} words, {load['code_cells']} "
-                         f"code cells, {load['figures']} figures, {load['exercises']} exercises): run python scripts/readme_times.py --write")
+                         f"code cells, {load['figures']} figures, {load['exercises']} exercises): "
+                         f"run python scripts/readme_times.py --write")
     return found
 
 
