@@ -271,3 +271,22 @@ def test_an_interrupt_while_the_call_is_being_sent_stops_every_rank(monkeypatch)
     monkeypatch.undo()
     assert wait_dead(pids), "a rank was left waiting in the barrier"
     assert run(lambda: 5, world_size=2) == [5, 5]
+
+
+def test_timeout_message_gives_the_advice_that_fits_the_waiting_op():
+    """A collective's advice (a rank skipped it) for collectives; a send/recv's (both ranks send
+    first) for point-to-point waits; both when both wait. Never the collective advice for send."""
+    from mtb_helpers.runtime.errors import WaitPoint, timeout_message
+
+    def at(op):
+        return WaitPoint(op, "<notebook cell>", 3, "fn", "src")
+    collective = "A collective waits until every rank of the group calls it"
+    p2p = "A blocking send waits until its peer posts the matching recv"
+    both_send = timeout_message(2.0, [], {0: at("send"), 1: at("send")})
+    assert p2p in both_send and collective not in both_send
+    skipped = timeout_message(2.0, [1], {0: at("all_reduce")})
+    assert collective in skipped and p2p not in skipped
+    mixed = timeout_message(2.0, [], {0: at("recv"), 1: at("all_gather")})
+    assert collective in mixed and p2p in mixed
+    unknown = timeout_message(2.0, [], {0: None})
+    assert collective not in unknown and p2p not in unknown

@@ -15,10 +15,10 @@ __all__ = ["BUGS", "GRID_BUGS", "sync_in_tp_group", "sync_nothing", "sync_sum"]
 
 def sync_in_tp_group(params: dict, groups: GridGroups) -> list[int]:
     """grid-dp-allreduce-in-tp-group."""
-    for p in params.values():
-        total = issue("all_reduce", p.grad, region=DP_REGION, direction="backward",
+    for param in params.values():
+        total = issue("all_reduce", param.grad, region=DP_REGION, direction="backward",
                       group=groups.tp_group)   # BUG: sums the other shards, not the other replicas
-        p.grad.copy_(total / len(groups.tp_ranks))
+        param.grad.copy_(total / len(groups.tp_ranks))
     return groups.tp_ranks
 
 
@@ -29,10 +29,10 @@ def sync_nothing(params: dict, groups: GridGroups) -> list[int]:
 
 def sync_sum(params: dict, groups: GridGroups) -> list[int]:
     """grid-dp-sum-not-average."""
-    for p in params.values():
-        total = issue("all_reduce", p.grad, region=DP_REGION, direction="backward",
+    for param in params.values():
+        total = issue("all_reduce", param.grad, region=DP_REGION, direction="backward",
                       group=groups.dp_group)
-        p.grad.copy_(total)   # BUG: the sum of dp means, dp times the gradient of the batch
+        param.grad.copy_(total)   # BUG: the sum of dp means, dp times the gradient of the batch
     return groups.dp_ranks
 
 

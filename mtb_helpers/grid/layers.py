@@ -99,11 +99,11 @@ def average_gradients(params: dict[str, nn.Parameter], groups: GridGroups) -> li
     """DP: all-reduce each local grad shard over this rank's **data-parallel** group and divide by
     its size, so every replica ends with the gradient of the whole batch. Returns the ranks of the
     group used (for the record). One all-reduce per parameter shard, in ``PARAMS`` order."""
-    for name, p in params.items():
+    for name, param in params.items():
         # this replica's grad shard -> all-reduce over the dp group -> the sum of dp replicas' shards
-        total = issue("all_reduce", p.grad, region=DP_REGION, direction="backward",
+        total = issue("all_reduce", param.grad, region=DP_REGION, direction="backward",
                       group=groups.dp_group)
-        p.grad.copy_(total / len(groups.dp_ranks))
+        param.grad.copy_(total / len(groups.dp_ranks))
     return groups.dp_ranks
 
 
@@ -142,8 +142,8 @@ def grid_step_on_rank(fc1: nn.Linear, fc2: nn.Linear, x: torch.Tensor, target: t
             n_tp_events = len(rec)
             sync_ranks = sync(params, groups)          # DP: gradient all-reduce (average)
         with torch.no_grad():
-            for p in params.values():
-                p -= lr * p.grad
+            for param in params.values():
+                param -= lr * param.grad
         event_groups = [groups.tp_ranks] * n_tp_events + [sync_ranks] * (len(rec) - n_tp_events)
         return {"tp_index": groups.tp_index, "dp_index": groups.dp_index,
                 "tp_ranks": groups.tp_ranks, "dp_ranks": groups.dp_ranks,

@@ -255,6 +255,9 @@ def _size(path: str) -> int:
         return 0
 
 
+POINT_TO_POINT = {"send", "recv", "isend", "irecv"}   # not collectives: one peer, not the group
+
+
 def timeout_message(timeout: float, finished: list[int],
                     waiting: dict[int, WaitPoint | None]) -> str:
     lines = [f"ranks stopped answering: no result within timeout={timeout:g} s.",
@@ -262,9 +265,14 @@ def timeout_message(timeout: float, finished: list[int],
     for rank, point in sorted(waiting.items()):
         lines.append(f"  rank {rank} waits {point}" if point else
                      f"  rank {rank}: could not report where it waits")
-    if any(p and p.collective for p in waiting.values()):
+    ops = {p.collective for p in waiting.values() if p and p.collective}
+    if ops - POINT_TO_POINT:
         lines.append("A collective waits until every rank of the group calls it: look for a rank "
                      "that skipped it, called a different one, or used a different shape.")
+    if ops & POINT_TO_POINT:
+        lines.append("A blocking send waits until its peer posts the matching recv (and a recv "
+                     "until its peer sends): look for two ranks that both send, or both receive, "
+                     "first.")
     lines.append("The rank pool was stopped; the next run() starts a fresh one.")
     return "\n".join(lines)
 
