@@ -174,3 +174,24 @@ def test_figures_draw_the_trace_with_titles_legends_and_red_failures():
     with pytest.raises(ValueError, match="no step"):
         plot_step(report, "no such step")
     plt.close("all")
+
+
+def test_mlp_trace_numbers_the_backward_in_the_order_autograd_runs_it():
+    # fc1's weight and bias grads come out of fc1's own backward node; f's all-reduce of dX runs
+    # after it, the very last op. The trace numbers them so (notebook 03 reads the numbers).
+    from torch import nn
+
+    from mtb_helpers.tp import ParallelMLP
+
+    names = [s.name for s in check_tp_mlp(world_size=2).steps]
+    backward = names[names.index("activation grad"):]
+    assert backward == ["activation grad", "fc2 weight grad", "fc2 bias grad", "local input grad",
+                        "fc1 weight grad", "fc1 bias grad", "all-reduce dX (f backward)"]
+    order = []
+    mlp = ParallelMLP.from_full(nn.Linear(4, 8), nn.Linear(8, 4))   # one process: f is the identity
+    x = torch.randn(3, 4, requires_grad=True)
+    for name, tensor in (("fc1 weight grad", mlp.fc1.weight), ("fc1 bias grad", mlp.fc1.bias),
+                         ("dX", x)):
+        tensor.register_hook(lambda grad, name=name: order.append(name))
+    mlp(x).sum().backward()
+    assert order[-1] == "dX" and set(order) == {"fc1 weight grad", "fc1 bias grad", "dX"}

@@ -186,6 +186,8 @@ def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
     batch = _sizes(batch_shape, hidden=hidden, ffn_hidden=ffn_hidden)
     check_divisible("ffn_hidden", ffn_hidden, t)
     (fc1, fc2), x, dy = draw_inputs(seed, batch, dtype, (hidden, ffn_hidden), (ffn_hidden, hidden))
+    # fc1's backward gives dX_r, dW1_r and db1_r at once; f's all-reduce of dX runs after it, last
+    dx_partial, dx_sum = f_backward_steps("dX_r = dH_r @ W1_r.T")
     specs = [
         S("fc1.weight", "shard W1 by columns", "forward", "W1", "W1_r = W1[:, cols r]", Shard(-1),
           ("param", "fc1.weight")),
@@ -208,11 +210,12 @@ def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
           ("grad", "fc2.weight")),
         S("fc2.bias_grad", "fc2 bias grad", "backward", "db2", "db2 = dY summed over rows",
           Replicate(), ("grad", "fc2.bias")),
-        *f_backward_steps("dX_r = dH_r @ W1_r.T"),
+        dx_partial,
         S("fc1.weight_grad", "fc1 weight grad", "backward", "dW1", "dW1_r = X.T @ dH_r", Shard(-1),
           ("grad", "fc1.weight")),
         S("fc1.bias_grad", "fc1 bias grad", "backward", "db1", "db1_r = dH_r summed over rows",
           Shard(-1), ("grad", "fc1.bias")),
+        dx_sum,
     ]
     quantities = [(k, k) for k in ("output", "input_grad", "fc1.weight_grad", "fc1.bias_grad",
                                    "fc2.weight_grad", "fc2.bias_grad")]
