@@ -57,7 +57,7 @@ class _GatherReversed(_GatherFromModelParallelRegion):
         ctx.group = group
         x = x.contiguous()
         parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, x, group=group)   # [.., n/t] from every rank, in rank order
+        dist.all_gather(parts, x, group=group)   # [.., out/t] from every rank, in rank order
         return torch.cat(parts[::-1], dim=-1)    # BUG: concatenated in reverse rank order
 
 
