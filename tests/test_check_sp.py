@@ -78,7 +78,7 @@ def test_trace_follows_the_sequence_shards_through_the_block():
     assert partial.layout == "Partial()" and all(h.partial for h in partial.holdings)
     scattered = by_name["reduce-scatter along the sequence"]
     assert scattered.collective["op"] == "reduce_scatter" and scattered.holdings[2].rows == (8, 12)
-    grad = by_name["all-reduce dγ"]
+    grad = by_name["all-reduce d(ln.weight)"]
     assert grad.collective["operator"] == "ln.weight" and grad.collective["direction"] == "backward"
     names = [s.name for s in report.steps]
     assert names.index("all-gather along the sequence") < names.index("fc1 local matmul")
@@ -162,7 +162,7 @@ def test_explorer_summary_and_controls():
     assert "saved for backward per rank: TP only" in text and "collectives on rank 0" in text
     widget = explore_sequence_parallel(world_size=2, seq_len=8)
     controls = {c.description: c for row in widget.children[:-1] for c in row.children}
-    assert set(controls) == {"world size t", "sequence length s", "dropout p", "bug", "show"}
+    assert set(controls) == {"world size t", "sequence length s", "dropout_p", "bug", "show"}
     assert controls["bug"].options == ("none", *SP_BUGS)
     assert list(controls["show"].options) == list(VIEWS)
 

@@ -245,6 +245,20 @@ def test_gantt_draws_one_box_per_op_hatches_idle_and_titles_the_bubble():
     plt.close(fig)
 
 
+def test_interleaved_rows_name_ranks_not_stages():
+    from mtb_helpers.pp.plots import plot_gantt
+    # rank r of an interleaved schedule holds virtual stages r, p + r, ...: a row labelled
+    # "stage r" would contradict the chunk labels c0, c1 in it
+    ops = schedule("interleaved", 4, 8, chunks=2)
+    assert [line.split(":")[0] for line in ops.table().splitlines()] == [f"rank {r}" for r in range(4)]
+    assert schedule("1f1b", 4, 8).table().startswith("stage 0: F0")
+    fig = plot_gantt(simulate(ops), "interleaved")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [f"rank {r}" for r in (3, 2, 1, 0)]
+    assert ax.get_ylabel().startswith("rank")
+    plt.close(fig)
+
+
 def test_bubble_and_memory_figures_plot_the_simulated_numbers():
     from mtb_helpers.pp.plots import plot_bubble_vs_microbatches, plot_peak_memory
     fig = plot_bubble_vs_microbatches(stage_counts=(2, 4), max_microbatches=6)

@@ -278,3 +278,16 @@ def test_activation_model_is_korthikantis_mlp_and_layernorm_terms():
     assert activation_model("sp", s, b, h, 4 * h, 4, 2, dropout=False)["dropout mask"] == 0
     with pytest.raises(ValueError, match="unknown variant"):
         activation_model("zero", s, b, h, h, 1, 2)
+
+
+def test_dropout_mask_figure_names_the_probability_dropout_p():
+    # the course's p is a number of ranks; the dropout probability is always dropout_p
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from mtb_helpers.sp.plots import plot_dropout_masks
+    fig = plot_dropout_masks(seq_len=4, batch=1, hidden=2, dropout_p=0.5, seed=1, world_size=2)
+    assert "dropout_p = 0.5" in fig._suptitle.get_text()
+    white = [a for ax in fig.axes[:2] for a in ax.patches if a.get_facecolor()[:3] == (1.0, 1.0, 1.0)]
+    assert 0 < len(white) < 2 * 4 * 2   # some dropped, not all
+    plt.close(fig)

@@ -73,3 +73,15 @@ def test_a_prediction_with_message_times_says_so_in_its_title():
     assert "message" not in plain.axes[0].get_title()
     plt.close(fig)
     plt.close(plain)
+
+
+def test_measured_rows_are_named_as_the_simulated_ones():
+    # interleaved: a row is a rank holding several virtual stages, on both charts
+    for name, chunks, row in (("1f1b", None, "stage"), ("interleaved", 2, "rank")):
+        measured, simulated = _timelines(name, 1.05, chunks)
+        fig = plot_measured_vs_simulated(measured, simulated, name)
+        top, bottom = fig.axes[0], fig.axes[1]
+        for ax in (top, bottom):
+            assert [t.get_text() for t in ax.get_yticklabels()] == [f"{row} {r}" for r in (3, 2, 1, 0)]
+        assert bottom.get_ylabel() == top.get_ylabel() and bottom.get_ylabel().startswith(row)
+        plt.close(fig)

@@ -107,9 +107,10 @@ def _build(new_figure, data: tuple):
         # idle unless an op covers it: the measured boxes are drawn over this hatching
         bottom.add_patch(Rectangle((0, p - 1 - r - 0.4), _end(lo, hi), 0.8, facecolor=EMPTY_COLOR,
                                    edgecolor="#999999", hatch=IDLE_HATCH, linewidth=0.0))
-    bottom.set_yticks(range(p), [f"stage {r}" for r in reversed(range(p))])
+    row = "rank" if v > 1 else "stage"           # as the simulated chart above names its rows
+    bottom.set_yticks(range(p), [f"{row} {r}" for r in reversed(range(p))])
     bottom.set_ylim(-0.6, p - 0.4)
-    bottom.set_ylabel("stage (= rank)")
+    bottom.set_ylabel(top.get_ylabel())
     bottom.set_xlabel(f"time ({unit} for the simulation, seconds on the ranks' clock)" + (
         f"\nsame time axis as whole stages: each box is one chunk of 1/{v} stage, so it lasts "
         f"F/{v} or B/{v}" if v > 1 else ""))

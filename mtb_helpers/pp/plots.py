@@ -91,11 +91,13 @@ def plot_gantt(timeline: Timeline, name: str | None = None, ax: plt.Axes | None 
                         linespacing=1.0)
     ax.set_xlim(-band * 2, span * 1.01)
     ax.set_ylim(-0.6, p - 0.4)
-    ax.set_yticks(range(p), [f"stage {r}" for r in reversed(range(p))])
+    # interleaved: rank r holds virtual stages r, p + r, ..., so its row is a rank, not a stage
+    row = "rank" if chunks > 1 else "stage"
+    ax.set_yticks(range(p), [f"{row} {r}" for r in reversed(range(p))])
     forward = next((e.end - e.start) * chunks for e in timeline.events[0] if e.op.kind == "F")
     ax.set_xlabel("time (units of one forward F)" if abs(forward - 1.0) < 1e-12
                   else f"time (one forward F = {forward:g})")
-    ax.set_ylabel("stage (= rank)")
+    ax.set_ylabel("rank (chunk c = virtual stage c·p + r)" if chunks > 1 else "stage (= rank)")
     ax.set_title(f"{_description(timeline, name)}\nmakespan {span:g}, bubble "
                  f"{timeline.bubble_fraction:.1%} of p x makespan (hatched = idle)")
     handles = _gantt_handles(timeline)
@@ -115,7 +117,7 @@ def plot_gantt(timeline: Timeline, name: str | None = None, ax: plt.Axes | None 
 def plot_bubble_vs_microbatches(stage_counts: Sequence[int] = (2, 4, 8), max_microbatches: int = 32,
                                 name: str = "1f1b", chunks: int | None = None,
                                 forward: float = 1.0, backward: float = 2.0) -> Figure:
-    """Simulated bubble fraction (dots) over m = 1..max against the closed form (lines).
+    """Simulated bubble fraction (dots) over m = 1..max against the formula (lines).
 
     One colour per stage count (a sequential colormap: these are pipeline depths, not ranks).
     For interleaved only multiples of p are possible micro-batch counts.
@@ -130,12 +132,12 @@ def plot_bubble_vs_microbatches(stage_counts: Sequence[int] = (2, 4, 8), max_mic
         v = 1 if chunks is None else chunks
         v = 2 if name == "interleaved" and chunks is None else v
         ref = [closed_form(name, p, m, v, forward, backward)["bubble_fraction"] for m in ms]
-        ax.plot(ms, ref, color=color, linewidth=1.5, label=f"p={p} closed form")
+        ax.plot(ms, ref, color=color, linewidth=1.5, label=f"p={p} formula")
         ax.plot(ms, sim, "o", color=color, markersize=4, label=f"p={p} simulated")
     ax.set_xlabel("micro-batches m")
     ax.set_ylabel("bubble fraction = idle / (p x makespan)")
     ax.set_ylim(0, 1)
-    ax.set_title(f"{name}: simulated bubble (dots) against the closed form (lines)\n"
+    ax.set_title(f"{name}: simulated bubble (dots) against the formula (lines)\n"
                  f"backward = {backward / forward:g} x forward")
     ax.grid(alpha=0.3)
     ax.legend(ncol=2, fontsize=8)

@@ -67,9 +67,11 @@ class Schedule(list):
         self.chunks = chunks
 
     def table(self) -> str:
-        """One line per stage: ``stage r: F0 F1 B0 ...`` (chunk shown for interleaved)."""
+        """One line per stage: ``stage r: F0 F1 B0 ...``; interleaved: ``rank r: F0c0 ...`` (a rank
+        holds several virtual stages, so its line names the rank and each op its chunk)."""
         wide = self.chunks > 1
-        return "\n".join(f"stage {r}: " + " ".join(op.label(wide) for op in ops)
+        row = "rank" if wide else "stage"
+        return "\n".join(f"{row} {r}: " + " ".join(op.label(wide) for op in ops)
                          for r, ops in enumerate(self))
 
 

@@ -44,9 +44,9 @@ class RowAllReduceThenSlice(SequenceParallelRowLinear):
         # values are right, but the transpose of "slice" pads with zeros and g's backward is the
         # identity: no all-gather of dY_fc2, so every grad before this point misses the other shards.
         full = reduce_from_tensor_model_parallel_region(F.linear(x, self.weight), self.group)
-        n = full.shape[0] // group_size(self.group)
+        rows = full.shape[0] // group_size(self.group)
         r = group_rank(self.group)
-        y = full[r * n:(r + 1) * n]
+        y = full[r * rows:(r + 1) * rows]
         return y + allreduce_sequence_parallel_grad(self.bias, "fc2.bias", self.group)
 
 

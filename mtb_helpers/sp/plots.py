@@ -161,7 +161,7 @@ def sequence_layout_png(report, phase: str = "forward", width: float = 10.0) -> 
     return LIVE_LAYOUT.png(_layout_data(report, phase, width))
 
 
-def plot_dropout_masks(seq_len: int = 8, batch: int = 2, hidden: int = 4, p: float = 0.3,
+def plot_dropout_masks(seq_len: int = 8, batch: int = 2, hidden: int = 4, dropout_p: float = 0.3,
                        seed: int = 0, world_size: int = 2) -> Figure:
     """The dropout mask of ``[s, b, h]`` as rank ``r`` sees it (rows = sequence positions, columns
     = the ``b * h`` elements of a position): keyed by global position (one mask, cut into shards)
@@ -169,9 +169,9 @@ def plot_dropout_masks(seq_len: int = 8, batch: int = 2, hidden: int = 4, p: flo
     elements are in the colour of the rank holding that row, dropped ones white."""
     n = seq_len // world_size
     masks = {"keyed by global position (correct):\none mask, each rank holds its rows":
-             keep_mask((seq_len, batch, hidden), p, seed),
+             keep_mask((seq_len, batch, hidden), dropout_p, seed),
              "keyed by local position (bug):\nevery shard repeats rank 0's mask":
-             torch.cat([keep_mask((n, batch, hidden), p, seed) for _ in range(world_size)])}
+             torch.cat([keep_mask((n, batch, hidden), dropout_p, seed) for _ in range(world_size)])}
     fig, axes = plt.subplots(1, 2, figsize=(10, 1.6 + 0.32 * seq_len))
     for ax, (title, mask) in zip(axes, masks.items()):
         flat = mask.reshape(seq_len, -1)
@@ -189,7 +189,7 @@ def plot_dropout_masks(seq_len: int = 8, batch: int = 2, hidden: int = 4, p: flo
         ax.set_xlabel(f"the b x h = {batch} x {hidden} elements of each position")
         ax.set_ylabel("sequence position")
         ax.set_title(title, fontsize=10)
-    fig.suptitle(f"Dropout mask, p = {p}, seed {seed}, {world_size} ranks", fontsize=11)
+    fig.suptitle(f"Dropout mask, dropout_p = {dropout_p}, seed {seed}, {world_size} ranks", fontsize=11)
     fig.legend(handles=[*rank_legend_handles(world_size),
                         Patch(facecolor="white", edgecolor="#BBBBBB", label="dropped")],
                loc="lower center", ncol=world_size + 1, fontsize=8, frameon=False)
@@ -267,9 +267,9 @@ def plot_communication(figures: list[dict], ax: Axes | None = None) -> Figure:
     ax.set_title("Bytes on the wire per forward + backward: TP's all-reduces vs SP's "
                  "all-gathers + reduce-scatters", fontsize=10)
     handles = [Patch(facecolor=colors["tp"], edgecolor="black", label="TP only: 2 all-reduces"),
-               Patch(facecolor=colors["sp"], edgecolor="black", label="TP + SP: 2 AG + 2 RS"),
+               Patch(facecolor=colors["sp"], edgecolor="black", label="TP + SP: 2 all-gathers + 2 reduce-scatters"),
                Patch(facecolor=colors["sp_regather"], edgecolor="black",
-                     label="SP+: one more AG (re-gather)"),
+                     label="SP+: one more all-gather (re-gather)"),
                Patch(facecolor="white", edgecolor="black", hatch="///",
                      label="SP: LayerNorm / bias grad all-reduces")]
     ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))

@@ -42,7 +42,7 @@ def explore_sequence_parallel(world_size: int = 2, seq_len: int = 8, dropout_p: 
     length = widgets.IntSlider(value=seq_len, min=1, max=16, description="sequence length s",
                                **slider)
     dropout = widgets.FloatSlider(value=dropout_p, min=0.0, max=0.5, step=0.05,
-                                  description="dropout p", **slider)
+                                  description="dropout_p", **slider)
     broken = widgets.Dropdown(options=["none", *SP_BUGS], value=bug or "none", description="bug")
     view = widgets.Dropdown(options=list(VIEWS), value=VIEWS[0], description="show")
 
