@@ -1,22 +1,22 @@
 """One rank of the pipeline: its model chunks, its activation stash and the ops F, B, I, W.
 
-Rank r of p holds the pieces of virtual stages ``s = c*p + r`` for chunks c = 0..v-1 (Megatron's
-interleaved layout; v = 1 is one piece per rank). Notation: micro-batch ``x_k`` is ``[b/m, h]``,
-piece s maps ``[b/m, h] -> [b/m, h]``; the last virtual stage ends with the loss.
+Rank r of p holds the pieces of virtual stages ``vs = c*p + r`` for chunks c = 0..v-1 (Megatron's
+interleaved layout; v = 1 is one piece per rank). Notation: micro-batch ``x_i`` is ``[b/m, h]``,
+piece vs maps ``[b/m, h] -> [b/m, h]``; the last virtual stage ends with the loss.
 
-    F(k, c)  receive x_k from stage s-1 (or take the batch's slice on s = 0), run the piece,
-             stash what backward needs, send y_k to stage s+1 (or compute loss_k / m on the last)
-    B(k, c)  receive dy_k from stage s+1, backward through the stash, send dx_k to stage s-1
-    I(k, c)  ZB-H1: the input grad only, dx_k = torch.autograd.grad(y_k, x_k, dy_k); sent at once
-    W(k, c)  ZB-H1: the weight grads, deferred, torch.autograd.grad(y_k, params, dy_k); frees the
+    F(i, c)  receive x_i from stage vs-1 (or take the batch's slice on vs = 0), run the piece,
+             stash what backward needs, send y_i to stage vs+1 (or compute loss_i / m on the last)
+    B(i, c)  receive dy_i from stage vs+1, backward through the stash, send dx_i to stage vs-1
+    I(i, c)  ZB-H1: the input grad only, dx_i = torch.autograd.grad(y_i, x_i, dy_i); sent at once
+    W(i, c)  ZB-H1: the weight grads, deferred, torch.autograd.grad(y_i, params, dy_i); frees the
              stash
 
-With ``recompute=True`` F runs under ``no_grad`` and stashes only x_k; B (or I) re-runs the piece
+With ``recompute=True`` F runs under ``no_grad`` and stashes only x_i; B (or I) re-runs the piece
 forward with grad enabled first (activation checkpointing). The bytes a micro-batch adds to a stage
 are measured with ``torch.autograd.graph.saved_tensors_hooks``: every tensor autograd saves, by
 the bytes that tensor itself spans (a ``chunk`` view of the batch counts its rows, not the batch),
 bytes shared by several saved tensors once, the piece's parameters not at all (they are held
-whatever the schedule). Recompute's stashed x_k is counted by the same rule (``held_bytes``).
+whatever the schedule). Recompute's stashed x_i is counted by the same rule (``held_bytes``).
 """
 from __future__ import annotations
 
@@ -36,10 +36,10 @@ __all__ = ["RankStage", "Stash", "held_bytes"]
 @dataclass
 class Stash:
     """What one micro-batch leaves on a stage between its F and its B (or W)."""
-    inp: torch.Tensor                 # x_k [b/m, h], requires grad unless s == 0
-    out: torch.Tensor | None          # y_k (or loss_k / m on the last stage); None when recomputed
-    nbytes: int                       # bytes held for this micro-batch (saved tensors or x_k)
-    grad: torch.Tensor | None = None  # dy_k, kept from I to W (zb-h1)
+    inp: torch.Tensor                 # x_i [b/m, h], requires grad unless vs == 0
+    out: torch.Tensor | None          # y_i (or loss_i / m on the last stage); None when recomputed
+    nbytes: int                       # bytes held for this micro-batch (saved tensors or x_i)
+    grad: torch.Tensor | None = None  # dy_i, kept from I to W (zb-h1)
 
 
 @dataclass
@@ -80,60 +80,60 @@ class RankStage:
 
     # ---- the four ops ----------------------------------------------------------------------
 
-    def forward(self, k: int, c: int) -> None:
-        s = self.virtual(c)
-        inp = self.x[k] if s == 0 else self.receive_activation(k, s)
+    def forward(self, i: int, c: int) -> None:
+        vs = self.virtual(c)
+        inp = self.x[i] if vs == 0 else self.receive_activation(i, vs)
         if self.recompute:
             with torch.no_grad():
-                out = self.apply(c, k, inp)   # nothing saved for backward: it re-runs this
+                out = self.apply(c, i, inp)   # nothing saved for backward: it re-runs this
             nbytes = held_bytes([inp]) if self.count_saved else 0
         else:
-            out, nbytes = self.run_piece(c, k, inp)
+            out, nbytes = self.run_piece(c, i, inp)
         self.computed()
-        if s == self.last:
-            self.losses[k] = float(out.detach())     # loss_k / m, summed over k by the owner
+        if vs == self.last:
+            self.losses[i] = float(out.detach())     # loss_i / m, summed over i by the owner
         else:
-            self.p2p.send(out, Message(ACTIVATION, s, k, self.rank, self.owner(s + 1)))
-        self.push(k, c, Stash(inp, None if self.recompute else out, nbytes))
+            self.p2p.send(out, Message(ACTIVATION, vs, i, self.rank, self.owner(vs + 1)))
+        self.push(i, c, Stash(inp, None if self.recompute else out, nbytes))
 
-    def backward(self, k: int, c: int) -> None:
-        st = self.stash.pop(self.stashed(k, c))
+    def backward(self, i: int, c: int) -> None:
+        st = self.stash.pop(self.stashed(i, c))
         self.release(st)
-        out, grad = self.output_and_grad(st, k, c)
-        # loss_k / m (or y_k with dy_k) -> backward -> x.grad [b/m, h] and dW accumulated in .grad
+        out, grad = self.output_and_grad(st, i, c)
+        # loss_i / m (or y_i with dy_i) -> backward -> x.grad [b/m, h] and dW accumulated in .grad
         torch.autograd.backward(out, grad)
         self.computed()
         if self.virtual(c) > 0:
-            self.send_input_grad(st.inp.grad, k, c)
+            self.send_input_grad(st.inp.grad, i, c)
 
-    def input_grad(self, k: int, c: int) -> None:
-        st = self.stash[self.stashed(k, c)]
-        out, st.grad = self.output_and_grad(st, k, c)
+    def input_grad(self, i: int, c: int) -> None:
+        st = self.stash[self.stashed(i, c)]
+        out, st.grad = self.output_and_grad(st, i, c)
         st.out = out
         if self.virtual(c) > 0:
-            # y_k, dy_k -> autograd.grad wrt x_k only -> dx_k [b/m, h]; the graph stays for W
+            # y_i, dy_i -> autograd.grad wrt x_i only -> dx_i [b/m, h]; the graph stays for W
             (dx,) = torch.autograd.grad(out, st.inp, st.grad, retain_graph=True)
             self.computed()
-            self.send_input_grad(dx, k, c)
+            self.send_input_grad(dx, i, c)
 
-    def weight_grad(self, k: int, c: int) -> None:
-        st = self.stash.pop(self.stashed(k, c))
+    def weight_grad(self, i: int, c: int) -> None:
+        st = self.stash.pop(self.stashed(i, c))
         self.release(st)
         params = [p for p in self.pieces[c].parameters() if p.requires_grad]
-        # y_k, dy_k -> autograd.grad wrt this piece's parameters -> dW, accumulated like .backward
+        # y_i, dy_i -> autograd.grad wrt this piece's parameters -> dW, accumulated like .backward
         grads = torch.autograd.grad(st.out, params, st.grad)
         for p, g in zip(params, grads):
             p.grad = g if p.grad is None else p.grad + g
 
     def receives(self, op) -> list[tuple[torch.Size, torch.dtype, Message]]:
-        """What ``op`` (an ``Op``) receives: F the activation from virtual stage s-1 (none on
-        stage 0), B or I the output grad from s+1 (none on the last stage, whose grad is the
+        """What ``op`` (an ``Op``) receives: F the activation from virtual stage vs-1 (none on
+        stage 0), B or I the output grad from vs+1 (none on the last stage, whose grad is the
         loss's); as (shape, dtype, message), the arguments of ``P2P.recv``."""
-        s, k = self.virtual(op.chunk), op.microbatch
-        if op.kind == "F" and s > 0:
-            return [(*self.inputs[s], Message(ACTIVATION, s - 1, k, self.owner(s - 1), self.rank))]
-        if op.kind in "BI" and s < self.last:
-            return [(*self.inputs[s + 1], Message(GRAD, s + 1, k, self.owner(s + 1), self.rank))]
+        vs, i = self.virtual(op.chunk), op.microbatch
+        if op.kind == "F" and vs > 0:
+            return [(*self.inputs[vs], Message(ACTIVATION, vs - 1, i, self.owner(vs - 1), self.rank))]
+        if op.kind in "BI" and vs < self.last:
+            return [(*self.inputs[vs + 1], Message(GRAD, vs + 1, i, self.owner(vs + 1), self.rank))]
         return []
 
     def computed(self) -> None:
@@ -145,31 +145,31 @@ class RankStage:
     # ---- the pieces a deliberate bug overrides -------------------------------------------------
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        """loss_k / m: the sum over the m micro-batches is then the whole batch's mean."""
+        """loss_i / m: the sum over the m micro-batches is then the whole batch's mean."""
         return loss / self.microbatches
 
-    def stashed(self, k: int, c: int) -> tuple[int, int]:
-        """The stash entry micro-batch k's backward on chunk c uses: its own."""
-        return (k, c)
+    def stashed(self, i: int, c: int) -> tuple[int, int]:
+        """The stash entry micro-batch i's backward on chunk c uses: its own."""
+        return (i, c)
 
-    def send_input_grad(self, dx: torch.Tensor, k: int, c: int) -> None:
-        """dx_k [b/m, h] -> send -> the rank of virtual stage s-1."""
-        s = self.virtual(c)
-        self.p2p.send(dx, Message(GRAD, s, k, self.rank, self.owner(s - 1)))
+    def send_input_grad(self, dx: torch.Tensor, i: int, c: int) -> None:
+        """dx_i [b/m, h] -> send -> the rank of virtual stage vs-1."""
+        vs = self.virtual(c)
+        self.p2p.send(dx, Message(GRAD, vs, i, self.rank, self.owner(vs - 1)))
 
-    def receive_activation(self, k: int, s: int) -> torch.Tensor:
-        """x_k from virtual stage s-1, as a leaf that collects its input grad."""
-        x = self.p2p.recv(*self.inputs[s], Message(ACTIVATION, s - 1, k, self.owner(s - 1), self.rank))
+    def receive_activation(self, i: int, vs: int) -> torch.Tensor:
+        """x_i from virtual stage vs-1, as a leaf that collects its input grad."""
+        x = self.p2p.recv(*self.inputs[vs], Message(ACTIVATION, vs - 1, i, self.owner(vs - 1), self.rank))
         return x.requires_grad_()
 
     # ---- helpers ------------------------------------------------------------------------------
 
-    def run_piece(self, c: int, k: int, inp: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """Piece c on x_k with autograd on (plus the scaled loss on the last virtual stage);
+    def run_piece(self, c: int, i: int, inp: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Piece c on x_i with autograd on (plus the scaled loss on the last virtual stage);
         returns the output and the bytes autograd saved for backward (``held_bytes``: each
         saved tensor by the bytes it spans, shared bytes once, parameters excluded)."""
         if not self.count_saved:
-            return self.apply(c, k, inp), 0
+            return self.apply(c, i, inp), 0
         saved: list[torch.Tensor] = []
 
         def pack(t: torch.Tensor) -> torch.Tensor:
@@ -177,31 +177,31 @@ class RankStage:
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = self.apply(c, k, inp)
+            out = self.apply(c, i, inp)
         params = {p.untyped_storage().data_ptr() for p in self.pieces[c].parameters()}
         return out, held_bytes(saved, exclude=params)
 
-    def apply(self, c: int, k: int, inp: torch.Tensor) -> torch.Tensor:
-        out = self.pieces[c](inp)   # [b/m, h] -> piece s -> [b/m, h]
+    def apply(self, c: int, i: int, inp: torch.Tensor) -> torch.Tensor:
+        out = self.pieces[c](inp)   # [b/m, h] -> piece vs -> [b/m, h]
         if self.virtual(c) == self.last:
-            out = self.scale_loss(self.loss_fn(out, self.target[k]))   # -> scalar loss_k / m
+            out = self.scale_loss(self.loss_fn(out, self.target[i]))   # -> scalar loss_i / m
         return out
 
-    def output_and_grad(self, st: Stash, k: int, c: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """y_k (re-run now when recomputing) and dy_k (received; None for the loss)."""
-        s = self.virtual(c)
+    def output_and_grad(self, st: Stash, i: int, c: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """y_i (re-run now when recomputing) and dy_i (received; None for the loss)."""
+        vs = self.virtual(c)
         out = st.out
         if out is None:   # recompute: the forward again, this time keeping what backward needs
-            out, nbytes = self.run_piece(c, k, st.inp)
+            out, nbytes = self.run_piece(c, i, st.inp)
             self.recomputed_bytes = max(self.recomputed_bytes, nbytes)
-        if s == self.last:
+        if vs == self.last:
             return out, None
         grad = self.p2p.recv(out.shape, out.dtype,
-                             Message(GRAD, s + 1, k, self.owner(s + 1), self.rank))
+                             Message(GRAD, vs + 1, i, self.owner(vs + 1), self.rank))
         return out, grad
 
-    def push(self, k: int, c: int, st: Stash) -> None:
-        self.stash[(k, c)] = st
+    def push(self, i: int, c: int, st: Stash) -> None:
+        self.stash[(i, c)] = st
         self.peak_stashed = max(self.peak_stashed, len(self.stash))
         self.held += st.nbytes
         self.peak_bytes = max(self.peak_bytes, self.held)
