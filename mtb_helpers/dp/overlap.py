@@ -32,8 +32,9 @@ import torch.distributed as dist
 from torch import nn
 
 from mtb_helpers.comm.records import note
-from mtb_helpers.dp.wrapping import (WRAPPED_ATTR, Event, Timeline, broadcast_, check_bucket_cap,
-                                     check_group, check_module)
+from mtb_helpers.dp.buckets import bucket_cap_bytes
+from mtb_helpers.dp.wrapping import (WRAPPED_ATTR, Event, Timeline, broadcast_, check_group,
+                                     check_module)
 
 __all__ = ["OverlappedDDP", "assign_buckets"]
 
@@ -62,7 +63,7 @@ class OverlappedDDP(nn.Module):
     def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, process_group=None, *,
                  find_unused_parameters: bool = False) -> None:
         check_module(module, "OverlappedDDP")
-        cap = check_bucket_cap(bucket_cap_mb)
+        cap = bucket_cap_bytes(bucket_cap_mb)
         self.world_size, self.rank = check_group(process_group)
         super().__init__()
         self.module = module
@@ -72,8 +73,9 @@ class OverlappedDDP(nn.Module):
         setattr(module, WRAPPED_ATTR, "OverlappedDDP")
         broadcast_(list(module.parameters()) + list(module.buffers()), process_group)
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]  # tied: once
-        self._buckets = [[named[i][1] for i in b] for b in assign_buckets(named, cap)]
-        self.buckets: list[list[str]] = [[named[i][0] for i in b] for b in assign_buckets(named, cap)]
+        plan = assign_buckets(named, cap)
+        self._buckets = [[named[i][1] for i in b] for b in plan]
+        self.buckets: list[list[str]] = [[named[i][0] for i in b] for b in plan]
         self._bucket_of = {p: k for k, b in enumerate(self._buckets) for p in b}
         # weakly: a parameter's hook is out of the garbage collector's sight, so a bound method
         # kept this wrapper, its module and buckets alive as long as the rank (notebook 14: +4 MiB

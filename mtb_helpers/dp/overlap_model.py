@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mtb_helpers.dp.buckets import bucket_cap_bytes
+
 __all__ = ["Op", "Prediction", "simulate", "bucket_plan", "predict_ddp", "predict_fsdp"]
 
 
@@ -97,7 +99,7 @@ def predict_ddp(layer_param_bytes: list[list[int]], t_fwd: float, t_bwd: float, 
     flat = [b for layer in layer_param_bytes for b in layer]
     layer_of = [i for i, layer in enumerate(layer_param_bytes) for _ in layer]
     ops = [Op("compute", f"forward {i}", t_fwd) for i in range(len(layer_param_bytes))]
-    buckets = bucket_plan(flat, bucket_cap_mb * 2 ** 20)
+    buckets = bucket_plan(flat, bucket_cap_bytes(bucket_cap_mb))
     last_layer = [min(layer_of[j] for j in b) for b in buckets]   # backward goes last to first
     reduces, k = [], 0
     for i in reversed(range(len(layer_param_bytes))):

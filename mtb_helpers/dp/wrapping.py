@@ -10,7 +10,6 @@ Each event of a timeline is plain data, ``Event(kind, name, start, end, nbytes)`
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -19,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 
-__all__ = ["Event", "Timeline", "check_bucket_cap", "check_module", "check_group", "broadcast_",
+__all__ = ["Event", "Timeline", "check_module", "check_group", "broadcast_",
            "all_gather_async", "reduce_scatter_async", "group_source", "WRAPPED_ATTR"]
 
 # Set on a module when a wrapper takes it: wrapping it again is refused (two wrappers would both
@@ -78,15 +77,6 @@ class Timeline:
         done = [Event(kind, name, start, self._ends.get(key, self.now()), nbytes)
                 for key, (kind, name, start, nbytes) in self._open.items()]
         return sorted(self.events + done, key=lambda e: (e.start, e.kind))
-
-
-def check_bucket_cap(bucket_cap_mb) -> float:
-    """The cap in bytes (MiB as PyTorch's DDP counts them: 1 MiB = 2**20 B)."""
-    if (isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float))
-            or not math.isfinite(bucket_cap_mb) or bucket_cap_mb < 0):
-        raise ValueError(f"bucket_cap_mb must be a finite number >= 0 (MiB per gradient bucket; "
-                         f"0 = one all-reduce per parameter), got {bucket_cap_mb!r}")
-    return float(bucket_cap_mb) * 2 ** 20
 
 
 def check_group(process_group) -> tuple[int, int]:
