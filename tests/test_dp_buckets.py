@@ -44,3 +44,36 @@ def test_every_entry_point_refuses_a_bad_cap_the_same_way_before_any_rank_starts
         with pytest.raises(ValueError) as got:
             call()
         assert str(got.value) == str(want.value), name
+
+
+# --- one bucketing rule: the wrapper's buckets are the prediction's --------------------------
+
+SIZES = [(8, 16), (16, 4), (4, 4), (4, 24)]                 # uneven layers: the rule matters
+CAPS = [0.0, 50 / 2 ** 20, 100 / 2 ** 20, 600 / 2 ** 20, 25.0]
+
+
+def _wrapper_buckets(caps: list[float]) -> list[list[int]]:
+    """Bytes per bucket of ``OverlappedDDP``, in reduce order, for each cap (built on a rank)."""
+    from torch import nn
+
+    from mtb_helpers.dp.overlap import OverlappedDDP
+    out = []
+    for cap in caps:
+        ddp = OverlappedDDP(nn.Sequential(*(nn.Linear(a, b) for a, b in SIZES)), bucket_cap_mb=cap)
+        size = {n: p.numel() * p.element_size() for n, p in ddp.module.named_parameters()}
+        out.append([sum(size[n] for n in bucket) for bucket in ddp.buckets])
+    return out
+
+
+def test_the_wrapper_and_the_prediction_cut_the_same_buckets():
+    from mtb_helpers import run
+    layer_bytes = [[a * b * 4, b * 4] for a, b in SIZES]
+    predicted = []
+    for cap in CAPS:
+        pred = predict_ddp(layer_bytes, 1e-3, 1e-3, LINK, 2, cap, overlap=True)
+        predicted.append([e[4] for e in pred.events if e[1].startswith("all-reduce bucket")])
+    wrapper = run(_wrapper_buckets, CAPS, world_size=2)[0]
+    assert wrapper == predicted
+    assert [len(b) for b in predicted] == [8, 6, 3, 2, 1]   # every cap cuts differently
+    curve = bucket_curve(CAPS, measure=False, layers=4, hidden=16)
+    assert curve["buckets"] == [8, 8, 4, 4, 1]               # 16 x 16 layers: 1024 + 64 B each

@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 
 from mtb_helpers.cost import Link
 from mtb_helpers.dp.overlap import assign_buckets
-from mtb_helpers.dp.overlap_model import Op, bucket_plan, predict_ddp, predict_fsdp, simulate
+from mtb_helpers.dp.overlap_model import Op, predict_ddp, predict_fsdp, simulate
 from mtb_helpers.dp.overlap_plots import (plot_bucket_curve, plot_lanes, plot_precision_errors,
                                           plot_step_times)
 
@@ -31,11 +31,11 @@ def test_simulate_runs_compute_and_comm_on_their_own_lanes():
     assert (pred.step, pred.compute, pred.comm, pred.exposed) == (7.0, 4.0, 4.0, 3.0)
 
 
-def test_bucket_plan_is_the_wrappers_bucketing():
+def test_byte_counts_bucket_as_tensors_of_one_dtype_do():
     sizes = [400, 40, 4000, 400, 40, 40]
     for cap in (0, 100, 440, 1000, 5000, 1e9):
         named = [(str(i), torch.zeros(n // 4)) for i, n in enumerate(sizes)]
-        assert bucket_plan(sizes, cap) == assign_buckets(named, cap)
+        assert assign_buckets(list(enumerate(sizes)), cap) == assign_buckets(named, cap)
 
 
 def test_without_overlap_the_step_is_the_sum_of_everything():

@@ -32,29 +32,11 @@ import torch.distributed as dist
 from torch import nn
 
 from mtb_helpers.comm.records import note
-from mtb_helpers.dp.buckets import bucket_cap_bytes
+from mtb_helpers.dp.buckets import assign_buckets, bucket_cap_bytes
 from mtb_helpers.dp.wrapping import (WRAPPED_ATTR, Event, Timeline, broadcast_, check_group,
                                      check_module)
 
-__all__ = ["OverlappedDDP", "assign_buckets"]
-
-
-def assign_buckets(named: list[tuple[str, torch.Tensor]], cap_bytes: float) -> list[list[int]]:
-    """Indices into ``named`` (given in registration order) per bucket, in reduce order: walk the
-    parameters last to first; a dtype's open bucket closes once it holds ``>= cap_bytes``; buckets
-    still open at the end follow, in the order their dtype first appeared (PyTorch's rule)."""
-    closed: list[list[int]] = []
-    open_: dict[torch.dtype, tuple[list[int], int]] = {}
-    for i in reversed(range(len(named))):
-        p = named[i][1]
-        idx, size = open_.get(p.dtype, ([], 0))
-        idx, size = idx + [i], size + p.numel() * p.element_size()
-        if size >= cap_bytes:
-            closed.append(idx)
-            open_.pop(p.dtype, None)
-        else:
-            open_[p.dtype] = (idx, size)
-    return closed + [idx for idx, _ in open_.values()]
+__all__ = ["OverlappedDDP", "assign_buckets"]   # assign_buckets: buckets.py's, notebook 14 imports it here
 
 
 class OverlappedDDP(nn.Module):

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mtb_helpers.dp.buckets import bucket_cap_bytes
+from mtb_helpers.dp.buckets import assign_buckets, bucket_cap_bytes
 
-__all__ = ["Op", "Prediction", "simulate", "bucket_plan", "predict_ddp", "predict_fsdp"]
+__all__ = ["Op", "Prediction", "simulate", "predict_ddp", "predict_fsdp"]
 
 
 @dataclass(frozen=True)
@@ -71,19 +71,6 @@ def simulate(ops: list[Op]) -> Prediction:
     return Prediction(events, max(end.values(), default=0.0), busy["compute"], busy["comm"])
 
 
-def bucket_plan(param_bytes: list[int], cap_bytes: float) -> list[list[int]]:
-    """PyTorch's bucketing (one dtype): parameter indices per bucket, last parameter first, a
-    bucket closing once it holds ``>= cap_bytes``."""
-    buckets, open_, size = [], [], 0
-    for i in reversed(range(len(param_bytes))):
-        open_.append(i)
-        size += param_bytes[i]
-        if size >= cap_bytes:
-            buckets.append(open_)
-            open_, size = [], 0
-    return buckets + ([open_] if open_ else [])
-
-
 def predict_ddp(layer_param_bytes: list[list[int]], t_fwd: float, t_bwd: float, link,
                 world_size: int, bucket_cap_mb: float, overlap: bool = True, t_opt: float = 0.0,
                 zero1: bool = False, largest_partition_bytes: int = 0) -> Prediction:
@@ -99,7 +86,8 @@ def predict_ddp(layer_param_bytes: list[list[int]], t_fwd: float, t_bwd: float, 
     flat = [b for layer in layer_param_bytes for b in layer]
     layer_of = [i for i, layer in enumerate(layer_param_bytes) for _ in layer]
     ops = [Op("compute", f"forward {i}", t_fwd) for i in range(len(layer_param_bytes))]
-    buckets = bucket_plan(flat, bucket_cap_bytes(bucket_cap_mb))
+    # the wrapper's own rule (buckets.py), on byte counts: the predicted buckets are OverlappedDDP's
+    buckets = assign_buckets(list(enumerate(flat)), bucket_cap_bytes(bucket_cap_mb))
     last_layer = [min(layer_of[j] for j in b) for b in buckets]   # backward goes last to first
     reduces, k = [], 0
     for i in reversed(range(len(layer_param_bytes))):
