@@ -30,7 +30,6 @@ import torch.nn.functional as F
 from mtb_helpers.checking.bug import resolve, swap
 from mtb_helpers.comm.issue import group_rank, group_size
 from mtb_helpers.comm.records import record
-from mtb_helpers.dp.bugs import BUGS_BY_STRATEGY
 from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
 from mtb_helpers.dp.strategies import MEMORY_SHARDED, MEMORY_TERMS, SHARDED, STRATEGIES, Adam, Layout, flat, make_mlp
 from mtb_helpers.runtime.ranks import resolve_world_size, run
@@ -159,11 +158,8 @@ def _validate(strategy, batch, hidden, ffn_hidden, lr, weight_decay, t, bug, ste
     for name, value in {"lr": lr, "weight_decay": weight_decay}.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise ValueError(f"{name} must be a non-negative number, got {value!r}")
-    wrong = resolve(bug, "data_parallel")
-    if bug is not None and bug not in BUGS_BY_STRATEGY[strategy]:
-        raise ValueError(f"bug {bug!r} does not apply to strategy {strategy!r}; it can inject: "
-                         f"{', '.join(BUGS_BY_STRATEGY[strategy])}")
-    return wrong
+    # which strategies a bug applies to is its need (dp/bugs.py), asked like every check's
+    return resolve(bug, "data_parallel", strategy=strategy)
 
 
 @functools.lru_cache(maxsize=4)
@@ -254,12 +250,12 @@ def check_all_strategies(world_size: int = 2, strategies=STRATEGIES, **kwargs) -
     strategies it applies to (the others run correct). Everything is validated first."""
     bug = kwargs.pop("bug", None)
     strategies = tuple(strategies)
-    resolve(bug, "data_parallel")
-    if bug is not None and not any(bug in BUGS_BY_STRATEGY.get(s, ()) for s in strategies):
-        where = [s for s, bugs in BUGS_BY_STRATEGY.items() if bug in bugs]
+    wrong = resolve(bug, "data_parallel")
+    applies = lambda s: wrong is not None and not wrong.unmet(strategy=s)   # the bug's needs
+    if wrong is not None and not any(applies(s) for s in strategies):
         raise ValueError(f"bug {bug!r} does not apply to any of {', '.join(strategies)}; "
-                         f"it applies to {', '.join(where)}")
-    chosen = {s: (bug if bug in BUGS_BY_STRATEGY.get(s, ()) else None) for s in strategies}
+                         f"it applies to {', '.join(s for s in STRATEGIES if applies(s))}")
+    chosen = {s: (bug if applies(s) else None) for s in strategies}
     t = resolve_world_size(world_size)
     for s, b in chosen.items():   # refuse bad input before any rank starts
         _validate(s, kwargs.get("batch", 8), kwargs.get("hidden", 8), kwargs.get("ffn_hidden", 32),

@@ -115,5 +115,5 @@ OVERLAP_BUGS = tuple(BUGS)
 
 
 def bugs_for_wrapper(wrapper: str) -> tuple[str, ...]:
-    """The bugs that replace ``wrapper``'s class."""
-    return tuple(n for n, b in BUGS.items() if WRAPPER_CLASSES[wrapper] in b.replaces)
+    """The bugs whose needs ``wrapper`` meets (the rule ``check_overlap`` asks)."""
+    return tuple(n for n, b in BUGS.items() if not b.unmet(wrapper=wrapper))
