@@ -1,0 +1,24 @@
+"""One meaning per class name (issue 34): no two classes of dp/ share a name, and no class of dp/
+shares one with a class anywhere else in mtb_helpers. Read from the source (AST)."""
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "mtb_helpers"
+
+
+def classes(folder: Path) -> dict[str, list[str]]:
+    """{class name: the files under ``folder`` defining a class of that name (nested ones too)}."""
+    found: dict[str, list[str]] = defaultdict(list)
+    for path in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                found[node.name].append(str(path.relative_to(PACKAGE)))
+    return found
+
+
+def test_no_two_dp_classes_share_a_name():
+    twice = {name: files for name, files in classes(PACKAGE / "dp").items() if len(files) > 1}
+    assert not twice, twice
