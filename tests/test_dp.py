@@ -9,7 +9,7 @@ from mtb_helpers.dp.bugs import BUGS as DP_REGISTRY
 from mtb_helpers.dp.check import make_problem, reference_step, reference_steps
 from mtb_helpers.comm.records import CollectiveEvent
 from mtb_helpers.comm.records import CollectiveRecord
-from mtb_helpers.dp.strategies import Layout, flat, held_bytes, padded_numel
+from mtb_helpers.dp.strategies import FlatShards, flat, held_bytes, padded_numel
 from mtb_helpers.dp.bugs import BUGS_BY_STRATEGY, DP_BUGS, build_strategy
 from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
 from mtb_helpers.dp.strategies import Adam
@@ -21,7 +21,7 @@ def test_padded_numel_rounds_up_to_the_world_size():
 
 
 def test_layout_pieces_pad_with_zeros_and_cover_the_vector():
-    layout = Layout((5, 3), world_size=2, pad=True)     # units padded to 6 and 4
+    layout = FlatShards((5, 3), world_size=2, pad=True)     # units padded to 6 and 4
     vec = torch.arange(1.0, 9.0)
     assert layout.padded_numel == 10 and layout.numel == 8
     full = layout.piece(vec, 0, sharded=False)

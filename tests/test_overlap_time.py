@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 
 from mtb_helpers.cost import Link
 from mtb_helpers.dp.overlap import assign_buckets
-from mtb_helpers.dp.overlap_model import Op, predict_ddp, predict_fsdp, simulate
+from mtb_helpers.dp.overlap_model import LaneOp, predict_ddp, predict_fsdp, simulate
 from mtb_helpers.dp.overlap_plots import (plot_bucket_curve, plot_lanes, plot_precision_errors,
                                           plot_step_times)
 
@@ -24,8 +24,8 @@ AR = lambda n, p=2: 2 * (p - 1) * 1e-3 + 2 * (p - 1) / p * n / 1e6   # ring all-
 
 
 def test_simulate_runs_compute_and_comm_on_their_own_lanes():
-    pred = simulate([Op("compute", "a", 2.0), Op("comm", "x", 3.0), Op("compute", "b", 1.0),
-                     Op("comm", "y", 1.0, ("x",)), Op("compute", "c", 1.0, ("y",))])
+    pred = simulate([LaneOp("compute", "a", 2.0), LaneOp("comm", "x", 3.0), LaneOp("compute", "b", 1.0),
+                     LaneOp("comm", "y", 1.0, ("x",)), LaneOp("compute", "c", 1.0, ("y",))])
     ends = {e[1]: e[3] for e in pred.events}
     assert ends == {"a": 2.0, "x": 5.0, "b": 3.0, "y": 6.0, "c": 7.0}
     assert (pred.step, pred.compute, pred.comm, pred.exposed) == (7.0, 4.0, 4.0, 3.0)

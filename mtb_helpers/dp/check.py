@@ -31,7 +31,8 @@ from mtb_helpers.checking.bug import resolve, swap
 from mtb_helpers.comm.issue import group_rank, group_size
 from mtb_helpers.comm.records import record
 from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
-from mtb_helpers.dp.strategies import MEMORY_SHARDED, MEMORY_TERMS, SHARDED, STRATEGIES, Adam, Layout, flat, make_mlp
+from mtb_helpers.dp.strategies import (MEMORY_SHARDED, MEMORY_TERMS, SHARDED, STRATEGIES, Adam, FlatShards,
+                                       flat, make_mlp)
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
 from mtb_helpers.checking.report import Report, compare
@@ -108,14 +109,14 @@ def _on_rank(strategy: str, model, start: dict, batches, adam: Adam, bug) -> dic
     return {"pieces": pieces, "held": held, "record": rec.without_tensors()}
 
 
-def _layout(strategy: str, model, t: int) -> Layout:
+def _layout(strategy: str, model, t: int) -> FlatShards:
     if strategy == "zero3":
-        return Layout(tuple(m.weight.numel() + m.bias.numel() for m in model
+        return FlatShards(tuple(m.weight.numel() + m.bias.numel() for m in model
                             if isinstance(m, torch.nn.Linear)), t, True)
-    return Layout((sum(p.numel() for p in model.parameters()),), t, strategy != "ddp")
+    return FlatShards((sum(p.numel() for p in model.parameters()),), t, strategy != "ddp")
 
 
-def memory_model(strategy: str, layout: Layout, dtype_bytes: int) -> dict:
+def memory_model(strategy: str, layout: FlatShards, dtype_bytes: int) -> dict:
     """Bytes per rank our run should hold: params ``dΨ``, grads ``dΨ``, Adam ``2dΨ`` (``d`` bytes
     per element, K = 2d: m and v, no master copy since the parameters already are in the run's
     dtype), each of them ``/t`` where the strategy shards it (``Ψ`` padded then). Next to it the
@@ -138,7 +139,7 @@ _FORMULA_TEXT = {"ddp": "all-reduce 2(p-1)/p·eΨ", "zero1": "reduce-scatter + a
                  "zero3": "all-gather fwd + all-gather bwd + reduce-scatter 3(p-1)/p·eΨ"}
 
 
-def communication_model(strategy: str, layout: Layout, dtype_bytes: int) -> int:
+def communication_model(strategy: str, layout: FlatShards, dtype_bytes: int) -> int:
     """Bytes each rank sends per step with ring collectives (``Ψ`` padded where sharded)."""
     t = layout.world_size
     units = [layout.padded(i) * dtype_bytes for i in range(len(layout.units))]

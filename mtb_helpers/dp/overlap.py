@@ -18,7 +18,7 @@ gradient on this rank counts as zeros, its bucket starting in ``finish_gradient_
 with ``find_unused_parameters=True`` each bucket also carries one "used" flag per parameter, and a
 parameter no rank used keeps ``grad = None`` (as PyTorch's DDP with the same flag).
 ``.buckets``: parameter names per bucket, in reduce order. ``.timeline``: the last synchronised
-backward's events (``wrapping.Event``): compute until each bucket was ready, and each all-reduce.
+backward's events (``wrapping.StepEvent``): compute until each bucket was ready, and each all-reduce.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from torch import nn
 
 from mtb_helpers.comm.records import note
 from mtb_helpers.dp.buckets import assign_buckets, bucket_cap_bytes
-from mtb_helpers.dp.wrapping import (WRAPPED_ATTR, Event, Timeline, broadcast_, check_group,
+from mtb_helpers.dp.wrapping import (WRAPPED_ATTR, StepClock, StepEvent, broadcast_, check_group,
                                      check_module)
 
 __all__ = ["OverlappedDDP", "assign_buckets"]   # assign_buckets: buckets.py's, notebook 14 imports it here
@@ -65,14 +65,14 @@ class OverlappedDDP(nn.Module):
         on_grad_ready = _weakly(weakref.WeakMethod(self._on_grad_ready))
         self._hooks = [p.register_post_accumulate_grad_hook(on_grad_ready) for _, p in named]
         self._sync = True
-        self.timeline: list[Event] = []
+        self.timeline: list[StepEvent] = []
         self._reset()
 
     def _reset(self) -> None:
         self._ready: set[nn.Parameter] = set()
         self._next = 0                                   # the next bucket to start
         self._pending: list[tuple[int, torch.Tensor, object, int]] = []
-        self._clock: Timeline | None = None
+        self._clock: StepClock | None = None
         self._started = False
 
     # --- forward: note where the backward starts -------------------------------------------
@@ -82,7 +82,7 @@ class OverlappedDDP(nn.Module):
                                "call finish_gradient_synchronization() after each backward")
         out = self.module(*args, **kwargs)
         if self._sync and torch.is_grad_enabled():
-            self._clock = Timeline()
+            self._clock = StepClock()
             for t in _tensors(out):
                 if t.requires_grad:
                     t.register_hook(self._on_backward_start)
@@ -102,7 +102,7 @@ class OverlappedDDP(nn.Module):
                                "(or accumulate inside no_sync())")
         self._ready.add(p)
         if self._clock is None:                           # backward of a tensor not from forward
-            self._clock = Timeline()
+            self._clock = StepClock()
         while self._next < len(self._buckets) and self._bucket_ready(self._next):
             self._launch(self._next)
 
@@ -131,7 +131,7 @@ class OverlappedDDP(nn.Module):
         if not self._sync:
             return
         if self._clock is None:
-            self._clock = Timeline()
+            self._clock = StepClock()
         while self._next < len(self._buckets):
             self._launch(self._next)
         for k, flat, work, key in self._pending:

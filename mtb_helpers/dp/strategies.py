@@ -32,7 +32,7 @@ from torch import nn
 from mtb_helpers.comm.issue import group_rank, group_size, issue
 from mtb_helpers.dp.adam import AdamUpdate
 
-__all__ = ["STRATEGIES", "SHARDED", "Adam", "make_mlp", "flat", "as_views", "padded_numel", "Layout",
+__all__ = ["STRATEGIES", "SHARDED", "Adam", "make_mlp", "flat", "as_views", "padded_numel", "FlatShards",
            "held_bytes", "Strategy", "DDP", "ZeRO1", "ZeRO2"]
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
@@ -100,9 +100,10 @@ def padded_numel(numel: int, t: int) -> int:
 
 
 @dataclass(frozen=True)
-class Layout:
-    """How a strategy lays the ``Ψ`` parameters out in flat units (one unit for DDP/ZeRO-1/2, one
-    per linear layer for ZeRO-3) and which piece of each unit rank ``r`` holds."""
+class FlatShards:
+    """The flat units a strategy lays the ``Ψ`` parameters out in (one for DDP/ZeRO-1/2, one per
+    linear layer for ZeRO-3) and which piece of each unit rank ``r`` holds (a parallel layout
+    is ``plan.specs.Layout``)."""
     units: tuple[int, ...]      # parameter count of each unit
     world_size: int
     pad: bool                   # pad each unit to a multiple of the world size
@@ -190,7 +191,7 @@ class DDP(Strategy):
         self.model = copy.deepcopy(model) if copy_model else model
         # walked once (~0.3 ms on the capstone's stage): only their .data changes (test_dp_params_kept)
         self._params = params = list(self.model.parameters())
-        self.layout = Layout((sum(p.numel() for p in params),), self.t, self.shard_optimizer)
+        self.layout = FlatShards((sum(p.numel() for p in params),), self.t, self.shard_optimizer)
         self.flat = self.layout.piece(start["params"], 0, sharded=False)   # [Ψ_pad]
         as_views(params, self.flat)
         lo, hi = self.layout.shard(0, self.rank) if self.shard_optimizer else (0, len(self.flat))
