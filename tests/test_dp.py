@@ -161,3 +161,26 @@ def test_ddp_strategy_equals_pytorch_ddp_over_several_steps_on_the_same_ranks():
     # clears grads each step: three steps of both must agree to float64 rounding
     for ours, theirs in run(_ours_and_torch_ddp, 3, world_size=2):
         assert torch.allclose(ours, theirs, rtol=0, atol=1e-13)
+
+
+def _world_size_attributes() -> list[tuple[int, bool]]:
+    model, warm, _ = make_problem(4, 3, 5, torch.float32, seed=0)
+    start = reference_step(model, warm, Adam())
+    built = [build_strategy(s, model, start) for s in STRATEGY_CLASSES]
+    return [(dp.p, hasattr(dp, "t")) for dp in built]
+
+
+def test_the_data_parallel_world_size_is_called_p_as_in_the_course_s_notation():
+    """``p`` ranks of data parallelism (the glossary's letter; ``t`` is the tensor-parallel size):
+    every strategy keeps it as ``self.p``, and no dp module says ``self.t``."""
+    import inspect
+    import re
+    from pathlib import Path
+
+    from mtb_helpers.dp.bugs import DoubleAverage
+    from mtb_helpers.dp.strategies import DDP
+    assert run(_world_size_attributes, world_size=2) == [[(2, False)] * len(STRATEGY_CLASSES)] * 2
+    shown = inspect.getsource(DDP.average) + inspect.getsource(DoubleAverage)   # notebook 06 prints these
+    assert "self.p" in shown
+    dp = Path(__file__).resolve().parents[1] / "mtb_helpers" / "dp"
+    assert [f.name for f in sorted(dp.glob("*.py")) if re.search(r"\bself\.t\b", f.read_text())] == []

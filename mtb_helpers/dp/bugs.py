@@ -30,7 +30,7 @@ class DoubleAverage(Strategy):
     """dp-double-average: e.g. the loss already divided by p, and the reduction averages again."""
 
     def average(self, summed: torch.Tensor) -> torch.Tensor:
-        return summed / self.t / self.t   # BUG: divided by p (self.t) twice
+        return summed / self.p / self.p   # BUG: divided by p twice
 
 
 class SumNotAverage(Strategy):

@@ -7,10 +7,10 @@ against the single-process steps on the whole batch, compared after every step.
 
 The caller draws the MLP (``dp.make_mlp``), a warm-up batch and the checked batch
 ``X, target [B, h]`` from ``seed``, and takes one Adam step on the warm-up batch on one process:
-Adam's first step is ``lr·sign(g)`` whatever the scale of ``g``, so a gradient that is ``t`` times
+Adam's first step is ``lr·sign(g)`` whatever the scale of ``g``, so a gradient that is ``p`` times
 too large or too small would not show in the parameters; from the second step on it does. Then
 every rank starts from that state and runs ``steps`` (default 3) training steps, each on its
-``B/t`` rows of a new batch; the reference takes the same steps on one process
+``B/p`` rows of a new batch; the reference takes the same steps on one process
 (``torch.optim.Adam`` on the ``nn.Module``), in the run's dtype and in float64. Several steps,
 because state carries over: one step cannot show gradients that are never cleared (step 2 would
 use ``g1 + g2``). Rows, per rank and step (``row.note`` says ``"step k"``): ``params`` after the
@@ -119,7 +119,7 @@ def _layout(strategy: str, model, t: int) -> FlatShards:
 def memory_model(strategy: str, layout: FlatShards, dtype_bytes: int) -> dict:
     """Bytes per rank our run should hold: params ``dΨ``, grads ``dΨ``, Adam ``2dΨ`` (``d`` bytes
     per element, K = 2d: m and v, no master copy since the parameters already are in the run's
-    dtype), each of them ``/t`` where the strategy shards it (``Ψ`` padded then). Next to it the
+    dtype), each of them ``/p`` where the strategy shards it (``Ψ`` padded then). Next to it the
     ZeRO paper's mixed-precision accounting ``2Ψ + 2Ψ + KΨ``, K = 12, sharded the same way."""
     t, d = layout.world_size, dtype_bytes
     sharded = MEMORY_SHARDED[strategy]
@@ -190,7 +190,7 @@ def check_data_parallel(world_size: int = 2, strategy: str = "ddp", batch: int =
     """``steps`` Adam steps of ``strategy`` on ``world_size`` ranks against one process on the
     whole batches, compared after every step.
 
-    ``X, target [batch, hidden]``, each rank gets ``[batch/t, hidden]``. Refuses (ValueError,
+    ``X, target [batch, hidden]``, each rank gets ``[batch/p, hidden]``. Refuses (ValueError,
     before any rank starts) an unknown strategy, a batch the world size does not divide, and a
     bug that does not apply to the strategy. Any parameter count works: flat buffers are padded.
     """

@@ -248,7 +248,7 @@ class FSDP(nn.Module):
         return self.reduce_dtype or g.shard.dtype
 
     def finish_gradient_synchronization(self) -> None:
-        """Wait for every reduce-scatter and put ``sum / t`` into the shards' ``.grad`` (master
+        """Wait for every reduce-scatter and put ``sum / p`` into the shards' ``.grad`` (master
         dtype); all-reduce the whole parameters' gradients; free what a prefetch left gathered."""
         for g, work, out, key, _ in self._pending:
             g.wait(work)

@@ -158,7 +158,7 @@ def broadcast_(tensors: list[torch.Tensor], process_group) -> None:
 
 
 def all_gather_async(out: torch.Tensor, shard: torch.Tensor, process_group):
-    """``shard [n/t]`` of every rank -> ``out [n]`` in rank order; returns the work handle."""
+    """``shard [n/p]`` of every rank -> ``out [n]`` in rank order; returns the work handle."""
     # looked up at each call: an emulated link replaces these functions while a call runs; torch
     # 2.13 renamed them (the old names warn), Colab's older torch has only the old ones
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -166,6 +166,6 @@ def all_gather_async(out: torch.Tensor, shard: torch.Tensor, process_group):
 
 
 def reduce_scatter_async(out: torch.Tensor, full: torch.Tensor, process_group):
-    """``full [n]`` summed over ranks, this rank's ``out [n/t]`` of it; returns the work handle."""
+    """``full [n]`` summed over ranks, this rank's ``out [n/p]`` of it; returns the work handle."""
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     return scatter(out, full, group=process_group, async_op=True)
