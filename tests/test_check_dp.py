@@ -142,7 +142,8 @@ def test_all_strategies_inject_a_bug_only_where_it_applies():
     (lambda: check_data_parallel(dtype=torch.float16), r"dtype"),
     (lambda: check_data_parallel(bug="no-such-bug"), r"unknown bug"),
     (lambda: check_data_parallel(bug="f-backward-identity"), r"does not apply"),
-    (lambda: check_data_parallel(strategy="ddp", bug="zero-stale-params"), r"does not apply to strategy 'ddp'"),
+    (lambda: check_data_parallel(strategy="ddp", bug="zero-stale-params"),
+     r"needs strategy in \('zero1', 'zero2'\) \(given strategy='ddp'\)"),
     (lambda: check_all_strategies(strategies=("ddp", "zero3"), bug="zero-stale-params"),
      r"does not apply to any of ddp, zero3; it applies to zero1, zero2"),
     (lambda: check_all_strategies(world_size=4, batch=6), r"batch=6 is not divisible"),
@@ -150,6 +151,25 @@ def test_all_strategies_inject_a_bug_only_where_it_applies():
 def test_bad_input_is_refused_before_any_rank_starts(no_ranks, call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_where_a_bug_applies_is_its_need_and_nothing_else(no_ranks):
+    """Bug.needs is the one rule: the table notebook 06 prints is read from it, it agrees with the
+    classes each bug replaces, and the checks refuse exactly where it is unmet."""
+    from mtb_helpers.checking.bug import swap
+    from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
+    for s, cls in STRATEGY_CLASSES.items():
+        for name in DP_BUGS:
+            bug = DP_REGISTRY[name]
+            applies = not bug.unmet(strategy=s)
+            assert (name in BUGS_BY_STRATEGY[s]) == applies == (swap(bug, cls) is not cls), (s, name)
+            if not applies:
+                with pytest.raises(ValueError, match=f"needs strategy in .*given strategy='{s}'"):
+                    check_data_parallel(strategy=s, bug=name)
+    assert BUGS_BY_STRATEGY == {"ddp": ("dp-double-average", "dp-sum-not-average", "dp-grads-not-cleared"),
+                                "zero1": DP_BUGS,
+                                "zero2": ("dp-double-average", "dp-sum-not-average", "zero-stale-params"),
+                                "zero3": ("dp-double-average", "dp-sum-not-average", "dp-grads-not-cleared")}
 
 
 def test_a_strategy_changing_its_model_in_place_cannot_change_the_next_calls_problem(monkeypatch):

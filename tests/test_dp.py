@@ -9,7 +9,7 @@ from mtb_helpers.dp.bugs import BUGS as DP_REGISTRY
 from mtb_helpers.dp.check import make_problem, reference_step, reference_steps
 from mtb_helpers.comm.records import CollectiveEvent
 from mtb_helpers.comm.records import CollectiveRecord
-from mtb_helpers.dp.strategies import Layout, flat, held_bytes, padded_numel
+from mtb_helpers.dp.strategies import FlatShards, flat, held_bytes, padded_numel
 from mtb_helpers.dp.bugs import BUGS_BY_STRATEGY, DP_BUGS, build_strategy
 from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
 from mtb_helpers.dp.strategies import Adam
@@ -21,7 +21,7 @@ def test_padded_numel_rounds_up_to_the_world_size():
 
 
 def test_layout_pieces_pad_with_zeros_and_cover_the_vector():
-    layout = Layout((5, 3), world_size=2, pad=True)     # units padded to 6 and 4
+    layout = FlatShards((5, 3), world_size=2, pad=True)     # units padded to 6 and 4
     vec = torch.arange(1.0, 9.0)
     assert layout.padded_numel == 10 and layout.numel == 8
     full = layout.piece(vec, 0, sharded=False)
@@ -161,3 +161,26 @@ def test_ddp_strategy_equals_pytorch_ddp_over_several_steps_on_the_same_ranks():
     # clears grads each step: three steps of both must agree to float64 rounding
     for ours, theirs in run(_ours_and_torch_ddp, 3, world_size=2):
         assert torch.allclose(ours, theirs, rtol=0, atol=1e-13)
+
+
+def _world_size_attributes() -> list[tuple[int, bool]]:
+    model, warm, _ = make_problem(4, 3, 5, torch.float32, seed=0)
+    start = reference_step(model, warm, Adam())
+    built = [build_strategy(s, model, start) for s in STRATEGY_CLASSES]
+    return [(dp.p, hasattr(dp, "t")) for dp in built]
+
+
+def test_the_data_parallel_world_size_is_called_p_as_in_the_course_s_notation():
+    """``p`` ranks of data parallelism (the glossary's letter; ``t`` is the tensor-parallel size):
+    every strategy keeps it as ``self.p``, and no dp module says ``self.t``."""
+    import inspect
+    import re
+    from pathlib import Path
+
+    from mtb_helpers.dp.bugs import DoubleAverage
+    from mtb_helpers.dp.strategies import DDP
+    assert run(_world_size_attributes, world_size=2) == [[(2, False)] * len(STRATEGY_CLASSES)] * 2
+    shown = inspect.getsource(DDP.average) + inspect.getsource(DoubleAverage)   # notebook 06 prints these
+    assert "self.p" in shown
+    dp = Path(__file__).resolve().parents[1] / "mtb_helpers" / "dp"
+    assert [f.name for f in sorted(dp.glob("*.py")) if re.search(r"\bself\.t\b", f.read_text())] == []

@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 
 from mtb_helpers.cost import Link
 from mtb_helpers.dp.overlap import assign_buckets
-from mtb_helpers.dp.overlap_model import Op, bucket_plan, predict_ddp, predict_fsdp, simulate
+from mtb_helpers.dp.overlap_model import LaneOp, predict_ddp, predict_fsdp, simulate
 from mtb_helpers.dp.overlap_plots import (plot_bucket_curve, plot_lanes, plot_precision_errors,
                                           plot_step_times)
 
@@ -24,18 +24,18 @@ AR = lambda n, p=2: 2 * (p - 1) * 1e-3 + 2 * (p - 1) / p * n / 1e6   # ring all-
 
 
 def test_simulate_runs_compute_and_comm_on_their_own_lanes():
-    pred = simulate([Op("compute", "a", 2.0), Op("comm", "x", 3.0), Op("compute", "b", 1.0),
-                     Op("comm", "y", 1.0, ("x",)), Op("compute", "c", 1.0, ("y",))])
+    pred = simulate([LaneOp("compute", "a", 2.0), LaneOp("comm", "x", 3.0), LaneOp("compute", "b", 1.0),
+                     LaneOp("comm", "y", 1.0, ("x",)), LaneOp("compute", "c", 1.0, ("y",))])
     ends = {e[1]: e[3] for e in pred.events}
     assert ends == {"a": 2.0, "x": 5.0, "b": 3.0, "y": 6.0, "c": 7.0}
     assert (pred.step, pred.compute, pred.comm, pred.exposed) == (7.0, 4.0, 4.0, 3.0)
 
 
-def test_bucket_plan_is_the_wrappers_bucketing():
+def test_byte_counts_bucket_as_tensors_of_one_dtype_do():
     sizes = [400, 40, 4000, 400, 40, 40]
     for cap in (0, 100, 440, 1000, 5000, 1e9):
         named = [(str(i), torch.zeros(n // 4)) for i, n in enumerate(sizes)]
-        assert bucket_plan(sizes, cap) == assign_buckets(named, cap)
+        assert assign_buckets(list(enumerate(sizes)), cap) == assign_buckets(named, cap)
 
 
 def test_without_overlap_the_step_is_the_sum_of_everything():

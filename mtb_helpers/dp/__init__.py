@@ -2,7 +2,7 @@
 wrong strategies (bugs.py); and (notebook 14) the wrappers any training script can use, which hide
 communication: OverlappedDDP (overlap.py), ShardedOptimizer (sharded_optimizer.py), FSDP
 (fsdp_wrapper.py)."""
-from mtb_helpers.dp.strategies import (DDP, SHARDED, STRATEGIES, Adam, Layout, Strategy, ZeRO1,
+from mtb_helpers.dp.strategies import (DDP, SHARDED, STRATEGIES, Adam, FlatShards, Strategy, ZeRO1,
                                        ZeRO2, flat, held_bytes, make_mlp, padded_numel)
 from mtb_helpers.dp.fsdp import STRATEGY_CLASSES, ZeRO3
 from mtb_helpers.dp.bugs import build_strategy
@@ -10,6 +10,6 @@ from mtb_helpers.dp.overlap import OverlappedDDP
 from mtb_helpers.dp.sharded_optimizer import ShardedOptimizer
 from mtb_helpers.dp.fsdp_wrapper import FSDP
 
-__all__ = ["STRATEGIES", "SHARDED", "Adam", "make_mlp", "flat", "padded_numel", "Layout",
+__all__ = ["STRATEGIES", "SHARDED", "Adam", "make_mlp", "flat", "padded_numel", "FlatShards",
            "held_bytes", "Strategy", "DDP", "ZeRO1", "ZeRO2", "ZeRO3", "STRATEGY_CLASSES",
            "build_strategy", "OverlappedDDP", "ShardedOptimizer", "FSDP"]

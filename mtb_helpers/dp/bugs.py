@@ -1,9 +1,11 @@
 """Deliberately wrong data-parallel strategies, for ``check_data_parallel(bug=...)``.
 
 Each bug is one override of one method of the shared base ``Strategy`` (marked ``# BUG``);
-``on(bug, DDP, ZeRO1, ...)`` puts it in front of every strategy that can make it, so the check can
-``swap`` whichever strategy it is about to build (``Bug.replaces``: correct class -> wrong class).
-The last two set PyTorch up wrongly in the comparison of ``dp/pytorch.py``.
+``strategy_bug(text, wrong, "ddp", "zero1", ...)`` puts it in front of every strategy that can make
+it, so the check can ``swap`` whichever strategy it is about to build (``Bug.replaces``: correct
+class -> wrong class), and declares the same strategies as the bug's need (``Bug.needs``): the one
+rule ``resolve`` applies, and ``BUGS_BY_STRATEGY`` shows. The last two set PyTorch up wrongly in the
+comparison of ``dp/pytorch.py``.
 """
 from __future__ import annotations
 
@@ -13,21 +15,22 @@ import torch
 from torch import nn
 
 from mtb_helpers.checking.bug import Bug, names_for, swap
-from mtb_helpers.dp.fsdp import STRATEGY_CLASSES, ZeRO3
-from mtb_helpers.dp.strategies import DDP, Adam, Strategy, ZeRO1, ZeRO2
+from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
+from mtb_helpers.dp.strategies import Adam, Strategy
 
 __all__ = ["BUGS", "DP_BUGS", "BUGS_BY_STRATEGY", "DoubleAverage", "SumNotAverage",
-           "StaleParams", "GradsNotCleared", "build_strategy"]
+           "StaleParams", "GradsNotCleared", "build_strategy", "strategy_bug"]
 
 
 TORCH_MODEL = "mtb_helpers.dp.pytorch.torch_model"   # by name: see checking.bug.swap
+CHECK = "data_parallel"
 
 
 class DoubleAverage(Strategy):
     """dp-double-average: e.g. the loss already divided by p, and the reduction averages again."""
 
     def average(self, summed: torch.Tensor) -> torch.Tensor:
-        return summed / self.t / self.t   # BUG: divided by p (self.t) twice
+        return summed / self.p / self.p   # BUG: divided by p twice
 
 
 class SumNotAverage(Strategy):
@@ -51,10 +54,14 @@ class GradsNotCleared(Strategy):
         pass                              # BUG: step 2 uses g1 + g2, step 3 g1 + g2 + g3 ...
 
 
-def on(wrong: type[Strategy], *strategies: type[Strategy]) -> dict[type, type]:
-    """{correct strategy: that strategy with ``wrong``'s one override in front of it}: the same
-    bug, made by whichever strategy the check builds (``class X(wrong, strategy)``)."""
-    return {cls: type(f"{wrong.__name__}{cls.__name__}", (wrong, cls), {}) for cls in strategies}
+def strategy_bug(description: str, wrong: type[Strategy], *strategies: str) -> Bug:
+    """A bug of the data-parallel check that ``strategies`` (names of ``STRATEGY_CLASSES``) make:
+    each one's class with ``wrong``'s one override in front of it (``class X(wrong, strategy)``),
+    and the need ``strategy in strategies``, which ``resolve`` asks before any rank starts."""
+    replaces = {STRATEGY_CLASSES[s]: type(f"{wrong.__name__}{STRATEGY_CLASSES[s].__name__}",
+                                          (wrong, STRATEGY_CLASSES[s]), {}) for s in strategies}
+    return Bug(description, (CHECK,), replaces,
+               needs={f"strategy in {strategies}": lambda a: a["strategy"] in strategies})
 
 
 def ddp_without_wrapper(strategy: str, model: nn.Sequential) -> nn.Module:
@@ -72,25 +79,24 @@ def fsdp_sum_not_average(strategy: str, model: nn.Sequential) -> nn.Module:
     return model
 
 
-CHECK = "data_parallel"
 BUGS: dict[str, Bug] = {
-    "dp-double-average": Bug(
+    "dp-double-average": strategy_bug(
         "data parallel: the reduced gradient is divided by p twice (e.g. the loss already divided "
-        "by p, then averaged again), p times too small", (CHECK,),
-        on(DoubleAverage, DDP, ZeRO1, ZeRO2, ZeRO3)),
-    "dp-sum-not-average": Bug(
+        "by p, then averaged again), p times too small",
+        DoubleAverage, "ddp", "zero1", "zero2", "zero3"),
+    "dp-sum-not-average": strategy_bug(
         "data parallel: the gradient is summed over ranks and never divided by p, p times the "
-        "whole batch's gradient", (CHECK,),
-        on(SumNotAverage, DDP, ZeRO1, ZeRO2, ZeRO3)),
-    "zero-stale-params": Bug(
+        "whole batch's gradient",
+        SumNotAverage, "ddp", "zero1", "zero2", "zero3"),
+    "zero-stale-params": strategy_bug(
         "ZeRO-1/2: no all-gather of the parameters after the sharded Adam step, so every rank's "
-        "copy is updated only in its own shard", (CHECK,),
-        on(StaleParams, ZeRO1, ZeRO2)),
-    "dp-grads-not-cleared": Bug(
+        "copy is updated only in its own shard",
+        StaleParams, "zero1", "zero2"),
+    "dp-grads-not-cleared": strategy_bug(
         "DDP / ZeRO-1 / ZeRO-3: gradients are never cleared between steps, so step k uses "
         "g1 + ... + gk (one step cannot see it; ZeRO-2 frees its grads, so it is right by "
-        "accident)", (CHECK,),
-        on(GradsNotCleared, DDP, ZeRO1, ZeRO3)),
+        "accident)",
+        GradsNotCleared, "ddp", "zero1", "zero3"),
     "no-ddp-wrapper": Bug(
         "PyTorch's DDP: the bare module, no DistributedDataParallel, so each rank steps on the "
         "gradient of its own rows", ("pytorch_data_parallel",),
@@ -102,8 +108,9 @@ BUGS: dict[str, Bug] = {
         needs={"strategy='fsdp'": lambda a: a["strategy"] == "fsdp"}),
 }
 DP_BUGS = names_for(BUGS, CHECK)
-BUGS_BY_STRATEGY = {s: tuple(name for name, bug in BUGS.items() if cls in bug.replaces)
-                    for s, cls in STRATEGY_CLASSES.items()}
+# what the check's bugs need, strategy by strategy (for reading: the check asks Bug.needs itself)
+BUGS_BY_STRATEGY = {s: tuple(name for name in DP_BUGS if not BUGS[name].unmet(strategy=s))
+                    for s in STRATEGY_CLASSES}
 
 
 def build_strategy(strategy: str, model: nn.Sequential, start: dict, adam: Adam = Adam(),

@@ -7,10 +7,10 @@ against the single-process steps on the whole batch, compared after every step.
 
 The caller draws the MLP (``dp.make_mlp``), a warm-up batch and the checked batch
 ``X, target [B, h]`` from ``seed``, and takes one Adam step on the warm-up batch on one process:
-Adam's first step is ``lr·sign(g)`` whatever the scale of ``g``, so a gradient that is ``t`` times
+Adam's first step is ``lr·sign(g)`` whatever the scale of ``g``, so a gradient that is ``p`` times
 too large or too small would not show in the parameters; from the second step on it does. Then
 every rank starts from that state and runs ``steps`` (default 3) training steps, each on its
-``B/t`` rows of a new batch; the reference takes the same steps on one process
+``B/p`` rows of a new batch; the reference takes the same steps on one process
 (``torch.optim.Adam`` on the ``nn.Module``), in the run's dtype and in float64. Several steps,
 because state carries over: one step cannot show gradients that are never cleared (step 2 would
 use ``g1 + g2``). Rows, per rank and step (``row.note`` says ``"step k"``): ``params`` after the
@@ -30,9 +30,9 @@ import torch.nn.functional as F
 from mtb_helpers.checking.bug import resolve, swap
 from mtb_helpers.comm.issue import group_rank, group_size
 from mtb_helpers.comm.records import record
-from mtb_helpers.dp.bugs import BUGS_BY_STRATEGY
 from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
-from mtb_helpers.dp.strategies import MEMORY_SHARDED, MEMORY_TERMS, SHARDED, STRATEGIES, Adam, Layout, flat, make_mlp
+from mtb_helpers.dp.strategies import (MEMORY_SHARDED, MEMORY_TERMS, SHARDED, STRATEGIES, Adam, FlatShards,
+                                       flat, make_mlp)
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
 from mtb_helpers.checking.report import Report, compare
@@ -109,17 +109,17 @@ def _on_rank(strategy: str, model, start: dict, batches, adam: Adam, bug) -> dic
     return {"pieces": pieces, "held": held, "record": rec.without_tensors()}
 
 
-def _layout(strategy: str, model, t: int) -> Layout:
+def _layout(strategy: str, model, t: int) -> FlatShards:
     if strategy == "zero3":
-        return Layout(tuple(m.weight.numel() + m.bias.numel() for m in model
+        return FlatShards(tuple(m.weight.numel() + m.bias.numel() for m in model
                             if isinstance(m, torch.nn.Linear)), t, True)
-    return Layout((sum(p.numel() for p in model.parameters()),), t, strategy != "ddp")
+    return FlatShards((sum(p.numel() for p in model.parameters()),), t, strategy != "ddp")
 
 
-def memory_model(strategy: str, layout: Layout, dtype_bytes: int) -> dict:
+def memory_model(strategy: str, layout: FlatShards, dtype_bytes: int) -> dict:
     """Bytes per rank our run should hold: params ``dΨ``, grads ``dΨ``, Adam ``2dΨ`` (``d`` bytes
     per element, K = 2d: m and v, no master copy since the parameters already are in the run's
-    dtype), each of them ``/t`` where the strategy shards it (``Ψ`` padded then). Next to it the
+    dtype), each of them ``/p`` where the strategy shards it (``Ψ`` padded then). Next to it the
     ZeRO paper's mixed-precision accounting ``2Ψ + 2Ψ + KΨ``, K = 12, sharded the same way."""
     t, d = layout.world_size, dtype_bytes
     sharded = MEMORY_SHARDED[strategy]
@@ -139,7 +139,7 @@ _FORMULA_TEXT = {"ddp": "all-reduce 2(p-1)/p·eΨ", "zero1": "reduce-scatter + a
                  "zero3": "all-gather fwd + all-gather bwd + reduce-scatter 3(p-1)/p·eΨ"}
 
 
-def communication_model(strategy: str, layout: Layout, dtype_bytes: int) -> int:
+def communication_model(strategy: str, layout: FlatShards, dtype_bytes: int) -> int:
     """Bytes each rank sends per step with ring collectives (``Ψ`` padded where sharded)."""
     t = layout.world_size
     units = [layout.padded(i) * dtype_bytes for i in range(len(layout.units))]
@@ -159,11 +159,8 @@ def _validate(strategy, batch, hidden, ffn_hidden, lr, weight_decay, t, bug, ste
     for name, value in {"lr": lr, "weight_decay": weight_decay}.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise ValueError(f"{name} must be a non-negative number, got {value!r}")
-    wrong = resolve(bug, "data_parallel")
-    if bug is not None and bug not in BUGS_BY_STRATEGY[strategy]:
-        raise ValueError(f"bug {bug!r} does not apply to strategy {strategy!r}; it can inject: "
-                         f"{', '.join(BUGS_BY_STRATEGY[strategy])}")
-    return wrong
+    # which strategies a bug applies to is its need (dp/bugs.py), asked like every check's
+    return resolve(bug, "data_parallel", strategy=strategy)
 
 
 @functools.lru_cache(maxsize=4)
@@ -193,7 +190,7 @@ def check_data_parallel(world_size: int = 2, strategy: str = "ddp", batch: int =
     """``steps`` Adam steps of ``strategy`` on ``world_size`` ranks against one process on the
     whole batches, compared after every step.
 
-    ``X, target [batch, hidden]``, each rank gets ``[batch/t, hidden]``. Refuses (ValueError,
+    ``X, target [batch, hidden]``, each rank gets ``[batch/p, hidden]``. Refuses (ValueError,
     before any rank starts) an unknown strategy, a batch the world size does not divide, and a
     bug that does not apply to the strategy. Any parameter count works: flat buffers are padded.
     """
@@ -254,12 +251,12 @@ def check_all_strategies(world_size: int = 2, strategies=STRATEGIES, **kwargs) -
     strategies it applies to (the others run correct). Everything is validated first."""
     bug = kwargs.pop("bug", None)
     strategies = tuple(strategies)
-    resolve(bug, "data_parallel")
-    if bug is not None and not any(bug in BUGS_BY_STRATEGY.get(s, ()) for s in strategies):
-        where = [s for s, bugs in BUGS_BY_STRATEGY.items() if bug in bugs]
+    wrong = resolve(bug, "data_parallel")
+    applies = lambda s: wrong is not None and not wrong.unmet(strategy=s)   # the bug's needs
+    if wrong is not None and not any(applies(s) for s in strategies):
         raise ValueError(f"bug {bug!r} does not apply to any of {', '.join(strategies)}; "
-                         f"it applies to {', '.join(where)}")
-    chosen = {s: (bug if bug in BUGS_BY_STRATEGY.get(s, ()) else None) for s in strategies}
+                         f"it applies to {', '.join(s for s in STRATEGIES if applies(s))}")
+    chosen = {s: (bug if applies(s) else None) for s in strategies}
     t = resolve_world_size(world_size)
     for s, b in chosen.items():   # refuse bad input before any rank starts
         _validate(s, kwargs.get("batch", 8), kwargs.get("hidden", 8), kwargs.get("ffn_hidden", 32),

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtb_helpers.comm.issue import group_rank, group_size, issue
-from mtb_helpers.dp.strategies import DDP, SHARDED, Adam, Layout, Strategy, ZeRO1, ZeRO2, held_bytes
+from mtb_helpers.dp.strategies import DDP, SHARDED, Adam, FlatShards, Strategy, ZeRO1, ZeRO2, held_bytes
 
 __all__ = ["ZeRO3", "STRATEGY_CLASSES"]
 
@@ -55,11 +55,11 @@ class ZeRO3(Strategy):
     name = "zero3"
 
     def __init__(self, model: nn.Sequential, start: dict, adam: Adam = Adam(), group=None):
-        self.group, self.t, self.rank = group, group_size(group), group_rank(group)
+        self.group, self.p, self.rank = group, group_size(group), group_rank(group)
         self.layers = list(model)
         self.linears = [i for i, m in enumerate(self.layers) if isinstance(m, nn.Linear)]
         self.shapes = [(self.layers[i].weight.shape, self.layers[i].bias.shape) for i in self.linears]
-        self.layout = Layout(tuple(w.numel() + b.numel() for w, b in self.shapes), self.t, True)
+        self.layout = FlatShards(tuple(w.numel() + b.numel() for w, b in self.shapes), self.p, True)
         self.shards = nn.ParameterList()
         self.optimizer_start = {}
         for unit in range(len(self.linears)):

@@ -3,8 +3,8 @@ gathered full tensor, whose memory exists only while the unit computes.
 
 A unit (a module ``FSDP``'s ``shard`` predicate selected) has one ``FlatGroup`` per (dtype,
 trainable) kind of parameter it manages. Its parameters are laid end to end in one flat vector of
-``n`` elements, padded to ``n_pad`` (a multiple of ``t``); rank ``r`` keeps the slice
-``[r·n_pad/t, (r+1)·n_pad/t)`` as ``shard``, an ``nn.Parameter``. ``full`` is a leaf tensor
+``n`` elements, padded to ``n_pad`` (a multiple of ``p``); rank ``r`` keeps the slice
+``[r·n_pad/p, (r+1)·n_pad/p)`` as ``shard``, an ``nn.Parameter``. ``full`` is a leaf tensor
 ``[n_pad]`` in the compute dtype whose storage is allocated for an all-gather and freed (resized to
 0 bytes) afterwards; the modules get views of it as their ``weight``/``bias`` for the forward, and
 the views autograd saved for the backward see the re-gathered values (FSDP1's flat parameter idea).
@@ -29,7 +29,7 @@ class FlatGroup:
         self.unit, self.places = unit, places
         self.shapes = [p.shape for p in params]
         self.numels = [p.numel() for p in params]
-        self.t, self.pg = world_size, process_group
+        self.p, self.pg = world_size, process_group
         self.numel = sum(self.numels)
         self.padded = -(-self.numel // world_size) * world_size
         self.trainable = params[0].requires_grad
@@ -39,7 +39,7 @@ class FlatGroup:
         torch.cat([p.detach().reshape(-1) for p in params], out=flat[:self.numel])
         per = self.padded // world_size
         self.shard = nn.Parameter(flat[rank * per:(rank + 1) * per].clone(),
-                                  requires_grad=self.trainable)                    # [n_pad/t]
+                                  requires_grad=self.trainable)                    # [n_pad/p]
         self.full = torch.empty(self.padded, dtype=self.compute_dtype, device=flat.device)
         self.full.requires_grad_(self.trainable)
         self._free()
@@ -62,11 +62,11 @@ class FlatGroup:
         if self.gathered or self.pending is not None:
             return None
         self.full.untyped_storage().resize_(self.padded * self.full.element_size())
-        send = self.shard.detach().to(self.compute_dtype)                          # [n_pad/t]
+        send = self.shard.detach().to(self.compute_dtype)                          # [n_pad/p]
         # .data: the collective writes the storage without touching autograd's version counter,
         # so the views saved in the forward stay valid when they are re-gathered for the backward
         work = all_gather_async(self.full.data, send, self.pg)                     # -> [n_pad]
-        note("all_gather", send, self.full.data, "fsdp-params", self.unit, direction, self.t)
+        note("all_gather", send, self.full.data, "fsdp-params", self.unit, direction, self.p)
         self.pending = (work, send)
         return work
 
@@ -97,11 +97,11 @@ class FlatGroup:
 
     def reduce_grad(self, grad: torch.Tensor, reduce_dtype: torch.dtype):
         """Start the reduce-scatter of ``grad [n_pad]`` in ``reduce_dtype``; returns
-        ``(work, out [n_pad/t])``: the sum over ranks of this rank's slice, once ``work`` is done."""
+        ``(work, out [n_pad/p])``: the sum over ranks of this rank's slice, once ``work`` is done."""
         send = grad.to(reduce_dtype)
-        out = send.new_empty(self.padded // self.t)
+        out = send.new_empty(self.padded // self.p)
         work = reduce_scatter_async(out, send, self.pg)
-        note("reduce_scatter", send, out, "fsdp-grads", self.unit, "backward", self.t)
+        note("reduce_scatter", send, out, "fsdp-grads", self.unit, "backward", self.p)
         return work, out, send
 
     def full_master(self) -> list[torch.Tensor]:

@@ -31,7 +31,7 @@ from torch import nn
 
 from mtb_helpers.comm.records import note
 from mtb_helpers.dp.fsdp_units import FlatGroup
-from mtb_helpers.dp.wrapping import WRAPPED_ATTR, Event, Timeline, broadcast_, check_group, check_module
+from mtb_helpers.dp.wrapping import WRAPPED_ATTR, StepClock, StepEvent, broadcast_, check_group, check_module
 
 __all__ = ["FSDP", "owns_parameters"]
 
@@ -131,15 +131,15 @@ class FSDP(nn.Module):
         self._pending: list = []
         self._bwd_start: dict[int, float] = {}
         self._stashed: dict[tuple[int, str], nn.Parameter] = {}
-        self.timeline: list[Event] = []
-        self._clock = Timeline()
+        self.timeline: list[StepEvent] = []
+        self._clock = StepClock()
 
     # --- forward ------------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
         if self._pending:
             raise RuntimeError("FSDP: call finish_gradient_synchronization() after each backward")
         self._last_order, self._order = (self._order or self._last_order), []
-        self._clock, self._bwd_start = Timeline(), {}
+        self._clock, self._bwd_start = StepClock(), {}
         return self.module(*args, **kwargs)
 
     def _next_in(self, order: list[int], u: int, step: int) -> int | None:
@@ -248,7 +248,7 @@ class FSDP(nn.Module):
         return self.reduce_dtype or g.shard.dtype
 
     def finish_gradient_synchronization(self) -> None:
-        """Wait for every reduce-scatter and put ``sum / t`` into the shards' ``.grad`` (master
+        """Wait for every reduce-scatter and put ``sum / p`` into the shards' ``.grad`` (master
         dtype); all-reduce the whole parameters' gradients; free what a prefetch left gathered."""
         for g, work, out, key, _ in self._pending:
             g.wait(work)

@@ -18,7 +18,7 @@ gradient on this rank counts as zeros, its bucket starting in ``finish_gradient_
 with ``find_unused_parameters=True`` each bucket also carries one "used" flag per parameter, and a
 parameter no rank used keeps ``grad = None`` (as PyTorch's DDP with the same flag).
 ``.buckets``: parameter names per bucket, in reduce order. ``.timeline``: the last synchronised
-backward's events (``wrapping.Event``): compute until each bucket was ready, and each all-reduce.
+backward's events (``wrapping.StepEvent``): compute until each bucket was ready, and each all-reduce.
 """
 from __future__ import annotations
 
@@ -32,28 +32,11 @@ import torch.distributed as dist
 from torch import nn
 
 from mtb_helpers.comm.records import note
-from mtb_helpers.dp.wrapping import (WRAPPED_ATTR, Event, Timeline, broadcast_, check_bucket_cap,
-                                     check_group, check_module)
+from mtb_helpers.dp.buckets import assign_buckets, bucket_cap_bytes
+from mtb_helpers.dp.wrapping import (WRAPPED_ATTR, StepClock, StepEvent, broadcast_, check_group,
+                                     check_module)
 
-__all__ = ["OverlappedDDP", "assign_buckets"]
-
-
-def assign_buckets(named: list[tuple[str, torch.Tensor]], cap_bytes: float) -> list[list[int]]:
-    """Indices into ``named`` (given in registration order) per bucket, in reduce order: walk the
-    parameters last to first; a dtype's open bucket closes once it holds ``>= cap_bytes``; buckets
-    still open at the end follow, in the order their dtype first appeared (PyTorch's rule)."""
-    closed: list[list[int]] = []
-    open_: dict[torch.dtype, tuple[list[int], int]] = {}
-    for i in reversed(range(len(named))):
-        p = named[i][1]
-        idx, size = open_.get(p.dtype, ([], 0))
-        idx, size = idx + [i], size + p.numel() * p.element_size()
-        if size >= cap_bytes:
-            closed.append(idx)
-            open_.pop(p.dtype, None)
-        else:
-            open_[p.dtype] = (idx, size)
-    return closed + [idx for idx, _ in open_.values()]
+__all__ = ["OverlappedDDP", "assign_buckets"]   # assign_buckets: buckets.py's, notebook 14 imports it here
 
 
 class OverlappedDDP(nn.Module):
@@ -62,7 +45,7 @@ class OverlappedDDP(nn.Module):
     def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, process_group=None, *,
                  find_unused_parameters: bool = False) -> None:
         check_module(module, "OverlappedDDP")
-        cap = check_bucket_cap(bucket_cap_mb)
+        cap = bucket_cap_bytes(bucket_cap_mb)
         self.world_size, self.rank = check_group(process_group)
         super().__init__()
         self.module = module
@@ -72,8 +55,9 @@ class OverlappedDDP(nn.Module):
         setattr(module, WRAPPED_ATTR, "OverlappedDDP")
         broadcast_(list(module.parameters()) + list(module.buffers()), process_group)
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]  # tied: once
-        self._buckets = [[named[i][1] for i in b] for b in assign_buckets(named, cap)]
-        self.buckets: list[list[str]] = [[named[i][0] for i in b] for b in assign_buckets(named, cap)]
+        plan = assign_buckets(named, cap)
+        self._buckets = [[named[i][1] for i in b] for b in plan]
+        self.buckets: list[list[str]] = [[named[i][0] for i in b] for b in plan]
         self._bucket_of = {p: k for k, b in enumerate(self._buckets) for p in b}
         # weakly: a parameter's hook is out of the garbage collector's sight, so a bound method
         # kept this wrapper, its module and buckets alive as long as the rank (notebook 14: +4 MiB
@@ -81,14 +65,14 @@ class OverlappedDDP(nn.Module):
         on_grad_ready = _weakly(weakref.WeakMethod(self._on_grad_ready))
         self._hooks = [p.register_post_accumulate_grad_hook(on_grad_ready) for _, p in named]
         self._sync = True
-        self.timeline: list[Event] = []
+        self.timeline: list[StepEvent] = []
         self._reset()
 
     def _reset(self) -> None:
         self._ready: set[nn.Parameter] = set()
         self._next = 0                                   # the next bucket to start
         self._pending: list[tuple[int, torch.Tensor, object, int]] = []
-        self._clock: Timeline | None = None
+        self._clock: StepClock | None = None
         self._started = False
 
     # --- forward: note where the backward starts -------------------------------------------
@@ -98,7 +82,7 @@ class OverlappedDDP(nn.Module):
                                "call finish_gradient_synchronization() after each backward")
         out = self.module(*args, **kwargs)
         if self._sync and torch.is_grad_enabled():
-            self._clock = Timeline()
+            self._clock = StepClock()
             for t in _tensors(out):
                 if t.requires_grad:
                     t.register_hook(self._on_backward_start)
@@ -118,7 +102,7 @@ class OverlappedDDP(nn.Module):
                                "(or accumulate inside no_sync())")
         self._ready.add(p)
         if self._clock is None:                           # backward of a tensor not from forward
-            self._clock = Timeline()
+            self._clock = StepClock()
         while self._next < len(self._buckets) and self._bucket_ready(self._next):
             self._launch(self._next)
 
@@ -147,7 +131,7 @@ class OverlappedDDP(nn.Module):
         if not self._sync:
             return
         if self._clock is None:
-            self._clock = Timeline()
+            self._clock = StepClock()
         while self._next < len(self._buckets):
             self._launch(self._next)
         for k, flat, work, key in self._pending:

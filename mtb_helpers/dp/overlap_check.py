@@ -37,6 +37,7 @@ from mtb_helpers.checking.bug import resolve, swap
 from mtb_helpers.checking.report import Report, Row, compare
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
 from mtb_helpers.comm.records import record
+from mtb_helpers.dp.buckets import bucket_cap_bytes
 from mtb_helpers.dp.fsdp_wrapper import FSDP
 from mtb_helpers.dp.overlap import OverlappedDDP
 from mtb_helpers.dp.overlap_pytorch import overlap_model
@@ -162,9 +163,7 @@ def _validate(wrapper, t, steps, batch, hidden, cap, compute_dtype, reduce_dtype
     positive_sizes(steps=steps, batch=batch, hidden=hidden)
     if batch % t:
         raise ValueError(f"batch={batch} is not divisible by the world size {t}")
-    if (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not math.isfinite(cap)
-            or cap < 0):
-        raise ValueError(f"bucket_cap_mb must be a finite number >= 0, got {cap!r}")
+    bucket_cap_bytes(cap)
     for name, d in (("compute_dtype", compute_dtype), ("reduce_dtype", reduce_dtype)):
         if d is not None and (not isinstance(d, torch.dtype) or not d.is_floating_point):
             raise ValueError(f"{name} must be a floating-point torch.dtype or None, got {d!r}")

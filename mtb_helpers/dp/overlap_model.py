@@ -21,13 +21,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Op", "Prediction", "simulate", "bucket_plan", "predict_ddp", "predict_fsdp"]
+from mtb_helpers.dp.buckets import assign_buckets, bucket_cap_bytes
+
+__all__ = ["LaneOp", "Prediction", "simulate", "predict_ddp", "predict_fsdp"]
 
 
 @dataclass(frozen=True)
-class Op:
-    """One operation in program order: ``kind`` "compute" or "comm"; ``after``: names of the ops
-    it waits for (a compute op also waits for the compute lane, a collective for the comm lane)."""
+class LaneOp:
+    """One operation of a step on one of the two lanes, in program order (``pp``'s ``Op`` is a
+    stage's work on one micro-batch): ``kind`` "compute" or "comm"; ``after``: names of the ops it
+    waits for (a compute op also waits for the compute lane, a collective for the comm lane)."""
     kind: str
     name: str
     seconds: float
@@ -49,7 +52,7 @@ class Prediction:
         return self.step - self.compute
 
 
-def simulate(ops: list[Op]) -> Prediction:
+def simulate(ops: list[LaneOp]) -> Prediction:
     """Times of ``ops`` on the two lanes (see the module docstring)."""
     end: dict[str, float] = {}
     free = {"compute": 0.0, "comm": 0.0}
@@ -69,19 +72,6 @@ def simulate(ops: list[Op]) -> Prediction:
     return Prediction(events, max(end.values(), default=0.0), busy["compute"], busy["comm"])
 
 
-def bucket_plan(param_bytes: list[int], cap_bytes: float) -> list[list[int]]:
-    """PyTorch's bucketing (one dtype): parameter indices per bucket, last parameter first, a
-    bucket closing once it holds ``>= cap_bytes``."""
-    buckets, open_, size = [], [], 0
-    for i in reversed(range(len(param_bytes))):
-        open_.append(i)
-        size += param_bytes[i]
-        if size >= cap_bytes:
-            buckets.append(open_)
-            open_, size = [], 0
-    return buckets + ([open_] if open_ else [])
-
-
 def predict_ddp(layer_param_bytes: list[list[int]], t_fwd: float, t_bwd: float, link,
                 world_size: int, bucket_cap_mb: float, overlap: bool = True, t_opt: float = 0.0,
                 zero1: bool = False, largest_partition_bytes: int = 0) -> Prediction:
@@ -96,12 +86,13 @@ def predict_ddp(layer_param_bytes: list[list[int]], t_fwd: float, t_bwd: float, 
     p = world_size
     flat = [b for layer in layer_param_bytes for b in layer]
     layer_of = [i for i, layer in enumerate(layer_param_bytes) for _ in layer]
-    ops = [Op("compute", f"forward {i}", t_fwd) for i in range(len(layer_param_bytes))]
-    buckets = bucket_plan(flat, bucket_cap_mb * 2 ** 20)
+    ops = [LaneOp("compute", f"forward {i}", t_fwd) for i in range(len(layer_param_bytes))]
+    # the wrapper's own rule (buckets.py), on byte counts: the predicted buckets are OverlappedDDP's
+    buckets = assign_buckets(list(enumerate(flat)), bucket_cap_bytes(bucket_cap_mb))
     last_layer = [min(layer_of[j] for j in b) for b in buckets]   # backward goes last to first
     reduces, k = [], 0
     for i in reversed(range(len(layer_param_bytes))):
-        ops.append(Op("compute", f"backward {i}", t_bwd))
+        ops.append(LaneOp("compute", f"backward {i}", t_bwd))
         while overlap and k < len(buckets) and last_layer[k] == i:
             reduces.append(k)
             ops.append(_all_reduce(k, buckets[k], flat, p, link, predict))
@@ -111,17 +102,17 @@ def predict_ddp(layer_param_bytes: list[list[int]], t_fwd: float, t_bwd: float, 
     waits = tuple(f"all-reduce bucket {k}" for k in range(len(buckets)))
     if t_opt:
         share = largest_partition_bytes / sum(flat) if zero1 else 1.0
-        ops.append(Op("compute", "optimizer", t_opt * share, waits))
+        ops.append(LaneOp("compute", "optimizer", t_opt * share, waits))
     if zero1:
         gathered = p * largest_partition_bytes
-        ops.append(Op("comm", "all-gather partitions", predict("all-gather", gathered, p, link),
+        ops.append(LaneOp("comm", "all-gather partitions", predict("all-gather", gathered, p, link),
                       ("optimizer",) if t_opt else waits, gathered))
     return simulate(ops)
 
 
-def _all_reduce(k, bucket, flat, p, link, predict, after=()) -> Op:
+def _all_reduce(k, bucket, flat, p, link, predict, after=()) -> LaneOp:
     nbytes = sum(flat[j] for j in bucket)
-    return Op("comm", f"all-reduce bucket {k}", predict("all-reduce", nbytes, p, link), after, nbytes)
+    return LaneOp("comm", f"all-reduce bucket {k}", predict("all-reduce", nbytes, p, link), after, nbytes)
 
 
 def predict_fsdp(unit_bytes: list[int], t_fwd: float, t_bwd: float, link, world_size: int,
@@ -131,7 +122,7 @@ def predict_fsdp(unit_bytes: list[int], t_fwd: float, t_bwd: float, link, world_
     of other width; the reduce-scatter takes the full gradient in the master dtype)."""
     from mtb_helpers.cost import predict
     p, n = world_size, len(unit_bytes)
-    gather = lambda u, tag: Op("comm", f"all-gather {u} {tag}", predict(
+    gather = lambda u, tag: LaneOp("comm", f"all-gather {u} {tag}", predict(
         "all-gather", int(unit_bytes[u] * gather_itemsize_ratio), p, link), (),
         int(unit_bytes[u] * gather_itemsize_ratio))
     ops = [gather(0, "fwd")]
@@ -140,18 +131,18 @@ def predict_fsdp(unit_bytes: list[int], t_fwd: float, t_bwd: float, link, world_
             ops.append(gather(u + 1, "fwd"))
         elif not prefetch and u > 0:
             ops.append(_after(gather(u, "fwd"), f"forward {u - 1}"))
-        ops.append(Op("compute", f"forward {u}", t_fwd, (f"all-gather {u} fwd",)))
+        ops.append(LaneOp("compute", f"forward {u}", t_fwd, (f"all-gather {u} fwd",)))
     ops.append(_after(gather(n - 1, "bwd"), f"forward {n - 1}"))
     for u in reversed(range(n)):
         if prefetch and u > 0:
             ops.append(gather(u - 1, "bwd"))
         elif not prefetch and u < n - 1:
             ops.append(_after(gather(u, "bwd"), f"backward {u + 1}"))
-        ops.append(Op("compute", f"backward {u}", t_bwd, (f"all-gather {u} bwd",)))
-        ops.append(Op("comm", f"reduce-scatter {u}", predict("reduce-scatter", unit_bytes[u], p, link),
+        ops.append(LaneOp("compute", f"backward {u}", t_bwd, (f"all-gather {u} bwd",)))
+        ops.append(LaneOp("comm", f"reduce-scatter {u}", predict("reduce-scatter", unit_bytes[u], p, link),
                       (f"backward {u}",), unit_bytes[u]))
     return simulate(ops)
 
 
-def _after(op: Op, name: str) -> Op:
-    return Op(op.kind, op.name, op.seconds, op.after + (name,), op.nbytes)
+def _after(op: LaneOp, name: str) -> LaneOp:
+    return LaneOp(op.kind, op.name, op.seconds, op.after + (name,), op.nbytes)

@@ -9,7 +9,7 @@ float32 and once per compute dtype (``reduce_dtype=float32``): the shards (maste
 AdamW stay float32; each shard is cast to the compute dtype before its all-gather (half the bytes
 for a 16-bit dtype), forward and backward run in it, and the gradient is cast back to float32
 before the reduce-scatter. Bytes are those the collectives' record counts (all-gather: what the
-rank sends, (t-1) x its shard; reduce-scatter: (t-1)/t of the full gradient), for the last step.
+rank sends, (p-1) x its shard; reduce-scatter: (p-1)/p of the full gradient), for the last step.
 """
 from __future__ import annotations
 

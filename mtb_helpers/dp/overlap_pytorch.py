@@ -11,7 +11,7 @@ for step, and one process on the whole batch.
                                                     under MixedPrecisionPolicy(param_dtype, reduce_dtype)
 
 The model is ``dp.make_mlp`` (fc1, GeLU, fc2) with a third linear layer, so that small caps make
-several buckets; every rank trains on its rows ``[B/t, h]`` of each batch (mean-squared error).
+several buckets; every rank trains on its rows ``[B/p, h]`` of each batch (mean-squared error).
 DDP's buckets are read from a communication hook (``GradBucket.parameters()``), in the order DDP
 reduces them; DDP rebuilds its buckets after the first step in the order gradients arrived, so the
 last step's are compared. ZeRO-1's optimizer state per rank is measured in bytes on each side.
@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from mtb_helpers.dp.buckets import bucket_cap_bytes
 from mtb_helpers.dp.fsdp_wrapper import FSDP
 from mtb_helpers.dp.overlap import OverlappedDDP
 from mtb_helpers.dp.sharded_optimizer import ShardedOptimizer
@@ -178,8 +179,7 @@ def pytorch_overlap(world_size: int = 2, wrapper: str = "ddp", optimizer: str = 
         raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {sorted(OPTIMIZERS)}")
     if batch % t:
         raise ValueError(f"batch={batch} is not divisible by the world size {t}")
-    if not bucket_cap_mb >= 0:
-        raise ValueError(f"bucket_cap_mb must be >= 0 (0: one bucket per parameter), got {bucket_cap_mb!r}")
+    bucket_cap_bytes(bucket_cap_mb)
     model = overlap_model(hidden, dtype, seed)
     gen = torch.Generator().manual_seed(seed + 1)
     batches = [tuple(torch.randn(batch, hidden, generator=gen, dtype=dtype) for _ in range(2))

@@ -23,9 +23,10 @@ import torch.distributed as dist
 from torch import nn
 
 from mtb_helpers.cost import Link, pad_backward, padded
+from mtb_helpers.dp.buckets import assign_buckets, bucket_cap_bytes
 from mtb_helpers.dp.fsdp_wrapper import FSDP
 from mtb_helpers.dp.overlap import OverlappedDDP
-from mtb_helpers.dp.overlap_model import bucket_plan, predict_ddp, predict_fsdp
+from mtb_helpers.dp.overlap_model import predict_ddp, predict_fsdp
 from mtb_helpers.dp.sharded_optimizer import ShardedOptimizer, partition_by_size
 from mtb_helpers.runtime.ranks import run
 
@@ -193,9 +194,9 @@ def bucket_curve(caps, world_size: int = 2, link: Link = DEFAULT_LINK, measure: 
     layer_bytes = [[int(spec["hidden"]) ** 2 * 4, int(spec["hidden"]) * 4]] * int(spec["layers"])
     pred = lambda cap, ov: predict_ddp(layer_bytes, spec["t_fwd"], spec["t_bwd"], link, world_size,
                                        cap, ov, spec["t_opt"]).step
-    params = [n for layer in layer_bytes for n in layer]
+    params = list(enumerate(n for layer in layer_bytes for n in layer))
     return {"caps": list(caps), "predicted": [pred(c, True) for c in caps],
-            "buckets": [len(bucket_plan(params, c * 2 ** 20)) for c in caps],
+            "buckets": [len(assign_buckets(params, bucket_cap_bytes(c))) for c in caps],
             "measured": ([measure_ddp(world_size, link, c, steps=steps, **sizes)["measured"]
                           for c in caps] if measure else None),
             "no_overlap": pred(max(caps), False)}

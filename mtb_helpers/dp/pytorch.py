@@ -80,7 +80,7 @@ def _course_full(course, grads: bool) -> torch.Tensor:
     units = []
     for u, shard in enumerate(course.shards):
         piece = (shard.grad if grads else shard).detach().contiguous()
-        parts = [torch.empty_like(piece) for _ in range(course.t)]
+        parts = [torch.empty_like(piece) for _ in range(course.p)]
         dist.all_gather(parts, piece)
         units.append(torch.cat(parts)[:course.layout.units[u]])
     return torch.cat(units)
@@ -143,7 +143,7 @@ def pytorch_data_parallel(world_size: int = 2, strategy: str = "ddp", steps: int
             raise ValueError(f"{name} must be a positive integer, got {n!r}")
     if batch % t:
         raise ValueError(f"batch={batch} is not divisible by the world size {t}: data "
-                         f"parallelism gives every rank batch/t rows")
+                         f"parallelism gives every rank batch/p rows")
     gen = torch.Generator().manual_seed(seed)
     model = make_mlp(hidden, ffn_hidden, gen, torch.float64)
     batches = [tuple(torch.randn(batch, hidden, generator=gen, dtype=torch.float64)

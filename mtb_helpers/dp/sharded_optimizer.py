@@ -14,7 +14,7 @@ partitions are padded to the largest one so that it is a single all-gather per d
 them on to the local optimizer); ``zero_grad`` clears every gradient. ``state_dict()`` is collective
 (call it on every rank): it returns the state the unsharded ``optimizer_cls`` would hold, indexed the
 same way; ``load_state_dict`` takes such a dict and keeps this rank's partition of it.
-``local_state_bytes()`` is what this rank's optimizer state occupies, about 1/t of the unsharded.
+``local_state_bytes()`` is what this rank's optimizer state occupies, about 1/p of the unsharded.
 """
 from __future__ import annotations
 

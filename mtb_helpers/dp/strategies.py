@@ -32,7 +32,7 @@ from torch import nn
 from mtb_helpers.comm.issue import group_rank, group_size, issue
 from mtb_helpers.dp.adam import AdamUpdate
 
-__all__ = ["STRATEGIES", "SHARDED", "Adam", "make_mlp", "flat", "as_views", "padded_numel", "Layout",
+__all__ = ["STRATEGIES", "SHARDED", "Adam", "make_mlp", "flat", "as_views", "padded_numel", "FlatShards",
            "held_bytes", "Strategy", "DDP", "ZeRO1", "ZeRO2"]
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
@@ -94,15 +94,16 @@ def as_views(params, buffer: torch.Tensor) -> None:
         offset += p.numel()
 
 
-def padded_numel(numel: int, t: int) -> int:
-    """``numel`` rounded up to a multiple of ``t``: the flat buffer every rank can shard evenly."""
-    return -(-numel // t) * t
+def padded_numel(numel: int, p: int) -> int:
+    """``numel`` rounded up to a multiple of ``p``: the flat buffer every rank can shard evenly."""
+    return -(-numel // p) * p
 
 
 @dataclass(frozen=True)
-class Layout:
-    """How a strategy lays the ``Ψ`` parameters out in flat units (one unit for DDP/ZeRO-1/2, one
-    per linear layer for ZeRO-3) and which piece of each unit rank ``r`` holds."""
+class FlatShards:
+    """The flat units a strategy lays the ``Ψ`` parameters out in (one for DDP/ZeRO-1/2, one per
+    linear layer for ZeRO-3) and which piece of each unit rank ``r`` holds (a parallel layout
+    is ``plan.specs.Layout``)."""
     units: tuple[int, ...]      # parameter count of each unit
     world_size: int
     pad: bool                   # pad each unit to a multiple of the world size
@@ -148,11 +149,11 @@ def held_bytes(tensors) -> int:
 class Strategy:
     """One data-parallel training step, whatever is sharded: forward and backward on this rank's
     slice of the batch, gradients reduced (how is the subclass's business), one Adam step.
-    Subclasses set ``t`` (the group size, the course's p) and ``optimizer``."""
+    Subclasses set ``p`` (the group size: the data-parallel world size) and ``optimizer``."""
 
     def average(self, summed: torch.Tensor) -> torch.Tensor:
         """The sum over ranks -> the mean: each rank's loss is the mean over its b/p samples."""
-        return summed / self.t
+        return summed / self.p
 
     def step(self) -> None:
         """One Adam step on what this rank owns."""
@@ -184,13 +185,13 @@ class DDP(Strategy):
 
     def __init__(self, model: nn.Module, start: dict, adam: Adam = Adam(), group=None,
                  copy_model: bool = True):
-        self.group, self.t, self.rank = group, group_size(group), group_rank(group)
+        self.group, self.p, self.rank = group, group_size(group), group_rank(group)
         # copy_model=False: the caller's module itself gets the flat buffer (its layers may hold
         # process groups, which cannot be deep-copied)
         self.model = copy.deepcopy(model) if copy_model else model
         # walked once (~0.3 ms on the capstone's stage): only their .data changes (test_dp_params_kept)
         self._params = params = list(self.model.parameters())
-        self.layout = Layout((sum(p.numel() for p in params),), self.t, self.shard_optimizer)
+        self.layout = FlatShards((sum(p.numel() for p in params),), self.p, self.shard_optimizer)
         self.flat = self.layout.piece(start["params"], 0, sharded=False)   # [Ψ_pad]
         as_views(params, self.flat)
         lo, hi = self.layout.shard(0, self.rank) if self.shard_optimizer else (0, len(self.flat))

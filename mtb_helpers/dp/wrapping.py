@@ -4,13 +4,15 @@ the three collectives in both torch spellings, and the per-rank timeline of a st
 ``OverlappedDDP`` (overlap.py), ``ShardedOptimizer`` (sharded_optimizer.py) and ``FSDP``
 (fsdp_wrapper.py) are built inside a rank, under whatever process group the script made: the
 course's ``run()``, torchrun, or ``torch.multiprocessing.spawn`` + ``init_process_group("gloo")``.
-Each event of a timeline is plain data, ``Event(kind, name, start, end, nbytes)`` with ``kind``
+Each event of a timeline is plain data, ``StepEvent(kind, name, start, end, nbytes)`` with ``kind``
 ``"compute"`` or ``"comm"`` and times in seconds from the start of the step on this rank's clock
-(``time.perf_counter``), so a figure can draw a compute lane and a comm lane per rank.
+(``time.perf_counter``), so a figure can draw a compute lane and a comm lane per rank. (Not
+``runtime.timeline.Event``: that one is the emulated link's view of a whole ``run`` call, every
+rank on one zero after a barrier, each interval with the time its model asked for; a wrapper's
+``StepClock`` knows only its own rank, from its step's start, and has no model.)
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -19,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 
-__all__ = ["Event", "Timeline", "check_bucket_cap", "check_module", "check_group", "broadcast_",
+__all__ = ["StepEvent", "StepClock", "check_module", "check_group", "broadcast_",
            "all_gather_async", "reduce_scatter_async", "group_source", "WRAPPED_ATTR"]
 
 # Set on a module when a wrapper takes it: wrapping it again is refused (two wrappers would both
@@ -28,7 +30,7 @@ WRAPPED_ATTR = "_mtb_wrapped_by"
 
 
 @dataclass(frozen=True)
-class Event:
+class StepEvent:
     """One interval on one rank: ``kind`` "compute" or "comm", seconds from the step's start."""
     kind: str
     name: str
@@ -41,13 +43,14 @@ class Event:
         return self.end - self.start
 
 
-class Timeline:
-    """Collects one step's events; ``comm`` ends arrive from gloo's thread (a future callback),
-    which is why ends are stored by index and not appended in order."""
+class StepClock:
+    """A wrapper's clock for one step on this rank: collects its ``StepEvent`` s; ``comm`` ends
+    arrive from gloo's thread (a future callback), which is why ends are stored by index and not
+    appended in order."""
 
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
-        self.events: list[Event] = []
+        self.events: list[StepEvent] = []
         self._open: dict[int, tuple[str, str, float, int]] = {}
         self._ends: dict[int, float] = {}
 
@@ -55,7 +58,7 @@ class Timeline:
         return time.perf_counter() - self.t0
 
     def add(self, kind: str, name: str, start: float, end: float, nbytes: int = 0) -> None:
-        self.events.append(Event(kind, name, start, end, nbytes))
+        self.events.append(StepEvent(kind, name, start, end, nbytes))
 
     def comm(self, name: str, work, nbytes: int) -> int:
         """Note an asynchronous collective just issued; its end is taken when gloo completes it
@@ -73,20 +76,11 @@ class Timeline:
         """The caller has just waited for collective ``key``: it ended by now at the latest."""
         self._ends.setdefault(key, self.now())
 
-    def close(self) -> list[Event]:
+    def close(self) -> list[StepEvent]:
         """Every event, comm ones with their completion time (call after waiting for them)."""
-        done = [Event(kind, name, start, self._ends.get(key, self.now()), nbytes)
+        done = [StepEvent(kind, name, start, self._ends.get(key, self.now()), nbytes)
                 for key, (kind, name, start, nbytes) in self._open.items()]
         return sorted(self.events + done, key=lambda e: (e.start, e.kind))
-
-
-def check_bucket_cap(bucket_cap_mb) -> float:
-    """The cap in bytes (MiB as PyTorch's DDP counts them: 1 MiB = 2**20 B)."""
-    if (isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float))
-            or not math.isfinite(bucket_cap_mb) or bucket_cap_mb < 0):
-        raise ValueError(f"bucket_cap_mb must be a finite number >= 0 (MiB per gradient bucket; "
-                         f"0 = one all-reduce per parameter), got {bucket_cap_mb!r}")
-    return float(bucket_cap_mb) * 2 ** 20
 
 
 def check_group(process_group) -> tuple[int, int]:
@@ -164,7 +158,7 @@ def broadcast_(tensors: list[torch.Tensor], process_group) -> None:
 
 
 def all_gather_async(out: torch.Tensor, shard: torch.Tensor, process_group):
-    """``shard [n/t]`` of every rank -> ``out [n]`` in rank order; returns the work handle."""
+    """``shard [n/p]`` of every rank -> ``out [n]`` in rank order; returns the work handle."""
     # looked up at each call: an emulated link replaces these functions while a call runs; torch
     # 2.13 renamed them (the old names warn), Colab's older torch has only the old ones
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -172,6 +166,6 @@ def all_gather_async(out: torch.Tensor, shard: torch.Tensor, process_group):
 
 
 def reduce_scatter_async(out: torch.Tensor, full: torch.Tensor, process_group):
-    """``full [n]`` summed over ranks, this rank's ``out [n/t]`` of it; returns the work handle."""
+    """``full [n]`` summed over ranks, this rank's ``out [n/p]`` of it; returns the work handle."""
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     return scatter(out, full, group=process_group, async_op=True)

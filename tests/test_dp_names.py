@@ -1,0 +1,34 @@
+"""One meaning per class name (issue 34): no two classes of dp/ share a name, and no class of dp/
+shares one with a class anywhere else in mtb_helpers. Read from the source (AST)."""
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "mtb_helpers"
+
+
+def classes(folder: Path) -> dict[str, list[str]]:
+    """{class name: the files under ``folder`` defining a class of that name (nested ones too)}."""
+    found: dict[str, list[str]] = defaultdict(list)
+    for path in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                found[node.name].append(str(path.relative_to(PACKAGE)))
+    return found
+
+
+def test_no_two_dp_classes_share_a_name():
+    twice = {name: files for name, files in classes(PACKAGE / "dp").items() if len(files) > 1}
+    assert not twice, twice
+
+
+def test_no_dp_class_shares_a_name_with_another_class_of_the_package():
+    """dp/'s per-step events, its step clock, its flat shards and its lane operations are not
+    runtime's ``Event`` / ``Timeline``, plan's and capstone's ``Layout`` or pp's ``Op``."""
+    dp = classes(PACKAGE / "dp")
+    everywhere = classes(PACKAGE)
+    shared = {name: everywhere[name] for name in dp if len(everywhere[name]) > 1}
+    assert not shared, shared
+    assert {"StepEvent", "StepClock", "FlatShards", "LaneOp"} <= set(dp)
