@@ -51,7 +51,7 @@ class GradsNotCleared(Strategy):
     """dp-grads-not-cleared: ``zero_grad`` forgotten, so backward adds to last step's gradient."""
 
     def zero_grad(self) -> None:
-        pass                              # BUG: step 2 uses g1 + g2, step 3 g1 + g2 + g3 ...
+        pass                              # BUG: step 2 uses step 1's grad + step 2's, step 3 all three ...
 
 
 def strategy_bug(description: str, wrong: type[Strategy], *strategies: str) -> Bug:
@@ -93,8 +93,8 @@ BUGS: dict[str, Bug] = {
         "copy is updated only in its own shard",
         StaleParams, "zero1", "zero2"),
     "dp-grads-not-cleared": strategy_bug(
-        "DDP / ZeRO-1 / ZeRO-3: gradients are never cleared between steps, so step k uses "
-        "g1 + ... + gk (one step cannot see it; ZeRO-2 frees its grads, so it is right by "
+        "DDP / ZeRO-1 / ZeRO-3: gradients are never cleared between steps, so each step uses "
+        "the sum of every gradient so far (one step cannot see it; ZeRO-2 frees its grads, so it is right by "
         "accident)",
         GradsNotCleared, "ddp", "zero1", "zero3"),
     "no-ddp-wrapper": Bug(

@@ -3,8 +3,8 @@
 Each linear layer is one unit: its ``[weight, bias]`` flattened and zero-padded to ``n_pad``
 (a multiple of ``p``); rank r keeps only ``[r*n_pad/p, (r+1)*n_pad/p)`` as an ``nn.Parameter``.
 
-    forward of a unit:  all-gather the shard -> [n_pad] -> W, b;  Y = X @ W.T + b;  free W, b
-    backward of a unit: all-gather again;  dX = dY @ W;  [dW, db] flat -> reduce-scatter, average
+    forward of a unit:  all-gather the shard -> [n_pad] -> W, bias;  Y = X @ W.T + bias;  free W, bias
+    backward of a unit: all-gather again;  dX = dY @ W;  [dW, dbias] flat -> reduce-scatter, average
                         -> this rank's ``[n_pad/p]`` gradient shard;  free W, b
 
 Autograd keeps the unit's input activation ``X`` for backward (as FSDP does), but not its
@@ -24,15 +24,15 @@ __all__ = ["ZeRO3", "STRATEGY_CLASSES"]
 
 
 class _ShardedLinear(torch.autograd.Function):
-    """forward: all-gather the unit's params, ``X @ W.T + b``; backward: all-gather them again,
-    ``dX = dY @ W``, reduce-scatter the flat ``[dW, db]`` and average it into the shard's grad."""
+    """forward: all-gather the unit's params, ``X @ W.T + bias``; backward: all-gather them again,
+    ``dX = dY @ W``, reduce-scatter the flat ``[dW, dbias]`` and average it into the shard's grad."""
 
     @staticmethod
     def forward(ctx, x, shard, owner, unit):
-        w, b = owner.gather(shard, unit, "forward")
+        w, bias = owner.gather(shard, unit, "forward")
         ctx.save_for_backward(x, shard)          # the input, not the gathered parameters
         ctx.owner, ctx.unit = owner, unit
-        return F.linear(x, w, b)
+        return F.linear(x, w, bias)
 
     @staticmethod
     def backward(ctx, dy):
@@ -70,8 +70,8 @@ class ZeRO3(Strategy):
         for i in self.linears:   # keep the layer's shape only: its full parameters are dropped
             self.layers[i] = None
         self.optimizer = adam.make(list(self.shards))
-        for unit, p in enumerate(self.shards):
-            self.optimizer.state[p] = {"step": torch.tensor(float(start["step"])),
+        for unit, param in enumerate(self.shards):
+            self.optimizer.state[param] = {"step": torch.tensor(float(start["step"])),
                                        **self.optimizer_start.pop(unit)}
         self.gathered_bytes = 0   # the largest unit all-gathered at once (freed after use)
 
@@ -104,15 +104,15 @@ class ZeRO3(Strategy):
 
     def zero_grad(self) -> None:
         """Each shard's grad: gone, so the next backward does not add to the reduced one."""
-        for p in self.shards:
-            p.grad = None
+        for param in self.shards:
+            param.grad = None
 
     def reduce_gradients(self) -> None:
         """Nothing left to do: each unit's backward reduce-scattered its gradient already."""
 
     def held(self) -> dict[str, int]:
         return {"params": held_bytes(self.shards),
-                "grads": held_bytes(p.grad for p in self.shards),
+                "grads": held_bytes(param.grad for param in self.shards),
                 "optimizer_state": held_bytes(v for s in self.optimizer.state.values()
                                               for k, v in s.items() if k != "step")}
 

@@ -58,7 +58,7 @@ class OverlappedDDP(nn.Module):
         plan = assign_buckets(named, cap)
         self._buckets = [[named[i][1] for i in b] for b in plan]
         self.buckets: list[list[str]] = [[named[i][0] for i in b] for b in plan]
-        self._bucket_of = {p: k for k, b in enumerate(self._buckets) for p in b}
+        self._bucket_of = {param: i for i, bucket in enumerate(self._buckets) for param in bucket}
         # weakly: a parameter's hook is out of the garbage collector's sight, so a bound method
         # kept this wrapper, its module and buckets alive as long as the rank (notebook 14: +4 MiB
         # a rank on every measured step)
@@ -93,36 +93,38 @@ class OverlappedDDP(nn.Module):
             self._clock.t0, self._started = time.perf_counter(), True   # the timeline's zero
 
     # --- backward: hooks start the buckets --------------------------------------------------
-    def _on_grad_ready(self, p: nn.Parameter) -> None:
+    def _on_grad_ready(self, param: nn.Parameter) -> None:
         if not self._sync:
             return                                        # no_sync: accumulate locally
-        if p in self._ready:
+        if param in self._ready:
             raise RuntimeError("OverlappedDDP: a parameter's gradient arrived twice before "
                                "finish_gradient_synchronization(); call it after each backward "
                                "(or accumulate inside no_sync())")
-        self._ready.add(p)
+        self._ready.add(param)
         if self._clock is None:                           # backward of a tensor not from forward
             self._clock = StepClock()
         while self._next < len(self._buckets) and self._bucket_ready(self._next):
             self._launch(self._next)
 
-    def _bucket_ready(self, k: int) -> bool:
-        """Bucket ``k`` may start once every one of its gradients is accumulated."""
-        return all(p in self._ready for p in self._buckets[k])
+    def _bucket_ready(self, i: int) -> bool:
+        """Bucket ``i`` may start once every one of its gradients is accumulated."""
+        return all(param in self._ready for param in self._buckets[i])
 
-    def _launch(self, k: int) -> None:
-        clock, bucket = self._clock, self._buckets[k]
+    def _launch(self, i: int) -> None:
+        clock, bucket = self._clock, self._buckets[i]
         prev = max((e.end for e in clock.events), default=0.0)
-        clock.add("compute", f"backward until bucket {k} is ready", prev, clock.now())
-        parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket]
+        clock.add("compute", f"backward until bucket {i} is ready", prev, clock.now())
+        parts = [(param.grad if param.grad is not None else torch.zeros_like(param)).reshape(-1)
+                 for param in bucket]
         if self.find_unused_parameters:               # one "used" flag per parameter, summed too
-            parts.append(torch.tensor([float(p.grad is not None) for p in bucket], dtype=bucket[0].dtype))
+            parts.append(torch.tensor([float(param.grad is not None) for param in bucket],
+                                      dtype=bucket[0].dtype))
         flat = torch.cat(parts)                       # [sum of numels (+ flags)], one dtype
         work = dist.all_reduce(flat, group=self.process_group, async_op=True)
-        key = clock.comm(f"all-reduce bucket {k}", work, flat.numel() * flat.element_size())
-        note("all_reduce", flat, flat, "dp-bucket", f"bucket {k}", "backward", self.world_size)
-        self._pending.append((k, flat, work, key))
-        self._next = k + 1
+        key = clock.comm(f"all-reduce bucket {i}", work, flat.numel() * flat.element_size())
+        note("all_reduce", flat, flat, "dp-bucket", f"bucket {i}", "backward", self.world_size)
+        self._pending.append((i, flat, work, key))
+        self._next = i + 1
 
     # --- after backward -----------------------------------------------------------------------
     def finish_gradient_synchronization(self) -> None:
@@ -134,10 +136,10 @@ class OverlappedDDP(nn.Module):
             self._clock = StepClock()
         while self._next < len(self._buckets):
             self._launch(self._next)
-        for k, flat, work, key in self._pending:
+        for i, flat, work, key in self._pending:
             self._wait(work)
             self._clock.waited(key)
-            self._write_back(k, flat)
+            self._write_back(i, flat)
         self.timeline = self._clock.close()
         self._reset()
 

@@ -24,8 +24,8 @@ __all__ = ["BUGS", "OVERLAP_BUGS", "WRAPPER_CLASSES", "bugs_for_wrapper"]
 class BucketTooEarly(OverlappedDDP):
     """ddp-bucket-too-early: a bucket starts when its first gradient is ready, not its last."""
 
-    def _bucket_ready(self, k: int) -> bool:
-        return any(p in self._ready for p in self._buckets[k])     # BUG: any, not all
+    def _bucket_ready(self, i: int) -> bool:
+        return any(param in self._ready for param in self._buckets[i])   # BUG: any, not all
 
 
 class NoWait(OverlappedDDP):

@@ -72,7 +72,7 @@ class PaddedSGD(torch.optim.SGD):
 class NoOverlapDDP(OverlappedDDP):
     """The same buckets, all reduced after the backward (notebook 06's DDP): nothing hidden."""
 
-    def _bucket_ready(self, k: int) -> bool:
+    def _bucket_ready(self, i: int) -> bool:
         return False            # finish_gradient_synchronization starts every bucket
 
 

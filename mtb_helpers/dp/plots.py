@@ -21,7 +21,7 @@ __all__ = ["plot_holdings", "plot_memory", "plot_communication", "plot_errors", 
            "NAMES"]
 
 NAMES = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3 / FSDP"}
-TERM_LABELS = {"params": "parameters", "grads": "gradients", "optimizer_state": "Adam state (m, v)"}
+TERM_LABELS = {"params": "parameters", "grads": "gradients", "optimizer_state": "Adam state (exp_avg, exp_avg_sq)"}
 # greys, so that a term is never mistaken for a rank colour
 TERM_COLORS = {"params": "#4D4D4D", "grads": "#9A9A9A", "optimizer_state": "#DADADA"}
 OP_COLORS = {"backward all_reduce": "#4D4D4D", "backward reduce_scatter": "#7A7A7A",

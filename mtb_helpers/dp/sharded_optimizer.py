@@ -90,7 +90,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             if per_rank[self.rank]:
                 own = torch.cat([p.reshape(-1) for p in per_rank[self.rank]])
                 mine[:own.numel()] = own
-            out = mine.new_empty(self.world_size * width)                     # [t * max partition]
+            out = mine.new_empty(self.world_size * width)                     # [world_size * max partition]
             all_gather_async(out, mine, self.process_group).wait()
             note("all_gather", mine, out, "zero1-params", "updated partitions", "step",
                  self.world_size)

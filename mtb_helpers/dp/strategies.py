@@ -89,9 +89,9 @@ def flat(tensors) -> torch.Tensor:
 def as_views(params, buffer: torch.Tensor) -> None:
     """The parameters become views of ``buffer`` ``[>= Ψ]``, in order (their values: the buffer's)."""
     offset = 0
-    for p in params:
-        p.data = buffer[offset:offset + p.numel()].view_as(p)
-        offset += p.numel()
+    for param in params:
+        param.data = buffer[offset:offset + param.numel()].view_as(param)
+        offset += param.numel()
 
 
 def padded_numel(numel: int, p: int) -> int:
@@ -191,7 +191,7 @@ class DDP(Strategy):
         self.model = copy.deepcopy(model) if copy_model else model
         # walked once (~0.3 ms on the capstone's stage): only their .data changes (test_dp_params_kept)
         self._params = params = list(self.model.parameters())
-        self.layout = FlatShards((sum(p.numel() for p in params),), self.p, self.shard_optimizer)
+        self.layout = FlatShards((sum(param.numel() for param in params),), self.p, self.shard_optimizer)
         self.flat = self.layout.piece(start["params"], 0, sharded=False)   # [Ψ_pad]
         as_views(params, self.flat)
         lo, hi = self.layout.shard(0, self.rank) if self.shard_optimizer else (0, len(self.flat))
@@ -226,17 +226,17 @@ class DDP(Strategy):
         ``.grad`` become views of it, so only one copy is held."""
         params, n = self._params, self.layout.numel
         buffer = torch.empty_like(self.flat)
-        torch.cat([p.grad.reshape(-1) for p in params], out=buffer[:n])
+        torch.cat([param.grad.reshape(-1) for param in params], out=buffer[:n])
         buffer[n:].zero_()   # the padding
-        for p, part in zip(params, buffer[:n].split([p.numel() for p in params])):
-            p.grad = part.view_as(p)
+        for param, part in zip(params, buffer[:n].split([param.numel() for param in params])):
+            param.grad = part.view_as(param)
         return buffer
 
     def zero_grad(self) -> None:
         """The module's ``.grad`` (views of last step's bucket) and the optimizer's grad: gone, so
         the next backward writes fresh gradients instead of adding to the reduced ones."""
-        for p in self._params:
-            p.grad = None
+        for param in self._params:
+            param.grad = None
         self.master.grad = None
 
     def reduce_gradients(self) -> None:
@@ -251,7 +251,7 @@ class DDP(Strategy):
         the 4-byte step counter is left out, as the ZeRO paper does)."""
         params = [*self.model.parameters(), self.master]
         return {"params": held_bytes(params),
-                "grads": held_bytes([p.grad for p in params]),
+                "grads": held_bytes([param.grad for param in params]),
                 "optimizer_state": held_bytes(v for s in self.optimizer.state.values()
                                               for k, v in s.items() if k != "step")}
 
@@ -279,8 +279,8 @@ class ZeRO1(DDP):
             self.master.grad = buffer[lo:hi]
         else:
             self.master.grad = shard.clone()   # its own storage, so the full buffer is freed
-            for p in self._params:
-                p.grad = None
+            for param in self._params:
+                param.grad = None
 
     def step(self) -> None:
         self.optimizer.step()

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 Frame = tuple[str, int, str, "str | None"]  # filename, line number, function, source line
 
-# Frames from these places are machinery; "where is the rank waiting" skips them to reach
-# the student's line.
+# Frames from these places are machinery; "where is the rank waiting" skips them for the student's.
 # An emulated link's stand-ins for torch.distributed's functions (runtime/link_ops.py) count as
 # torch's own: the collective is named after them, the student's line is the one calling them.
 _EMULATION = ("mtb_helpers/runtime/link", "mtb_helpers/runtime/comm_thread")
@@ -29,9 +28,7 @@ class RankError(RuntimeError):
 
     def __init__(self, rank: int, message: str, exc_type: str = "", remote_traceback: str = ""):
         super().__init__(message)
-        self.rank = rank
-        self.exc_type = exc_type
-        self.remote_traceback = remote_traceback
+        self.rank, self.exc_type, self.remote_traceback = rank, exc_type, remote_traceback
         self.consequences: dict[int, "RankError"] = {}  # other ranks' errors this one caused
 
 
@@ -56,9 +53,8 @@ def too_slow(alpha: float, bandwidth: float, scale: float = 1.0) -> str | None:
     for seconds, what, given in ((alpha, "one message", f"alpha={alpha:g} s"),
                                  (1 / bandwidth, "one byte", f"bandwidth={bandwidth:g} B/s")):
         if seconds * scale > YEAR:
-            times = " times the time scale" if scale != 1 else ""
             return (f"{given}: this link would take {years(seconds * scale)} to send {what}; "
-                    f"α and 1/β{times} must each be under a year")
+                    f"α and 1/β{' times the time scale' if scale != 1 else ''} must each be under a year")
     return None
 
 
@@ -75,8 +71,7 @@ class RankTimeoutError(TimeoutError):
 
     def __init__(self, message: str, finished: list[int], waiting: dict[int, "WaitPoint | None"]):
         super().__init__(message)
-        self.finished = finished
-        self.waiting = waiting
+        self.finished, self.waiting = finished, waiting
 
 
 @dataclass(frozen=True)
@@ -255,9 +250,6 @@ def _size(path: str) -> int:
         return 0
 
 
-POINT_TO_POINT = {"send", "recv", "isend", "irecv"}   # not collectives: one peer, not the group
-
-
 def timeout_message(timeout: float, finished: list[int],
                     waiting: dict[int, WaitPoint | None]) -> str:
     lines = [f"ranks stopped answering: no result within timeout={timeout:g} s.",
@@ -266,13 +258,13 @@ def timeout_message(timeout: float, finished: list[int],
         lines.append(f"  rank {rank} waits {point}" if point else
                      f"  rank {rank}: could not report where it waits")
     ops = {p.collective for p in waiting.values() if p and p.collective}
-    if ops - POINT_TO_POINT:
+    p2p = {"send", "recv", "isend", "irecv"}   # not collectives: one peer, not the whole group
+    if ops - p2p:
         lines.append("A collective waits until every rank of the group calls it: look for a rank "
                      "that skipped it, called a different one, or used a different shape.")
-    if ops & POINT_TO_POINT:
-        lines.append("A blocking send waits until its peer posts the matching recv (and a recv "
-                     "until its peer sends): look for two ranks that both send, or both receive, "
-                     "first.")
+    if ops & p2p:
+        lines.append("A blocking send waits until its peer posts the matching recv: look for two "
+                     "ranks that both send, or both receive, first.")
     lines.append("The rank pool was stopped; the next run() starts a fresh one.")
     return "\n".join(lines)
 
