@@ -224,6 +224,7 @@ def plot_decomposition(result: dict) -> Figure:
                  "input x", chunks=t)
     draw_buffers(axes[1], [r["reduce_scatter"] for r in ranks], [[everyone] * shard] * t,
                  "1. reduce-scatter")
+    axes[1].set_xlabel("index within chunk r of the sum")   # rank r holds elements r·n/p onwards
     draw_buffers(axes[2], [r["then_all_gather"] for r in ranks], [[everyone] * n] * t,
                  "2. all-gather of the shards", chunks=t,
                  expected=[r["all_reduce"] for r in ranks])
