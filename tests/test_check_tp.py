@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -86,7 +87,7 @@ def test_failed_report_is_strict_json_and_marks_rows():
 def test_step_trace_shows_who_holds_what_and_where_it_breaks():
     report = check_row_parallel(world_size=3, in_features=9, out_features=4, batch_shape=(2,))
     names = [s.name for s in report.steps]
-    assert names[:3] == ["shard W by rows", "replicate b", "shard X by columns"]
+    assert names[:3] == ["shard W by rows", "replicate bias", "shard X by columns"]
     w = report.steps[0]
     assert w.global_shape == (9, 4) and w.layout == "Shard(0)"    # W = weight.T, [in, out]: rows
     assert [h.rows for h in w.holdings] == [(0, 3), (3, 6), (6, 9)]
@@ -105,7 +106,7 @@ def test_step_trace_shows_who_holds_what_and_where_it_breaks():
     assert all(h.max_abs_err is None for h in step.holdings)
     failing = [s.name for s in broken.steps if not s.passed]
     # the partial products are traced as the input handed to g: never handed over, never seen
-    assert failing == ["local matmul", "all-reduce (g forward)", "add b once"]
+    assert failing == ["local matmul", "all-reduce (g forward)", "add bias once"]
     assert broken.steps[names.index("local matmul")].holdings[0].shape is None
     assert broken.records[0].count("all_reduce") == 0
 
@@ -195,3 +196,42 @@ def test_mlp_trace_numbers_the_backward_in_the_order_autograd_runs_it():
         tensor.register_hook(lambda grad, name=name: order.append(name))
     mlp(x).sum().backward()
     assert order[-1] == "dX" and set(order) == {"fc1 weight grad", "fc1 bias grad", "dX"}
+
+
+def _bare_b(text: str) -> list[str]:
+    """The words of ``text`` that name a bias ``b`` (``b``, ``db``, ``b_r``, ``db_r``, ``b_0``),
+    not ``b1``/``b2`` (the MLP's biases, glossary) or a word that merely starts with b."""
+    return re.findall(r"(?<![A-Za-z0-9_])d?b(?:_\w+)?(?![A-Za-z0-9_])", text)
+
+
+def test_single_layer_traces_call_the_bias_bias_never_the_batch_letter_b():
+    # the glossary's b is the batch size; notebooks 01-02 print these traces, so a single layer's
+    # bias is `bias` (PyTorch's name) in every step label, and the MLP of 03 keeps b1 and b2
+    for report in (check_column_parallel(world_size=2, gather_output=True),
+                   check_row_parallel(world_size=2), check_row_parallel(world_size=2,
+                                                                        input_is_parallel=False)):
+        for s in report.steps:
+            assert not _bare_b(f"{s.name} {s.tensor} {s.formula}"), str(s)
+        bias = [s.tensor for s in report.steps
+                if s.name in ("shard bias", "replicate bias", "bias grad")]
+        assert bias == ["bias", "dbias"]
+    assert "shard bias" in [s.name for s in check_column_parallel(world_size=2).steps]
+    mlp = {s.name: s for s in check_tp_mlp(world_size=2).steps}
+    assert mlp["add b2 once"].formula == "Y = Y_sum + b2" and mlp["fc1 bias grad"].tensor == "db1"
+
+
+def test_printed_layer_code_and_pytorch_map_call_the_bias_bias():
+    # notebooks 01-02 print these forwards with inspect.getsource and the comparison's map
+    import inspect
+
+    from mtb_helpers.tp import ColumnParallelLinear, RowParallelLinear
+    from mtb_helpers.tp import bugs
+    from mtb_helpers.tp.pytorch import _MAP
+
+    for obj in (ColumnParallelLinear.forward, RowParallelLinear.forward,
+                bugs.RowBiasBeforeAllReduce.forward, bugs.RowWithoutAllReduce.forward,
+                bugs.RowGBackwardAllReduce.forward):
+        comments = " ".join(line.split("#", 1)[1] for line in inspect.getsource(obj).splitlines()
+                            if "#" in line)
+        assert not _bare_b(comments), obj.__qualname__
+    assert not _bare_b(" ".join(a + " " + b for rows in _MAP.values() for a, b in rows))

@@ -78,7 +78,7 @@ class RowBiasBeforeAllReduce(RowParallelLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel:
             x = scatter_to_tensor_model_parallel_region(x, self.group)
-        partial = F.linear(x, self.weight, self.bias)   # BUG: every rank adds b, the sum has t x b
+        partial = F.linear(x, self.weight, self.bias)   # BUG: every rank adds bias, the sum has t x bias
         return reduce_from_tensor_model_parallel_region(partial, self.group)
 
 

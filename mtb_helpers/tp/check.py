@@ -81,7 +81,7 @@ def check_column_parallel(world_size: int = 2, in_features: int = 8, out_feature
                           timeout: float = 30.0) -> Report:
     """``ColumnParallelLinear`` on ``world_size`` ranks: W ``[in, out]`` split on ``out``.
 
-    X ``[*batch_shape, in]`` is replicated; rank r computes ``Y_r = X @ W_r + b_r`` ``[.., out/t]``
+    X ``[*batch_shape, in]`` is replicated; rank r computes ``Y_r = X @ W_r + bias_r`` ``[.., out/t]``
     (all-gathered to ``[.., out]`` with ``gather_output``); f all-reduces dX in backward.
     """
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
@@ -94,16 +94,17 @@ def check_column_parallel(world_size: int = 2, in_features: int = 8, out_feature
     specs = [
         S("weight", "shard W by columns", "forward", "W", "W_r = W[:, cols r]", Shard(-1),
           ("param", "weight")),
-        S("bias", "shard b", "forward", "b", "b_r = b[cols r]", Shard(-1), ("param", "bias")),
+        S("bias", "shard bias", "forward", "bias", "bias_r = bias[cols r]", Shard(-1),
+          ("param", "bias")),
         S("input", "replicate X", "forward", "X", "every rank holds X (f: identity)", Replicate(),
           ("input",)),
-        S("local", "local matmul", "forward", "Y", "Y_r = X @ W_r + b_r", Shard(-1),
+        S("local", "local matmul", "forward", "Y", "Y_r = X @ W_r + bias_r", Shard(-1),
           ("record", GATHER, "forward", "in") if gather_output else ("output",)),
         *gathered,
         *f_backward_steps("dX_r = dY_r @ W_r.T"),
         S("weight_grad", "weight grad", "backward", "dW", "dW_r = X.T @ dY_r", Shard(-1),
           ("grad", "weight")),
-        S("bias_grad", "bias grad", "backward", "db", "db_r = dY_r summed over rows", Shard(-1),
+        S("bias_grad", "bias grad", "backward", "dbias", "dbias_r = dY_r summed over rows", Shard(-1),
           ("grad", "bias")),
     ]
     quantities = [("output", "output" if gather_output else "local"), ("input_grad", "input_grad"),
@@ -148,18 +149,18 @@ def check_row_parallel(world_size: int = 2, in_features: int = 12, out_features:
     specs = [
         S("weight", "shard W by rows", "forward", "W", "W_r = W[rows r, :]", Shard(0),
           ("param", "weight")),
-        S("bias", "replicate b", "forward", "b", "every rank holds all of b", Replicate(),
+        S("bias", "replicate bias", "forward", "bias", "every rank holds all of bias", Replicate(),
           ("param", "bias")),
         *given,
         S("partial", "local matmul", "forward", "Y", "Y^(r) = X_r @ W_r (no bias), handed to g",
           Partial(), ("record", "g", "forward", "in")),
         S("reduced", "all-reduce (g forward)", "forward", "Y", "Y_sum = sum_r Y^(r)", Replicate(),
           ("record", "g", "forward", "out"), G_FWD),
-        S("output", "add b once", "forward", "Y", "Y = Y_sum + b", Replicate(), ("output",)),
+        S("output", "add bias once", "forward", "Y", "Y = Y_sum + bias", Replicate(), ("output",)),
         *dx,
         S("weight_grad", "weight grad", "backward", "dW", "dW_r = X_r.T @ dY", Shard(0),
           ("grad", "weight")),
-        S("bias_grad", "bias grad", "backward", "db", "db = dY summed over rows", Replicate(),
+        S("bias_grad", "bias grad", "backward", "dbias", "dbias = dY summed over rows", Replicate(),
           ("grad", "bias")),
     ]
     quantities = [(k, k) for k in ("output", "input_grad", "weight_grad", "bias_grad")]

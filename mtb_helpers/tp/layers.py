@@ -1,17 +1,18 @@
 """Megatron-style tensor-parallel layers (Shoeybi et al. 2019), built inside a rank from full layers.
 
-Notation, the course's one convention (notebooks, checks and figures use it): ``Y = X @ W + b``
-with ``W = weight.T`` of shape ``[in, out]``, so a column split is ``W = [W_0, ..., W_t-1]``. The
-layers store nn.Linear's ``.weight``, which is ``W.T``: ``[out, in]``. ``t`` ranks in the group,
-rank ``i`` holds shard ``i`` (contiguous, in rank order).
+Notation, the course's one convention (notebooks, checks and figures use it): ``Y = X @ W + bias``
+(``bias`` as PyTorch names it; ``b`` is the batch size) with ``W = weight.T`` of shape
+``[in, out]``, so a column split is ``W = [W_0, ..., W_t-1]``. The layers store nn.Linear's
+``.weight``, which is ``W.T``: ``[out, in]``. ``t`` ranks in the group, rank ``i`` holds shard
+``i`` (contiguous, in rank order).
 
 * ``ColumnParallelLinear`` splits W on the output dim: rank i holds the columns ``W_i`` of W
-  (``.weight`` rows ``i*out/t:(i+1)*out/t``, ``[out/t, in]``) and ``b_i`` (``[out/t]``), computes
-  ``Y_i = X @ W_i + b_i`` (``[.., out/t]``) and, with ``gather_output=True``, all-gathers the full
+  (``.weight`` rows ``i*out/t:(i+1)*out/t``, ``[out/t, in]``) and ``bias_i`` (``[out/t]``), computes
+  ``Y_i = X @ W_i + bias_i`` (``[.., out/t]``) and, with ``gather_output=True``, all-gathers the full
   ``Y``. X enters through ``f`` (copy), whose backward all-reduces dX: every rank's
   ``dX_i = dY_i @ W_i.T`` is only a partial sum.
 * ``RowParallelLinear`` splits W on the input dim: rank i holds the rows ``W_i`` of W (``.weight``
-  columns, ``[out, in/t]``) and the full bias; ``Y = g(X_i @ W_i) + b``: the partial products are
+  columns, ``[out, in/t]``) and the full bias; ``Y = g(X_i @ W_i) + bias``: the partial products are
   all-reduced by ``g`` and the bias appears once in the sum (added after the reduce here).
 * ``ParallelMLP``: column fc1 -> exact (erf) GeLU -> row fc2. The ``[.., ffn/t]`` activation never
   leaves its rank: one all-reduce forward (g) and one backward (f).
@@ -42,7 +43,7 @@ def _param(t: torch.Tensor) -> nn.Parameter:
 
 
 class ColumnParallelLinear(nn.Module):
-    """``Y_i = f(X) @ W_i + b_i``; ``.weight`` is ``W_i.T``, ``[out/t, in]``; ``.bias`` is ``[out/t]``.
+    """``Y_i = f(X) @ W_i + bias_i``; ``.weight`` is ``W_i.T``, ``[out/t, in]``; ``.bias`` is ``[out/t]``.
 
     forward: ``x [.., in]`` (replicated on every rank) -> ``[.., out/t]`` (this rank's columns
     of Y), or ``[.., out]`` with ``gather_output=True``.
@@ -87,7 +88,7 @@ class ColumnParallelLinear(nn.Module):
 
 
 class RowParallelLinear(nn.Module):
-    """``Y = g(X_i @ W_i) + b``; ``.weight`` is ``W_i.T``, ``[out, in/t]``; ``.bias`` is the full ``[out]``.
+    """``Y = g(X_i @ W_i) + bias``; ``.weight`` is ``W_i.T``, ``[out, in/t]``; ``.bias`` is the full ``[out]``.
 
     forward: ``x [.., in/t]`` (this rank's columns of X; with ``input_is_parallel=False`` the
     full ``[.., in]``, split here) -> ``[.., out]``, the same full Y on every rank.
@@ -122,7 +123,7 @@ class RowParallelLinear(nn.Module):
             x = scatter_to_tensor_model_parallel_region(x, self.group)   # [.., in] -> [.., in/t]
         partial = F.linear(x, self.weight)   # [.., in/t] @ [in/t, out] -> [.., out] (partial)
         y = reduce_from_tensor_model_parallel_region(partial, self.group)   # g: all-reduce [.., out]
-        # b must enter the sum once: added after g here (every rank adding it before g gives t x b).
+        # bias must enter the sum once: added after g here (every rank adding it before g: t x bias).
         return y + self.bias if self.bias is not None else y
 
     def extra_repr(self) -> str:

@@ -38,7 +38,7 @@ def _find_step(steps, step):
 
 
 def step_title(step) -> str:
-    """``'4. forward: local matmul   Y_r = X @ W_r + b_r'`` plus the collective it runs, if any."""
+    """``'4. forward: local matmul   Y_r = X @ W_r + bias_r'`` plus the collective it runs, if any."""
     text = f"{step.index}. {step.phase}: {step.name}    {step.formula}"
     c = step.collective
     if c and c.get("missing"):

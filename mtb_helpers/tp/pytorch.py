@@ -110,7 +110,7 @@ _MAP = {
                ("Y_r = X W_r, [.., out/t]", "output Shard(-1), .to_local()")],
     "row": [("RowParallelLinear (W_r = columns of weight)", "RowwiseParallel: weight Shard(1)"),
             ("X_r, [.., in/t]", "input Shard(-1)"),
-            ("partial sums X_r W_r, + b once after g", "Partial(); each rank adds b/t"),
+            ("partial sums X_r W_r, + bias once after g", "Partial(); each rank adds bias/t"),
             ("g = all-reduce, Y on every rank", "Partial -> Replicate()")],
     "mlp": [("ParallelMLP: fc1 column, GeLU, fc2 row", "parallelize_module(mlp, mesh, plan)"),
             ("fc1 = ColumnParallelLinear", 'plan["0"] = ColwiseParallel()'),
@@ -136,7 +136,7 @@ def _compare(kind: str, lesson: str, world_size: int, in_features: int, out_feat
 def pytorch_column(world_size: int = 2, in_features: int = 8, out_features: int = 12,
                    batch_shape: tuple[int, ...] = (2, 3), seed: int = 0,
                    bug: str | None = None, timeout: float = 60.0) -> Agreement:
-    """``ColwiseParallel`` vs ``ColumnParallelLinear``: output ``[.., out/t]``, dX, dW_r, db_r."""
+    """``ColwiseParallel`` vs ``ColumnParallelLinear``: output ``[.., out/t]``, dX, dW_r, dbias_r."""
     return _compare("column", "column parallel", world_size, in_features, out_features, 0,
                     batch_shape, seed, bug, timeout)
 
@@ -144,7 +144,7 @@ def pytorch_column(world_size: int = 2, in_features: int = 8, out_features: int 
 def pytorch_row(world_size: int = 2, in_features: int = 12, out_features: int = 8,
                 batch_shape: tuple[int, ...] = (2, 3), seed: int = 0,
                 bug: str | None = None, timeout: float = 60.0) -> Agreement:
-    """``RowwiseParallel`` vs ``RowParallelLinear``: output ``[.., out]``, dX_r, dW_r, db."""
+    """``RowwiseParallel`` vs ``RowParallelLinear``: output ``[.., out]``, dX_r, dW_r, dbias."""
     return _compare("row", "row parallel", world_size, in_features, out_features, 0,
                     batch_shape, seed, bug, timeout)
 
