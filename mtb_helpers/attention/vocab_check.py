@@ -111,7 +111,7 @@ def _specs() -> list[S]:
         S("embedding.weight", "shard W_emb by vocabulary rows", "forward", "W_emb",
           "W_emb_r = W_emb[ids of rank r, :]", Shard(0), ("param",)),
         S("embedding.partial", "look up own tokens", "forward", "X",
-          "X_r = W_emb_r[id - start] if rank r owns id, else 0", Partial(), ("record",)),
+          "X^(r) = W_emb_r[id - start] if rank r owns id, else 0", Partial(), ("record",)),
         S("embedding.output", "all-reduce (g forward)", "forward", "X", "X = sum_r X_r",
           Replicate(), ("output",), ("g", "forward")),
         S("embedding.weight_grad", "embedding grad of own rows", "backward", "dW_emb",

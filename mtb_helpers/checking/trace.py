@@ -8,7 +8,7 @@ in the trace exactly where it goes wrong, and a collective it never issued shows
 
 Every tensor is drawn as its 2-D view ``[rows, cols]``: an activation ``[.., n]`` is
 ``[prod(..), n]``, a bias is ``[1, out]``, and a weight is shown in the math layout of
-``Y = X @ W + b``, ``W = weight.T`` ``[in, out]``, so a column-parallel shard really is a block of
+``Y = X @ W + bias``, ``W = weight.T`` ``[in, out]``, so a column-parallel shard really is a block of
 columns (``W = [W0, ..., Wn]``) and a row-parallel shard a block of rows. A step's ``layout`` says
 which part of that view rank ``r`` holds, in DTensor's placements as every layer's
 ``input_layouts`` / ``output_layouts`` do (comm/sharding.py): ``Shard(0)`` (its contiguous block
