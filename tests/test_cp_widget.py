@@ -139,7 +139,7 @@ def test_every_figure_has_a_title_axis_labels_and_a_legend():
     cp = report.extra["cp"]
     figures = [plot_layout({"contiguous": cp["positions"]}), plot_ring_steps(cp),
                plot_work({"contiguous": cp["work"]["forward"]}),
-               plot_cost({"ring": {"t": [1, 2], "sent": [0, 1], "kv": [1, 2]}}),
+               plot_cost({"ring": {"cp": [1, 2], "sent": [0, 1], "kv": [1, 2]}}),
                plot_cp_errors(report)]
     for fig in figures:
         for ax in fig.axes:

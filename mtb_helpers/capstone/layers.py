@@ -3,21 +3,21 @@ between the full model and the shards.
 
 Inside one tensor-parallel group of t ranks (``sequence_parallel=True``, Korthikanti et al. 2022):
 
-    ids [s/c, b] -> VocabParallelEmbedding (rows of E split by vocabulary; g) -> [s/c, b, h]
-                 -> + positions of this context chunk -> split along the sequence -> [s/(c t), b, h]
-    block:  SP LayerNorm -> all-gather (seq) -> Q,K,V column-split [s/c, b, 3h/t] -> attention on
-            this rank's n/t heads (with c > 1: ring attention over the context group)
-            -> Wo row-split, reduce-scatter (seq) -> [s/(c t), b, h] + residual
+    ids [s/cp, b] -> VocabParallelEmbedding (rows of W_emb split by vocabulary; g) -> [s/cp, b, h]
+                  -> + positions of this context chunk -> split along the sequence -> [s/(cp·t), b, h]
+    block:  SP LayerNorm -> all-gather (seq) -> Q,K,V column-split [s/cp, b, 3h/t] -> attention on
+            this rank's a/t heads (with cp > 1: ring attention over the context group)
+            -> Wo row-split, reduce-scatter (seq) -> [s/(cp·t), b, h] + residual
             -> SequenceParallelMLPBlock (LN, all-gather, fc1, GeLU, fc2, reduce-scatter, residual)
-    head:   SP LayerNorm -> all-gather (seq) -> LM head column-split by vocabulary [s/c, b, V/t]
-    loss:   vocab_parallel_cross_entropy (all-reduces of [s/c, b], the max, then [2, s/c, b]: the
+    head:   SP LayerNorm -> all-gather (seq) -> LM head column-split by vocabulary [s/cp, b, vocab/t]
+    loss:   vocab_parallel_cross_entropy (all-reduces of [s/cp, b], the max, then [2, s/cp, b]: the
             sum of exponentials and the target logit together), mean over this rank's tokens
     step:   the replicated LayerNorm weights / biases and Wo's, fc2's biases saw only this rank's
             rows: their grads, partial, are summed over the group once per step, in one all-reduce
             (``finalize.SequenceParallelGrads``, as Megatron-LM's finalize_model_grads), not per
             parameter and micro-batch as notebook 04's layers do
 
-With ``sequence_parallel=False`` the activations stay replicated ``[s/c, b, h]``, the layers are
+With ``sequence_parallel=False`` the activations stay replicated ``[s/cp, b, h]``, the layers are
 the plain tensor-parallel ones (one ``f`` and one ``g`` per attention and per MLP).
 """
 from __future__ import annotations
@@ -52,10 +52,10 @@ def sequence_layouts(sequence_parallel: bool):
 
 
 class ContextParallelCore(LocalAttention):
-    """This rank's ``n/t`` heads on its sequence chunk; K/V blocks travel the context ring.
+    """This rank's ``a/t`` heads on its sequence chunk; K/V blocks travel the context ring.
 
-    forward: ``qkv [s/c, b, 3h/t]`` -> ``[b, n/t, s/c, d]`` x 3 -> ring attention (causal, by
-    global position) -> ``[s/c, b, h/t]``."""
+    forward: ``qkv [s/cp, b, 3h/t]`` -> ``[b, a/t, s/cp, d]`` x 3 -> ring attention (causal, by
+    global position) -> ``[s/cp, b, h/t]``."""
     input_layouts = output_layouts = on_mesh(dp=Shard(1), cp=Shard(0), tp=Shard(-1))
 
     def __init__(self, n_heads: int, head_dim: int, world_size: int, cp_group):
@@ -63,16 +63,16 @@ class ContextParallelCore(LocalAttention):
         self.cp_group = cp_group
 
     def forward(self, qkv: torch.Tensor) -> torch.Tensor:
-        q, k, v = (self.split_heads(z) for z in qkv.chunk(3, dim=-1))   # 3 x [b, n/t, s/c, d]
-        # [b, n/t, s/c, d] -> ring over the cp group (K/V passed c-1 times) -> [b, n/t, s/c, d]
+        q, k, v = (self.split_heads(z) for z in qkv.chunk(3, dim=-1))   # 3 x [b, a/t, s/cp, d]
+        # [b, a/t, s/cp, d] -> ring over the cp group (K/V passed cp-1 times) -> [b, a/t, s/cp, d]
         ctx = ring_attention(q, k, v, causal=True, layout="contiguous", group=self.cp_group)
-        return self.merge_heads(ctx)                                      # -> [s/c, b, h/t]
+        return self.merge_heads(ctx)                                      # -> [s/cp, b, h/t]
 
 
 class ParallelEmbedding(nn.Module):
-    """``ids [s/c, b]`` (this context chunk) -> ``[s/(c t), b, h]`` with sequence parallelism,
-    else ``[s/c, b, h]`` replicated over the tensor group."""
-    input_layouts = on_mesh(dp=Shard(1), cp=Shard(0), tp=Replicate())   # ids [s/c, b/dp]
+    """``ids [s/cp, b]`` (this context chunk) -> ``[s/(cp·t), b, h]`` with sequence parallelism,
+    else ``[s/cp, b, h]`` replicated over the tensor group."""
+    input_layouts = on_mesh(dp=Shard(1), cp=Shard(0), tp=Replicate())   # ids [s/cp, b/dp]
 
     def __init__(self, tok: VocabParallelEmbedding, pos: torch.Tensor, sequence_parallel: bool,
                  tp_group, cp_group):
@@ -83,12 +83,12 @@ class ParallelEmbedding(nn.Module):
         self.output_layouts = sequence_layouts(sequence_parallel)
 
     def positions(self, n: int) -> torch.Tensor:
-        """The sinusoids of this chunk's global positions ``c_i*n .. (c_i+1)*n``: ``[n, h]``."""
+        """The sinusoids of this chunk's global positions ``cp_rank·n .. (cp_rank+1)·n``: ``[n, h]``."""
         return self.pos[self.cp_rank * n:(self.cp_rank + 1) * n]
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.tok(ids) + self.positions(ids.shape[0])[:, None, :]   # g inside: [s/c, b, h]
-        if self.sequence_parallel:   # [s/c, b, h] -> split (seq) -> [s/(c t), b, h]
+        x = self.tok(ids) + self.positions(ids.shape[0])[:, None, :]   # g inside: [s/cp, b, h]
+        if self.sequence_parallel:   # [s/cp, b, h] -> split (seq) -> [s/(cp·t), b, h]
             x = scatter_to_sequence_parallel_region(x, self.tp_group)
         return x
 
@@ -103,34 +103,34 @@ class ParallelBlock(nn.Module):
 
     @classmethod
     def from_full(cls, block: Block, sequence_parallel: bool, tp_group, cp_group) -> "ParallelBlock":
-        t, a = group_size(tp_group), block.attn
-        d = check_heads(a.wq.in_features, a.heads, t)
-        qkv_full = grouped_qkv(a.wq, a.wk, a.wv, t)
-        core = (ContextParallelCore(a.heads, d, t, cp_group) if group_size(cp_group) > 1
-                else LocalAttention(a.heads, d, True, t))
+        t, attn = group_size(tp_group), block.attn
+        d = check_heads(attn.wq.in_features, attn.heads, t)
+        qkv_full = grouped_qkv(attn.wq, attn.wk, attn.wv, t)
+        core = (ContextParallelCore(attn.heads, d, t, cp_group) if group_size(cp_group) > 1
+                else LocalAttention(attn.heads, d, True, t))
         if sequence_parallel:   # LayerNorm and bias grads: summed once per step (finalize.py)
             ln1 = SequenceParallelLayerNorm.from_full(block.ln1, "ln1", tp_group, grad_sync="step")
             qkv = SequenceParallelColumnLinear.from_full(qkv_full, group=tp_group)
-            out = SequenceParallelRowLinear.from_full(a.wo, group=tp_group, grad_sync="step")
+            out = SequenceParallelRowLinear.from_full(attn.wo, group=tp_group, grad_sync="step")
             mlp = SequenceParallelMLPBlock.from_full(block.ln2, block.mlp.fc1, block.mlp.fc2,
                                                      dropout_p=0.0, group=tp_group, grad_sync="step")
         else:
             ln1 = nn.LayerNorm(block.ln1.normalized_shape, dtype=block.ln1.weight.dtype)
             ln1.load_state_dict(block.ln1.state_dict())
             qkv = ColumnParallelLinear.from_full(qkv_full, group=tp_group)
-            out = RowParallelLinear.from_full(a.wo, input_is_parallel=True, group=tp_group)
+            out = RowParallelLinear.from_full(attn.wo, input_is_parallel=True, group=tp_group)
             mlp = TensorParallelMLPBlock.from_full(block.ln2, block.mlp.fc1, block.mlp.fc2,
                                                    dropout_p=0.0, group=tp_group)
         return cls(ln1, ParallelSelfAttention(qkv, core, out), mlp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))   # [s/(c t), b, h] (SP) or [s/c, b, h]
+        x = x + self.attn(self.ln1(x))   # [s/(cp·t), b, h] (SP) or [s/cp, b, h]
         return self.mlp(x)
 
 
 class ParallelHead(nn.Module):
-    """``x -> ln_f -> logits [s/c, b, V/t]`` (this rank's vocabulary columns)."""
-    output_layouts = on_mesh(dp=Shard(1), cp=Shard(0), tp=Shard(-1))   # logits [s/c, b/dp, V/t]
+    """``x -> ln_f -> logits [s/cp, b, vocab/t]`` (this rank's vocabulary columns)."""
+    output_layouts = on_mesh(dp=Shard(1), cp=Shard(0), tp=Shard(-1))   # logits [s/cp, b/dp, vocab/t]
 
     def __init__(self, ln_f: nn.Module, lm_head: ColumnParallelLinear):
         super().__init__()
@@ -147,7 +147,7 @@ class ParallelHead(nn.Module):
         return cls(ln_f, ColumnParallelLinear.from_full(head.lm_head, group=tp_group))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # SP: [s/(c t), b, h] -> LN -> all-gather (seq) -> [s/c, b, h] @ [h, V/t] -> [s/c, b, V/t]
+        # SP: [s/(cp·t), b, h] -> LN -> all-gather (seq) -> [s/cp, b, h] @ [h, vocab/t] -> [s/cp, b, vocab/t]
         return self.lm_head(self.ln_f(x))
 
 

@@ -1,6 +1,6 @@
 """Context parallelism (notebook 11): the sequence split across ranks inside attention.
 
-Shards are ``[b, heads, s/t, d]``, cut by ``shard_sequence(x, t, r, layout, dim=2)``; ring
+Shards are ``[b, heads, s/cp, d]``, cut by ``shard_sequence(x, cp, r, layout, dim=2)``; ring
 attention passes K/V blocks around the ranks, all-gather attention gathers them at once."""
 from mtb_helpers.cp.allgather import AllGatherAttention, allgather_attention
 from mtb_helpers.cp.base import ContextParallelAttention

@@ -6,10 +6,10 @@ only the prefix of keys before its end, so the work per rank is the same as the 
 all-gather cost does not hide behind compute the way ring hops do, but with grouped-query
 attention K/V are much smaller than Q, so Llama 3 chose it for simplicity.
 
-    kv [2, b, h, s/t, d] -> all-gather -> [2, b, h, s, d] in rank order -> reassemble -> position order
-    backward: dKV [2, b, h, s, d] -> cut into rank order -> reduce-scatter -> [2, b, h, s/t, d]
+    kv [2, b, heads, s/cp, d] -> all-gather -> [2, b, heads, s, d] in rank order -> reassemble -> position order
+    backward: dKV [2, b, heads, s, d] -> cut into rank order -> reduce-scatter -> [2, b, heads, s/cp, d]
 
-Bytes one rank sends (N = bytes of its K shard): forward ``2 (t-1) N``, backward ``2 (t-1) N``.
+Bytes one rank sends (n = bytes of its K shard): forward ``2 (cp-1) n``, backward ``2 (cp-1) n``.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class _GatherKV(torch.autograd.Function):
         ctx.layer = layer
         with kept_in(layer.record):
             gathered = issue("all_gather", kv, region=GATHER_KV, direction="forward", dim=3,
-                             group=layer.group)    # [2,b,h,s/t,d] -> all-gather -> [2,b,h,s,d]
+                             group=layer.group)    # [2,b,heads,s/cp,d] -> all-gather -> [2,b,heads,s,d]
         return layer.reassemble(gathered)
 
     @staticmethod
@@ -52,37 +52,37 @@ class AllGatherAttention(ContextParallelAttention):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """This rank's output shard; every rank already agreed on the shapes (``together``)."""
-        n = q.shape[2]
-        full = _GatherKV.apply(torch.stack([k, v]), self)   # [2,b,h,s/t,d] -> [2,b,h,s,d]
+        rows = q.shape[2]
+        full = _GatherKV.apply(torch.stack([k, v]), self)   # [2,b,heads,s/cp,d] -> [2,b,heads,s,d]
         self.hold(full)
-        q_pos = self.positions(self.rank, n)
+        q_pos = self.positions(self.rank, rows)
         key_pos = torch.arange(full.shape[3])               # gathered keys are in position order
         outs = []
-        size = n // self.chunks
+        size = rows // self.chunks
         for i in range(self.chunks):
             qs = slice(i * size, (i + 1) * size)
             end = int(q_pos[qs].max()) + 1 if self.causal else full.shape[3]
             mask = key_pos[None, :end] <= q_pos[qs][:, None] if self.causal else None
-            s = self.scores(q[:, :, qs], full[0][:, :, :end], mask, "forward")   # [b,h,nq,end]
-            outs.append(torch.softmax(s, dim=-1) @ full[1][:, :, :end])  # [b,h,nq,end] @ [b,h,end,d]
+            s = self.scores(q[:, :, qs], full[0][:, :, :end], mask, "forward")   # [b,heads,nq,end]
+            outs.append(torch.softmax(s, dim=-1) @ full[1][:, :, :end])  # [b,heads,nq,end] @ [b,heads,end,d]
         # autograd's backward builds dS, dP of the very shapes the forward built: the same work
         self.work["backward"], self.pairs["backward"] = self.work["forward"], self.pairs["forward"]
-        return torch.cat(outs, dim=2)                        # -> [b,h,s/t,d]
+        return torch.cat(outs, dim=2)                        # -> [b,heads,s/cp,d]
 
     def reassemble(self, gathered: torch.Tensor) -> torch.Tensor:
         """Rank-order shards -> position order (zigzag shards hold two chunks each)."""
-        return unshard_sequence(list(gathered.chunk(self.t, dim=3)), self.layout, dim=3)
+        return unshard_sequence(list(gathered.chunk(self.cp, dim=3)), self.layout, dim=3)
 
     def scatter_grads(self, dfull: torch.Tensor) -> torch.Tensor:
         """dK/dV of every position summed over ranks; this rank keeps its own positions."""
-        ranked = torch.cat([shard_sequence(dfull, self.t, r, self.layout, dim=3)
-                            for r in range(self.t)], dim=3)   # position order -> rank order
+        ranked = torch.cat([shard_sequence(dfull, self.cp, r, self.layout, dim=3)
+                            for r in range(self.cp)], dim=3)   # position order -> rank order
         return issue("reduce_scatter", ranked, region=GATHER_KV, direction="backward", dim=3,
-                     group=self.group)                        # [2,b,h,s,d] -> reduce-scatter -> [2,b,h,s/t,d]
+                     group=self.group)                        # [2,b,heads,s,d] -> reduce-scatter -> [2,b,heads,s/cp,d]
 
 
 def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                         layout: str = "contiguous", group=None) -> torch.Tensor:
-    """Same contract as ``ring_attention``: this rank's ``[b, heads, s/t, d]`` shards in, its
+    """Same contract as ``ring_attention``: this rank's ``[b, heads, s/cp, d]`` shards in, its
     output shard out; K/V all-gathered, dK/dV reduce-scattered."""
     return AllGatherAttention(causal, layout, group)(q, k, v)

@@ -2,8 +2,8 @@
 mask leaves to compute, the shape agreement at the entry of a call, and the measurements
 (work, K/V memory, the layer's own messages) the check reads back.
 
-Inputs and output are this rank's sequence shard ``[b, heads, s/t, d]`` as
-``shard_sequence(x, t, r, layout, dim=2)`` cut it. A shard holds 1 chunk (contiguous) or 2
+Inputs and output are this rank's sequence shard ``[b, heads, s/cp, d]`` as
+``shard_sequence(x, cp, r, layout, dim=2)`` cut it. A shard holds 1 chunk (contiguous) or 2
 (zigzag); work is done chunk pair by chunk pair, and under a causal mask a pair whose keys all
 come after its queries is skipped: that skipping is where the causal imbalance comes from.
 """
@@ -30,7 +30,7 @@ class ContextParallelAttention:
     ``kv_peak_bytes`` the most K/V bytes it held at once, ``record`` the messages it sent (a
     ``CollectiveRecord``; an enclosing ``with record()`` sees them too). ``together`` runs several
     layers (a check's layouts) as one call."""
-    # q, k, v [b, heads, s/t, d]: this rank's positions of the sequence, and the output at those
+    # q, k, v [b, heads, s/cp, d]: this rank's positions of the sequence, and the output at those
     # same query positions. Zigzag is Shard(2) of the sequence in zigzag chunk order (cp/sharding),
     # as PyTorch's context_parallel load balancer reorders the sequence before sharding it.
     input_layouts = (Shard(2), Shard(2), Shard(2))
@@ -40,7 +40,7 @@ class ContextParallelAttention:
                  group: dist.ProcessGroup | None = None):
         check_layout(layout)
         self.causal, self.layout, self.group = bool(causal), layout, group
-        self.t, self.rank = group_size(group), group_rank(group)
+        self.cp, self.rank = group_size(group), group_rank(group)
         self.chunks = 2 if layout == "zigzag" else 1
         self.work = {"forward": 0, "backward": 0}
         self.pairs = {"forward": 0, "backward": 0}
@@ -49,7 +49,7 @@ class ContextParallelAttention:
         self.record = CollectiveRecord()   # this layer's own messages (also in any record())
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """This rank's output shard ``[b, heads, s/t, d]``, differentiable."""
+        """This rank's output shard ``[b, heads, s/cp, d]``, differentiable."""
         return self.together([self], [(q, k, v)])[0]
 
     @classmethod
@@ -77,33 +77,33 @@ class ContextParallelAttention:
     def _validate(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Local checks, after every rank agreed on the shapes (so all ranks raise alike)."""
         if not (q.dim() == 4 and q.shape == k.shape == v.shape):
-            raise ValueError(f"q, k, v must be [b, heads, s/t, d] shards of one shape; got "
+            raise ValueError(f"q, k, v must be [b, heads, s/cp, d] shards of one shape; got "
                              f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
-        check_sequence(q.shape[2] * self.t, self.t, self.layout)
+        check_sequence(q.shape[2] * self.cp, self.cp, self.layout)
         self.scale = 1.0 / math.sqrt(q.shape[-1])
 
-    def positions(self, source: int, n: int) -> torch.Tensor:
-        """Global positions of the ``n`` rows rank ``source`` holds (the causal mask compares these)."""
-        return shard_positions(n * self.t, self.t, source, self.layout)
+    def positions(self, source: int, rows: int) -> torch.Tensor:
+        """Global positions of the ``rows`` rows rank ``source`` holds (the causal mask compares these)."""
+        return shard_positions(rows * self.cp, self.cp, source, self.layout)
 
     def chunk_pairs(self, q_pos: torch.Tensor, k_pos: torch.Tensor):
         """``(q rows, k rows, mask)`` for every chunk pair to compute: ``mask[i, j]`` is True
         where key j may be seen by query i (None: all of them); fully masked pairs are skipped."""
-        n = q_pos.numel() // self.chunks
+        rows = q_pos.numel() // self.chunks
         for i in range(self.chunks):
             for j in range(self.chunks):
-                qs, ks = slice(i * n, (i + 1) * n), slice(j * n, (j + 1) * n)
+                qs, ks = slice(i * rows, (i + 1) * rows), slice(j * rows, (j + 1) * rows)
                 if not self.causal:
                     yield qs, ks, None
                     continue
-                mask = k_pos[ks][None, :] <= q_pos[qs][:, None]     # [n, n] from global positions
+                mask = k_pos[ks][None, :] <= q_pos[qs][:, None]     # [rows, rows] from global positions
                 if mask.any():
                     yield qs, ks, mask
 
     def scores(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None,
                direction: str) -> torch.Tensor:
         """``q k^T / sqrt(d)``, ``-inf`` where masked; counted as work."""
-        s = q @ k.transpose(-2, -1) * self.scale     # [b,h,nq,d] @ [b,h,d,nk] -> [b,h,nq,nk]
+        s = q @ k.transpose(-2, -1) * self.scale     # [b,heads,nq,d] @ [b,heads,d,nk] -> [b,heads,nq,nk]
         self.work[direction] += s.shape[-2] * s.shape[-1]
         self.pairs[direction] += 1
         return s if mask is None else s.masked_fill(~mask, -math.inf)
@@ -125,7 +125,7 @@ def _check_same_shards_everywhere(group: dist.ProcessGroup | None,
         return
     mine = torch.tensor([_shape_code(x) for triple in shards for x in triple],
                         dtype=torch.int64)                            # [3 x layers, 5]
-    codes = [code.tolist() for code in agree(mine, group)]           # t x [3 x layers, 5], rank order
+    codes = [code.tolist() for code in agree(mine, group)]           # cp x [3 x layers, 5], rank order
     if all(code == codes[0] for code in codes):
         return
     first = next(i for i in range(0, len(codes[0]), 3)
@@ -136,8 +136,8 @@ def _check_same_shards_everywhere(group: dist.ProcessGroup | None,
     held = "; ".join(f"rank {r}: " + (f"{qs}" if qs == ks == vs else f"q {qs}, k {ks}, v {vs}")
                      for r, (qs, ks, vs) in enumerate(shapes))
     raise ValueError(
-        f"context-parallel attention needs shards of one shape [b, heads, s/t, d] on every "
-        f"rank (shard_sequence(x, t, r, layout, dim=2) cuts them so); the sequence length "
+        f"context-parallel attention needs shards of one shape [b, heads, s/cp, d] on every "
+        f"rank (shard_sequence(x, cp, r, layout, dim=2) cuts them so); the sequence length "
         f"(dim 2) per rank is {lengths}; shapes held: {held}")
 
 

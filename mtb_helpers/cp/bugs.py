@@ -21,26 +21,26 @@ __all__ = ["BUGS", "shown_by"]
 class RingWithoutRescale(RingAttention):
     """cp-no-rescale."""
 
-    def update(self, m, l, acc, scores, v):
-        m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
-        alpha = torch.exp(m - m_new)
-        p = torch.exp(scores - m_new)                            # [.., n, k]
+    def update(self, mx, l, acc, scores, v):
+        mx_new = torch.maximum(mx, scores.amax(-1, keepdim=True))
+        shrink = torch.exp(mx - mx_new)
+        p = torch.exp(scores - mx_new)                           # [.., rows, keys]
         # BUG: l is rescaled to the new max but acc is not, so earlier blocks keep the old scale
-        return m_new, l * alpha + p.sum(-1, keepdim=True), acc + p @ v   # p @ v: [.., n, d]
+        return mx_new, l * shrink + p.sum(-1, keepdim=True), acc + p @ v   # p @ v: [.., rows, d]
 
 
 class RingLocalMask(RingAttention):
     """cp-local-causal-mask (ring)."""
 
-    def positions(self, source: int, n: int) -> torch.Tensor:
-        return torch.arange(n)   # BUG: local row numbers, the same for every rank's block
+    def positions(self, source: int, rows: int) -> torch.Tensor:
+        return torch.arange(rows)   # BUG: local row numbers, the same for every rank's block
 
 
 class AllGatherLocalMask(AllGatherAttention):
     """cp-local-causal-mask (all-gather)."""
 
-    def positions(self, source: int, n: int) -> torch.Tensor:
-        return torch.arange(n)   # BUG: this rank's queries numbered from 0, as if they came first
+    def positions(self, source: int, rows: int) -> torch.Tensor:
+        return torch.arange(rows)   # BUG: this rank's queries numbered from 0, as if they came first
 
 
 class AllGatherWrongOrder(AllGatherAttention):
@@ -63,7 +63,7 @@ class AllGatherNoReduceScatter(AllGatherAttention):
     def scatter_grads(self, dfull: torch.Tensor) -> torch.Tensor:
         # BUG: each rank keeps its own positions of its own dK/dV, never summed over the ranks
         # whose queries also attended to them
-        return shard_sequence(dfull, self.t, self.rank, self.layout, dim=3)
+        return shard_sequence(dfull, self.cp, self.rank, self.layout, dim=3)
 
 
 # What a bug needs to show at all; each test reads the check's arguments (see ``shown_by``).

@@ -32,7 +32,7 @@ def register(top: argparse._SubParsersAction,
                         help="which positions each rank holds (contiguous)")
     parser.add_argument("--causal", action="store_true", help="causal mask (off)")
     parser.add_argument("--seq", type=int, default=16,
-                        help="sequence length s, divisible by t (2t for zigzag) (16)")
+                        help="sequence length s, divisible by cp (2·cp for zigzag) (16)")
     parser.add_argument("--heads", type=int, default=2, help="attention heads (2)")
     parser.add_argument("--head-dim", type=int, default=4, help="head dimension d (4)")
     parser.add_argument("--batch", type=int, default=1, help="batch size b (1)")
@@ -43,8 +43,8 @@ def details(report) -> str:
     """Work, bytes and K/V memory per rank, each next to its formula."""
     cp = report.extra["cp"]
     work, sent = cp["work"], cp["bytes"]
-    t = len(work["forward"])
-    lines = ["", "per rank      " + "  ".join(f"rank {r:<6}" for r in range(t)),
+    ranks = len(work["forward"])
+    lines = ["", "per rank      " + "  ".join(f"rank {r:<6}" for r in range(ranks)),
              "scores        " + "  ".join(f"{w:<11}" for w in work["forward"])
              + f"  formula {work['expected']}, imbalance max/mean {work['imbalance']:.2f}"]
     for d in ("forward", "backward"):

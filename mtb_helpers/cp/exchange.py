@@ -53,12 +53,12 @@ def kept_in(rec: CollectiveRecord | None) -> Iterator[None]:
     rec.tensors.extend([None] * len(part.events))
 
 
-def _exchange(message: torch.Tensor, t: int, r: int,
+def _exchange(message: torch.Tensor, cp: int, r: int,
               group: dist.ProcessGroup | None) -> torch.Tensor:
     """``message`` to rank r+1; returns what rank r-1 sent (same shape and dtype)."""
     incoming = torch.empty_like(message)
-    requests = [dist.isend(message, dst=_global(group, (r + 1) % t), group=group),    # [..] -> r+1
-                dist.irecv(incoming, src=_global(group, (r - 1) % t), group=group)]  # [..] <- r-1
+    requests = [dist.isend(message, dst=_global(group, (r + 1) % cp), group=group),    # [..] -> r+1
+                dist.irecv(incoming, src=_global(group, (r - 1) % cp), group=group)]  # [..] <- r-1
     for request in requests:
         request.wait()
     return incoming
@@ -68,26 +68,26 @@ def _pass_together(hops: list[Hop], group: dist.ProcessGroup | None,
                    records: list[CollectiveRecord | None]) -> list[torch.Tensor]:
     """Every hop's tensor to rank r+1 in one message; each returned tensor (same shape and dtype
     as its hop's) came from rank r-1."""
-    t, r = group_size(group), group_rank(group)
+    cp, r = group_size(group), group_rank(group)
     sent = [hop.tensor.contiguous() for hop in hops]
     started = time.perf_counter()   # the hop's measured time, in every record
-    if t == 1:
+    if cp == 1:
         received = sent
     elif len(sent) == 1:
-        received = [_exchange(sent[0], t, r, group)]
+        received = [_exchange(sent[0], cp, r, group)]
     else:
         # the tensors' bytes end to end, one message [sum of their bytes] uint8; each piece is
         # copied out so that it starts aligned for its dtype
-        incoming = _exchange(torch.cat([x.reshape(-1).view(torch.uint8) for x in sent]), t, r, group)
+        incoming = _exchange(torch.cat([x.reshape(-1).view(torch.uint8) for x in sent]), cp, r, group)
         pieces = incoming.split([x.numel() * x.element_size() for x in sent])
         received = [piece.clone().view(x.dtype).view(x.shape) for piece, x in zip(pieces, sent)]
     seconds = time.perf_counter() - started
     message = sum(x.numel() * x.element_size() for x in sent)   # what dist.isend / irecv carried
     for hop, x, out, rec in zip(hops, sent, received, records):
         with kept_in(rec):   # each hop named with its own bytes; the shared message once
-            note("send", x, x, hop.region, "", hop.direction, t, issued_bytes=message,
-                 sent=0 if t == 1 else x.numel() * x.element_size(), seconds=seconds)
-            note("recv", out, out, hop.region, "", hop.direction, t, sent=0, seconds=seconds,
+            note("send", x, x, hop.region, "", hop.direction, cp, issued_bytes=message,
+                 sent=0 if cp == 1 else x.numel() * x.element_size(), seconds=seconds)
+            note("recv", out, out, hop.region, "", hop.direction, cp, sent=0, seconds=seconds,
                  issued_bytes=message)
     return received
 

@@ -25,9 +25,9 @@ __all__ = ["plot_layout", "plot_ring_steps", "plot_work", "plot_cost", "plot_cp_
 def plot_layout(positions: dict[str, list[list[int]]]) -> Figure:
     """One strip per layout: position p coloured by the rank that holds it."""
     fig, ax = plt.subplots(figsize=(9, 0.9 + 0.7 * len(positions)))
-    t = 0
+    ranks = 0
     for y, (name, by_rank) in enumerate(positions.items()):
-        t = max(t, len(by_rank))
+        ranks = max(ranks, len(by_rank))
         for r, held in enumerate(by_rank):
             for p in held:
                 ax.add_patch(Rectangle((p, -y - 0.4), 1, 0.8, facecolor=rank_color(r),
@@ -39,7 +39,7 @@ def plot_layout(positions: dict[str, list[list[int]]]) -> Figure:
     ax.set_xlabel("sequence position")
     ax.set_ylabel("layout")
     ax.set_title("Which positions each rank holds (the sequence dim of q, k, v)")
-    ax.legend(handles=rank_legend_handles(t), loc="upper left", bbox_to_anchor=(1.01, 1.0),
+    ax.legend(handles=rank_legend_handles(ranks), loc="upper left", bbox_to_anchor=(1.01, 1.0),
               fontsize=8)
     fig.tight_layout()
     return fig
@@ -67,8 +67,8 @@ def _ring_key(data) -> tuple:
 def _draw_ring_steps(new_figure, data) -> None:
     cp, title = data
     steps = cp["steps"]
-    t = len(steps)
-    fig = new_figure((12, 1.8 + 0.7 * t))
+    ranks = len(steps)
+    fig = new_figure((12, 1.8 + 0.7 * ranks))
     left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.2, 1]})
     for r, row in enumerate(steps):
         for s in row:
@@ -81,14 +81,14 @@ def _draw_ring_steps(new_figure, data) -> None:
                                                         else f"{s['pairs']} chunk pair(s)"),
                       ha="center", va="center", fontsize=8,
                       bbox=dict(facecolor=EMPTY_COLOR, edgecolor="none", pad=1) if skipped else None)
-    left.set_xlim(-0.05, t)
-    left.set_ylim(t, -0.1)
-    left.set_xticks([i + 0.47 for i in range(t)], [str(i) for i in range(t)])
-    left.set_yticks([r + 0.45 for r in range(t)], [f"rank {r}" for r in range(t)])
+    left.set_xlim(-0.05, ranks)
+    left.set_ylim(ranks, -0.1)
+    left.set_xticks([i + 0.47 for i in range(ranks)], [str(i) for i in range(ranks)])
+    left.set_yticks([r + 0.45 for r in range(ranks)], [f"rank {r}" for r in range(ranks)])
     left.set_xlabel("ring step (a block moves one rank on after each)")
     left.set_ylabel("rank (its queries stay here)")
     left.set_title("K/V block held at each step")
-    left.legend(handles=rank_legend_handles(t) + [Patch(facecolor=EMPTY_COLOR, hatch="//",
+    left.legend(handles=rank_legend_handles(ranks) + [Patch(facecolor=EMPTY_COLOR, hatch="//",
                                                         edgecolor="black", label="masked")],
                 title="block from", fontsize=7, title_fontsize=8, loc="upper left",
                 bbox_to_anchor=(1.0, 1.0))
@@ -100,12 +100,12 @@ def _draw_ring_steps(new_figure, data) -> None:
             grew = i == 0 or y > ys[i - 1]
             right.plot([x], [y], marker="o", markersize=8, color=rank_color(r),
                        markerfacecolor=rank_color(r) if grew else "white", markeredgewidth=2)
-    right.set_xticks(range(t))
+    right.set_xticks(range(ranks))
     right.set_xlabel("ring step")
     right.set_ylabel("running max mx (last query row)")
     right.set_title("Online softmax: running max per rank")
     right.legend(handles=[Line2D([], [], color=rank_color(r), linewidth=2, label=f"rank {r}",
-                                 linestyle="-" if r % 2 == 0 else "--") for r in range(t)]
+                                 linestyle="-" if r % 2 == 0 else "--") for r in range(ranks)]
                  + [Line2D([], [], marker="o", linestyle="", color="black", label="max grew: rescale"),
                     Line2D([], [], marker="o", linestyle="", color="black",
                            markerfacecolor="white", label="unchanged")],
@@ -131,11 +131,11 @@ def _draw_work(new_figure, data) -> None:
     work_by_layout, title = data
     fig = new_figure((8, 3.8))
     ax = fig.subplots()
-    t = max(len(w) for w in work_by_layout.values())
-    width = 0.8 / t
+    ranks = max(len(w) for w in work_by_layout.values())
+    width = 0.8 / ranks
     for g, (name, work) in enumerate(work_by_layout.items()):
         for r, w in enumerate(work):
-            ax.bar(g + (r - (t - 1) / 2) * width, w, width * 0.95, color=rank_color(r),
+            ax.bar(g + (r - (ranks - 1) / 2) * width, w, width * 0.95, color=rank_color(r),
                    edgecolor="black", linewidth=0.5)
         mean = sum(work) / len(work)
         ax.plot([g - 0.45, g + 0.45], [mean, mean], color="black", linestyle="--", linewidth=1.2)
@@ -145,7 +145,7 @@ def _draw_work(new_figure, data) -> None:
     ax.set_xlabel("layout")
     ax.set_ylabel("attention scores computed\nper (batch, head)")
     ax.set_title(title or "Work per rank under a causal mask")
-    ax.legend(handles=rank_legend_handles(t) + [Line2D([], [], color="black", linestyle="--",
+    ax.legend(handles=rank_legend_handles(ranks) + [Line2D([], [], color="black", linestyle="--",
                                                        label="mean")],
               loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()   # once per picture
@@ -156,25 +156,25 @@ LIVE_WORK = LiveFigure(lambda data: (tuple((k, tuple(v)) for k, v in data[0].ite
 
 
 def plot_cost(cost: dict[str, dict[str, list]], shard_label: str = "per rank") -> Figure:
-    """``cost[variant] = {"t": [...], "sent": [...], "kv": [...], "measured_sent": [...],
+    """``cost[variant] = {"cp": [...], "sent": [...], "kv": [...], "measured_sent": [...],
     "measured_kv": [...]}`` (bytes per rank, forward + backward): lines from the formulas,
     dots measured on real ranks."""
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, (sent_ax, kv_ax) = plt.subplots(1, 2, figsize=(11, 3.8))
     styles = {"ring": ("-", "o"), "allgather": ("--", "s")}
     for variant, c in cost.items():
         line, marker = styles.get(variant, ("-", "o"))
-        for ax, key in ((a, "sent"), (b, "kv")):
-            ax.plot(c["t"], c[key], color="black", linestyle=line, label=f"{variant} (formula)")
+        for ax, key in ((sent_ax, "sent"), (kv_ax, "kv")):
+            ax.plot(c["cp"], c[key], color="black", linestyle=line, label=f"{variant} (formula)")
             if c.get(f"measured_{key}"):
-                ax.plot(c["t"], c[f"measured_{key}"], linestyle="", marker=marker, markersize=8,
+                ax.plot(c["cp"], c[f"measured_{key}"], linestyle="", marker=marker, markersize=8,
                         markerfacecolor="white", markeredgecolor="black",
                         label=f"{variant} (measured)")
-    for ax, what in ((a, "bytes sent per rank (forward + backward)"),
-                     (b, "most K/V bytes held at once per rank")):
-        ax.set_xlabel("world size t")
+    for ax, what in ((sent_ax, "bytes sent per rank (forward + backward)"),
+                     (kv_ax, "most K/V bytes held at once per rank")):
+        ax.set_xlabel("world size cp")
         ax.set_ylabel("bytes")
         ax.set_title(what, fontsize=11)
-        ax.set_xticks(cost[next(iter(cost))]["t"])
+        ax.set_xticks(cost[next(iter(cost))]["cp"])
         ax.set_ylim(bottom=0)   # from zero, so a halving looks like a halving
         ax.legend(fontsize=8)
     fig.suptitle(f"Ring vs all-gather attention: communication and memory, {shard_label}",

@@ -7,7 +7,7 @@ PyTorch ships context parallelism as ``torch.distributed.tensor.experimental.con
 rotate around the group, partial outputs merge through their log-sum-exp, and in the backward
 dK/dV rotate with K/V, as here. They run on CPU with the CPU flash-attention kernel, so on gloo
 ranks the two implementations can be compared on the very same shards. Their "load balance"
-option is the zigzag layout (rank r holds chunks r and 2t-1-r). Private API: it may move in a
+option is the zigzag layout (rank r holds chunks r and 2·cp-1-r). Private API: it may move in a
 later torch: they are reached only through ``runtime/compat.py``, which then raises
 ``PrivateAPIMissing`` naming what moved instead of returning numbers.
 """
@@ -27,7 +27,7 @@ __all__ = ["compare_with_pytorch", "pytorch_ring_attention"]
 
 def pytorch_ring_attention(q, k, v, dout, causal: bool, layout: str):
     """On a rank: PyTorch's ring attention forward and backward on this rank's shards
-    ``[b, heads, s/t, d]``; returns ``(out, dq, dk, dv)``. Its options are restored afterwards."""
+    ``[b, heads, s/cp, d]``; returns ``(out, dq, dk, dv)``. Its options are restored afterwards."""
     aten = torch.ops.aten
     group = dist.group.WORLD
     with pytorch_ring(load_balance=layout == "zigzag") as (forward, backward):
@@ -40,8 +40,8 @@ def pytorch_ring_attention(q, k, v, dout, causal: bool, layout: str):
 
 
 def _on_rank(q, k, v, dout, causal: bool, layout: str) -> dict[str, float]:
-    t, r = dist.get_world_size(), dist.get_rank()
-    shards = [shard_sequence(x, t, r, layout) for x in (q, k, v, dout)]
+    cp, r = dist.get_world_size(), dist.get_rank()
+    shards = [shard_sequence(x, cp, r, layout) for x in (q, k, v, dout)]
     theirs = pytorch_ring_attention(*shards, causal, layout)
     mine = [x.clone().requires_grad_(True) for x in shards[:3]]
     out = ring_attention(*mine, causal=causal, layout=layout)
@@ -56,9 +56,9 @@ def compare_with_pytorch(world_size: int = 2, seq: int = 16, heads: int = 2, hea
                          batch: int = 1) -> list[dict[str, float]]:
     """Max abs difference, per rank and quantity, between the course's ``ring_attention`` and
     PyTorch's ring attention on the same float64 shards (PyTorch's zigzag needs ``causal``)."""
-    t = resolve_world_size(world_size)
-    check_sequence(seq, t, layout)
+    cp = resolve_world_size(world_size)
+    check_sequence(seq, cp, layout)
     if layout == "zigzag" and not causal:
         raise ValueError("PyTorch's load-balanced (zigzag) ring attention requires causal=True")
     q, k, v, dout = make_cp_inputs(batch, heads, seq, head_dim, torch.float64, seed)
-    return run(_on_rank, q, k, v, dout, causal, layout, world_size=t)
+    return run(_on_rank, q, k, v, dout, causal, layout, world_size=cp)

@@ -37,28 +37,29 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout:
 
 
 def expected_work(seq: int, world_size: int, rank: int, layout: str, causal: bool) -> int:
-    """Scores per (batch, head) rank ``rank`` computes: all ``s/t * s`` without a mask; with a
-    causal one, each of its chunks ``c`` (of n positions) against the ``(c+1) n`` keys up to it."""
+    """Scores per (batch, head) rank ``rank`` computes: all ``s/cp * s`` without a mask; with a
+    causal one, each of its chunks ``c`` (of ``size`` positions) against the ``(c+1) size`` keys
+    up to it."""
     if not causal:
         return seq // world_size * seq
-    n = chunk_len(seq, world_size, layout)
-    return sum(n * (c + 1) * n for c in chunk_ids(world_size, rank, layout))
+    size = chunk_len(seq, world_size, layout)
+    return sum(size * (c + 1) * size for c in chunk_ids(world_size, rank, layout))
 
 
 def expected_bytes(variant: str, shard_bytes: int, world_size: int) -> dict[str, int]:
-    """Bytes one rank sends, N = ``shard_bytes`` (its K shard). Ring: forward ``2(t-1)N`` (K and V
-    pass t-1 hops), backward ``4(t-1)N + 2N`` (K, V, dK, dV together, then dK, dV home).
-    All-gather: ``2(t-1)N`` each way (ring all-gather, then ring reduce-scatter)."""
-    t, n = world_size, shard_bytes
-    if t == 1:
+    """Bytes one rank sends, n = ``shard_bytes`` (its K shard). Ring: forward ``2(cp-1)n`` (K and
+    V pass cp-1 hops), backward ``4(cp-1)n + 2n`` (K, V, dK, dV together, then dK, dV home).
+    All-gather: ``2(cp-1)n`` each way (ring all-gather, then ring reduce-scatter)."""
+    cp, n = world_size, shard_bytes
+    if cp == 1:
         return {"forward": 0, "backward": 0}
     if variant == "ring":
-        return {"forward": 2 * (t - 1) * n, "backward": 4 * (t - 1) * n + 2 * n}
-    return {"forward": 2 * (t - 1) * n, "backward": 2 * (t - 1) * n}
+        return {"forward": 2 * (cp - 1) * n, "backward": 4 * (cp - 1) * n + 2 * n}
+    return {"forward": 2 * (cp - 1) * n, "backward": 2 * (cp - 1) * n}
 
 
 def expected_kv_bytes(variant: str, shard_bytes: int, world_size: int) -> int:
     """The most K/V bytes a rank holds at once: the ring a block and the one arriving
-    (``2 x 2N``), all-gather the whole sequence (``t x 2N``)."""
+    (``2 x 2n``), all-gather the whole sequence (``cp x 2n``)."""
     blocks = min(world_size, 2) if variant == "ring" else world_size
     return blocks * 2 * shard_bytes

@@ -1,20 +1,20 @@
 """Ring attention: K/V blocks travel around the ring; each rank's queries never leave it.
 
-Forward, on rank r with t ranks (Liu et al. 2023, "Ring Attention with Blockwise Transformers"):
+Forward, on rank r with cp ranks (Liu et al. 2023, "Ring Attention with Blockwise Transformers"):
 
-    step i = 0 .. t-1:  hold the K/V block of rank (r - i) mod t
-                        fold every chunk pair the mask allows into the online softmax (m, l, acc)
-                        pass the block on: send to r+1, receive from r-1       (t-1 hops)
-    O = acc / l,  lse = m + log l
+    step i = 0 .. cp-1:  hold the K/V block of rank (r - i) mod cp
+                         fold every chunk pair the mask allows into the online softmax (mx, l, acc)
+                         pass the block on: send to r+1, receive from r-1       (cp-1 hops)
+    O = acc / l,  lse = mx + log l
 
 Backward, a second ring pass written by hand (not autograd through the ring): each block travels
 again **with its dK, dV accumulator**; every rank adds what its queries contribute
 (``dV += P^T dO``, ``dK += dS^T Q / sqrt(d)``, with ``P = exp(S - lse)`` rebuilt from the saved
-lse and ``dS = P * (dO V^T - rowsum(dO * O))``) and keeps ``dQ`` for itself. After t steps rank r
+lse and ``dS = P * (dO V^T - rowsum(dO * O))``) and keeps ``dQ`` for itself. After cp steps rank r
 holds the finished dK, dV of rank r+1's block, so one last hop sends them home.
 
-Bytes one rank sends, with N the bytes of its K (or V) shard ``[b, heads, s/t, d]``:
-forward ``2 (t-1) N``; backward ``4 (t-1) N`` (K, V, dK, dV together) ``+ 2 N`` (the last hop).
+Bytes one rank sends, with n the bytes of its K (or V) shard ``[b, heads, s/cp, d]``:
+forward ``2 (cp-1) n``; backward ``4 (cp-1) n`` (K, V, dK, dV together) ``+ 2 n`` (the last hop).
 
 Both passes are generators: ``yield Hop(block, ...)`` passes a block on and evaluates to the block
 received, and ``exchange.drive`` performs the hop. So several layers called together (the check's
@@ -51,9 +51,9 @@ class _Ring(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *douts):
-        n = len(ctx.layers)
+        count = len(ctx.layers)
         saved = ctx.saved_tensors
-        qkv, outs, lses = saved[:3 * n], saved[3 * n:4 * n], saved[4 * n:]
+        qkv, outs, lses = saved[:3 * count], saved[3 * count:4 * count], saved[4 * count:]
         rings = [layer.backward_ring(*qkv[3 * i:3 * i + 3], outs[i], lses[i], douts[i].contiguous())
                  for i, layer in enumerate(ctx.layers)]
         grads = drive(rings, ctx.layers[0].group, [layer.record for layer in ctx.layers])
@@ -71,73 +71,73 @@ class RingAttention(ContextParallelAttention):
         """Every layer's ring, in lockstep (their hops share one message each)."""
         return list(_Ring.apply(layers, *(x for triple in shards for x in triple)))
 
-    def update(self, m, l, acc, scores, v):
+    def update(self, mx, l, acc, scores, v):
         """One online-softmax step (``online.online_update``)."""
-        return online_update(m, l, acc, scores, v)
+        return online_update(mx, l, acc, scores, v)
 
     def forward_ring(self, q, k, v):
         """A generator (``exchange.drive`` runs it): it yields a ``Hop`` to pass a block on and
         gets the block of rank r-1 back; it returns ``(O, lse)``."""
-        b, h, n, d = q.shape
-        q_pos = self.positions(self.rank, n)
-        m = torch.full((b, h, n, 1), -torch.inf, dtype=q.dtype)
-        l = torch.zeros((b, h, n, 1), dtype=q.dtype)
+        b, heads, rows, d = q.shape
+        q_pos = self.positions(self.rank, rows)
+        mx = torch.full((b, heads, rows, 1), -torch.inf, dtype=q.dtype)
+        l = torch.zeros((b, heads, rows, 1), dtype=q.dtype)
         acc = torch.zeros_like(q)
-        kv = torch.stack([k, v])                                  # 2 x [b,h,n,d] -> [2,b,h,n,d]
-        for step in range(self.t):
-            source = (self.rank - step) % self.t
-            k_pos = self.positions(source, n)
+        kv = torch.stack([k, v])                                  # 2 x [b,heads,rows,d] -> [2,b,heads,rows,d]
+        for step in range(self.cp):
+            source = (self.rank - step) % self.cp
+            k_pos = self.positions(source, rows)
             before = self.pairs["forward"]
             for qs, ks, mask in self.chunk_pairs(q_pos, k_pos):
-                s = self.scores(q[:, :, qs], kv[0][:, :, ks], mask, "forward")  # [b,h,nq,nk]
-                m[:, :, qs], l[:, :, qs], acc[:, :, qs] = self.update(
-                    m[:, :, qs], l[:, :, qs], acc[:, :, qs], s, kv[1][:, :, ks])
+                s = self.scores(q[:, :, qs], kv[0][:, :, ks], mask, "forward")  # [b,heads,nq,nk]
+                mx[:, :, qs], l[:, :, qs], acc[:, :, qs] = self.update(
+                    mx[:, :, qs], l[:, :, qs], acc[:, :, qs], s, kv[1][:, :, ks])
             self.steps.append({"step": step, "source": source,
                                "pairs": self.pairs["forward"] - before,
-                               "running_max": m[0, 0, :, 0].tolist()})
-            if step < self.t - 1:
-                incoming = yield Hop(kv, region=KV, direction="forward")  # [2,b,h,n,d] -> r+1; r-1 -> here
+                               "running_max": mx[0, 0, :, 0].tolist()})
+            if step < self.cp - 1:
+                incoming = yield Hop(kv, region=KV, direction="forward")  # [2,b,heads,rows,d] -> r+1; r-1 -> here
                 self.hold(kv, incoming)
                 kv = incoming
             else:
                 self.hold(kv)
-        return finish(m, l, acc)
+        return finish(mx, l, acc)
 
     def backward_ring(self, q, k, v, out, lse, dout):
         """A generator, as ``forward_ring``; it returns ``(dQ, dK, dV)``."""
-        n = q.shape[2]
-        q_pos = self.positions(self.rank, n)
-        delta = (dout * out).sum(-1, keepdim=True)                # [b,h,n,d] -> [b,h,n,1]
+        rows = q.shape[2]
+        q_pos = self.positions(self.rank, rows)
+        delta = (dout * out).sum(-1, keepdim=True)                # [b,heads,rows,d] -> [b,heads,rows,1]
         dq = torch.zeros_like(q)
-        kv = torch.stack([k, v])                                  # [2,b,h,n,d]
+        kv = torch.stack([k, v])                                  # [2,b,heads,rows,d]
         dkv = torch.zeros_like(kv)                                # dK, dV of the block held
-        for step in range(self.t):
-            k_pos = self.positions((self.rank - step) % self.t, n)
+        for step in range(self.cp):
+            k_pos = self.positions((self.rank - step) % self.cp, rows)
             for qs, ks, mask in self.chunk_pairs(q_pos, k_pos):
                 kb, vb, do = kv[0][:, :, ks], kv[1][:, :, ks], dout[:, :, qs]
                 p = torch.exp(self.scores(q[:, :, qs], kb, mask, "backward")
-                              - lse[:, :, qs])                    # [b,h,nq,nk]
-                dkv[1][:, :, ks] += p.transpose(-2, -1) @ do      # [b,h,nk,nq] @ [b,h,nq,d] -> [b,h,nk,d]
-                dp = do @ vb.transpose(-2, -1)                    # [b,h,nq,d] @ [b,h,d,nk] -> [b,h,nq,nk]
-                ds = p * (dp - delta[:, :, qs])                   # [b,h,nq,nk]
-                dq[:, :, qs] += ds @ kb * self.scale              # [b,h,nq,nk] @ [b,h,nk,d] -> [b,h,nq,d]
-                dkv[0][:, :, ks] += ds.transpose(-2, -1) @ q[:, :, qs] * self.scale  # -> [b,h,nk,d]
-            if step < self.t - 1:
+                              - lse[:, :, qs])                    # [b,heads,nq,nk]
+                dkv[1][:, :, ks] += p.transpose(-2, -1) @ do      # [b,heads,nk,nq] @ [b,heads,nq,d] -> [b,heads,nk,d]
+                dp = do @ vb.transpose(-2, -1)                    # [b,heads,nq,d] @ [b,heads,d,nk] -> [b,heads,nq,nk]
+                ds = p * (dp - delta[:, :, qs])                   # [b,heads,nq,nk]
+                dq[:, :, qs] += ds @ kb * self.scale              # [b,heads,nq,nk] @ [b,heads,nk,d] -> [b,heads,nq,d]
+                dkv[0][:, :, ks] += ds.transpose(-2, -1) @ q[:, :, qs] * self.scale  # -> [b,heads,nk,d]
+            if step < self.cp - 1:
                 both = yield Hop(torch.cat([kv, dkv]), region=KV_GRADS,
-                                 direction="backward")            # [4,b,h,n,d] -> r+1; r-1 -> here
+                                 direction="backward")            # [4,b,heads,rows,d] -> r+1; r-1 -> here
                 kv, dkv = both[:2], both[2:]
         dkv = yield self.send_grads_home(dkv)
         return dq, dkv[0], dkv[1]
 
     def send_grads_home(self, dkv: torch.Tensor) -> Hop:
         """Rank r holds the finished dK, dV of rank r+1's block: one more hop delivers them."""
-        return Hop(dkv, region=GRADS_HOME, direction="backward")   # [2,b,h,n,d] -> r+1; r-1 -> here
+        return Hop(dkv, region=GRADS_HOME, direction="backward")   # [2,b,heads,rows,d] -> r+1; r-1 -> here
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                    layout: str = "contiguous", group=None) -> torch.Tensor:
     """``softmax(q k^T / sqrt(d), causal mask by global position) v`` for this rank's queries.
 
-    ``q, k, v``: this rank's ``[b, heads, s/t, d]`` shards (``shard_sequence(.., dim=2)``);
-    returns this rank's ``[b, heads, s/t, d]`` output shard, differentiable."""
+    ``q, k, v``: this rank's ``[b, heads, s/cp, d]`` shards (``shard_sequence(.., dim=2)``);
+    returns this rank's ``[b, heads, s/cp, d]`` output shard, differentiable."""
     return RingAttention(causal, layout, group)(q, k, v)

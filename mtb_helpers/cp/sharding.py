@@ -2,10 +2,10 @@
 
 The sequence (dim 2 of ``[b, heads, s, d]``) is cut into chunks:
 
-* ``contiguous``: ``t`` chunks of ``s/t``; rank ``r`` holds chunk ``r``.
-* ``zigzag``: ``2t`` chunks of ``s/(2t)``; rank ``r`` holds chunks ``r`` and ``2t-1-r`` (in that
-  order). Under a causal mask chunk ``c`` attends to ``c+1`` chunks, so every rank gets
-  ``(r+1) + (2t-r) = 2t+1`` chunk pairs of work: the load-balanced layout (Megatron-LM context
+* ``contiguous``: ``cp`` chunks of ``s/cp``; rank ``r`` holds chunk ``r``.
+* ``zigzag``: ``2·cp`` chunks of ``s/(2·cp)``; rank ``r`` holds chunks ``r`` and ``2·cp-1-r`` (in
+  that order). Under a causal mask chunk ``c`` attends to ``c+1`` chunks, so every rank gets
+  ``(r+1) + (2·cp-r) = 2·cp+1`` chunk pairs of work: the load-balanced layout (Megatron-LM context
   parallelism, ring-flash-attention's ``zigzag_ring_flash_attn``).
 
     >>> [shard_positions(8, 2, r, "zigzag").tolist() for r in range(2)]
@@ -57,26 +57,26 @@ def chunk_ids(world_size: int, rank: int, layout: str) -> list[int]:
 
 
 def chunk_len(seq: int, world_size: int, layout: str) -> int:
-    """Positions per chunk: ``s/t`` (contiguous) or ``s/(2t)`` (zigzag)."""
+    """Positions per chunk: ``s/cp`` (contiguous) or ``s/(2·cp)`` (zigzag)."""
     check_world(world_size)
     return seq // (world_size * (2 if layout == "zigzag" else 1))
 
 
 def shard_positions(seq: int, world_size: int, rank: int, layout: str = "contiguous"
                     ) -> torch.Tensor:
-    """The global positions of rank ``rank``'s ``s/t`` rows, in shard order (int64)."""
-    n = chunk_len(seq, world_size, layout)
-    return torch.cat([torch.arange(c * n, (c + 1) * n) for c in chunk_ids(world_size, rank, layout)])
+    """The global positions of rank ``rank``'s ``s/cp`` rows, in shard order (int64)."""
+    size = chunk_len(seq, world_size, layout)
+    return torch.cat([torch.arange(c * size, (c + 1) * size) for c in chunk_ids(world_size, rank, layout)])
 
 
 def shard_sequence(x: torch.Tensor, world_size: int, rank: int, layout: str = "contiguous",
                    dim: int = 2) -> torch.Tensor:
-    """Rank ``rank``'s shard of ``x`` along ``dim``: ``[.., s, ..] -> [.., s/t, ..]`` (a copy)."""
+    """Rank ``rank``'s shard of ``x`` along ``dim``: ``[.., s, ..] -> [.., s/cp, ..]`` (a copy)."""
     dim = _check_dim(dim, x.dim())
     check_world(world_size, rank)
     check_sequence(x.shape[dim], world_size, layout)
-    n = chunk_len(x.shape[dim], world_size, layout)
-    return torch.cat([x.narrow(dim, c * n, n) for c in chunk_ids(world_size, rank, layout)],
+    size = chunk_len(x.shape[dim], world_size, layout)
+    return torch.cat([x.narrow(dim, c * size, size) for c in chunk_ids(world_size, rank, layout)],
                      dim=dim).contiguous()
 
 
@@ -90,19 +90,19 @@ def _check_dim(dim: int, ndim: int) -> int:
 def unshard_sequence(shards: list[torch.Tensor], layout: str = "contiguous",
                      dim: int = 2) -> torch.Tensor:
     """The full tensor from every rank's shard (``shards[r]`` from rank r), positions in order:
-    ``t x [.., s/t, ..] -> [.., s, ..]``."""
-    t = len(shards)
-    if t == 0:
+    ``cp x [.., s/cp, ..] -> [.., s, ..]``."""
+    cp = len(shards)
+    if cp == 0:
         raise ValueError("shards is empty: pass every rank's shard, shards[r] from rank r")
     dim = _check_dim(dim, shards[0].dim())
     lengths = [shard.shape[dim] for shard in shards]
     if len(set(lengths)) > 1:
         raise ValueError(f"shards must all hold the same number of positions; got {lengths}")
-    seq = shards[0].shape[dim] * t
-    check_sequence(seq, t, layout)
-    n = chunk_len(seq, t, layout)
+    seq = shards[0].shape[dim] * cp
+    check_sequence(seq, cp, layout)
+    size = chunk_len(seq, cp, layout)
     pieces: dict[int, torch.Tensor] = {}
     for r, shard in enumerate(shards):
-        for i, c in enumerate(chunk_ids(t, r, layout)):
-            pieces[c] = shard.narrow(dim, i * n, n)
+        for i, c in enumerate(chunk_ids(cp, r, layout)):
+            pieces[c] = shard.narrow(dim, i * size, size)
     return torch.cat([pieces[c] for c in sorted(pieces)], dim=dim)

@@ -21,7 +21,7 @@ from mtb_helpers.widgets.frame import live_view
 __all__ = ["explore_context_parallel", "explore_balance", "summary"]
 
 MAX_EXPLORER_RANKS = 4   # Binder has 1 CPU and 2 GB
-SEQ = 24                 # 2t divides it for every t in 1..4, so both layouts cut it evenly
+SEQ = 24                 # 2·cp divides it for every cp in 1..4, so both layouts cut it evenly
 _SLIDER = dict(continuous_update=False, style={"description_width": "initial"})
 
 
@@ -41,7 +41,7 @@ def summary(report: Report) -> str:
 def explore_context_parallel(world_size: int = 4) -> widgets.VBox:
     """The context-parallel explorer widget; display it."""
     size = widgets.IntSlider(value=world_size, min=1, max=MAX_EXPLORER_RANKS,
-                             description="world size t", **_SLIDER)
+                             description="world size cp", **_SLIDER)
     variant = widgets.Dropdown(options=["ring", "allgather"], value="ring", description="variant")
     layout = widgets.Dropdown(options=["contiguous", "zigzag"], value="contiguous",
                               description="layout")
@@ -86,17 +86,17 @@ def explore_context_parallel(world_size: int = 4) -> widgets.VBox:
 def explore_balance(world_size: int = 4, variant: str = "ring") -> widgets.VBox:
     """Work per rank under a causal mask, contiguous vs zigzag, for the chosen world size."""
     size = widgets.IntSlider(value=world_size, min=1, max=MAX_EXPLORER_RANKS,
-                             description="world size t", **_SLIDER)
+                             description="world size cp", **_SLIDER)
 
     def render() -> list:
-        t = size.value
-        reports = check_layouts(world_size=t, seq=SEQ, causal=True, variant=variant,
+        cp = size.value
+        reports = check_layouts(world_size=cp, seq=SEQ, causal=True, variant=variant,
                                 layouts=("contiguous", "zigzag"), dtype="float64")
         work = {layout: rep.extra["cp"]["work"]["forward"] for layout, rep in reports.items()}
         verdict = {layout: "PASS" if rep.passed else "FAIL" for layout, rep in reports.items()}
-        return [f"s = {SEQ}, t = {t}: contiguous {work['contiguous']}, zigzag "
+        return [f"s = {SEQ}, cp = {cp}: contiguous {work['contiguous']}, zigzag "
                 f"{work['zigzag']} scores per (batch, head); check against one process: "
                 f"contiguous {verdict['contiguous']}, zigzag {verdict['zigzag']}",
-                work_png(work, title=f"Causal work per rank, {t} rank{'s' * (t > 1)}")]
+                work_png(work, title=f"Causal work per rank, {cp} rank{'s' * (cp > 1)}")]
 
     return live_view([[size]], render)
