@@ -59,7 +59,7 @@ def f_backward_steps(local_formula: str) -> list[S]:
     grad (``local_formula``), then the all-reduce that sums them into the whole dX."""
     return [S("dx_partial", "local input grad", "backward", "dX", local_formula, Partial(),
               ("record", "f", "backward", "in")),
-            S("input_grad", "all-reduce dX (f backward)", "backward", "dX", "dX = sum_r dX_r",
+            S("input_grad", "all-reduce dX (f backward)", "backward", "dX", "dX = sum_r dX^(r)",
               Replicate(), ("input_grad",), F_BWD)]
 
 
@@ -101,7 +101,7 @@ def check_column_parallel(world_size: int = 2, in_features: int = 8, out_feature
         S("local", "local matmul", "forward", "Y", "Y_r = X @ W_r + bias_r", Shard(-1),
           ("record", GATHER, "forward", "in") if gather_output else ("output",)),
         *gathered,
-        *f_backward_steps("dX_r = dY_r @ W_r.T"),
+        *f_backward_steps("dX^(r) = dY_r @ W_r.T"),
         S("weight_grad", "weight grad", "backward", "dW", "dW_r = X.T @ dY_r", Shard(-1),
           ("grad", "weight")),
         S("bias_grad", "bias grad", "backward", "dbias", "dbias_r = dY_r summed over rows", Shard(-1),
@@ -187,8 +187,8 @@ def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
     batch = _sizes(batch_shape, hidden=hidden, ffn_hidden=ffn_hidden)
     check_divisible("ffn_hidden", ffn_hidden, t)
     (fc1, fc2), x, dy = draw_inputs(seed, batch, dtype, (hidden, ffn_hidden), (ffn_hidden, hidden))
-    # fc1's backward gives dX_r, dW1_r and db1_r at once; f's all-reduce of dX runs after it, last
-    dx_partial, dx_sum = f_backward_steps("dX_r = dH_r @ W1_r.T")
+    # fc1's backward gives dX^(r), dW1_r and db1_r at once; f's all-reduce of dX runs after it, last
+    dx_partial, dx_sum = f_backward_steps("dX^(r) = dH_r @ W1_r.T")
     specs = [
         S("fc1.weight", "shard W1 by columns", "forward", "W1", "W1_r = W1[:, cols r]", Shard(-1),
           ("param", "fc1.weight")),
