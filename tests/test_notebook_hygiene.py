@@ -311,3 +311,34 @@ def test_each_check_fails_on_a_notebook_that_breaks_it(tmp_path):
     for check, cells in breakers.items():
         with pytest.raises(AssertionError):
             check(saved(cells, check.__name__))
+
+
+SHOW_CODE = ("def show_code(obj):\n"
+             "    # print the package code a cell is about to run, so nothing happens off-screen\n"
+             "    print(inspect.getsource(obj))")
+
+
+@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_one_source_printing_helper(nb_path):
+    """A notebook that prints package source does it with show_code(obj), defined the same way
+    in every notebook: no second name (show) or second body for the same job."""
+    code = "\n".join(c.source for c in _read(nb_path).cells if c.cell_type == "code")
+    printers = re.findall(r"def (\w+)\((\w+)\):\n(?:    #[^\n]*\n)?    print\(inspect\.getsource\(\2\)\)",
+                          code)
+    assert all(name == "show_code" for name, _ in printers), \
+        f"{nb_path.name} prints source with {sorted({n for n, _ in printers})}, not show_code"
+    if printers:
+        assert SHOW_CODE in code, f"{nb_path.name}: show_code differs from the course's one definition"
+
+
+def test_one_source_printing_helper_catches_a_second_name_and_a_second_body(tmp_path):
+    for source in (SHOW_CODE.replace("show_code", "show"),
+                   SHOW_CODE.replace("(obj)", "(fn)").replace("getsource(obj)", "getsource(fn)"),
+                   SHOW_CODE.replace("so nothing happens off-screen", "so you read it")):
+        path = tmp_path / "nb.ipynb"
+        nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)]), path)
+        with pytest.raises(AssertionError):
+            test_one_source_printing_helper(path)
+    path = tmp_path / "ok.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(SHOW_CODE)]), path)
+    test_one_source_printing_helper(path)

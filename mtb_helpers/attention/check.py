@@ -120,7 +120,7 @@ def _specs() -> list[S]:
           Replicate(), ("grad", "out.bias")),
         S("d_qkv", "Q, K, V grads of own heads", "backward", "dQKV",
           "back through own heads", Shard(-1), ("hook", "qkv", "grad_out")),
-        *f_backward_steps("dX_r = dQKV_r @ Wqkv_r.T"),
+        *f_backward_steps("dX^(r) = dQKV_r @ Wqkv_r.T"),
         S("qkv.weight_grad", "Wqkv weight grad", "backward", "dWqkv", "dWqkv_r = X.T @ dQKV_r",
           Shard(-1), ("grad", "qkv.weight")),
         S("qkv.bias_grad", "Wqkv bias grad", "backward", "dbqkv", "dbqkv_r = dQKV_r summed over rows",
