@@ -217,9 +217,9 @@ class _AllReduceGrad(torch.autograd.Function):
     saw other tokens, so each holds a partial sum)."""
 
     @staticmethod
-    def forward(ctx, p, region, operator, group):
+    def forward(ctx, param, region, operator, group):
         ctx.region, ctx.operator, ctx.group = region, operator, group   # named in the record
-        return p.view_as(p)   # [..] -> [..]
+        return param.view_as(param)   # [..] -> [..]
 
     @staticmethod
     def backward(ctx, grad):
@@ -274,18 +274,18 @@ def reduce_scatter_to_sequence_parallel_region(x: torch.Tensor,
     return _ReduceScatterToSequenceParallelRegion.apply(x, group)
 
 
-def allreduce_grad(p: torch.Tensor, region: str, operator: str = "", group=None) -> torch.Tensor:
+def allreduce_grad(param: torch.Tensor, region: str, operator: str = "", group=None) -> torch.Tensor:
     """Use a replicated parameter through this when each rank saw different data (other tokens,
     other sequence rows): forward identity, backward all-reduce, so its grad is summed over the
     group. ``region`` and ``operator`` name it in the record (``"ln.weight"``)."""
-    return _AllReduceGrad.apply(p, region, operator, group)
+    return _AllReduceGrad.apply(param, region, operator, group)
 
 
-def allreduce_sequence_parallel_grad(p: torch.Tensor, name: str = "",
+def allreduce_sequence_parallel_grad(param: torch.Tensor, name: str = "",
                                      group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """``allreduce_grad`` for a parameter (e.g. LayerNorm weight ``[h]``) that sees only this
     rank's sequence rows: its grad, a partial sum over them, is summed over the group."""
-    return allreduce_grad(p, GRAD_ALLREDUCE_SP, name, group)
+    return allreduce_grad(param, GRAD_ALLREDUCE_SP, name, group)
 
 
 # the regions by their public name, each declaring the placements its forward takes its input

@@ -79,11 +79,11 @@ class SequenceParallelLayerNorm(nn.Module):
         return cls(ln.weight, ln.bias, ln.eps, name, group, grad_sync)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w, b = self.weight, self.bias
+        weight, bias = self.weight, self.bias
         if self.grad_sync == "backward":   # "step": the grads stay partial until the step's sum
-            w = allreduce_sequence_parallel_grad(self.weight, f"{self.name}.weight", self.group)
-            b = allreduce_sequence_parallel_grad(self.bias, f"{self.name}.bias", self.group)
-        return F.layer_norm(x, self.weight.shape, w, b, self.eps)
+            weight = allreduce_sequence_parallel_grad(self.weight, f"{self.name}.weight", self.group)
+            bias = allreduce_sequence_parallel_grad(self.bias, f"{self.name}.bias", self.group)
+        return F.layer_norm(x, self.weight.shape, weight, bias, self.eps)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}, grad_sync={self.grad_sync!r}"
@@ -97,7 +97,7 @@ _REDUCE_SCATTER = ("reduce_scatter_single" if hasattr(dist, "reduce_scatter_sing
 
 @recorded(GATHER_SP)
 class _GatherThenLinear(torch.autograd.Function):
-    """forward: all-gather x along dim 0, then ``X @ W.T + b``, saving only the shard ``[s/t, b, in]``;
+    """forward: all-gather x along dim 0, then ``X @ W.T + bias``, saving only the shard ``[s/t, b, in]``;
     backward: all-gather x again (for dW), reduce-scatter dX along dim 0 (Megatron's choice)."""
 
     @staticmethod
@@ -117,13 +117,13 @@ class _GatherThenLinear(torch.autograd.Function):
         getattr(dist, _ALL_GATHER)(full, x, group=ctx.group)   # [s/t, b, in] -> [s, b, in] again
         dy2 = dy.reshape(-1, dy.shape[-1])
         dw = dy2.T @ full.reshape(-1, full.shape[-1])   # [out/t, s*b] @ [s*b, in] -> [out/t, in]
-        db = dy2.sum(0) if ctx.has_bias else None
+        dbias = dy2.sum(0) if ctx.has_bias else None
         # [s, b, out/t] @ [out/t, in] -> [s, b, in] (partial) -> reduce-scatter -> [s/t, b, in]
         partial = (dy @ weight).contiguous()
         dx = partial.new_empty((partial.shape[0] // group_size(ctx.group), *partial.shape[1:]))
         ctx.operator = ""
         getattr(dist, _REDUCE_SCATTER)(dx, partial, group=ctx.group)
-        return dx, dw, db, None
+        return dx, dw, dbias, None
 
 
 class SequenceParallelColumnLinear(ColumnParallelLinear):
@@ -171,10 +171,10 @@ class SequenceParallelRowLinear(RowParallelLinear):
         y = reduce_scatter_to_sequence_parallel_region(partial, self.group)
         if self.bias is None:
             return y
-        b = self.bias
+        bias = self.bias
         if self.grad_sync == "backward":   # "step": the grad stays partial until the step's sum
-            b = allreduce_sequence_parallel_grad(self.bias, "fc2.bias", self.group)
-        return y + b
+            bias = allreduce_sequence_parallel_grad(self.bias, "fc2.bias", self.group)
+        return y + bias
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, grad_sync={self.grad_sync!r}"
