@@ -155,7 +155,7 @@ def test_03_saves_the_identities_it_teaches():
                and c.source.startswith(CHECKED)]
     out = _outputs(cell)
     assert "GeLU(X @ W1) == [GeLU(X @ W1_0), GeLU(X @ W1_1)]: True" in out
-    assert "X @ W1 == P0 + P1: True" in out and "GeLU(P0) + GeLU(P1): False" in out
+    assert "X @ W1 == H^(0) + H^(1): True" in out and "GeLU(H^(0)) + GeLU(H^(1)): False" in out
     assert "float64" in cell.source
 
 
