@@ -37,8 +37,9 @@ def assign_buckets(named: Sequence[tuple[Any, Any]], cap_bytes: float) -> list[l
     closed: list[list[int]] = []
     open_: dict[Any, tuple[list[int], int]] = {}
     for i in reversed(range(len(named))):
-        p = named[i][1]
-        dtype, nbytes = (None, p) if isinstance(p, int) else (p.dtype, p.numel() * p.element_size())
+        param = named[i][1]
+        dtype, nbytes = ((None, param) if isinstance(param, int)
+                         else (param.dtype, param.numel() * param.element_size()))
         idx, size = open_.get(dtype, ([], 0))
         idx, size = idx + [i], size + nbytes
         if size >= cap_bytes:
