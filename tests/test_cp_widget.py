@@ -103,7 +103,7 @@ def _rounds(variant, layouts) -> dict[str, int]:
 
     for name, fn in real.items():
         setattr(dist, name, counted(name, fn))
-    # the shape agreement calls torch's own all-gather (comm.issue.agree), outside every record
+    # the shape agreement calls torch's own all-gather (comm.mesh.agree), outside every record
     from mtb_helpers.runtime.link_ops import ORIG
     plain = ORIG["all_gather"]
     ORIG["all_gather"] = counted("all_gather", plain)

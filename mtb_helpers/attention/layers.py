@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mtb_helpers.comm.issue import group_rank, group_size
+from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.comm.sharding import Replicate, Shard
 from mtb_helpers.tp.layers import ColumnParallelLinear, RowParallelLinear
 

@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtb_helpers.comm.records import note
-from mtb_helpers.comm.issue import agree, group_rank, group_size, issue
+from mtb_helpers.comm.issue import issue
+from mtb_helpers.comm.mesh import agree, group_rank, group_size
 from mtb_helpers.comm.regions import reduce_from_tensor_model_parallel_region
 from mtb_helpers.comm.sharding import Replicate, Shard, check_divisible, shard_range
 

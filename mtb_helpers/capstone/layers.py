@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from mtb_helpers.capstone.model import Block, TinyGPT
-from mtb_helpers.comm.issue import group_rank, group_size
+from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.comm.regions import scatter_to_sequence_parallel_region
 from mtb_helpers.comm.sharding import Replicate, Shard, on_mesh
 from mtb_helpers.cp.ring import ring_attention

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 
-from mtb_helpers.comm.issue import group_size
+from mtb_helpers.comm.mesh import group_size
 from mtb_helpers.comm.records import CollectiveRecord, record
 from mtb_helpers.checking.report import Row, compare, tolerance
 from mtb_helpers.comm.sharding import local_piece, name, shard_range

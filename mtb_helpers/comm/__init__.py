@@ -3,7 +3,8 @@ Function each, calling ``torch.distributed``), the record of what each rank sent
 below), ``issue`` (one collective along any dim, named in the record), and how a dimension is cut
 into shards. Layers import from here; nothing here imports a topic, a
 check, a plot or a widget."""
-from mtb_helpers.comm.issue import group_rank, group_size, issue
+from mtb_helpers.comm.issue import issue
+from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.comm.records import CollectiveEvent, CollectiveRecord, record, recorded
 from mtb_helpers.comm.regions import (REGIONS, allreduce_grad, allreduce_sequence_parallel_grad,
                                       copy_to_tensor_model_parallel_region,

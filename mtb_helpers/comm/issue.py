@@ -15,11 +15,10 @@ import time
 import torch
 import torch.distributed as dist
 
+from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.comm.records import note
-from mtb_helpers.runtime.link_ops import ORIG
-from mtb_helpers.runtime.link import unmodelled
 
-__all__ = ["issue", "agree", "group_size", "group_rank"]
+__all__ = ["issue"]
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 # torch 2.13 renamed these (the old names warn); Colab's older torch has only the old ones.
@@ -27,26 +26,6 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 _ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
 _REDUCE_SCATTER = ("reduce_scatter_single" if hasattr(dist, "reduce_scatter_single")
                    else "reduce_scatter_tensor")
-
-
-def group_size(group: dist.ProcessGroup | None = None) -> int:
-    """Ranks in ``group`` (1 without torch.distributed: one process)."""
-    return dist.get_world_size(group) if dist.is_initialized() else 1
-
-
-def group_rank(group: dist.ProcessGroup | None = None) -> int:
-    """This rank's index in ``group`` (0 without torch.distributed)."""
-    return dist.get_rank(group) if dist.is_initialized() else 0
-
-
-def agree(mine: torch.Tensor, group: dist.ProcessGroup | None = None) -> list[torch.Tensor]:
-    """Every rank's ``mine`` (same shape and dtype on every rank), in group-rank order: an
-    all-gather for a check the ranks make together (do we all hold shards of one shape?), not
-    part of the step's traffic, so neither recorded nor given an emulated link's time."""
-    everyone = [torch.empty_like(mine) for _ in range(group_size(group))]
-    with unmodelled():   # torch's own function: outside the link's model and every record
-        ORIG["all_gather"](everyone, mine, group=group)
-    return everyone
 
 
 def issue(op: str, x: torch.Tensor, *, region: str, direction: str, operator: str = "",

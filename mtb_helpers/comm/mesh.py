@@ -34,9 +34,34 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import product
 
+import torch
 import torch.distributed as dist
 
-__all__ = ["Mesh", "MeshGroups", "KEEP_MESHES", "kept_meshes"]
+from mtb_helpers.runtime.link import unmodelled
+from mtb_helpers.runtime.link_ops import ORIG
+
+__all__ = ["Mesh", "MeshGroups", "KEEP_MESHES", "kept_meshes", "group_size", "group_rank", "agree"]
+
+
+def group_size(group: dist.ProcessGroup | None = None) -> int:
+    """Ranks in ``group`` (1 without torch.distributed: one process)."""
+    return dist.get_world_size(group) if dist.is_initialized() else 1
+
+
+def group_rank(group: dist.ProcessGroup | None = None) -> int:
+    """This rank's index in ``group`` (0 without torch.distributed)."""
+    return dist.get_rank(group) if dist.is_initialized() else 0
+
+
+def agree(mine: torch.Tensor, group: dist.ProcessGroup | None = None) -> list[torch.Tensor]:
+    """Every rank's ``mine`` (same shape and dtype on every rank), in group-rank order: an
+    all-gather for a check the ranks make together (do we all hold shards of one shape?), not
+    part of the step's traffic, so neither recorded nor given an emulated link's time."""
+    everyone = [torch.empty_like(mine) for _ in range(group_size(group))]
+    with unmodelled():   # torch's own function: outside the link's model and every record
+        ORIG["all_gather"](everyone, mine, group=group)
+    return everyone
+
 
 KEEP_MESHES = 4   # meshes whose groups a rank keeps: ~16 groups each at 4 ranks, ~30 at 8
 # In a rank process only (the owner never initialises a process group): the default group the

@@ -14,7 +14,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from mtb_helpers.comm.issue import agree, group_rank, group_size
+from mtb_helpers.comm.mesh import agree, group_rank, group_size
 from mtb_helpers.comm.records import CollectiveRecord
 from mtb_helpers.comm.sharding import Shard
 from mtb_helpers.cp.sharding import check_layout, check_sequence, shard_positions

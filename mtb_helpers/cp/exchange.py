@@ -24,7 +24,7 @@ from typing import Generator, Iterator, NamedTuple
 import torch
 import torch.distributed as dist
 
-from mtb_helpers.comm.issue import group_rank, group_size
+from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.comm.records import CollectiveRecord, note, record
 
 __all__ = ["Hop", "drive", "kept_in"]

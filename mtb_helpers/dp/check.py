@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from mtb_helpers.checking.bug import resolve, swap
-from mtb_helpers.comm.issue import group_rank, group_size
+from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.comm.records import record
 from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
 from mtb_helpers.dp.strategies import (MEMORY_SHARDED, MEMORY_TERMS, SHARDED, STRATEGIES, Adam, FlatShards,

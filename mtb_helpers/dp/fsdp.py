@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtb_helpers.comm.issue import group_rank, group_size, issue
+from mtb_helpers.comm.issue import issue
+from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.dp.strategies import DDP, SHARDED, Adam, FlatShards, Strategy, ZeRO1, ZeRO2, held_bytes
 
 __all__ = ["ZeRO3", "STRATEGY_CLASSES"]

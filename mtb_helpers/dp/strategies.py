@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from mtb_helpers.comm.issue import group_rank, group_size, issue
+from mtb_helpers.comm.issue import issue
+from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.dp.adam import AdamUpdate
 
 __all__ = ["STRATEGIES", "SHARDED", "Adam", "make_mlp", "flat", "as_views", "padded_numel", "FlatShards",
@@ -37,8 +38,7 @@ __all__ = ["STRATEGIES", "SHARDED", "Adam", "make_mlp", "flat", "as_views", "pad
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 # which of the compared quantities each strategy keeps only a shard of
-SHARDED = {"ddp": (), "zero1": ("grads", "exp_avg", "exp_avg_sq"),
-           "zero2": ("grads", "exp_avg", "exp_avg_sq"),
+SHARDED = {"ddp": (), "zero1": ("grads", "exp_avg", "exp_avg_sq"), "zero2": ("grads", "exp_avg", "exp_avg_sq"),
            "zero3": ("params", "grads", "exp_avg", "exp_avg_sq")}
 # The ZeRO paper's memory terms, and which of them each strategy keeps only 1/p of (ZeRO-1 keeps
 # the full local gradient buffer).

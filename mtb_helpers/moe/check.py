@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mtb_helpers.comm.issue import group_size
+from mtb_helpers.comm.mesh import group_size
 from mtb_helpers.checking.bug import resolve
 from mtb_helpers.comm.records import record
 from mtb_helpers.moe.layers import COMBINE, COUNTS, DISPATCH, ROUTER_GRAD, Expert, moe_reference

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtb_helpers.comm.sharding import Shard
-from mtb_helpers.comm.issue import group_rank, group_size
+from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.comm.records import note, recorded
 from mtb_helpers.comm.regions import allreduce_grad
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtb_helpers.checking.bug import Bug, names_for, swap
-from mtb_helpers.comm.issue import group_rank, group_size
+from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.comm.regions import reduce_from_tensor_model_parallel_region
 from mtb_helpers.comm.regions import allreduce_sequence_parallel_grad
 from mtb_helpers.sp.layers import (PositionKeyedDropout, SequenceParallelColumnLinear,

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import nn
 
-from mtb_helpers.comm.issue import group_rank
+from mtb_helpers.comm.mesh import group_rank
 from mtb_helpers.comm.sharding import Replicate, Shard
 
 __all__ = ["keep_mask", "position_keyed_dropout", "PositionKeyedDropout"]

@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from mtb_helpers.comm.issue import group_rank, group_size
+from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.comm.records import recorded
 from mtb_helpers.comm.regions import (GATHER_SP, allreduce_sequence_parallel_grad,
                                       gather_from_sequence_parallel_region,

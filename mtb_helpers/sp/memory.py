@@ -29,7 +29,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from mtb_helpers.comm.issue import group_rank, group_size
+from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.comm.records import CollectiveRecord, record
 from mtb_helpers.comm.regions import GRAD_ALLREDUCE_SP
 from mtb_helpers.runtime.ranks import resolve_world_size, run

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtb_helpers.comm.sharding import Replicate, Shard, check_divisible, shard_range
-from mtb_helpers.comm.issue import group_rank, group_size
+from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.comm.regions import (copy_to_tensor_model_parallel_region,
                                       gather_from_tensor_model_parallel_region,
                                       reduce_from_tensor_model_parallel_region,
