@@ -11,9 +11,10 @@ import torch
 from mtb_helpers.capstone.data import ALPHABET, VOCAB, batch_for_step, corpus, decode, encode
 from mtb_helpers.capstone.grid import Layout, group_ranks
 from mtb_helpers.capstone.finalize import FINALIZE, SequenceParallelGrads
-from mtb_helpers.capstone.layers import (build_stage, gather_param, param_kind, replicated_params,
+from mtb_helpers.capstone.layers import (build_stage, gather_param, param_placement, replicated_params,
                                          shard_param)
 from mtb_helpers.capstone.model import GPTConfig, make_model
+from mtb_helpers.comm.sharding import Shard
 from mtb_helpers.capstone.parallel import full_model, train_parallel
 from mtb_helpers.capstone.reference import TrainConfig, train_reference
 from mtb_helpers.capstone.validate import admissible_layouts
@@ -72,8 +73,8 @@ def test_every_stage_parameter_shards_and_gathers_back_to_the_full_one():
             rebuilt.update(gather_param([shard_param(full, name, 2, r) for r in range(2)], name))
         assert set(rebuilt) == set(full)
         assert all(torch.equal(rebuilt[n], full[n]) for n in full)
-    assert param_kind("block3.attn.qkv.weight") == ("blocks.3.attn.w{}.weight", "qkv")
-    assert param_kind("block0.mlp.mlp.fc2.weight") == ("blocks.0.mlp.fc2.weight", "col")
+    assert param_placement("block3.attn.qkv.weight") == ("blocks.3.attn.w{}.weight", Shard(0))
+    assert param_placement("block0.mlp.mlp.fc2.weight") == ("blocks.0.mlp.fc2.weight", Shard(1))
     # rank 1's fused Q/K/V rows are the second half of each of wq, wk, wv
     qkv1 = shard_param(full, "block0.attn.qkv.weight", 2, 1)
     assert torch.equal(qkv1[16:32], full["blocks.0.attn.wk.weight"][16:])

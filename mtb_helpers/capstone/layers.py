@@ -31,7 +31,7 @@ from torch import nn
 from mtb_helpers.capstone.model import Block, TinyGPT
 from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.comm.regions import scatter_to_sequence_parallel_region
-from mtb_helpers.comm.sharding import Replicate, Shard, on_mesh
+from mtb_helpers.comm.sharding import Replicate, Shard, from_pieces, local_piece, on_mesh
 from mtb_helpers.cp.ring import ring_attention
 from mtb_helpers.sp.layers import (SequenceParallelColumnLinear, SequenceParallelLayerNorm,
                                    SequenceParallelMLPBlock, SequenceParallelRowLinear,
@@ -41,7 +41,7 @@ from mtb_helpers.tp.layers import ColumnParallelLinear, RowParallelLinear
 from mtb_helpers.attention.vocab import VocabParallelEmbedding
 
 __all__ = ["ContextParallelCore", "ParallelEmbedding", "ParallelBlock", "ParallelHead",
-           "build_stage", "stage_blocks", "param_kind", "replicated_params", "shard_param",
+           "build_stage", "stage_blocks", "param_placement", "replicated_params", "shard_param",
            "gather_param"]
 
 
@@ -176,52 +176,54 @@ def build_stage(model: TinyGPT, stage: int, pp: int, sequence_parallel: bool, tp
 
 # ---- between the full model's parameters and a rank's shards ----------------------------------
 
-_BLOCK = {"ln1.weight": ("ln1.weight", "rep"), "ln1.bias": ("ln1.bias", "rep"),
-          "attn.qkv.weight": ("attn.w{}.weight", "qkv"), "attn.qkv.bias": ("attn.w{}.bias", "qkv"),
-          "attn.out.weight": ("attn.wo.weight", "col"), "attn.out.bias": ("attn.wo.bias", "rep"),
-          "mlp.ln.weight": ("ln2.weight", "rep"), "mlp.ln.bias": ("ln2.bias", "rep"),
-          "mlp.fc1.weight": ("mlp.fc1.weight", "row"), "mlp.fc1.bias": ("mlp.fc1.bias", "row"),
-          "mlp.fc2.weight": ("mlp.fc2.weight", "col"), "mlp.fc2.bias": ("mlp.fc2.bias", "rep")}
-_ENDS = {"embed.tok.weight": ("embed.tok.weight", "row"),
-         "head.ln_f.weight": ("head.ln_f.weight", "rep"), "head.ln_f.bias": ("head.ln_f.bias", "rep"),
-         "head.lm_head.weight": ("head.lm_head.weight", "row")}
+# Each stage parameter: its name in the full model and how the tensor-parallel ranks hold it, in
+# DTensor's placements (the rows of ``nn.Linear.weight`` are its outputs). A name with ``{}`` is
+# the fused Q/K/V of grouped heads: rank r holds rows r of ``wq``, ``wk`` and ``wv`` (each
+# ``Shard(0)``), stacked ``[Q_r; K_r; V_r]``.
+REPLICATED, ROWS, COLS = Replicate(), Shard(0), Shard(1)
+_BLOCK = {"ln1.weight": ("ln1.weight", REPLICATED), "ln1.bias": ("ln1.bias", REPLICATED),
+          "attn.qkv.weight": ("attn.w{}.weight", ROWS), "attn.qkv.bias": ("attn.w{}.bias", ROWS),
+          "attn.out.weight": ("attn.wo.weight", COLS), "attn.out.bias": ("attn.wo.bias", REPLICATED),
+          "mlp.ln.weight": ("ln2.weight", REPLICATED), "mlp.ln.bias": ("ln2.bias", REPLICATED),
+          "mlp.fc1.weight": ("mlp.fc1.weight", ROWS), "mlp.fc1.bias": ("mlp.fc1.bias", ROWS),
+          "mlp.fc2.weight": ("mlp.fc2.weight", COLS), "mlp.fc2.bias": ("mlp.fc2.bias", REPLICATED)}
+_ENDS = {"embed.tok.weight": ("embed.tok.weight", ROWS),
+         "head.ln_f.weight": ("head.ln_f.weight", REPLICATED), "head.ln_f.bias": ("head.ln_f.bias", REPLICATED),
+         "head.lm_head.weight": ("head.lm_head.weight", ROWS)}
 
 
 @functools.lru_cache(maxsize=1024)   # a pure function of a name, asked ~150 times a step checked
-def param_kind(stage_name: str) -> tuple[str, str]:
-    """``(full name, kind)`` of a stage parameter: kind ``rep`` (whole on every rank), ``row``
-    (dim 0 split), ``col`` (dim 1 split) or ``qkv`` (the fused, head-grouped Q/K/V rows; the
-    full name has ``{}`` for q, k, v)."""
+def param_placement(stage_name: str) -> tuple[str, Replicate | Shard]:
+    """``(full name, placement)`` of a stage parameter over the tensor-parallel group."""
     if stage_name in _ENDS:
         return _ENDS[stage_name]
     block, rest = stage_name.split(".", 1)
     rest = rest.replace("mlp.mlp.", "mlp.")   # TensorParallelMLPBlock nests its ParallelMLP
-    full, kind = _BLOCK[rest]
-    return f"blocks.{int(block[len('block'):])}.{full}", kind
+    full, placement = _BLOCK[rest]
+    return f"blocks.{int(block[len('block'):])}.{full}", placement
 
 
 def replicated_params(module: nn.Module) -> list[nn.Parameter]:
-    """The stage's ``rep`` parameters (LayerNorms, Wo's and fc2's biases), in module order: under
-    sequence parallelism their grads are partial until ``finalize.SequenceParallelGrads``."""
-    return [p for name, p in module.named_parameters() if param_kind(name)[1] == "rep"]
+    """The stage's ``Replicate()`` parameters (LayerNorms, Wo's and fc2's biases), in module order:
+    under sequence parallelism their grads are partial until ``finalize.SequenceParallelGrads``."""
+    return [p for name, p in module.named_parameters() if param_placement(name)[1] == REPLICATED]
 
 
 def shard_param(full: dict[str, torch.Tensor], stage_name: str, t: int, r: int) -> torch.Tensor:
     """Rank ``r``'s (of ``t``) piece of a stage parameter, cut from the full model's tensors."""
-    name, kind = param_kind(stage_name)
-    if kind == "qkv":
-        return torch.cat([full[name.format(w)].chunk(t, dim=0)[r] for w in "qkv"])
-    if kind == "rep":
-        return full[name]
-    return full[name].chunk(t, dim=0 if kind == "row" else 1)[r]
+    name, placement = param_placement(stage_name)
+    if "{}" in name:
+        return torch.cat([local_piece(full[name.format(w)], placement, r, t) for w in "qkv"])
+    return local_piece(full[name], placement, r, t)
 
 
 def gather_param(shards: list[torch.Tensor], stage_name: str) -> dict[str, torch.Tensor]:
     """The full tensor(s) from the ``t`` ranks' pieces, in tensor-parallel rank order."""
-    name, kind = param_kind(stage_name)
-    if kind == "qkv":
+    name, placement = param_placement(stage_name)
+    if "{}" in name:
         parts = [s.chunk(3) for s in shards]    # rank r: [Q_r; K_r; V_r]
-        return {name.format(w): torch.cat([p[i] for p in parts]) for i, w in enumerate("qkv")}
-    if kind == "rep":
+        return {name.format(w): from_pieces({r: p[i] for r, p in enumerate(parts)}, placement, len(parts))
+                for i, w in enumerate("qkv")}
+    if placement == REPLICATED:   # rank 0's copy (a partial grad's pieces differ: no check here)
         return {name: shards[0]}
-    return {name: torch.cat(shards, dim=0 if kind == "row" else 1)}
+    return {name: from_pieces(dict(enumerate(shards)), placement, len(shards))}
