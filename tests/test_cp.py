@@ -11,6 +11,7 @@ from mtb_helpers import run
 from mtb_helpers.check import check_context_parallel
 from mtb_helpers.cp import (allgather_attention, merge_partials, online_softmax_rows,
                             ring_attention, shard_positions, shard_sequence, unshard_sequence)
+from mtb_helpers.cp.allgather import GATHER_KV
 from mtb_helpers.cp.reference import expected_work, make_cp_inputs
 
 
@@ -196,3 +197,19 @@ def test_pytorch_comparison_refuses_zigzag_without_a_mask_before_any_rank_starts
         cp_pytorch.compare_with_pytorch(world_size=2, seq=8, causal=False, layout="zigzag")
     with pytest.raises(ValueError, match="seq=9 is not divisible"):
         cp_pytorch.compare_with_pytorch(world_size=2, seq=9)
+
+
+@pytest.mark.parametrize("t", [1, 2, 4])
+def test_allgather_attention_names_its_two_collectives_in_the_record_at_every_world_size(t):
+    # forward: one all-gather of K and V [2, b, heads, s/t, d] along the sequence (dim 3);
+    # backward: one reduce-scatter of dK, dV back. One rank moves nothing and is still recorded
+    # (0 bytes sent), so a record has the same shape at every world size.
+    report = check_context_parallel(world_size=t, seq=16, heads=2, head_dim=4, causal=False,
+                                    variant="allgather", dtype=torch.float64)
+    shard, full = (2, 1, 2, 16 // t, 4), (2, 1, 2, 16, 4)
+    n = 2 * 1 * 2 * (16 // t) * 4 * 8                 # K and V shards of this rank, float64
+    for rec in report.records:
+        got = [(e.op, e.operator, e.direction, e.shape, e.out_shape, e.bytes, e.sent_bytes,
+                e.group_size) for e in rec if e.region == GATHER_KV]
+        assert got == [("all_gather", "", "forward", shard, full, n, (t - 1) * n, t),
+                       ("reduce_scatter", "", "backward", full, shard, t * n, (t - 1) * n, t)]

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from mtb_helpers import run  # noqa: E402
 from mtb_helpers.grid.check import check_grid  # noqa: E402
 from mtb_helpers.comm.mesh import Mesh  # noqa: E402
-from mtb_helpers.grid.layers import (dp_group_ranks, expected_bytes, make_groups,  # noqa: E402
+from mtb_helpers.grid.layers import (DP_REGION, dp_group_ranks, expected_bytes, make_groups,  # noqa: E402
                               param_piece, tp_group_ranks, validate_grid, destroy_groups)
 from mtb_helpers.grid.plots import group_lines, plot_grid, plot_grid_bytes, plot_grid_errors  # noqa: E402
 from mtb_helpers.grid.widget import grid_choices, grid_explorer, grid_summary  # noqa: E402
@@ -125,3 +125,17 @@ def test_explorer_choices_summary_and_redraw():
     bug.value = "grid-no-dp-allreduce"
     assert "FAIL (fc1.weight_grad" in _shown(explorer)
     plt.close("all")
+
+
+@pytest.mark.parametrize("tp, dp", [(2, 2), (1, 4), (4, 1)])
+def test_the_dp_all_reduce_of_each_shard_is_in_the_record_even_with_one_replica(tp, dp):
+    # fc1 [ffn/tp, h], [ffn/tp]; fc2 [h, ffn/tp], [h]: one all-reduce each over the dp group,
+    # ring bytes 2 (dp-1)/dp N; with one replica nothing moves and it is still recorded
+    report = check_grid(tp=tp, dp=dp, hidden=8, ffn_hidden=16, batch=8, dtype="float64")
+    shards = [(16 // tp, 8), (16 // tp,), (8, 16 // tp), (8,)]
+    sizes = [8 * (s[0] * s[1] if len(s) == 2 else s[0]) for s in shards]
+    for rec in report.records:
+        got = [(e.op, e.operator, e.direction, e.shape, e.out_shape, e.bytes, e.sent_bytes,
+                e.group_size) for e in rec.select(region=DP_REGION)]
+        assert got == [("all_reduce", "", "backward", s, s, n, 2 * (dp - 1) * n // dp, dp)
+                       for s, n in zip(shards, sizes)]

@@ -199,11 +199,6 @@ KNOWN_CIRCLE_EDGES = {
     ("mtb_helpers.tp", "mtb_helpers.attention"):
         "the same, for VocabParallelEmbedding and vocab_parallel_cross_entropy: importing "
         "attention.vocab runs attention/__init__ first, which imports attention's layers",
-    ("mtb_helpers.cli", "mtb_helpers.topics"):
-        "the command's entry (cli/__init__: build_parser) imports the manifest when it runs, "
-        "whose topics' cli modules import cli/common.py, which runs cli/__init__ first. Lazy by "
-        "measurement: the console script handles Ctrl-C before torch loads. Goes when the shared "
-        "options (cli/common.py) live outside the cli package",
 }
 
 

@@ -17,7 +17,7 @@ import os
 import sys
 
 from mtb_helpers.capstone.validate import DP_STRATEGIES, PP_SCHEDULES
-from mtb_helpers.cli.common import is_primary, print_json
+from mtb_helpers.checking.command import is_primary, print_json
 
 __all__ = ["register", "run_train", "loss_table"]
 

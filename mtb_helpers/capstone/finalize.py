@@ -19,8 +19,10 @@ Summing the micro-batches first and then the ranks is the same sum in another or
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
-from mtb_helpers.comm.issue import issue
+from mtb_helpers.comm.mesh import group_size
+from mtb_helpers.comm.records import note
 from mtb_helpers.comm.regions import GRAD_ALLREDUCE_SP
 
 __all__ = ["SequenceParallelGrads", "FINALIZE"]
@@ -41,7 +43,9 @@ class SequenceParallelGrads:
         if not grads:
             return
         flat = torch.cat([g.reshape(-1) for g in grads])   # [Ψ_rep], partial over sequence rows
-        total = issue("all_reduce", flat, region=GRAD_ALLREDUCE_SP, operator=FINALIZE,
-                      direction="backward", group=self.group)   # -> [Ψ_rep], summed over tp
+        total, tp = flat.clone(), group_size(self.group)
+        if tp > 1:   # one tensor rank: its grads are already whole (still recorded, 0 B sent)
+            dist.all_reduce(total, group=self.group)   # -> [Ψ_rep], summed over tp
+        note("all_reduce", flat, total, GRAD_ALLREDUCE_SP, FINALIZE, "backward", tp)
         for p, part in zip(self.params, total.split([p.numel() for p in self.params])):
             p.grad = part.view_as(p).clone() if p.grad is None else p.grad.copy_(part.view_as(p))

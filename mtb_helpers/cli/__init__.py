@@ -3,7 +3,7 @@
 Exit status: 0 when every check passes, 1 when one fails, 2 on bad arguments (argparse's own
 convention, which ValueErrors raised by the checks' validation follow too), 130 when interrupted
 (Ctrl-C: one line, no traceback). With --json stdout is one JSON document whatever the outcome
-(cli/common.py: run_command); whatever else is printed meanwhile goes to stderr (json_stdout).
+(checking/command.py: run_command); whatever else is printed meanwhile goes to stderr (json_stdout).
 
 Each topic of the manifest (:mod:`mtb_helpers.topics`) registers its commands with its
 ``cli.register(top, groups)``; ``groups`` maps a group name ("tp", "pp", ...) to the sub-parsers
@@ -57,13 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv, as_json)
     except KeyboardInterrupt:   # between the steps run_command guards
-        from mtb_helpers.cli.common import interrupted
+        from mtb_helpers.checking.command import interrupted
         return interrupted(as_json)
 
 
 def _main(argv: list[str], as_json: bool) -> int:
-    from mtb_helpers.cli.common import (exit_on_interrupt, json_stdout, print_failure_json,
-                                        run_command)
+    from mtb_helpers.checking.command import (exit_on_interrupt, json_stdout, print_failure_json,
+                                             run_command)
 
     _ARGPARSE_ERROR.clear()
 

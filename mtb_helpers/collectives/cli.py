@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.cli.common import add_check_options, emit
+from mtb_helpers.checking.command import add_check_options, emit
 from mtb_helpers.collectives.ops import COLLECTIVES
 from mtb_helpers.collectives.check import check_collectives
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.cli.common import (add_json_option, add_world_size_option, emit_document,
-                                    integer, naming, real)
+from mtb_helpers.checking.command import (add_json_option, add_world_size_option, emit_document,
+                                         integer, naming, real)
 from mtb_helpers.cost.calibrate import DEFAULT_SIZES, calibrate
 from mtb_helpers.cost.model import ALGORITHMS, COLLECTIVES, Link, busbw, n_half, normalize, predict
 

@@ -4,14 +4,14 @@
         loss.backward()
     predict_step_time(records, link, compute=0.002)      # records: one CollectiveRecord per rank
 
-The course's layers issue their collectives one at a time and wait for each (``comm.issue``), so
-a step takes its computation plus the sum of its collectives' times. Event by event the ranks
-wait for the slowest of them (an uneven all-to-all: the largest send buffer), so the i-th event
-costs the largest ``predict`` over ranks. ``S`` is read off the record as nccl-tests counts it:
-all-gather's output (the input x the group size), reduce-scatter's and all-reduce's input,
-all-to-all's rows (this rank's whole send buffer), a message's bytes. A message is counted once,
-at its "send": the "recv" of the same hop (context parallelism's ring passes both at once) runs
-beside it on the other direction of a full-duplex link.
+The course's layers issue their collectives one at a time and wait for each (plain blocking
+``torch.distributed`` calls), so a step takes its computation plus the sum of its collectives'
+times. Event by event the ranks wait for the slowest of them (an uneven all-to-all: the largest
+send buffer), so the i-th event costs the largest ``predict`` over ranks. ``S`` is read off the
+record as nccl-tests counts it: all-gather's output (the input x the group size), reduce-scatter's
+and all-reduce's input, all-to-all's rows (this rank's whole send buffer), a message's bytes. A
+message is counted once, at its "send": the "recv" of the same hop (context parallelism's ring
+passes both at once) runs beside it on the other direction of a full-duplex link.
 
 A pipeline overlaps its ranks; its step is the simulator's makespan with every message taking
 its α-β time: :func:`predict_pipeline_step_time`. A step on a tp x pp x dp x cp grid (the

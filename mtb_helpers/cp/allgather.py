@@ -14,8 +14,10 @@ Bytes one rank sends (n = bytes of its K shard): forward ``2 (cp-1) n``, backwar
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
-from mtb_helpers.comm.issue import issue
+from mtb_helpers.comm.records import note
+from mtb_helpers.comm.regions import _REDUCE_SCATTER
 from mtb_helpers.cp.base import ContextParallelAttention
 from mtb_helpers.cp.exchange import kept_in
 from mtb_helpers.cp.sharding import shard_sequence, unshard_sequence
@@ -32,8 +34,12 @@ class _GatherKV(torch.autograd.Function):
     def forward(ctx, kv, layer):
         ctx.layer = layer
         with kept_in(layer.record):
-            gathered = issue("all_gather", kv, region=GATHER_KV, direction="forward", dim=3,
-                             group=layer.group)    # [2,b,heads,s/cp,d] -> all-gather -> [2,b,heads,s,d]
+            gathered = kv
+            if layer.cp > 1:   # one rank: nothing to gather (still named in the record, 0 B sent)
+                parts = [torch.empty_like(kv) for _ in range(layer.cp)]
+                dist.all_gather(parts, kv, group=layer.group)   # cp x [2,b,heads,s/cp,d], rank order
+                gathered = torch.cat(parts, dim=3)               # -> [2,b,heads,s,d]
+            note("all_gather", kv, gathered, GATHER_KV, "", "forward", layer.cp)
         return layer.reassemble(gathered)
 
     @staticmethod
@@ -77,8 +83,14 @@ class AllGatherAttention(ContextParallelAttention):
         """dK/dV of every position summed over ranks; this rank keeps its own positions."""
         ranked = torch.cat([shard_sequence(dfull, self.cp, r, self.layout, dim=3)
                             for r in range(self.cp)], dim=3)   # position order -> rank order
-        return issue("reduce_scatter", ranked, region=GATHER_KV, direction="backward", dim=3,
-                     group=self.group)                        # [2,b,heads,s,d] -> reduce-scatter -> [2,b,heads,s/cp,d]
+        mine = ranked
+        if self.cp > 1:   # one rank: its dK/dV are already the sum (still recorded, 0 B sent)
+            full = ranked.movedim(3, 0).contiguous()          # [s,2,b,heads,d]: each rank's rows together
+            mine = full.new_empty((full.shape[0] // self.cp, *full.shape[1:]))
+            getattr(dist, _REDUCE_SCATTER)(mine, full, group=self.group)   # reduce-scatter -> [s/cp,2,b,heads,d]
+            mine = mine.movedim(0, 3).contiguous()            # -> [2,b,heads,s/cp,d]
+        note("reduce_scatter", ranked, mine, GATHER_KV, "", "backward", self.cp)
+        return mine
 
 
 def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.cli.common import add_check_options, is_primary, print_json
+from mtb_helpers.checking.command import add_check_options, is_primary, print_json
 from mtb_helpers.dp.strategies import STRATEGIES
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.cli.common import (add_json_option, add_world_size_option, emit_document,
-                                    integer, naming, real)
+from mtb_helpers.checking.command import (add_json_option, add_world_size_option, emit_document,
+                                         integer, naming, real)
 
 
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:

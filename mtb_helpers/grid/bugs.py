@@ -6,8 +6,10 @@ wrong way round in the comparison of ``grid/pytorch.py``; the comparison must th
 """
 from __future__ import annotations
 
+import torch.distributed as dist
+
 from mtb_helpers.checking.bug import Bug, names_for
-from mtb_helpers.comm.issue import issue
+from mtb_helpers.comm.records import note
 from mtb_helpers.grid.layers import DP_REGION, GridGroups, average_gradients
 
 __all__ = ["BUGS", "GRID_BUGS", "sync_in_tp_group", "sync_nothing", "sync_sum"]
@@ -15,10 +17,13 @@ __all__ = ["BUGS", "GRID_BUGS", "sync_in_tp_group", "sync_nothing", "sync_sum"]
 
 def sync_in_tp_group(params: dict, groups: GridGroups) -> list[int]:
     """grid-dp-allreduce-in-tp-group."""
+    tp = len(groups.tp_ranks)
     for param in params.values():
-        total = issue("all_reduce", param.grad, region=DP_REGION, direction="backward",
-                      group=groups.tp_group)   # BUG: sums the other shards, not the other replicas
-        param.grad.copy_(total / len(groups.tp_ranks))
+        total = param.grad.clone()
+        if tp > 1:
+            dist.all_reduce(total, group=groups.tp_group)   # BUG: sums the other shards, not the other replicas
+        note("all_reduce", param.grad, total, DP_REGION, "", "backward", tp)
+        param.grad.copy_(total / tp)
     return groups.tp_ranks
 
 
@@ -29,9 +34,12 @@ def sync_nothing(params: dict, groups: GridGroups) -> list[int]:
 
 def sync_sum(params: dict, groups: GridGroups) -> list[int]:
     """grid-dp-sum-not-average."""
+    dp = len(groups.dp_ranks)
     for param in params.values():
-        total = issue("all_reduce", param.grad, region=DP_REGION, direction="backward",
-                      group=groups.dp_group)
+        total = param.grad.clone()
+        if dp > 1:
+            dist.all_reduce(total, group=groups.dp_group)
+        note("all_reduce", param.grad, total, DP_REGION, "", "backward", dp)
         param.grad.copy_(total)   # BUG: the sum of dp means, dp times the gradient of the batch
     return groups.dp_ranks
 

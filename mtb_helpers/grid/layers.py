@@ -19,8 +19,8 @@ rank's TP group from the full layers, the forward on this replica's rows of the 
 ``[b/dp, h]``, the mean-squared-error loss of those rows, backward (TP's ``g`` and ``f``
 all-reduce inside the TP group), then the gradient of every local parameter shard is all-reduced
 across the DP group and divided by ``dp`` (``average_gradients``), then one SGD step. Every
-collective goes through ``comm.issue``, so the record holds both kinds; each event is tagged with
-the ranks of the group it really ran in.
+collective is a plain ``torch.distributed`` call, so the record holds both kinds; each event is
+tagged with the ranks of the group it really ran in.
 """
 from __future__ import annotations
 
@@ -32,9 +32,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from mtb_helpers.comm.issue import issue
 from mtb_helpers.comm.mesh import Mesh, MeshGroups
-from mtb_helpers.comm.records import record
+from mtb_helpers.comm.records import note, record
 from mtb_helpers.comm.sharding import shard_range
 from mtb_helpers.tp.layers import ParallelMLP
 
@@ -99,11 +98,13 @@ def average_gradients(params: dict[str, nn.Parameter], groups: GridGroups) -> li
     """DP: all-reduce each local grad shard over this rank's **data-parallel** group and divide by
     its size, so every replica ends with the gradient of the whole batch. Returns the ranks of the
     group used (for the record). One all-reduce per parameter shard, in ``PARAMS`` order."""
-    for name, param in params.items():
-        # this replica's grad shard -> all-reduce over the dp group -> the sum of dp replicas' shards
-        total = issue("all_reduce", param.grad, region=DP_REGION, direction="backward",
-                      group=groups.dp_group)
-        param.grad.copy_(total / len(groups.dp_ranks))
+    dp = len(groups.dp_ranks)
+    for param in params.values():
+        total = param.grad.clone()   # this replica's grad shard
+        if dp > 1:   # one replica: nothing to sum (still named in the record, 0 B sent)
+            dist.all_reduce(total, group=groups.dp_group)   # -> the sum of the dp replicas' shards
+        note("all_reduce", param.grad, total, DP_REGION, "", "backward", dp)
+        param.grad.copy_(total / dp)
     return groups.dp_ranks
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.cli.common import add_check_options, emit
+from mtb_helpers.checking.command import add_check_options, emit
 
 
 def _capacity(text: str) -> float | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.cli.common import add_json_option, emit_document, integer, naming, real
+from mtb_helpers.checking.command import add_json_option, emit_document, integer, naming, real
 from mtb_helpers.plan.presets import CLUSTERS, GIB, MODELS, cluster, model
 from mtb_helpers.plan.search import check_gpus, check_reserve, plan
 

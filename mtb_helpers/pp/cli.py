@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from mtb_helpers.cli.common import is_primary, print_document, print_failure_json, print_json
+from mtb_helpers.checking.command import is_primary, print_document, print_failure_json, print_json
 from mtb_helpers.pp.schedules import SCHEDULES, closed_form, schedule, simulate
 
 
