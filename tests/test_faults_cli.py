@@ -149,7 +149,7 @@ def test_ctrl_c_during_a_real_train_run_is_one_line_130_and_leaves_nothing(tmp_p
 def _chatty(args):
     """A command that prints a note for the student and runs a rank that prints, then reports."""
     from mtb_helpers import run
-    from mtb_helpers.cli.common import print_document
+    from mtb_helpers.checking.command import print_document
 
     def rank_prints():
         print("hello from a rank")
