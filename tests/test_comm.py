@@ -110,24 +110,6 @@ def test_regions_stay_inside_their_process_group():
     assert all(size == 2 for _, size in out)
 
 
-def test_issue_gathers_and_reduce_scatters_along_any_dim():
-    def job():
-        r = dist.get_rank()
-        x = torch.full((2, 3), float(r))
-        g = comm.issue("all_gather", x, region="test", direction="forward", dim=0)
-        s = comm.issue("reduce_scatter", torch.arange(12.0).reshape(6, 2) * (r + 1), region="test",
-                       direction="forward", dim=0)
-        return g, s
-
-    out = run(job, world_size=3)
-    full = torch.arange(12.0).reshape(6, 2) * 6   # (1 + 2 + 3) * arange
-    for r, (g, s) in enumerate(out):
-        assert torch.equal(g, torch.cat([torch.full((2, 3), float(q)) for q in range(3)]))
-        assert torch.equal(s, full[2 * r:2 * r + 2])
-    with pytest.raises(ValueError, match="unknown op"):
-        comm.issue("broadcast", torch.ones(1), region="test", direction="forward")
-
-
 def _nested_records():
     x = torch.ones(2, 8, requires_grad=True)
     with comm.record(keep_tensors=True) as outer:

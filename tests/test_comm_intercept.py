@@ -12,15 +12,16 @@ import torch
 import torch.distributed as dist
 
 from mtb_helpers import comm, run
-from mtb_helpers.comm.issue import _REDUCE_SCATTER
+from mtb_helpers.comm.records import note
+from mtb_helpers.comm.regions import _ALL_GATHER, _REDUCE_SCATTER
 from mtb_helpers.runtime import link_ops as intercept
 
-_WRAPPED = ("all_reduce", "all_gather", _REDUCE_SCATTER)
+_WRAPPED = ("all_reduce", _ALL_GATHER, _REDUCE_SCATTER)
 
 
 def _issue_all(wrap: bool):
-    """On every rank: an all-reduce, an all-gather along dims 0 and 1 and a reduce-scatter along
-    dims 0 and 1 of float64 values whose sums round differently by order, through ``issue``.
+    """On every rank: an all-reduce, then an all-gather and a reduce-scatter of dim 0 and of dim 1
+    (moved to the front) of float64 values whose sums round differently by order.
     ``wrap``: torch.distributed's functions replaced by counting wrappers first (as a test or a
     profiler does); returns the results, the record and how often each wrapper ran."""
     def job():
@@ -41,11 +42,17 @@ def _issue_all(wrap: bool):
                 setattr(dist, name, counting(name))
         try:
             with comm.record() as rec:
-                outs = [comm.issue("all_reduce", x, region="t", direction="forward", group=group)]
-                for op in ("all_gather", "reduce_scatter"):
-                    for dim in (0, 1):
-                        outs.append(comm.issue(op, x, region="t", direction="forward", dim=dim,
-                                               group=group))
+                t = dist.get_world_size(group)
+                total = x.clone()
+                dist.all_reduce(total, group=group)
+                outs = [total]
+                for dim in (0, 1):
+                    rows = x.movedim(dim, 0).contiguous()                  # [6, 6]
+                    gathered = rows.new_empty((t * 6, 6))
+                    getattr(dist, _ALL_GATHER)(gathered, rows, group=group)   # -> [6t, 6]
+                    mine = rows.new_empty((6 // t, 6))
+                    getattr(dist, _REDUCE_SCATTER)(mine, rows, group=group)   # -> [6/t, 6]
+                    outs += [gathered, mine]
             restored = all(getattr(dist, n) is (saved[n] if not wrap else calls and getattr(dist, n))
                            for n in _WRAPPED)
         finally:
@@ -60,10 +67,9 @@ def test_replaced_functions_still_run_under_the_record_with_the_same_bits_and_re
     wrapped = run(_issue_all(wrap=True), world_size=3)
     for (outs, events, calls, restored), (w_outs, w_events, w_calls, _) in zip(plain, wrapped):
         assert all(torch.equal(a, b) for a, b in zip(outs, w_outs))
-        assert events == w_events and [e.op for e in events] == ["all_reduce"] + ["all_gather"] * 2 + [
-            "reduce_scatter"] * 2
-        assert all(e.region == "t" for e in events)           # issue named each, none twice
-        assert w_calls == {"all_reduce": 1, "all_gather": 2, _REDUCE_SCATTER: 2}
+        assert events == w_events and [e.op for e in events] == ["all_reduce"] + [
+            "all_gather", "reduce_scatter"] * 2               # each once, none twice
+        assert w_calls == {"all_reduce": 1, _ALL_GATHER: 2, _REDUCE_SCATTER: 2}
         assert restored                                       # torch's functions back after the block
 
 
@@ -105,7 +111,8 @@ def test_a_students_own_torch_distributed_calls_are_recorded_with_no_region():
 def test_note_names_each_dtype():
     with comm.record() as rec:
         for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float32):
-            comm.issue("all_reduce", torch.ones(2, dtype=dtype), region="t", direction="forward")
+            x = torch.ones(2, dtype=dtype)
+            note("all_reduce", x, x, "t", "", "forward", 1)   # one process: nothing to issue
     assert [e.dtype for e in rec] == ["float32", "float64", "bfloat16", "float32"]
     assert [e.bytes for e in rec] == [8, 16, 4, 8]
 

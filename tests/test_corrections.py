@@ -45,65 +45,29 @@ def nb_path(request) -> Path:
 # ------------------------------------------------------------------ the reduce-scatter record
 
 
-def _reduce_scatter_job(break_native: bool):
-    """The rank function: a closure, so the ranks receive it by value."""
-    def job():
-        from torch.distributed.tensor.debug import CommDebugMode
-        r = dist.get_rank()
-        x = torch.arange(96.0).reshape(3, 32) * (r + 1)            # [3, 32] float32: 384 B
-        before = x.clone()
-        names = ("reduce_scatter_single", "reduce_scatter_tensor")
-        saved = {n: getattr(dist, n) for n in names if hasattr(dist, n)}
-        if break_native:                                          # an old gloo: no reduce-scatter
-            def unsupported(*args, **kwargs):
-                raise RuntimeError("ProcessGroupGloo does not support reduce_scatter")
-            for n in saved:
-                setattr(dist, n, unsupported)
-        try:
-            with CommDebugMode() as cdm, comm.record() as rec:
-                y = comm.issue("reduce_scatter", x, region="test", direction="forward", dim=0)
-                z = comm.issue("reduce_scatter", x.T, region="test", direction="forward", dim=1)
-        finally:
-            for n, fn in saved.items():
-                setattr(dist, n, fn)
-        counts = {str(k): v for k, v in cdm.get_comm_counts().items()}
-        return (y, z, torch.equal(x, before), counts,
-                [(e.bytes, e.sent_bytes, e.out_shape) for e in rec])
-    return job
+def _reduce_scatter_job():
+    """The rank function: sequence parallelism's reduce-scatter region on [3, 32] float32 (384 B),
+    under PyTorch's CommDebugMode (what a profiler sees) and the course's record."""
+    from torch.distributed.tensor.debug import CommDebugMode
+    r = dist.get_rank()
+    x = torch.arange(96.0).reshape(3, 32) * (r + 1)
+    before = x.clone()
+    with CommDebugMode() as cdm, comm.record() as rec:
+        y = comm.reduce_scatter_to_sequence_parallel_region(x)
+    counts = {str(k): v for k, v in cdm.get_comm_counts().items()}
+    return y, torch.equal(x, before), counts, [(e.bytes, e.sent_bytes, e.out_shape) for e in rec]
 
 
 def test_reduce_scatter_issues_the_real_collective_and_records_exact_bytes():
     full = torch.arange(96.0).reshape(3, 32) * 6                  # (1 + 2 + 3) x the rank-0 input
-    for r, (y, z, untouched, counts, events) in enumerate(
-            run(_reduce_scatter_job(False), world_size=3)):
-        assert torch.equal(y, full[r:r + 1]) and torch.equal(z, full.T[:, r:r + 1])
+    for r, (y, untouched, counts, events) in enumerate(run(_reduce_scatter_job, world_size=3)):
+        assert torch.equal(y, full[r:r + 1])
         assert untouched
         # t = 3, 384 B in: each rank passes t-1 = 2 chunks of 128 B around the ring, 256 B
-        assert events == [(384, 256, (1, 32)), (384, 256, (32, 1))]
-        assert sum(v for k, v in counts.items() if "reduce_scatter" in k) == 2, counts
+        assert events == [(384, 256, (1, 32))]
+        assert sum(v for k, v in counts.items() if "reduce_scatter" in k) == 1, counts
         assert not any("allreduce" in k or "all_reduce" in k for k in counts), (
             f"a profiler would see an all-reduce where the record says reduce-scatter: {counts}")
-
-
-def test_reduce_scatter_without_native_support_gives_the_same_result_and_record():
-    full = torch.arange(96.0).reshape(3, 32) * 6
-    for r, (y, z, untouched, counts, events) in enumerate(
-            run(_reduce_scatter_job(True), world_size=3)):
-        assert torch.equal(y, full[r:r + 1]) and torch.equal(z, full.T[:, r:r + 1])
-        assert untouched, "the fallback all-reduce must not sum into the caller's tensor"
-        assert events == [(384, 256, (1, 32)), (384, 256, (32, 1))]
-
-
-def test_reduce_scatter_of_an_uneven_dim_names_the_sizes():
-    def job():
-        try:
-            comm.issue("reduce_scatter", torch.ones(4, 2), region="test", direction="forward", dim=0)
-        except ValueError as err:
-            return str(err)
-        return "no error"
-
-    for message in run(job, world_size=3):
-        assert "size 4" in message and "3 ranks" in message
 
 
 # ------------------------------------------------------------------ checked cells and the BLAS

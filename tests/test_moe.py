@@ -1,12 +1,10 @@
 """The MoE pieces: routing, capacity, permutations, the all-to-all region and its record."""
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.distributed as dist
 
 from mtb_helpers import run
-from mtb_helpers.comm.issue import issue
 from mtb_helpers.comm.records import record
 from mtb_helpers.moe.layers import (DISPATCH, ExpertParallelMoE, all_to_all_rows, expert_capacity,
                              inverse_permutation, capacity_mask, moe_reference, route)
@@ -83,12 +81,3 @@ def test_all_to_all_with_uneven_splits_and_its_backward():
             offset += k
 
 
-def test_all_to_all_refuses_splits_that_do_not_fit():
-    with pytest.raises(ValueError, match="all_to_all splits"):
-        issue("all_to_all", torch.ones(3, 2), region="t", direction="forward", dim=0,
-              splits=([2], [2]))
-    with pytest.raises(ValueError, match="rows"):
-        issue("all_to_all", torch.ones(3, 2), region="t", direction="forward", dim=1,
-              splits=([3], [3]))
-    y = issue("all_to_all", torch.ones(3, 2), region="t", direction="forward", dim=0)
-    assert y.shape == (3, 2)   # one rank, no splits: identity
