@@ -192,13 +192,6 @@ KNOWN_CIRCLE_EDGES = {
         "blocked by dp/, pp/ and sp/bugs.py's wrong pieces importing their comparison modules "
         "(dp.pytorch.torch_model, pp.pytorch.torch_schedule, sp.pytorch.full_grad), which "
         "resolve names themselves",
-    ("mtb_helpers.tp", "mtb_helpers.attention.layers"):
-        "tp/__init__ re-exports ParallelSelfAttention (a stable entry point) lazily; attention's "
-        "layers import tp.layers, which runs tp/__init__ first. Goes when attention's layer "
-        "modules live under tp/ (or the base layers below both)",
-    ("mtb_helpers.tp", "mtb_helpers.attention"):
-        "the same, for VocabParallelEmbedding and vocab_parallel_cross_entropy: importing "
-        "attention.vocab runs attention/__init__ first, which imports attention's layers",
     ("mtb_helpers.cli", "mtb_helpers.topics"):
         "the command's entry (cli/__init__: build_parser) imports the manifest when it runs, "
         "whose topics' cli modules import cli/common.py, which runs cli/__init__ first. Lazy by "

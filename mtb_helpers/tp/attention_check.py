@@ -27,7 +27,7 @@ from mtb_helpers.checking.trace import StepSpec as S, build_rows, build_steps, t
 from mtb_helpers.comm.sharding import shard_range
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.tp.check import G_FWD, f_backward_steps
-from mtb_helpers.attention.layers import LocalAttention, ParallelSelfAttention, check_heads, grouped_qkv
+from mtb_helpers.tp.attention import LocalAttention, ParallelSelfAttention, check_heads, grouped_qkv
 from mtb_helpers.tp.layers import ColumnParallelLinear, RowParallelLinear
 from mtb_helpers.tp.reference import cast_linear, draw_inputs
 
