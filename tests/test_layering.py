@@ -188,10 +188,13 @@ def test_the_cycle_finder_finds_a_planted_circle():
 KNOWN_CIRCLE_EDGES = {
     ("mtb_helpers.checking.bug", "mtb_helpers.topics"):
         "the registry's first lookup imports the manifest, which imports every bugs.py, which "
-        "imports checking.bug. Goes when each entry point imports the registry it resolves in; "
-        "blocked by dp/, pp/ and sp/bugs.py's wrong pieces importing their comparison modules "
-        "(dp.pytorch.torch_model, pp.pytorch.torch_schedule, sp.pytorch.full_grad), which "
-        "resolve names themselves",
+        "imports checking.bug. Goes when each entry point imports the registry it resolves in "
+        "(its topic's bug modules). Blocked by: every entry point (the checks, pytorch.py, "
+        "pipeline_step) imports resolve from checking.bug, which may import no topic; the "
+        "checks tell another topic's bug ('does not apply') from an unknown name, which needs "
+        "every topic's bugs (a registry of all of them would reach pipeline_step back through "
+        "pp/__init__); and dp/ and sp/bugs.py's wrong pieces import their comparison modules "
+        "(dp.pytorch.torch_model, sp.pytorch.full_grad), which resolve names themselves",
     ("mtb_helpers.cli", "mtb_helpers.topics"):
         "the command's entry (cli/__init__: build_parser) imports the manifest when it runs, "
         "whose topics' cli modules import cli/common.py, which runs cli/__init__ first. Lazy by "
