@@ -58,7 +58,7 @@ from mtb_helpers.pp.stage import RankStage
 from mtb_helpers.comm.records import record
 from mtb_helpers.runtime.link import active_time_scale, comm_seconds, padded
 from mtb_helpers.runtime.link_ops import sleep_until
-from mtb_helpers.attention.vocab import vocab_parallel_cross_entropy
+from mtb_helpers.tp.vocab import vocab_parallel_cross_entropy
 
 CFG = GPTConfig(vocab=64, seq=32, hidden=64, heads=8, ffn=256, layers=8)
 BATCH, MICRO = 16, 4

@@ -31,9 +31,10 @@ def __getattr__(name: str) -> Any:
         from mtb_helpers.runtime import ranks
         value = getattr(ranks, name)
     elif name == "BUGS":
-        # {name: one-line description} of every deliberate bug a check's ``bug=`` can inject
-        from mtb_helpers.checking.bug import registered
-        value = {bug_name: bug.description for bug_name, bug in registered().items()}
+        # {name: one-line description} of every deliberate bug a check's ``bug=`` can inject,
+        # gathered by the manifest from every topic's bug modules
+        from mtb_helpers.topics import bug_registry
+        value = {bug_name: bug.description for bug_name, bug in bug_registry().items()}
     else:
         raise AttributeError(f"module 'mtb_helpers' has no attribute {name!r}")
     globals()[name] = value   # loaded once

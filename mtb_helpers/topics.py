@@ -55,9 +55,9 @@ TOPICS: tuple[Topic, ...] = (
     Topic("tp", group="tp",
           group_help="tensor-parallel checks (column, row, MLP, attention, vocabulary) and the "
                      "sequence-parallel block",
-          checks=("check_column_parallel", "check_row_parallel", "check_tp_mlp")),
-    Topic("attention", checks=("check_tp_attention", "vocab_check.check_vocab_parallel"),
-          layers=("layers", "vocab")),
+          checks=("check_column_parallel", "check_row_parallel", "check_tp_mlp",
+                  "attention_check.check_tp_attention", "vocab_check.check_vocab_parallel"),
+          bugs=("bugs", "attention_bugs"), layers=("layers", "attention", "vocab")),
     Topic("sp", checks=("check_sequence_parallel",), layers=("layers", "dropout")),
     Topic("pp", group="pp", group_help="pipeline schedules and their bubble",
           checks=("check_pipeline",),

@@ -13,7 +13,7 @@ from torch import nn
 
 from mtb_helpers import RankError, RankTimeoutError, run
 from mtb_helpers.tp import VocabParallelEmbedding, vocab_parallel_cross_entropy
-from mtb_helpers.attention.layers import LocalAttention
+from mtb_helpers.tp.attention import LocalAttention
 
 V = 10
 

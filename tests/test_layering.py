@@ -188,17 +188,13 @@ def test_the_cycle_finder_finds_a_planted_circle():
 KNOWN_CIRCLE_EDGES = {
     ("mtb_helpers.checking.bug", "mtb_helpers.topics"):
         "the registry's first lookup imports the manifest, which imports every bugs.py, which "
-        "imports checking.bug. Goes when each entry point imports the registry it resolves in; "
-        "blocked by dp/, pp/ and sp/bugs.py's wrong pieces importing their comparison modules "
-        "(dp.pytorch.torch_model, pp.pytorch.torch_schedule, sp.pytorch.full_grad), which "
-        "resolve names themselves",
-    ("mtb_helpers.tp", "mtb_helpers.attention.layers"):
-        "tp/__init__ re-exports ParallelSelfAttention (a stable entry point) lazily; attention's "
-        "layers import tp.layers, which runs tp/__init__ first. Goes when attention's layer "
-        "modules live under tp/ (or the base layers below both)",
-    ("mtb_helpers.tp", "mtb_helpers.attention"):
-        "the same, for VocabParallelEmbedding and vocab_parallel_cross_entropy: importing "
-        "attention.vocab runs attention/__init__ first, which imports attention's layers",
+        "imports checking.bug. Goes when each entry point imports the registry it resolves in "
+        "(its topic's bug modules). Blocked by: every entry point (the checks, pytorch.py, "
+        "pipeline_step) imports resolve from checking.bug, which may import no topic; the "
+        "checks tell another topic's bug ('does not apply') from an unknown name, which needs "
+        "every topic's bugs (a registry of all of them would reach pipeline_step back through "
+        "pp/__init__); and dp/ and sp/bugs.py's wrong pieces import their comparison modules "
+        "(dp.pytorch.torch_model, sp.pytorch.full_grad), which resolve names themselves",
 }
 
 

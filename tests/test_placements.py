@@ -133,9 +133,9 @@ def _build(name: str, mods: tuple, t: int):
     from mtb_helpers.cp import allgather, ring
     from mtb_helpers.moe.layers import ExpertParallelMoE
     from mtb_helpers.sp import layers as sp
-    from mtb_helpers.attention.layers import LocalAttention, ParallelSelfAttention
+    from mtb_helpers.tp.attention import LocalAttention, ParallelSelfAttention
     from mtb_helpers.tp.layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear
-    from mtb_helpers.attention.vocab import VocabParallelCrossEntropy, VocabParallelEmbedding
+    from mtb_helpers.tp.vocab import VocabParallelCrossEntropy, VocabParallelEmbedding
     build = {
         "column": lambda fc: ColumnParallelLinear.from_full(fc),
         "column-gather": lambda fc: ColumnParallelLinear.from_full(fc, gather_output=True),
@@ -243,8 +243,8 @@ def _capstone_on_rank(model, ids, x, dy_x, dy_logits, dp, cp, tp, sp) -> dict:
     from mtb_helpers.capstone.grid import Grid, Layout
     from mtb_helpers.capstone.layers import (ContextParallelCore, ParallelBlock, ParallelEmbedding,
                                              ParallelHead)
-    from mtb_helpers.attention.layers import check_heads, grouped_qkv
-    from mtb_helpers.attention.vocab import VocabParallelEmbedding
+    from mtb_helpers.tp.attention import check_heads, grouped_qkv
+    from mtb_helpers.tp.vocab import VocabParallelEmbedding
     grid = Grid.build(Layout(tp=tp, dp=dp, cp=cp))
     try:
         at = {d: grid.index[d] for d in ("dp", "cp", "tp")}
@@ -273,7 +273,7 @@ def _capstone_on_rank(model, ids, x, dy_x, dy_logits, dp, cp, tp, sp) -> dict:
 @pytest.mark.parametrize("dp, cp, tp, sp", [(1, 2, 2, True), (2, 1, 2, False), (1, 2, 2, False)])
 def test_capstone_layers_keep_their_layouts_on_the_mesh(dp, cp, tp, sp):
     from mtb_helpers.capstone.model import GPTConfig, make_model
-    from mtb_helpers.attention.layers import grouped_qkv
+    from mtb_helpers.tp.attention import grouped_qkv
     cfg = GPTConfig(vocab=8, seq=8, hidden=8, heads=2, ffn=16, layers=1)
     model = make_model(cfg, seed=1, dtype=torch.float64)
     g = torch.Generator().manual_seed(2)

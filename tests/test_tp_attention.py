@@ -9,11 +9,11 @@ from torch import nn
 
 from mtb_helpers import BUGS, RankError, run
 from mtb_helpers.checking.bug import names_for
-from mtb_helpers.attention.bugs import BUGS as ATTENTION_BUGS
+from mtb_helpers.tp.attention_bugs import BUGS as ATTENTION_BUGS
 from mtb_helpers.comm import record
 from mtb_helpers.tp import ParallelSelfAttention
-from mtb_helpers.attention.layers import check_heads
-from mtb_helpers.attention.check import QUANTITIES, check_tp_attention, draw_attention_inputs
+from mtb_helpers.tp.attention import check_heads
+from mtb_helpers.tp.attention_check import QUANTITIES, check_tp_attention, draw_attention_inputs
 
 
 def _inputs(h=12, s=5, b=2, seed=0):
@@ -219,7 +219,7 @@ def test_figures_have_titles_labels_legends_and_rank_colours():
     import matplotlib.pyplot as plt
 
     from mtb_helpers.plots.palette import rank_color
-    from mtb_helpers.attention.plots import (plot_attention_flow, plot_ce_allreduces,
+    from mtb_helpers.tp.attention_plots import (plot_attention_flow, plot_ce_allreduces,
                                                 plot_head_split, plot_vocab_split)
 
     heads = plot_head_split(n_heads=4, head_dim=2, world_size=2)

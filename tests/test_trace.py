@@ -53,8 +53,8 @@ def test_a_step_layout_outside_dtensor_s_words_is_refused():
 
 
 def test_every_check_s_steps_use_placements_the_figures_can_name():
-    from mtb_helpers.attention.check import _specs as attention_specs
-    from mtb_helpers.attention.vocab_check import _specs as vocab_specs
+    from mtb_helpers.tp.attention_check import _specs as attention_specs
+    from mtb_helpers.tp.vocab_check import _specs as vocab_specs
     from mtb_helpers.check import check_column_parallel, check_row_parallel, check_tp_mlp
     from mtb_helpers.sp.check import SP_SPECS
     from mtb_helpers.tp.plots import LAYOUT_TEXT

@@ -10,11 +10,11 @@ from torch import nn
 
 from mtb_helpers import BUGS, run
 from mtb_helpers.checking.bug import names_for
-from mtb_helpers.attention.bugs import BUGS as ATTENTION_BUGS
+from mtb_helpers.tp.attention_bugs import BUGS as ATTENTION_BUGS
 from mtb_helpers.comm import record
 from mtb_helpers.tp import VocabParallelEmbedding, vocab_parallel_cross_entropy
-from mtb_helpers.attention.vocab import VocabParallelCrossEntropy
-from mtb_helpers.attention.vocab_check import QUANTITIES, check_vocab_parallel, draw_vocab_inputs
+from mtb_helpers.tp.vocab import VocabParallelCrossEntropy
+from mtb_helpers.tp.vocab_check import QUANTITIES, check_vocab_parallel, draw_vocab_inputs
 
 V = 12
 

@@ -36,9 +36,9 @@ from mtb_helpers.cp.ring import ring_attention
 from mtb_helpers.sp.layers import (SequenceParallelColumnLinear, SequenceParallelLayerNorm,
                                    SequenceParallelMLPBlock, SequenceParallelRowLinear,
                                    TensorParallelMLPBlock)
-from mtb_helpers.attention.layers import LocalAttention, ParallelSelfAttention, check_heads, grouped_qkv
+from mtb_helpers.tp.attention import LocalAttention, ParallelSelfAttention, check_heads, grouped_qkv
 from mtb_helpers.tp.layers import ColumnParallelLinear, RowParallelLinear
-from mtb_helpers.attention.vocab import VocabParallelEmbedding
+from mtb_helpers.tp.vocab import VocabParallelEmbedding
 
 __all__ = ["ContextParallelCore", "ParallelEmbedding", "ParallelBlock", "ParallelHead",
            "build_stage", "stage_blocks", "param_placement", "replicated_params", "shard_param",

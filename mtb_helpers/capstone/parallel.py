@@ -44,7 +44,7 @@ from mtb_helpers.pp.p2p import P2P, Message
 from mtb_helpers.pp.schedules import schedule as make_schedule
 from mtb_helpers.pp.stage import RankStage
 from mtb_helpers.runtime.ranks import run
-from mtb_helpers.attention.vocab import VocabParallelCrossEntropy
+from mtb_helpers.tp.vocab import VocabParallelCrossEntropy
 
 __all__ = ["GridP2P", "ParallelRun", "train_parallel", "train_on_rank", "full_model", "full_state",
            "snapshot", "DP_STRATEGIES", "PP_SCHEDULES"]

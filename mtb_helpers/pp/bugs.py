@@ -59,9 +59,11 @@ def schedule_without_scaling(name: str, stage, microbatches: int):
 
 def the_other_schedule(name: str, stage, microbatches: int):
     """other-schedule."""
-    from mtb_helpers.pp.pytorch import torch_schedule   # not at import: see checking.bug.swap
+    import torch.nn.functional as F
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
     # BUG: 1F1B runs where GPipe is compared, or GPipe where 1F1B is: same grads, other order
-    return torch_schedule({"gpipe": "1f1b", "1f1b": "gpipe"}[name], stage, microbatches)
+    cls = {"gpipe": Schedule1F1B, "1f1b": ScheduleGPipe}[name]
+    return cls(stage, microbatches, loss_fn=F.mse_loss, scale_grads=True)
 
 
 TORCH_SCHEDULE = "mtb_helpers.pp.pytorch.torch_schedule"   # by name: see checking.bug.swap

@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 
 from mtb_helpers.checking.bug import Bug
-from mtb_helpers.attention.layers import LocalAttention
+from mtb_helpers.tp.attention import LocalAttention
 from mtb_helpers.tp.bugs import ColumnWithoutF, RowBiasBeforeAllReduce
 from mtb_helpers.tp.layers import ColumnParallelLinear, RowParallelLinear
-from mtb_helpers.attention.vocab import VocabParallelCrossEntropy, VocabParallelEmbedding
+from mtb_helpers.tp.vocab import VocabParallelCrossEntropy, VocabParallelEmbedding
 
 __all__ = ["BUGS", "HeadsNotDivided", "EmbeddingWithoutMask", "MaxNotAllReduced",
            "SumExpNotAllReduced", "TargetLogitNotAllReduced"]

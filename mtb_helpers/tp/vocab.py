@@ -32,7 +32,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtb_helpers.comm.records import note
-from mtb_helpers.comm.issue import issue
 from mtb_helpers.comm.mesh import agree, group_rank, group_size
 from mtb_helpers.comm.regions import reduce_from_tensor_model_parallel_region
 from mtb_helpers.comm.sharding import Replicate, Shard, check_divisible, shard_range
@@ -169,24 +168,29 @@ class VocabParallelCrossEntropy(nn.Module):
                              f"{t} ranks; they must be equal (vocab/t each, rank r holding tokens "
                              f"[r*vocab/t, (r+1)*vocab/t)): pad the vocabulary to a multiple of {t}")
 
+    def all_reduce(self, x: torch.Tensor, operator: str,
+                   op: dist.ReduceOp = dist.ReduceOp.SUM) -> torch.Tensor:
+        """``[..]`` -> all-reduce (``op``) over the group -> ``[..]``, named ``operator`` in the
+        records. One rank: a copy of ``x``, still recorded (0 bytes sent), so the record has the
+        same three rows at every world size."""
+        t = group_size(self.group)
+        out = x.contiguous().clone()
+        if t > 1:
+            dist.all_reduce(out, op=op, group=self.group)
+        note("all_reduce", x, out, REGION, operator, "forward", t)
+        return out
+
     def combine_max(self, local_max: torch.Tensor) -> torch.Tensor:
         """``[..]`` -> all-reduce (max) -> ``[..]``, the max over the whole vocabulary."""
-        t = group_size(self.group)
-        out = local_max.contiguous().clone()
-        if t > 1:   # issue() sums; the max is the one all-reduce with another op, noted the same way
-            dist.all_reduce(out, op=dist.ReduceOp.MAX, group=self.group)
-        note("all_reduce", local_max, out, REGION, "max", "forward", t)
-        return out
+        return self.all_reduce(local_max, "max", dist.ReduceOp.MAX)
 
     def combine_sum_exp(self, local_sum: torch.Tensor) -> torch.Tensor:
         """``[..]`` -> all-reduce (sum) -> ``[..]``, sum of exp(z - mx) over the whole vocabulary."""
-        return issue("all_reduce", local_sum, region=REGION, operator="sum_exp",
-                     direction="forward", group=self.group)
+        return self.all_reduce(local_sum, "sum_exp")
 
     def combine_target_logit(self, picked: torch.Tensor) -> torch.Tensor:
         """``[..]`` -> all-reduce (sum) -> ``[..]``: only the owning rank's term is non-zero."""
-        return issue("all_reduce", picked, region=REGION, operator="target_logit",
-                     direction="forward", group=self.group)
+        return self.all_reduce(picked, "target_logit")
 
     def combine_sums(self, local_sum: torch.Tensor, picked: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -195,8 +199,7 @@ class VocabParallelCrossEntropy(nn.Module):
         of ``[2, ..]`` -> ``[2, ..]``, recorded as one all-reduce (operator ``sum_exp+target_logit``)."""
         if not self.fuse_sums:
             return self.combine_sum_exp(local_sum), self.combine_target_logit(picked)
-        both = issue("all_reduce", torch.stack([local_sum, picked]), region=REGION,
-                     operator="sum_exp+target_logit", direction="forward", group=self.group)
+        both = self.all_reduce(torch.stack([local_sum, picked]), "sum_exp+target_logit")
         return both[0], both[1]
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

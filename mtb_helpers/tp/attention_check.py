@@ -10,7 +10,7 @@ the full tensors to every rank, where each rank builds its heads with ``from_ful
 forward and backward, and compares per rank: output, input grad and every weight and bias grad,
 plus each step in between (``report.steps``). The fused Q/K/V weight is compared in its rank-
 grouped order ``[Q_0, K_0, V_0, Q_1, ...]`` (``grouped_qkv``), so rank r's block of columns of
-``W_qkv = weight.T [h, 3h]`` is its heads. ``bug=`` swaps in a wrong piece (``attention/bugs.py``).
+``W_qkv = weight.T [h, 3h]`` is its heads. ``bug=`` swaps in a wrong piece (``tp/attention_bugs.py``).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from mtb_helpers.checking.trace import StepSpec as S, build_rows, build_steps, t
 from mtb_helpers.comm.sharding import shard_range
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.tp.check import G_FWD, f_backward_steps
-from mtb_helpers.attention.layers import LocalAttention, ParallelSelfAttention, check_heads, grouped_qkv
+from mtb_helpers.tp.attention import LocalAttention, ParallelSelfAttention, check_heads, grouped_qkv
 from mtb_helpers.tp.layers import ColumnParallelLinear, RowParallelLinear
 from mtb_helpers.tp.reference import cast_linear, draw_inputs
 

@@ -25,7 +25,7 @@ from mtb_helpers.checking.trace import StepSpec as S, build_rows, build_steps
 from mtb_helpers.comm.records import record
 from mtb_helpers.comm.sharding import check_divisible, shard_range
 from mtb_helpers.runtime.ranks import resolve_world_size, run
-from mtb_helpers.attention.vocab import REDUCTIONS, VocabParallelCrossEntropy, VocabParallelEmbedding
+from mtb_helpers.tp.vocab import REDUCTIONS, VocabParallelCrossEntropy, VocabParallelEmbedding
 
 __all__ = ["check_vocab_parallel", "draw_vocab_inputs", "vocab_reference", "QUANTITIES"]
 
