@@ -54,3 +54,15 @@ def test_explorer_sets_gather_output_for_the_all_gather_bug():
 def test_unknown_kind_is_refused():
     with pytest.raises(ValueError, match="kind"):
         tp_explorer("diagonal")
+
+
+def test_showing_puts_in_what_a_bug_sets_and_nothing_else():
+    from mtb_helpers.checking.bug import showing
+    args = {"out_features": 8, "gather_output": False}
+    assert showing("allgather-wrong-order", args) == {"out_features": 8, "gather_output": True}
+    assert showing("f-backward-identity", args) == args and showing(None, args) == args
+    assert args["gather_output"] is False            # the caller's dict is not changed
+    # neither front end names the bug itself any more: the Bug's `sets` is the one place
+    import inspect
+    from mtb_helpers.tp import cli, widget
+    assert "allgather-wrong-order" not in inspect.getsource(cli) + inspect.getsource(widget)

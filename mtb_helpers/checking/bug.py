@@ -16,6 +16,11 @@ imports one.
         replaces={RowParallelLinear: RowBiasBeforeAllReduce},  # correct piece -> wrong piece
         needs={"2 or more ranks": lambda a: a["world_size"] >= 2})   # else it cannot show
 
+A bug that shows only under an argument its check leaves off by default names it in ``sets``
+(``sets={"gather_output": True}``): a front end (a command, an explorer) passes the user's
+arguments through ``showing(name, args)``, which puts them in, so choosing the bug is enough
+there; a direct call with the argument off is still refused by ``needs``.
+
 An entry point (a check, ``pipeline_step``, a PyTorch comparison) takes the bug's name and
 resolves it once, before any rank starts: ``bug = resolve(name, "row", world_size=t)`` (a
 ValueError for an unknown name, one this check cannot inject, or arguments the bug cannot show
@@ -28,7 +33,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-__all__ = ["Bug", "swap", "names_for", "register", "resolve", "registered"]
+__all__ = ["Bug", "swap", "names_for", "register", "resolve", "registered", "showing"]
 
 _REGISTRY: dict[str, "Bug"] = {}   # every registered name -> its Bug (filled by mtb_helpers.topics)
 _OWNERS: dict[str, str] = {}       # every registered name -> the topic that declared it
@@ -59,12 +64,14 @@ def _registered_bug(name: str) -> "Bug":
 class Bug:
     """One deliberate bug: what it breaks (``description``), the checks that accept it
     (``checks``), the wrong piece that stands in for each correct one (``replaces``), and what it
-    needs to show at all (``needs``: {condition in words: test on the check's arguments})."""
+    needs to show at all (``needs``: {condition in words: test on the check's arguments}) and
+    the arguments a front end turns on for it (``sets``)."""
     description: str
     checks: tuple[str, ...]
     replaces: dict[Any, Any] = field(default_factory=dict, hash=False, compare=False)
     needs: dict[str, Callable[[dict], bool]] = field(default_factory=dict, hash=False,
                                                      compare=False)
+    sets: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.checks:
@@ -145,3 +152,10 @@ def resolve(name: str | None, check: str | tuple[str, ...], **args: Any) -> Bug 
         raise ValueError(f"bug {name!r} cannot show here: it needs {'; '.join(unmet)} "
                          f"(given {given})")
     return bug
+
+
+def showing(name: str | None, args: dict[str, Any]) -> dict[str, Any]:
+    """A front end's ``args`` for a check, with what bug ``name`` sets to show (``Bug.sets``) put
+    in; unchanged for no bug or a name the check's ``resolve`` will refuse anyway."""
+    bug = _loaded().get(name) if name is not None else None
+    return {**args, **bug.sets} if bug is not None else dict(args)

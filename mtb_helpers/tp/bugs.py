@@ -147,7 +147,7 @@ BUGS: dict[str, Bug] = {
         'in reverse rank order',
         checks=('column',), replaces={ColumnParallelLinear: ColumnGatherWrongOrder},
         needs={"gather_output=True (without it there is no all-gather to get wrong)":
-               lambda a: a["gather_output"]}),
+               lambda a: a["gather_output"]}, sets={"gather_output": True}),
     "bias-before-allreduce": Bug(
         'row layer: every rank adds the full bias before the all-reduce, so the '
         'output carries t x bias',

@@ -27,7 +27,7 @@ def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubPar
     check.add_argument("--batch-shape", type=int, nargs="+", default=[2, 3], metavar="N",
                        help="leading dims of X (default: 2 3)")
     check.add_argument("--gather-output", action="store_true",
-                       help="column layer all-gathers its output (on for --bug allgather-wrong-order)")
+                       help="column layer all-gathers its output (a --bug that needs it turns it on)")
     check.add_argument("--full-input", action="store_true",
                        help="row layer gets the full X and splits it (input_is_parallel=False)")
     check.set_defaults(func=run_check)
@@ -78,7 +78,7 @@ def _common(args: argparse.Namespace) -> dict:
 
 def run_check(args: argparse.Namespace) -> int:
     """Handler of ``minitrainbench tp check``: column then row; a bug goes to the layer it breaks."""
-    from mtb_helpers.checking.bug import resolve
+    from mtb_helpers.checking.bug import resolve, showing
     from mtb_helpers.tp.check import check_column_parallel, check_row_parallel
     from mtb_helpers.runtime.ranks import resolve_world_size
     from mtb_helpers.comm.sharding import check_divisible
@@ -90,10 +90,9 @@ def run_check(args: argparse.Namespace) -> int:
     check_divisible("out_features", args.out_features, t)
     check_divisible("in_features", args.in_features, t)
     sizes = {"in_features": args.in_features, "out_features": args.out_features}
-    column = check_column_parallel(**_common(args), **sizes,
-                                   bug=args.bug if args.bug in COLUMN_BUGS else None,
-                                   gather_output=args.gather_output
-                                   or args.bug == "allgather-wrong-order")
+    column_bug = args.bug if args.bug in COLUMN_BUGS else None
+    column = check_column_parallel(**_common(args), bug=column_bug, **showing(
+        column_bug, {**sizes, "gather_output": args.gather_output}))
     row = check_row_parallel(**_common(args), **sizes, bug=args.bug if args.bug in ROW_BUGS else None,
                              input_is_parallel=not args.full_input)
     return emit([column, row], args.json)

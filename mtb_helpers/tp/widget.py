@@ -12,6 +12,7 @@ import torch
 from mtb_helpers.tp.check import check_column_parallel, check_row_parallel, check_tp_mlp
 from mtb_helpers.plots.errors import errors_png
 from mtb_helpers.tp.plots import steps_png
+from mtb_helpers.checking.bug import showing
 from mtb_helpers.checking.report import Report
 from mtb_helpers.tp.bugs import COLUMN_BUGS, MLP_BUGS, ROW_BUGS
 from mtb_helpers.widgets.frame import live_view
@@ -32,9 +33,8 @@ def run_explorer_check(kind: str, world_size: int, per_rank: int, other: int, dt
     always divides) and the other dimension = ``other``, on a [2, 3] batch."""
     check, _, sharded, unsharded = KINDS[kind]
     kwargs = {sharded: per_rank * world_size, unsharded: other}
-    if kind == "column" and bug == "allgather-wrong-order":
-        kwargs["gather_output"] = True  # the bug lives in the all-gather
-    return check(world_size=world_size, dtype=getattr(torch, dtype), bug=bug, **kwargs)
+    # a bug that needs an argument on (the all-gather's order: gather_output) gets it
+    return check(world_size=world_size, dtype=getattr(torch, dtype), bug=bug, **showing(bug, kwargs))
 
 
 def summary(report: Report) -> str:
