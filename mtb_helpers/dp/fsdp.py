@@ -9,7 +9,9 @@ Each linear layer is one unit: its ``[weight, bias]`` flattened and zero-padded 
 
 Autograd keeps the unit's input activation ``X`` for backward (as FSDP does), but not its
 parameters: that is why backward gathers them a second time. Adam then updates each shard with
-its gradient shard and state shard; no collective is needed after the step.
+its gradient shard and state shard; no collective is needed after the step. Each collective is
+a plain ``torch.distributed`` call named in the record with ``comm.records.note`` (skipped, and
+still named, on one rank).
 """
 from __future__ import annotations
 
@@ -17,9 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtb_helpers.comm.issue import issue
 from mtb_helpers.comm.mesh import group_rank, group_size
+from mtb_helpers.comm.records import note
 from mtb_helpers.dp.strategies import DDP, SHARDED, Adam, FlatShards, Strategy, ZeRO1, ZeRO2, held_bytes
+from mtb_helpers.dp.wrapping import all_gather_async, reduce_scatter_async
 
 __all__ = ["ZeRO3", "STRATEGY_CLASSES"]
 
@@ -43,8 +46,12 @@ class _ShardedLinear(torch.autograd.Function):
         dy2, x2 = dy.reshape(-1, dy.shape[-1]), x.reshape(-1, x.shape[-1])
         full = torch.zeros(owner.layout.padded(unit), dtype=dy.dtype)
         full[:owner.layout.units[unit]] = torch.cat([(dy2.T @ x2).reshape(-1), dy2.sum(0)])
-        summed = issue("reduce_scatter", full, region="zero3_grad_reduce_scatter",
-                       direction="backward", group=owner.group)
+        summed = full.new_empty(len(full) // owner.p)   # [n_pad/p]: this rank's shard of the sum
+        if owner.p > 1:
+            reduce_scatter_async(summed, full, owner.group).wait()
+        else:
+            summed.copy_(full)
+        note("reduce_scatter", full, summed, "zero3_grad_reduce_scatter", "", "backward", owner.p)
         grad_shard = owner.average(summed).clone()   # own storage: the full [n_pad] is freed
         return dy @ w, grad_shard, None, None
 
@@ -86,8 +93,13 @@ class ZeRO3(Strategy):
 
     def gather(self, shard: torch.Tensor, unit: int, direction: str):
         """All-gather unit ``unit``'s parameters: ``[n_pad/p] -> [n_pad]`` -> ``(W, b)``."""
-        full = issue("all_gather", shard.detach(), region="zero3_param_all_gather",
-                     direction=direction, group=self.group)
+        mine = shard.detach()                                   # [n_pad/p]
+        full = mine.new_empty(len(mine) * self.p)               # [n_pad]
+        if self.p > 1:
+            all_gather_async(full, mine, self.group).wait()
+        else:
+            full.copy_(mine)
+        note("all_gather", mine, full, "zero3_param_all_gather", "", direction, self.p)
         self.gathered_bytes = max(self.gathered_bytes, full.numel() * full.element_size())
         (w_shape, b_shape), nw = self.shapes[unit], self.shapes[unit][0].numel()
         return full[:nw].view(w_shape), full[nw:nw + b_shape.numel()].view(b_shape)
