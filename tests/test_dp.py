@@ -10,8 +10,8 @@ from mtb_helpers.dp.check import make_problem, reference_step, reference_steps
 from mtb_helpers.comm.records import CollectiveEvent
 from mtb_helpers.comm.records import CollectiveRecord
 from mtb_helpers.dp.strategies import FlatShards, flat, held_bytes, padded_numel
-from mtb_helpers.dp.bugs import BUGS_BY_STRATEGY, DP_BUGS, build_strategy
-from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
+from mtb_helpers.dp.bugs import BUGS_BY_STRATEGY, DP_BUGS
+from mtb_helpers.dp.fsdp import STRATEGY_CLASSES, build_strategy
 from mtb_helpers.dp.strategies import Adam
 
 
@@ -57,7 +57,7 @@ def _one_rank_step(strategy, bug):
     model, warm, batch = make_problem(4, 3, 5, torch.float64, seed=2)
     adam = Adam()
     start = _start_from_the_warm_up_step(model, warm, adam)
-    dp = build_strategy(strategy, model, start, adam, DP_REGISTRY.get(bug))   # one rank, no group
+    dp = build_strategy(strategy, model, start, adam, DP_REGISTRY.get(bug))   # a group of one rank
     dp.train_step(*batch)
     return dp.pieces(), reference_step(model, batch, adam, start)
 
@@ -65,7 +65,7 @@ def _one_rank_step(strategy, bug):
 def test_every_strategy_on_one_rank_is_the_single_process_step():
     for strategy in STRATEGY_CLASSES:
         for bug in (None, *BUGS_BY_STRATEGY[strategy]):   # with t = 1 no bug has anything to break
-            got, ref = _one_rank_step(strategy, bug)
+            got, ref = run(_one_rank_step, strategy, bug, world_size=1)[0]   # FSDP needs a group
             for q in ("params", "grads", "exp_avg", "exp_avg_sq"):
                 assert torch.allclose(got[q][:len(ref[q])], ref[q], rtol=0, atol=1e-14), (strategy, q)
 
@@ -105,7 +105,7 @@ def _three_steps_on_one_rank(strategy, bug=None):
 def test_train_step_clears_gradients_so_every_step_is_the_single_process_step():
     # before zero_grad() existed, step 2 of DDP, ZeRO-1 and ZeRO-3 used g1 + g2
     for strategy in STRATEGY_CLASSES:
-        got, ref = _three_steps_on_one_rank(strategy)
+        got, ref = run(_three_steps_on_one_rank, strategy, world_size=1)[0]
         for k in range(3):
             for q in ("params", "grads", "exp_avg", "exp_avg_sq"):
                 assert torch.allclose(got[k][q][:len(ref[k][q])], ref[k][q], rtol=0, atol=1e-14), \
@@ -114,7 +114,7 @@ def test_train_step_clears_gradients_so_every_step_is_the_single_process_step():
 
 def test_without_zero_grad_the_second_step_uses_the_sum_of_two_gradients():
     for strategy in ("ddp", "zero1", "zero3"):
-        got, ref = _three_steps_on_one_rank(strategy, "dp-grads-not-cleared")
+        got, ref = run(_three_steps_on_one_rank, strategy, "dp-grads-not-cleared", world_size=1)[0]
         n = len(ref[0]["grads"])
         assert torch.allclose(got[0]["grads"][:n], ref[0]["grads"], rtol=0, atol=1e-14)
         assert not torch.allclose(got[1]["grads"][:n], ref[1]["grads"], rtol=0, atol=1e-6)
