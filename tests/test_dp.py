@@ -184,3 +184,32 @@ def test_the_data_parallel_world_size_is_called_p_as_in_the_course_s_notation():
     assert "self.p" in shown
     dp = Path(__file__).resolve().parents[1] / "mtb_helpers" / "dp"
     assert [f.name for f in sorted(dp.glob("*.py")) if re.search(r"\bself\.t\b", f.read_text())] == []
+
+
+def test_no_dp_module_routes_a_collective_through_comm_issue():
+    """Issue 34: every dp collective is a plain torch.distributed call the lesson prints, named in
+    the record with records.note; nothing in dp/ goes through comm.issue."""
+    from pathlib import Path
+    dp = Path(__file__).resolve().parents[1] / "mtb_helpers" / "dp"
+    assert [f.name for f in sorted(dp.glob("*.py")) if "comm.issue" in f.read_text()] == []
+
+
+def _zero3_wrapper() -> tuple:
+    from mtb_helpers.dp import FSDP
+    model, warm, _ = make_problem(4, 3, 5, torch.float32, seed=0)
+    dp = build_strategy("zero3", model, reference_step(model, warm, Adam()))
+    return type(dp.fsdp) is FSDP, dp.fsdp.prefetch, dp.fsdp.unit_names, len(dp.shards)
+
+
+def test_zero3_is_notebook_14s_fsdp_with_prefetch_off_one_unit_per_linear_layer():
+    """One class per idea: notebook 06's "zero3" runs the FSDP wrapper itself (its bugs are mixins
+    in front of it), not a second ZeRO-3."""
+    from mtb_helpers.dp import FSDP, OverlappedDDP
+    from mtb_helpers.dp.bugs import DoubleAverage
+    from mtb_helpers.dp.overlap_bugs import BUGS as OVERLAP_REGISTRY
+    assert STRATEGY_CLASSES["zero3"] is FSDP
+    assert run(_zero3_wrapper, world_size=2) == [(True, False, ["0", "2"], 2)] * 2
+    wrong = DP_REGISTRY["dp-double-average"].replaces[FSDP]
+    assert issubclass(wrong, DoubleAverage) and issubclass(wrong, FSDP)
+    # notebook 14's bucket divided by p twice is the same mixin in front of OverlappedDDP
+    assert issubclass(OVERLAP_REGISTRY["ddp-double-average"].replaces[OverlappedDDP], DoubleAverage)

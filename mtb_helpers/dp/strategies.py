@@ -1,4 +1,4 @@
-"""Data parallelism on flat buffers: DDP, ZeRO-1 and ZeRO-2 (ZeRO-3 / FSDP is in ``fsdp.py``).
+"""Data parallelism on flat buffers: DDP, ZeRO-1 and ZeRO-2 (ZeRO-3 is the ``FSDP`` wrapper, see ``fsdp.py``).
 
 Every rank holds a replica of a small MLP (``fc1 [h -> ffn]``, GeLU, ``fc2 [ffn -> h]``) and runs
 forward and backward on its slice of the batch, ``X_r = X[r*b/p:(r+1)*b/p]`` ``[b/p, h]``. The
