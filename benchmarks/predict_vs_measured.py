@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mtb_helpers import run, shutdown
-from mtb_helpers.comm import issue, record
+from mtb_helpers.comm import record
 from mtb_helpers.cost import Link
 from mtb_helpers.cost.step import predict_pipeline_step_time, predict_step_time
 
@@ -66,7 +66,7 @@ def _step(case: str) -> tuple[float, object]:
         def run_step():
             model(x).sum().backward()
             flat = torch.cat([q.grad.flatten() for q in model.parameters()])   # DDP's one bucket
-            issue("all_reduce", flat, region="ddp_bucket", direction="backward")
+            dist.all_reduce(flat)
     elif case == "moe":
         experts = [Expert(H, FFN) for _ in range(2 * p)]
         layer = ExpertParallelMoE.from_full(nn.Linear(H, 2 * p), experts, top_k=1)

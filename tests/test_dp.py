@@ -10,8 +10,8 @@ from mtb_helpers.dp.check import make_problem, reference_step, reference_steps
 from mtb_helpers.comm.records import CollectiveEvent
 from mtb_helpers.comm.records import CollectiveRecord
 from mtb_helpers.dp.strategies import FlatShards, flat, held_bytes, padded_numel
-from mtb_helpers.dp.bugs import BUGS_BY_STRATEGY, DP_BUGS, build_strategy
-from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
+from mtb_helpers.dp.bugs import BUGS_BY_STRATEGY, DP_BUGS
+from mtb_helpers.dp.fsdp import STRATEGY_CLASSES, build_strategy
 from mtb_helpers.dp.strategies import Adam
 
 
@@ -57,7 +57,7 @@ def _one_rank_step(strategy, bug):
     model, warm, batch = make_problem(4, 3, 5, torch.float64, seed=2)
     adam = Adam()
     start = _start_from_the_warm_up_step(model, warm, adam)
-    dp = build_strategy(strategy, model, start, adam, DP_REGISTRY.get(bug))   # one rank, no group
+    dp = build_strategy(strategy, model, start, adam, DP_REGISTRY.get(bug))   # a group of one rank
     dp.train_step(*batch)
     return dp.pieces(), reference_step(model, batch, adam, start)
 
@@ -65,7 +65,7 @@ def _one_rank_step(strategy, bug):
 def test_every_strategy_on_one_rank_is_the_single_process_step():
     for strategy in STRATEGY_CLASSES:
         for bug in (None, *BUGS_BY_STRATEGY[strategy]):   # with t = 1 no bug has anything to break
-            got, ref = _one_rank_step(strategy, bug)
+            got, ref = run(_one_rank_step, strategy, bug, world_size=1)[0]   # FSDP needs a group
             for q in ("params", "grads", "exp_avg", "exp_avg_sq"):
                 assert torch.allclose(got[q][:len(ref[q])], ref[q], rtol=0, atol=1e-14), (strategy, q)
 
@@ -105,7 +105,7 @@ def _three_steps_on_one_rank(strategy, bug=None):
 def test_train_step_clears_gradients_so_every_step_is_the_single_process_step():
     # before zero_grad() existed, step 2 of DDP, ZeRO-1 and ZeRO-3 used g1 + g2
     for strategy in STRATEGY_CLASSES:
-        got, ref = _three_steps_on_one_rank(strategy)
+        got, ref = run(_three_steps_on_one_rank, strategy, world_size=1)[0]
         for k in range(3):
             for q in ("params", "grads", "exp_avg", "exp_avg_sq"):
                 assert torch.allclose(got[k][q][:len(ref[k][q])], ref[k][q], rtol=0, atol=1e-14), \
@@ -114,7 +114,7 @@ def test_train_step_clears_gradients_so_every_step_is_the_single_process_step():
 
 def test_without_zero_grad_the_second_step_uses_the_sum_of_two_gradients():
     for strategy in ("ddp", "zero1", "zero3"):
-        got, ref = _three_steps_on_one_rank(strategy, "dp-grads-not-cleared")
+        got, ref = run(_three_steps_on_one_rank, strategy, "dp-grads-not-cleared", world_size=1)[0]
         n = len(ref[0]["grads"])
         assert torch.allclose(got[0]["grads"][:n], ref[0]["grads"], rtol=0, atol=1e-14)
         assert not torch.allclose(got[1]["grads"][:n], ref[1]["grads"], rtol=0, atol=1e-6)
@@ -184,3 +184,32 @@ def test_the_data_parallel_world_size_is_called_p_as_in_the_course_s_notation():
     assert "self.p" in shown
     dp = Path(__file__).resolve().parents[1] / "mtb_helpers" / "dp"
     assert [f.name for f in sorted(dp.glob("*.py")) if re.search(r"\bself\.t\b", f.read_text())] == []
+
+
+def test_no_dp_module_routes_a_collective_through_comm_issue():
+    """Issue 34: every dp collective is a plain torch.distributed call the lesson prints, named in
+    the record with records.note; nothing in dp/ goes through comm.issue."""
+    from pathlib import Path
+    dp = Path(__file__).resolve().parents[1] / "mtb_helpers" / "dp"
+    assert [f.name for f in sorted(dp.glob("*.py")) if "comm.issue" in f.read_text()] == []
+
+
+def _zero3_wrapper() -> tuple:
+    from mtb_helpers.dp import FSDP
+    model, warm, _ = make_problem(4, 3, 5, torch.float32, seed=0)
+    dp = build_strategy("zero3", model, reference_step(model, warm, Adam()))
+    return type(dp.fsdp) is FSDP, dp.fsdp.prefetch, dp.fsdp.unit_names, len(dp.shards)
+
+
+def test_zero3_is_notebook_14s_fsdp_with_prefetch_off_one_unit_per_linear_layer():
+    """One class per idea: notebook 06's "zero3" runs the FSDP wrapper itself (its bugs are mixins
+    in front of it), not a second ZeRO-3."""
+    from mtb_helpers.dp import FSDP, OverlappedDDP
+    from mtb_helpers.dp.bugs import DoubleAverage
+    from mtb_helpers.dp.overlap_bugs import BUGS as OVERLAP_REGISTRY
+    assert STRATEGY_CLASSES["zero3"] is FSDP
+    assert run(_zero3_wrapper, world_size=2) == [(True, False, ["0", "2"], 2)] * 2
+    wrong = DP_REGISTRY["dp-double-average"].replaces[FSDP]
+    assert issubclass(wrong, DoubleAverage) and issubclass(wrong, FSDP)
+    # notebook 14's bucket divided by p twice is the same mixin in front of OverlappedDDP
+    assert issubclass(OVERLAP_REGISTRY["ddp-double-average"].replaces[OverlappedDDP], DoubleAverage)

@@ -292,7 +292,7 @@ STABLE_IMPORTS = {   # DESIGN.md's stable entry points and issue 10's "keep work
                          "check_collectives check_pipeline check_tp_attention "
                          "check_vocab_parallel check_context_parallel check_capstone",
     "mtb_helpers.cost": "Link predict calibrate padded",
-    "mtb_helpers.comm": "record issue copy_to_tensor_model_parallel_region "
+    "mtb_helpers.comm": "record copy_to_tensor_model_parallel_region "
                         "reduce_from_tensor_model_parallel_region "
                         "gather_from_tensor_model_parallel_region "
                         "scatter_to_tensor_model_parallel_region "

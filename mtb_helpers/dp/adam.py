@@ -19,9 +19,11 @@ strategies and the capstone's reference step without it; the comparisons with Py
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-__all__ = ["AdamUpdate"]
+__all__ = ["Adam", "AdamUpdate"]
 
 class AdamUpdate:
     """An optimizer over ``params`` with ``torch.optim``'s interface as the course uses it:
@@ -65,3 +67,25 @@ class AdamUpdate:
             step_size = lr / (1 - beta1 ** step)
             denom = (exp_avg_sq.sqrt() / (1 - beta2 ** step) ** 0.5).add_(self.eps)
             p.addcdiv_(exp_avg, denom, value=-step_size)
+
+
+@dataclass(frozen=True)
+class Adam:
+    """Adam's hyper-parameters (``torch.optim.Adam``, L2 weight decay added to the grad; with
+    ``decoupled=True`` ``torch.optim.AdamW``, the decay applied to the weights directly)."""
+    lr: float = 1e-2
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    decoupled: bool = False
+
+    def make(self, params) -> AdamUpdate:
+        """The course's optimizer: the update above, written out, bit for bit."""
+        return AdamUpdate(params, self.lr, self.betas, self.eps, self.weight_decay, self.decoupled)
+
+    def torch_optimizer(self, params) -> torch.optim.Optimizer:
+        """PyTorch's own, for the side of a comparison that is PyTorch's (and references that
+        check the course's update against it)."""
+        cls = torch.optim.AdamW if self.decoupled else torch.optim.Adam
+        return cls(params, lr=self.lr, betas=self.betas, eps=self.eps,
+                   weight_decay=self.weight_decay)

@@ -1,6 +1,7 @@
 """Deliberately wrong data-parallel strategies, for ``check_data_parallel(bug=...)``.
 
-Each bug is one override of one method of the shared base ``Strategy`` (marked ``# BUG``);
+Each bug is a mixin overriding one method (marked ``# BUG``) that the strategies' classes share
+(``average``, ``zero_grad``: ``DDP`` and ``ZeRO1/2`` in strategies.py, ``FSDP`` for ZeRO-3);
 ``strategy_bug(text, wrong, "ddp", "zero1", ...)`` puts it in front of every strategy that can make
 it, so the check can ``swap`` whichever strategy it is about to build (``Bug.replaces``: correct
 class -> wrong class), and declares the same strategies as the bug's need (``Bug.needs``): the one
@@ -14,47 +15,46 @@ import copy
 import torch
 from torch import nn
 
-from mtb_helpers.checking.bug import Bug, names_for, swap
+from mtb_helpers.checking.bug import Bug, names_for
 from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
-from mtb_helpers.dp.strategies import Adam, Strategy
 
 __all__ = ["BUGS", "DP_BUGS", "BUGS_BY_STRATEGY", "DoubleAverage", "SumNotAverage",
-           "StaleParams", "GradsNotCleared", "build_strategy", "strategy_bug"]
+           "StaleParams", "GradsNotCleared", "strategy_bug"]
 
 
 TORCH_MODEL = "mtb_helpers.dp.pytorch.torch_model"   # by name: see checking.bug.swap
 CHECK = "data_parallel"
 
 
-class DoubleAverage(Strategy):
+class DoubleAverage:
     """dp-double-average: e.g. the loss already divided by p, and the reduction averages again."""
 
     def average(self, summed: torch.Tensor) -> torch.Tensor:
-        return summed / self.p / self.p   # BUG: divided by p twice
+        return super().average(super().average(summed))   # BUG: divided by p twice
 
 
-class SumNotAverage(Strategy):
+class SumNotAverage:
     """dp-sum-not-average: the all-reduce sums, and nobody divides by p."""
 
     def average(self, summed: torch.Tensor) -> torch.Tensor:
         return summed                     # BUG: the sum over ranks, p times the batch gradient
 
 
-class StaleParams(Strategy):
+class StaleParams:
     """zero-stale-params: the sharded step without the all-gather after it."""
 
     def step(self) -> None:
         self.optimizer.step()             # BUG: no gather_params(): the other shards stay stale
 
 
-class GradsNotCleared(Strategy):
+class GradsNotCleared:
     """dp-grads-not-cleared: ``zero_grad`` forgotten, so backward adds to last step's gradient."""
 
     def zero_grad(self) -> None:
         pass                              # BUG: step 2 uses step 1's grad + step 2's, step 3 all three ...
 
 
-def strategy_bug(description: str, wrong: type[Strategy], *strategies: str) -> Bug:
+def strategy_bug(description: str, wrong: type, *strategies: str) -> Bug:
     """A bug of the data-parallel check that ``strategies`` (names of ``STRATEGY_CLASSES``) make:
     each one's class with ``wrong``'s one override in front of it (``class X(wrong, strategy)``),
     and the need ``strategy in strategies``, which ``resolve`` asks before any rank starts."""
@@ -111,10 +111,3 @@ DP_BUGS = names_for(BUGS, CHECK)
 # what the check's bugs need, strategy by strategy (for reading: the check asks Bug.needs itself)
 BUGS_BY_STRATEGY = {s: tuple(name for name in DP_BUGS if not BUGS[name].unmet(strategy=s))
                     for s in STRATEGY_CLASSES}
-
-
-def build_strategy(strategy: str, model: nn.Sequential, start: dict, adam: Adam = Adam(),
-                   bug: Bug | None = None, group=None) -> Strategy:
-    """Inside a rank: the strategy object (``DDP``, ``ZeRO1``, ``ZeRO2`` or ``ZeRO3``) for this
-    rank, or the wrong one that ``bug`` (a ``Bug`` of ``BUGS``) puts in its place."""
-    return swap(bug, STRATEGY_CLASSES[strategy])(model, start, adam, group)

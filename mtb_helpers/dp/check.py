@@ -27,10 +27,10 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from mtb_helpers.checking.bug import resolve, swap
+from mtb_helpers.checking.bug import resolve
 from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.comm.records import record
-from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
+from mtb_helpers.dp.fsdp import build_strategy
 from mtb_helpers.dp.strategies import (MEMORY_SHARDED, MEMORY_TERMS, SHARDED, STRATEGIES, Adam, FlatShards,
                                        flat, make_mlp)
 from mtb_helpers.runtime.ranks import resolve_world_size, run
@@ -96,7 +96,7 @@ def _on_rank(strategy: str, model, start: dict, batches, adam: Adam, bug) -> dic
     batch on this rank's rows; report the pieces after each step, the bytes held after the last
     and the record of the last step."""
     t, r = group_size(), group_rank()
-    dp = swap(bug, STRATEGY_CLASSES[strategy])(model, start, adam)
+    dp = build_strategy(strategy, model, start, adam, bug)
     pieces = []
     for x, y in batches:
         n = x.shape[0] // t

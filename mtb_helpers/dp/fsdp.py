@@ -1,115 +1,67 @@
-"""ZeRO stage 3 / FSDP: parameters sharded too, gathered only while a layer runs.
+"""ZeRO stage 3 in notebook 06: notebook 14's ``FSDP`` wrapper with prefetch off, one unit per
+linear layer, stepped by the course's Adam; ``STRATEGY_CLASSES``, the class each strategy name
+selects, and ``build_strategy``, which builds it on a rank.
 
-Each linear layer is one unit: its ``[weight, bias]`` flattened and zero-padded to ``n_pad``
-(a multiple of ``p``); rank r keeps only ``[r*n_pad/p, (r+1)*n_pad/p)`` as an ``nn.Parameter``.
-
-    forward of a unit:  all-gather the shard -> [n_pad] -> W, bias;  Y = X @ W.T + bias;  free W, bias
-    backward of a unit: all-gather again;  dX = dY @ W;  [dW, dbias] flat -> reduce-scatter, average
-                        -> this rank's ``[n_pad/p]`` gradient shard;  free W, b
-
-Autograd keeps the unit's input activation ``X`` for backward (as FSDP does), but not its
-parameters: that is why backward gathers them a second time. Adam then updates each shard with
-its gradient shard and state shard; no collective is needed after the step.
+The sharding is all ``FSDP``'s (``fsdp_wrapper.py``, ``fsdp_units.py``): each ``nn.Linear`` is a
+unit whose ``[weight, bias]`` are flattened and zero-padded to ``n_pad`` (a multiple of ``p``);
+rank r keeps ``[r*n_pad/p, (r+1)*n_pad/p)``. A unit's forward all-gathers the shards, computes and
+frees the gathered parameters; its backward gathers them again, and its flat ``[dW, dbias]`` is
+reduce-scattered and averaged into the shard's gradient. ``ZeRO3Step`` only puts the check's start
+state in place and runs the steps: Adam updates each shard with its gradient and state shards; no
+collective is needed after the step.
 """
 from __future__ import annotations
+
+import copy
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtb_helpers.comm.issue import issue
-from mtb_helpers.comm.mesh import group_rank, group_size
+from mtb_helpers.checking.bug import Bug, swap
+from mtb_helpers.dp.fsdp_wrapper import FSDP
 from mtb_helpers.dp.strategies import DDP, SHARDED, Adam, FlatShards, Strategy, ZeRO1, ZeRO2, held_bytes
 
-__all__ = ["ZeRO3", "STRATEGY_CLASSES"]
+__all__ = ["ZeRO3Step", "STRATEGY_CLASSES", "build_strategy"]
 
 
-class _ShardedLinear(torch.autograd.Function):
-    """forward: all-gather the unit's params, ``X @ W.T + bias``; backward: all-gather them again,
-    ``dX = dY @ W``, reduce-scatter the flat ``[dW, dbias]`` and average it into the shard's grad."""
-
-    @staticmethod
-    def forward(ctx, x, shard, owner, unit):
-        w, bias = owner.gather(shard, unit, "forward")
-        ctx.save_for_backward(x, shard)          # the input, not the gathered parameters
-        ctx.owner, ctx.unit = owner, unit
-        return F.linear(x, w, bias)
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, shard = ctx.saved_tensors
-        owner, unit = ctx.owner, ctx.unit
-        w, _ = owner.gather(shard, unit, "backward")
-        dy2, x2 = dy.reshape(-1, dy.shape[-1]), x.reshape(-1, x.shape[-1])
-        full = torch.zeros(owner.layout.padded(unit), dtype=dy.dtype)
-        full[:owner.layout.units[unit]] = torch.cat([(dy2.T @ x2).reshape(-1), dy2.sum(0)])
-        summed = issue("reduce_scatter", full, region="zero3_grad_reduce_scatter",
-                       direction="backward", group=owner.group)
-        grad_shard = owner.average(summed).clone()   # own storage: the full [n_pad] is freed
-        return dy @ w, grad_shard, None, None
-
-
-class ZeRO3(Strategy):
-    """ZeRO stage 3 (P_os+g+p), the scheme of PyTorch FSDP: parameters, gradients and Adam's state
-    are all sharded; each linear layer's parameters are all-gathered before each use (forward and
-    backward) and freed after. ``start`` as for ``DDP``."""
+class ZeRO3Step(Strategy):
+    """One ``FSDP(prefetch=False)`` (or ``wrapper``, a wrong one a bug puts in its place) over a
+    copy of ``model`` (a ``Sequential`` of linear layers and activations), from ``start`` as
+    ``DDP`` takes it (flat ``[Ψ]`` tensors and the step), stepped by ``adam``."""
     name = "zero3"
 
-    def __init__(self, model: nn.Sequential, start: dict, adam: Adam = Adam(), group=None):
-        self.group, self.p, self.rank = group, group_size(group), group_rank(group)
-        self.layers = list(model)
-        self.linears = [i for i, m in enumerate(self.layers) if isinstance(m, nn.Linear)]
-        self.shapes = [(self.layers[i].weight.shape, self.layers[i].bias.shape) for i in self.linears]
-        self.layout = FlatShards(tuple(w.numel() + b.numel() for w, b in self.shapes), self.p, True)
-        self.shards = nn.ParameterList()
-        self.optimizer_start = {}
-        for unit in range(len(self.linears)):
-            lo, hi = self.layout.shard(unit, self.rank)
-            self.shards.append(nn.Parameter(self._unit(start["params"], unit)[lo:hi].clone()))
-            self.optimizer_start[unit] = {k: self._unit(start[k], unit)[lo:hi].clone()
-                                          for k in ("exp_avg", "exp_avg_sq")}
-        for i in self.linears:   # keep the layer's shape only: its full parameters are dropped
-            self.layers[i] = None
-        self.optimizer = adam.make(list(self.shards))
-        for unit, param in enumerate(self.shards):
-            self.optimizer.state[param] = {"step": torch.tensor(float(start["step"])),
-                                       **self.optimizer_start.pop(unit)}
-        self.gathered_bytes = 0   # the largest unit all-gathered at once (freed after use)
-
-    def _unit(self, vec: torch.Tensor, unit: int) -> torch.Tensor:
-        """Unit ``unit``'s slice of a full ``[Ψ]`` vector, zero-padded to ``[n_pad]``."""
-        start = sum(self.layout.units[:unit])
-        n = self.layout.units[unit]
-        out = torch.zeros(self.layout.padded(unit), dtype=vec.dtype)
-        out[:n] = vec[start:start + n]
-        return out
-
-    def gather(self, shard: torch.Tensor, unit: int, direction: str):
-        """All-gather unit ``unit``'s parameters: ``[n_pad/p] -> [n_pad]`` -> ``(W, b)``."""
-        full = issue("all_gather", shard.detach(), region="zero3_param_all_gather",
-                     direction=direction, group=self.group)
-        self.gathered_bytes = max(self.gathered_bytes, full.numel() * full.element_size())
-        (w_shape, b_shape), nw = self.shapes[unit], self.shapes[unit][0].numel()
-        return full[:nw].view(w_shape), full[nw:nw + b_shape.numel()].view(b_shape)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for i, layer in enumerate(self.layers):
-            x = (_ShardedLinear.apply(x, self.shards[self.linears.index(i)], self, self.linears.index(i))
-                 if layer is None else layer(x))
-        return x
+    def __init__(self, wrapper: type[FSDP], model: nn.Sequential, start: dict, adam: Adam = Adam(),
+                 group=None):
+        model = copy.deepcopy(model)
+        with torch.no_grad():
+            torch.nn.utils.vector_to_parameters(start["params"].clone(), model.parameters())
+        self.fsdp = wrapper(model, prefetch=False, process_group=group)
+        self.p, self.rank = self.fsdp.world_size, self.fsdp.rank
+        self.shards = list(self.fsdp.flat_shards)          # one [n_pad/p] per unit, layer order
+        self.layout = FlatShards(tuple(g.numel for gs in self.fsdp.units for g in gs), self.p, True)
+        self.optimizer = adam.make(self.shards)
+        for k in ("exp_avg", "exp_avg_sq"):
+            mine = self.layout.piece(start[k], self.rank, sharded=True).split(
+                [len(s) for s in self.shards])
+            for shard, piece in zip(self.shards, mine):
+                self.optimizer.state.setdefault(shard, {"step": torch.tensor(float(start["step"]))})
+                self.optimizer.state[shard][k] = piece.clone()
+        # the largest unit gathered at once (its memory exists only while the unit computes)
+        self.gathered_bytes = max(g.gather_bytes for gs in self.fsdp.units for g in gs)
 
     def forward_backward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        loss = F.mse_loss(self.forward(x), target)
+        loss = F.mse_loss(self.fsdp(x), target)
         loss.backward()
         return loss.detach()
 
     def zero_grad(self) -> None:
         """Each shard's grad: gone, so the next backward does not add to the reduced one."""
-        for param in self.shards:
-            param.grad = None
+        self.fsdp.zero_grad()
 
     def reduce_gradients(self) -> None:
-        """Nothing left to do: each unit's backward reduce-scattered its gradient already."""
+        """Wait for the units' reduce-scatters (issued during the backward) and average them."""
+        self.fsdp.finish_gradient_synchronization()
 
     def held(self) -> dict[str, int]:
         return {"params": held_bytes(self.shards),
@@ -124,5 +76,15 @@ class ZeRO3(Strategy):
                 **{k: torch.cat([s[k] for s in states]) for k in ("exp_avg", "exp_avg_sq")}}
 
 
-STRATEGY_CLASSES = {"ddp": DDP, "zero1": ZeRO1, "zero2": ZeRO2, "zero3": ZeRO3}
+# the class each strategy name selects; "zero3" selects the wrapper itself (ZeRO3Step runs it)
+STRATEGY_CLASSES = {"ddp": DDP, "zero1": ZeRO1, "zero2": ZeRO2, "zero3": FSDP}
 assert tuple(STRATEGY_CLASSES) == tuple(SHARDED)
+
+
+def build_strategy(strategy: str, model: nn.Sequential, start: dict, adam: Adam = Adam(),
+                   bug: Bug | None = None, group=None) -> Strategy:
+    """Inside a rank: the strategy object (``DDP``, ``ZeRO1``, ``ZeRO2``, or ``FSDP`` run by
+    ``ZeRO3Step``) for this rank, or the wrong one that ``bug`` (a ``Bug`` of ``BUGS``) puts in
+    its place."""
+    cls = swap(bug, STRATEGY_CLASSES[strategy])
+    return ZeRO3Step(cls, model, start, adam, group) if strategy == "zero3" else cls(model, start, adam, group)

@@ -9,6 +9,7 @@ trainable) kind of parameter it manages. Its parameters are laid end to end in o
 0 bytes) afterwards; the modules get views of it as their ``weight``/``bias`` for the forward, and
 the views autograd saved for the backward see the re-gathered values (FSDP1's flat parameter idea).
 The gradient of ``full`` arrives once per backward (its ``AccumulateGrad`` waits for every view).
+``find_units`` lists the units: the modules ``FSDP``'s ``shard`` predicate selects.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from torch import nn
 from mtb_helpers.comm.records import note
 from mtb_helpers.dp.wrapping import all_gather_async, reduce_scatter_async
 
-__all__ = ["FlatGroup"]
+__all__ = ["FlatGroup", "find_units"]
 
 
 class FlatGroup:
@@ -109,3 +110,23 @@ class FlatGroup:
         out = self.shard.new_empty(self.padded)
         all_gather_async(out, self.shard.detach(), self.pg).wait()
         return [v.view(s).clone() for v, s in zip(out[:self.numel].split(self.numels), self.shapes)]
+
+
+def find_units(root: nn.Module, select) -> tuple[list[tuple[str, nn.Module]], dict]:
+    """The selected modules in order, and for every module the index of its nearest selected
+    ancestor-or-self (-1: none)."""
+    units: list[tuple[str, nn.Module]] = []
+    owner: dict[nn.Module, int] = {}
+
+    def walk(m: nn.Module, name: str, current: int) -> None:
+        if m in owner:
+            return
+        if select(m):
+            units.append((name, m))
+            current = len(units) - 1
+        owner[m] = current
+        for child_name, child in m.named_children():
+            walk(child, f"{name}.{child_name}" if name else child_name, current)
+
+    walk(root, "", -1)
+    return units, owner

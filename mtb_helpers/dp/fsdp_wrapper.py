@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mtb_helpers.comm.records import note
-from mtb_helpers.dp.fsdp_units import FlatGroup
+from mtb_helpers.dp.fsdp_units import FlatGroup, find_units
 from mtb_helpers.dp.wrapping import WRAPPED_ATTR, StepClock, StepEvent, broadcast_, check_group, check_module
 
 __all__ = ["FSDP", "owns_parameters"]
@@ -41,7 +41,7 @@ def owns_parameters(module: nn.Module) -> bool:
     return any(True for _ in module.parameters(recurse=False))
 
 
-def _check_dtype(name: str, dtype) -> None:
+def _check_dtype(name: str, dtype) -> None:   # compute_dtype / reduce_dtype
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise ValueError(f"{name} must be a floating-point torch.dtype (torch.bfloat16, "
                          f"torch.float16, torch.float32, ...) or None, got {dtype!r}")
@@ -76,7 +76,7 @@ class FSDP(nn.Module):
         super().__init__()
         self.module, self.process_group, self.prefetch = module, process_group, bool(prefetch)
         self.compute_dtype, self.reduce_dtype = compute_dtype, reduce_dtype or compute_dtype
-        units, owner = _find_units(module, shard or owns_parameters)
+        units, owner = find_units(module, shard or owns_parameters)
         if not any(any(True for _ in m.parameters()) for _, m in units):
             raise ValueError("shard selects no module that owns parameters: nothing would be sharded")
         broadcast_(list(module.parameters()) + list(module.buffers()), process_group)
@@ -253,7 +253,7 @@ class FSDP(nn.Module):
         for g, work, out, key, _ in self._pending:
             g.wait(work)
             self._clock.waited(key)
-            grad = (out / self.world_size).to(g.shard.dtype)
+            grad = self.average(out).to(g.shard.dtype)
             g.shard.grad = grad if g.shard.grad is None else g.shard.grad + grad
         self._pending = []
         if self._whole:
@@ -261,6 +261,9 @@ class FSDP(nn.Module):
         for u in range(len(self.units)):
             self._reshard(u)
         self.timeline = self._clock.close()
+
+    def average(self, summed: torch.Tensor) -> torch.Tensor:
+        return summed / self.world_size        # each rank's loss is the mean over its own rows
 
     def _reduce_whole(self) -> None:
         ps = self._whole
@@ -271,30 +274,10 @@ class FSDP(nn.Module):
         note("all_reduce", flat, flat, "fsdp-whole", "unsharded parameters", "backward", self.world_size)
         n = flat.numel() - len(ps)
         for p, g, c in zip(ps, flat[:n].split([p.numel() for p in ps]), flat[n:]):
-            p.grad = None if c == 0 else (g / self.world_size).view_as(p)
+            p.grad = None if c == 0 else self.average(g).view_as(p)
 
     def gather_full_params(self) -> dict[str, torch.Tensor]:
         """Collective: ``{name: full tensor}`` in the master dtype, under the wrapped module's names."""
         full = [[g.full_master() for g in gs] for gs in self.units]
         return {name: (full[w[0]][w[1]][w[2]] if isinstance(w, tuple) else w.detach().clone())
                 for name, w in self._layout}
-
-
-def _find_units(root: nn.Module, select) -> tuple[list[tuple[str, nn.Module]], dict]:
-    """The selected modules in order, and for every module the index of its nearest selected
-    ancestor-or-self (-1: none)."""
-    units: list[tuple[str, nn.Module]] = []
-    owner: dict[nn.Module, int] = {}
-
-    def walk(m: nn.Module, name: str, current: int) -> None:
-        if m in owner:
-            return
-        if select(m):
-            units.append((name, m))
-            current = len(units) - 1
-        owner[m] = current
-        for child_name, child in m.named_children():
-            walk(child, f"{name}.{child_name}" if name else child_name, current)
-
-    walk(root, "", -1)
-    return units, owner

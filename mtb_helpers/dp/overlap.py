@@ -146,13 +146,13 @@ class OverlappedDDP(nn.Module):
     def _wait(self, work) -> None:
         work.wait()
 
-    def _average(self, summed: torch.Tensor) -> torch.Tensor:
-        return summed / self.world_size
+    def average(self, summed: torch.Tensor) -> torch.Tensor:
+        return summed / self.world_size           # each rank's loss is the mean over its own rows
 
     def _write_back(self, k: int, flat: torch.Tensor) -> None:
         bucket = self._buckets[k]
         n = sum(p.numel() for p in bucket)
-        grads = self._average(flat[:n]).split([p.numel() for p in bucket])
+        grads = self.average(flat[:n]).split([p.numel() for p in bucket])
         used = flat[n:] if self.find_unused_parameters else None
         for i, (p, g) in enumerate(zip(bucket, grads)):
             if used is not None and used[i] == 0:

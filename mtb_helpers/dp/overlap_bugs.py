@@ -2,7 +2,9 @@
 
 Each bug is a subclass of a correct wrapper that overrides one method (marked ``# BUG``); the
 check builds ``swap(bug, OverlappedDDP)`` (or ``ShardedOptimizer``, ``FSDP``) where it would build
-the correct one. Each is a slip people make when they write these wrappers by hand.
+the correct one. Each is a slip people make when they write these wrappers by hand. A bucket
+divided by p twice is notebook 06's ``DoubleAverage`` (dp/bugs.py) in front of ``OverlappedDDP``:
+one slip, one class.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Iterator
 import torch
 
 from mtb_helpers.checking.bug import Bug
+from mtb_helpers.dp.bugs import DoubleAverage
 from mtb_helpers.dp.fsdp_units import FlatGroup
 from mtb_helpers.dp.fsdp_wrapper import FSDP
 from mtb_helpers.dp.overlap import OverlappedDDP
@@ -33,15 +36,6 @@ class NoWait(OverlappedDDP):
 
     def _wait(self, work) -> None:
         pass                                                        # BUG: no work.wait()
-
-
-class BucketAveragedTwice(OverlappedDDP):
-    """ddp-double-average: the bucket is divided by p twice (e.g. the loss already divided by p).
-    (Notebook 06's ``dp.bugs.DoubleAverage`` makes the same slip in ``Strategy.average``; the two
-    cannot be one class until OverlappedDDP and the strategies are one, see issue 34.)"""
-
-    def _average(self, summed: torch.Tensor) -> torch.Tensor:
-        return summed / self.world_size / self.world_size           # BUG: p twice
 
 
 class NoSyncCommunicates(OverlappedDDP):
@@ -86,7 +80,7 @@ BUGS: dict[str, Bug] = {
         {OverlappedDDP: NoWait}),
     "ddp-double-average": Bug(
         "OverlappedDDP: every bucket divided by p twice, p times too small a gradient", (CHECK,),
-        {OverlappedDDP: BucketAveragedTwice}),
+        {OverlappedDDP: type("DoubleAverageOverlappedDDP", (DoubleAverage, OverlappedDDP), {})}),
     "ddp-no-sync-communicates": Bug(
         "OverlappedDDP: no_sync still all-reduces every micro-batch (the gradient comes out "
         "right, the communication is repeated)", (CHECK,), {OverlappedDDP: NoSyncCommunicates}),

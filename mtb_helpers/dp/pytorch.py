@@ -1,5 +1,5 @@
 """Notebook 06 in PyTorch's own API: ``DistributedDataParallel`` and FSDP2 ``fully_shard``
-against the course's ``DDP`` and ``ZeRO3`` strategies.
+against the course's ``DDP`` and ``ZeRO3Step`` (``FSDP``) strategies.
 
     res = pytorch_data_parallel(world_size=2, strategy="ddp")    # or strategy="fsdp"
     print(res); print(res.summary())
@@ -9,7 +9,7 @@ steps on its rows ``[b/p, h]`` of each batch (mean-squared error), once with the
 (``dp.build_strategy``: ``"ddp"`` or ``"zero3"``) and once with PyTorch's:
 
     course DDP    -> torch.nn.parallel.DistributedDataParallel(model) + torch.optim.Adam
-    course ZeRO3  -> fully_shard(fc1), fully_shard(fc2), fully_shard(model) + torch.optim.Adam
+    course ZeRO-3 -> fully_shard(fc1), fully_shard(fc2), fully_shard(model) + torch.optim.Adam
                      (FSDP2: each parameter a DTensor ``Shard(0)`` on a 1-D DeviceMesh)
 
 More than one step, because an optimizer's state carries over (and a gradient never cleared would
@@ -35,7 +35,7 @@ from mtb_helpers.checking.agreement import (Agreement, agreement, course_counts,
                                             torch_counts)
 from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.comm.records import record
-from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
+from mtb_helpers.dp.fsdp import build_strategy
 from mtb_helpers.dp.strategies import Adam, flat, make_mlp
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
@@ -45,7 +45,7 @@ DP_PAIRS = {"ddp": "ddp", "fsdp": "zero3"}     # PyTorch's strategy -> the cours
 _DIRECTIONS = ("forward", "backward", "step")
 _MAP = {"ddp": [("DDP: all-reduce of the flat grad bucket", "DistributedDataParallel(model)"),
                 ("Strategy.average: / p", "DDP divides the bucket by p")],
-        "fsdp": [("ZeRO3: one unit per nn.Linear", "fully_shard(layer) per nn.Linear"),
+        "fsdp": [("FSDP: one unit per nn.Linear", "fully_shard(layer) per nn.Linear"),
                  ("flat unit padded to p, shard r", "each parameter a DTensor Shard(0)"),
                  ("all-gather before use, fwd and bwd", "unshard / reshard_after_forward"),
                  ("reduce-scatter of [dW, db], / p", "reduce-scatter, gradient divide factor p")]}
@@ -100,7 +100,7 @@ def dp_on_rank(strategy: str, model: nn.Sequential, batches: list, adam: Adam,
                                                              dtype=params[0].dtype),
              "step": 0}
     start["exp_avg_sq"] = start["exp_avg"].clone()
-    course = STRATEGY_CLASSES[DP_PAIRS[strategy]](model, start, adam)
+    course = build_strategy(DP_PAIRS[strategy], model, start, adam)
     for x, y in rows:
         with record() as rec:                   # train_step clears last step's grads first
             course_loss = course.train_step(x, y)
@@ -132,7 +132,7 @@ def pytorch_data_parallel(world_size: int = 2, strategy: str = "ddp", steps: int
                           lr: float = 1e-2, bug: str | None = None,
                           timeout: float = 60.0) -> Agreement:
     """``strategy="ddp"``: DistributedDataParallel vs the course's DDP; ``"fsdp"``: FSDP2
-    ``fully_shard`` vs the course's ZeRO3. ``steps`` Adam steps on ``batch`` rows each."""
+    ``fully_shard`` vs the course's ZeRO-3 (``FSDP``). ``steps`` Adam steps on ``batch`` rows each."""
     t = resolve_world_size(world_size)
     if strategy not in DP_PAIRS:
         raise ValueError(f"unknown strategy {strategy!r}; expected one of {sorted(DP_PAIRS)}")

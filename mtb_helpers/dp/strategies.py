@@ -1,4 +1,4 @@
-"""Data parallelism on flat buffers: DDP, ZeRO-1 and ZeRO-2 (ZeRO-3 / FSDP is in ``fsdp.py``).
+"""Data parallelism on flat buffers: DDP, ZeRO-1 and ZeRO-2 (ZeRO-3 is the ``FSDP`` wrapper, see ``fsdp.py``).
 
 Every rank holds a replica of a small MLP (``fc1 [h -> ffn]``, GeLU, ``fc2 [ffn -> h]``) and runs
 forward and backward on its slice of the batch, ``X_r = X[r*b/p:(r+1)*b/p]`` ``[b/p, h]``. The
@@ -15,8 +15,11 @@ whole batch. What the strategies differ in is who keeps what (Rajbhandari et al.
 Parameters live in one flat buffer ``[Ψ_pad]`` (the module's tensors are views into it, like DDP's
 gradient buckets), padded with zeros to a multiple of ``p`` when it is sharded, so any parameter
 count works; the padding stays zero through Adam (zero grad, zero state). Each rank's shard is the
-contiguous ``[r*Ψ_pad/p, (r+1)*Ψ_pad/p)``. Every collective goes through ``comm.issue`` and is
-recorded (direction ``"backward"`` for grads, ``"step"`` for the all-gather after the optimizer).
+contiguous ``[r*Ψ_pad/p, (r+1)*Ψ_pad/p)``. Every collective is a plain ``torch.distributed`` call,
+named in the record with ``comm.records.note`` (direction ``"backward"`` for grads, ``"step"`` for
+the all-gather after the optimizer). One rank (or one process, no ``torch.distributed``) has
+nothing to exchange: the call is skipped and still named, so the record has the same shape at
+every world size.
 
 Each training step starts with ``zero_grad()``: autograd *adds* into ``.grad``, so without it the
 second step would use ``g1 + g2`` (the reduced ``g1`` still sits in the bucket).
@@ -27,11 +30,13 @@ import copy
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from mtb_helpers.comm.issue import issue
 from mtb_helpers.comm.mesh import group_rank, group_size
-from mtb_helpers.dp.adam import AdamUpdate
+from mtb_helpers.comm.records import note
+from mtb_helpers.dp.adam import Adam
+from mtb_helpers.dp.wrapping import all_gather_async, reduce_scatter_async
 
 __all__ = ["STRATEGIES", "SHARDED", "Adam", "make_mlp", "flat", "as_views", "padded_numel", "FlatShards",
            "held_bytes", "Strategy", "DDP", "ZeRO1", "ZeRO2"]
@@ -45,28 +50,6 @@ SHARDED = {"ddp": (), "zero1": ("grads", "exp_avg", "exp_avg_sq"), "zero2": ("gr
 MEMORY_TERMS = ("params", "grads", "optimizer_state")
 MEMORY_SHARDED = {"ddp": (), "zero1": ("optimizer_state",), "zero2": ("grads", "optimizer_state"),
                   "zero3": MEMORY_TERMS}
-
-
-@dataclass(frozen=True)
-class Adam:
-    """Adam's hyper-parameters (``torch.optim.Adam``, L2 weight decay added to the grad; with
-    ``decoupled=True`` ``torch.optim.AdamW``, the decay applied to the weights directly)."""
-    lr: float = 1e-2
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    decoupled: bool = False
-
-    def make(self, params) -> AdamUpdate:
-        """The course's optimizer: the same update written out (``dp/adam.py``), bit for bit."""
-        return AdamUpdate(params, self.lr, self.betas, self.eps, self.weight_decay, self.decoupled)
-
-    def torch_optimizer(self, params) -> torch.optim.Optimizer:
-        """PyTorch's own, for the side of a comparison that is PyTorch's (and references that
-        check the course's update against it)."""
-        cls = torch.optim.AdamW if self.decoupled else torch.optim.Adam
-        return cls(params, lr=self.lr, betas=self.betas, eps=self.eps,
-                   weight_decay=self.weight_decay)
 
 
 def make_mlp(hidden: int, ffn_hidden: int, gen: torch.Generator, dtype: torch.dtype) -> nn.Sequential:
@@ -241,9 +224,11 @@ class DDP(Strategy):
 
     def reduce_gradients(self) -> None:
         """All-reduce (sum) the bucket, then average; the optimizer's grad is all of it."""
-        buffer = self._full_grads()
-        buffer.copy_(self.average(issue("all_reduce", buffer, region="ddp_grad_bucket",
-                                        direction="backward", group=self.group)))
+        buffer = self._full_grads()                       # [Ψ]
+        if self.p > 1:
+            dist.all_reduce(buffer, group=self.group)     # in place: the sum over ranks
+        note("all_reduce", buffer, buffer, "ddp_grad_bucket", "", "backward", self.p)
+        buffer.copy_(self.average(buffer))
         self.master.grad = buffer
 
     def held(self) -> dict[str, int]:
@@ -270,10 +255,15 @@ class ZeRO1(DDP):
     shard_optimizer = True
 
     def reduce_gradients(self) -> None:
-        buffer = self._full_grads()
+        buffer = self._full_grads()                       # [Ψ_pad]
         lo, hi = self.own
-        shard = self.average(issue("reduce_scatter", buffer, region="zero_grad_reduce_scatter",
-                                   direction="backward", group=self.group))
+        summed = buffer.new_empty(hi - lo)                # [Ψ_pad/p]: this rank's shard of the sum
+        if self.p > 1:
+            reduce_scatter_async(summed, buffer, self.group).wait()
+        else:
+            summed.copy_(buffer)
+        note("reduce_scatter", buffer, summed, "zero_grad_reduce_scatter", "", "backward", self.p)
+        shard = self.average(summed)
         if self.keep_full_grads:
             buffer[lo:hi] = shard        # the summed shard overwrites this rank's own slice
             self.master.grad = buffer[lo:hi]
@@ -288,8 +278,12 @@ class ZeRO1(DDP):
 
     def gather_params(self) -> None:
         """Every rank's updated shard to every rank: ``[Ψ_pad/p] -> [Ψ_pad]`` into the flat buffer."""
-        self.flat.copy_(issue("all_gather", self.master.detach(), region="zero_param_all_gather",
-                              direction="step", group=self.group))
+        mine = self.master.detach()                       # [Ψ_pad/p], a view of the flat buffer
+        if self.p > 1:
+            full = torch.empty_like(self.flat)            # not in place: mine is a slice of flat
+            all_gather_async(full, mine, self.group).wait()
+            self.flat.copy_(full)
+        note("all_gather", mine, self.flat, "zero_param_all_gather", "", "step", self.p)
 
 
 class ZeRO2(ZeRO1):
