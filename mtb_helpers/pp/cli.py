@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from mtb_helpers.checking.command import is_primary, print_document, print_failure_json, print_json
+from mtb_helpers.checking.command import emit, emit_document, is_primary, print_failure_json
 from mtb_helpers.pp.schedules import SCHEDULES, closed_form, schedule, simulate
 
 
@@ -79,9 +79,7 @@ def bubble(args: argparse.Namespace) -> int:
                         latency=args.latency)
     ref = closed_form(args.schedule, ops.stages, ops.microbatches, ops.chunks, args.forward,
                       args.backward, args.input, args.weight)
-    if not is_primary():  # under torchrun every rank would compute the same: rank 0 reports
-        return 0
-    if args.plot:
+    if args.plot and is_primary():   # under torchrun every rank computes the same: rank 0 draws
         import matplotlib
         matplotlib.use("Agg")  # headless: never open a window from the command line
         import matplotlib.pyplot as plt
@@ -91,26 +89,25 @@ def bubble(args: argparse.Namespace) -> int:
         fig.savefig(args.plot, dpi=100, bbox_inches="tight")
         plt.close(fig)
     wide = ops.chunks > 1
-    if args.json:
-        print_document({"schedule": args.schedule, "stages": ops.stages,
-                        "microbatches": ops.microbatches, "chunks": ops.chunks,
-                        "ops": [" ".join(op.label(wide) for op in stage) for stage in ops],
-                        **timeline.to_dict(), "closed_form": ref, "plot": args.plot}, indent=2)
-        return 0
-    print(f"schedule {args.schedule}: p={ops.stages} stages, m={ops.microbatches} micro-batches"
-          + (f", v={ops.chunks} chunks per rank" if wide else ""))
-    print(ops.table())
-    print(f"makespan          {timeline.makespan:g}")
-    print(f"bubble fraction   {timeline.bubble_fraction:.4f}  idle / (p x makespan); closed form "
-          f"{ref['bubble_fraction']:.4f} ({ref['source']})")
-    print(f"bubble ratio      {timeline.bubble_ratio:.4f}  idle / busy; closed form "
-          f"{ref['bubble_ratio']:.4f}")
-    peaks = " ".join(str(a) for a in timeline.peak_activations)
-    print(f"peak activations  {peaks}  (stage 0..{ops.stages - 1}; "
-          + ("chunk activations, 1/v of a stage's each)" if wide else "micro-batches in flight)"))
-    if args.plot:
-        print(f"wrote {args.plot}")
-    return 0
+
+    def text() -> str:
+        peaks = " ".join(str(a) for a in timeline.peak_activations)
+        return "\n".join([
+            f"schedule {args.schedule}: p={ops.stages} stages, m={ops.microbatches} micro-batches"
+            + (f", v={ops.chunks} chunks per rank" if wide else ""),
+            ops.table(),
+            f"makespan          {timeline.makespan:g}",
+            f"bubble fraction   {timeline.bubble_fraction:.4f}  idle / (p x makespan); closed form "
+            f"{ref['bubble_fraction']:.4f} ({ref['source']})",
+            f"bubble ratio      {timeline.bubble_ratio:.4f}  idle / busy; closed form "
+            f"{ref['bubble_ratio']:.4f}",
+            f"peak activations  {peaks}  (stage 0..{ops.stages - 1}; "
+            + ("chunk activations, 1/v of a stage's each)" if wide else "micro-batches in flight)"),
+            *([f"wrote {args.plot}"] if args.plot else [])])
+    return emit_document(lambda: {
+        "schedule": args.schedule, "stages": ops.stages, "microbatches": ops.microbatches,
+        "chunks": ops.chunks, "ops": [" ".join(op.label(wide) for op in stage) for stage in ops],
+        **timeline.to_dict(), "closed_form": ref, "plot": args.plot}, args.json, text)
 
 
 # ---- ``minitrainbench pp run``: the pipeline on real ranks -----------------------------------
@@ -178,26 +175,22 @@ def run_pipeline(args: argparse.Namespace) -> int:
         elif is_primary():
             print(f"FAILED: the pipeline step hung\n{exc}")
         return 1
-    if not is_primary():   # under torchrun only rank 0 reports
-        return 0 if report.passed else 1
     pipe = report.extra["pipeline"]
-    if args.plot:
+    if args.plot and is_primary():   # under torchrun only rank 0 reports
         _plot_run(report, op_time, args.plot)
-    if args.json:
-        print_json([report])
-        return 0 if report.passed else 1
-    print(report)
-    units = "seconds" if op_time else "units of F=1, B=2 (no --op-time: real compute is measured)"
-    print(f"ops executed = schedule(): {'yes' if pipe['ops_match_schedule'] else 'NO'}")
-    print(f"bubble fraction   measured {pipe['measured_bubble_fraction']:.3f}   simulated "
-          f"{pipe['simulated_bubble_fraction']:.3f} ({units})")
-    print(f"peak stashed      measured {pipe['peak_stashed']}   simulated "
-          f"{pipe['simulated_peak_activations']}")
-    print(f"stash bytes peak  {pipe['stash_bytes']}" + ("  (recompute: stage inputs only)"
-                                                         if args.recompute else ""))
-    if args.plot:
-        print(f"wrote {args.plot}")
-    return 0 if report.passed else 1
+
+    def details(report) -> str:
+        units = "seconds" if op_time else "units of F=1, B=2 (no --op-time: real compute is measured)"
+        return "\n".join([
+            f"ops executed = schedule(): {'yes' if pipe['ops_match_schedule'] else 'NO'}",
+            f"bubble fraction   measured {pipe['measured_bubble_fraction']:.3f}   simulated "
+            f"{pipe['simulated_bubble_fraction']:.3f} ({units})",
+            f"peak stashed      measured {pipe['peak_stashed']}   simulated "
+            f"{pipe['simulated_peak_activations']}",
+            f"stash bytes peak  {pipe['stash_bytes']}"
+            + ("  (recompute: stage inputs only)" if args.recompute else ""),
+            *([f"wrote {args.plot}"] if args.plot else [])])
+    return emit([report], args.json, details)
 
 
 def _plot_run(report, op_time, path: str) -> None:
