@@ -17,7 +17,7 @@ import os
 import sys
 
 from mtb_helpers.capstone.validate import DP_STRATEGIES, PP_SCHEDULES
-from mtb_helpers.checking.command import is_primary, print_json
+from mtb_helpers.checking.command import emit_document, is_primary
 
 __all__ = ["register", "run_train", "loss_table"]
 
@@ -136,17 +136,12 @@ def run_train(args: argparse.Namespace) -> int:
                             strategy=args.strategy, seed=args.seed, dtype=args.dtype, bug=args.bug,
                             timeout=args.timeout,
                             progress=None if args.quiet or not is_primary() else print_progress)
-    if is_primary():
-        if args.plot:
-            from mtb_helpers.capstone.plots import plot_losses
-            losses = report.extra["losses"]
-            plot_losses(losses["parallel"], losses["reference"],
-                        f"tp={args.tp} pp={args.pp} dp={args.dp} cp={args.cp}").savefig(args.plot)
-        if args.json:
-            print_json([report])
-        else:
-            print(report.title())
-            print(loss_table(report))
-            print(bytes_table(report))
-            print("every step matches one process" if report.passed else "FAILED")
-    return 0 if report.passed else 1
+    if args.plot and is_primary():
+        from mtb_helpers.capstone.plots import plot_losses
+        losses = report.extra["losses"]
+        plot_losses(losses["parallel"], losses["reference"],
+                    f"tp={args.tp} pp={args.pp} dp={args.dp} cp={args.cp}").savefig(args.plot)
+    return emit_document(lambda: {"passed": report.passed, "checks": [report.to_dict()]}, args.json,
+                         lambda: "\n".join([report.title(), loss_table(report), bytes_table(report),
+                                            "every step matches one process" if report.passed
+                                            else "FAILED"]), 0 if report.passed else 1)
