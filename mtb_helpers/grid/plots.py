@@ -15,6 +15,7 @@ from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
 
 from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import FAIL_COLOR, rank_color, rank_legend_handles
+from mtb_helpers.plots.parts import legend_right
 from mtb_helpers.plots.errors import plot_errors
 
 __all__ = ["plot_grid", "grid_png", "plot_grid_bytes", "plot_grid_errors", "group_lines"]
@@ -177,7 +178,7 @@ def plot_grid_bytes(report) -> Figure:
                Patch(facecolor="white", edgecolor="black", label="TP: g + f all-reduce"),
                Patch(facecolor="white", edgecolor="black", hatch="//", label="DP: grad all-reduce"),
                Line2D([], [], color="black", linewidth=2, label="formula")]
-    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    legend_right(ax, handles)
     fig.tight_layout()
     return fig
 

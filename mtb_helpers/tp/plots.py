@@ -11,12 +11,12 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
-from matplotlib.legend_handler import HandlerTuple
 from matplotlib.patches import Patch, Rectangle
 
 from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.errors import plot_errors  # noqa: F401  (the shared figure; notebooks import it from here)
-from mtb_helpers.plots.palette import EMPTY_COLOR, FAIL_COLOR, rank_color, rank_legend_handles
+from mtb_helpers.plots.palette import (BANDS_HANDLER, EMPTY_COLOR, FAIL_COLOR, bands, rank_color,
+                                       rank_legend_handles, sum_handle)
 
 __all__ = ["plot_step", "plot_steps", "plot_errors", "step_title", "steps_png"]
 
@@ -82,10 +82,8 @@ def _held_patches(step, holding, rank: int, x0: float = 0, y0: float = 0, scale:
     (r0, r1), (c0, c1) = holding.rows, holding.cols
     y, height, c = y0 + r0 * scale, (r1 - r0) * scale, step.collective
     if not holding.partial and c and not c.get("missing") and c["op"] in ("all_reduce", "reduce_scatter"):
-        t = len(step.holdings)
-        return [Rectangle((x0 + (c + k / t) * scale, y), scale / t, height, facecolor=rank_color(k),
-                          edgecolor="none", linewidth=0)
-                for c in range(c0, c1) for k in range(t)]
+        colors = [rank_color(k) for k in range(len(step.holdings))]
+        return [band for c in range(c0, c1) for band in bands(x0 + c * scale, y, scale, height, colors)]
     return [Rectangle((x0 + c0 * scale, y), (c1 - c0) * scale, height, facecolor=rank_color(rank),
                       edgecolor="white" if holding.partial else "none",
                       hatch="//" if holding.partial else None, linewidth=0)]
@@ -139,12 +137,12 @@ def _axis_names(step) -> tuple[str, str]:
 def _legend(fig: Figure, world_size: int) -> None:
     handles = [*rank_legend_handles(world_size),
                Patch(facecolor="white", edgecolor="black", hatch="//"),
-               tuple(Patch(facecolor=rank_color(r), edgecolor="none") for r in range(world_size)),
+               sum_handle(world_size),
                Patch(facecolor=EMPTY_COLOR, edgecolor="black"),
                Patch(facecolor="white", edgecolor=FAIL_COLOR, linewidth=2)]
     labels = [f"rank {r}" for r in range(world_size)] + [
         "partial sum", "complete sum (a band per rank)", "not held", "wrong / missing"]
-    fig.legend(handles=handles, labels=labels, handler_map={tuple: HandlerTuple(ndivide=None, pad=0)},
+    fig.legend(handles=handles, labels=labels, handler_map=BANDS_HANDLER,
                loc="lower center", ncol=(world_size + 5) // 2, fontsize=8, frameon=False)   # two rows
 
 
