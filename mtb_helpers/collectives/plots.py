@@ -11,12 +11,12 @@ from typing import Sequence
 import matplotlib.pyplot as plt
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
+from matplotlib.legend_handler import HandlerTuple
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
 from mtb_helpers.plots.live import LiveFigure, Png
-from mtb_helpers.plots.palette import (BANDS_HANDLER, EMPTY_COLOR, FAIL_COLOR, bands, rank_color,
-                                       rank_legend_handles, sum_handle)
+from mtb_helpers.plots.palette import EMPTY_COLOR, FAIL_COLOR, bands, rank_color, rank_legend_handles
 
 WHAT_IT_DOES = {
     "broadcast": "rank 0's buffer is copied to every rank",
@@ -87,12 +87,12 @@ def draw_buffers(ax, buffers: Sequence[Sequence[float]], sources: Sequence[Seque
 def _legend(fig: Figure, world_size: int, striped: bool, wrong: bool) -> None:
     handles: list = rank_legend_handles(world_size)
     if striped:   # bands, not a hatch: in the course a hatch means a partial sum (notebooks 01-03)
-        handles.append(sum_handle(world_size))
+        handles.append(tuple(Patch(facecolor=rank_color(r), edgecolor="none") for r in range(world_size)))
     if wrong:
         handles.append(Patch(facecolor="white", edgecolor=FAIL_COLOR, linewidth=2.5))
     labels = [f"rank {r}" for r in range(world_size)] + \
         ["a complete sum: one band per rank added"] * striped + ["wrong value (thick dark-orange border)"] * wrong
-    fig.legend(handles=handles, labels=labels, handler_map=BANDS_HANDLER,
+    fig.legend(handles=handles, labels=labels, handler_map={tuple: HandlerTuple(ndivide=None, pad=0)},
                loc="lower center", ncol=len(handles) if len(handles) <= 5 else 3, fontsize=9,
                frameon=False, bbox_to_anchor=(0.5, 0.0))
 

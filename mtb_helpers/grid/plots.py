@@ -58,10 +58,6 @@ def group_lines(report) -> list[tuple[str, bool]]:
     return lines
 
 
-def _failing_ranks(report) -> set[int]:
-    return {row.rank for row in report.failed()}
-
-
 def _grid_key(data) -> tuple:
     report, figsize = data
     grid, cfg = report.extra["grid"], report.config
@@ -129,7 +125,7 @@ def _update_grid(fig: Figure, ctx: dict, data) -> list:
     """The values: a red frame on every failing rank, the verdict."""
     report, _ = data
     grid, cfg = report.extra["grid"], report.config
-    failing = _failing_ranks(report)
+    failing = {row.rank for row in report.failed()}
     drawn = [ctx["ax"].add_patch(Rectangle((j * ctx["step"], d * ctx["step"]), 1, 1, fill=False,
                                            edgecolor=FAIL_COLOR, linewidth=3))
              for rank, (d, j) in enumerate(grid["coords"]) if rank in failing]

@@ -12,12 +12,12 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.collections import LineCollection
 from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
+from matplotlib.patches import FancyBboxPatch, Patch
 
 from mtb_helpers.plots.errors import LIVE_ERRORS, error_figure
 from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import rank_color, rank_legend_handles
-from mtb_helpers.plots.parts import hide_spines, label_box, legend_right, stacked_bar
+from mtb_helpers.plots.parts import legend_right, stacked_bar
 
 __all__ = ["plot_routing", "plot_tokens_per_expert", "plot_all_to_all_bytes", "plot_moe_errors",
            "routing_png", "tokens_per_expert_png", "moe_errors_png"]
@@ -26,8 +26,9 @@ DROPPED = "#999999"
 
 
 def _box(ax, x, y, w, h, color, text) -> None:
-    """A box centred on (x, y), over the lines that meet it."""
-    label_box(ax, (x - w / 2, y - h / 2), w, h, color, text, fontsize=9, zorder=4)
+    ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.02",
+                                facecolor=color, edgecolor="black", linewidth=0.8, zorder=3))
+    ax.text(x, y, text, ha="center", va="center", fontsize=9, zorder=4)
 
 
 def _routing_key(data) -> tuple:
@@ -65,7 +66,8 @@ def _build_routing(new_figure, data):
     ax.set_xticks([0, 2, 4], ["tokens (colour: rank holding them)", "experts (colour: owner)",
                               "ranks"])
     ax.set_yticks([])
-    hide_spines(ax, "top", "right", "left")
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
     handles = [*rank_legend_handles(t), Line2D([], [], color="black", label="1st choice"),
                Line2D([], [], color="black", linestyle="--", label="2nd choice"),
                Line2D([], [], color=DROPPED, linestyle=":", marker="x", markeredgecolor="black",

@@ -2,7 +2,6 @@
 over several ranks is one band of each rank's colour (notebook 00's picture, kept in 01-03)."""
 from typing import Sequence
 
-from matplotlib.legend_handler import HandlerTuple
 from matplotlib.patches import Patch, Rectangle
 
 # Okabe & Ito (2008), "Color Universal Design", ordered so that neighbouring ranks contrast.
@@ -39,12 +38,3 @@ def bands(x: float, y: float, width: float, height: float, colors: Sequence[str]
     n = len(colors)
     return [Rectangle((x + k / n * width, y), width / n, height, facecolor=color, edgecolor="none",
                       linewidth=0) for k, color in enumerate(colors)]
-
-
-# a legend entry drawn as the bands: pass ``sum_handle(t)`` in ``handles`` with this handler map
-BANDS_HANDLER = {tuple: HandlerTuple(ndivide=None, pad=0)}
-
-
-def sum_handle(world_size: int) -> tuple[Patch, ...]:
-    """The legend entry of a complete sum over ``world_size`` ranks: their colours side by side."""
-    return tuple(Patch(facecolor=rank_color(r), edgecolor="none") for r in range(world_size))

@@ -1,7 +1,7 @@
 """The pieces the topics' figures are built from, each written once: the figure of an optional
-Axes, a legend right of the axes, hidden spines, a stacked bar, a rounded box with a label, the
-size of a label that must fit in a box, a log axis whose floor reads "0 (exact)", and a failing
-label drawn again in red over an explorer's static layer.
+Axes, a legend right of the axes, a stacked bar, the size of a label that must fit in a box, a
+log axis whose floor reads "0 (exact)", and a failing label drawn again in red over an
+explorer's static layer.
 
 A topic's ``plots.py`` draws what is its own (a shard layout, a Gantt chart, a routing diagram)
 and calls these for the rest.
@@ -15,14 +15,12 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.legend import Legend
-from matplotlib.patches import FancyBboxPatch
 from matplotlib.text import Text
 from matplotlib.ticker import NullLocator
 
 from mtb_helpers.plots.palette import FAIL_COLOR
 
-__all__ = ["figure_axes", "legend_right", "hide_spines", "stacked_bar", "label_box", "label_size",
-           "exact_log_axis", "fail_copy"]
+__all__ = ["figure_axes", "legend_right", "stacked_bar", "label_size", "exact_log_axis", "fail_copy"]
 
 
 def figure_axes(ax: Axes | None, figsize: tuple[float, float]) -> tuple[Figure, Axes]:
@@ -43,12 +41,6 @@ def legend_right(target: Axes | Figure, handles: list | None = None, x: float = 
                          fontsize=fontsize, **options)
 
 
-def hide_spines(ax: Axes, *sides: str) -> None:
-    """No frame on ``sides`` ("top", "right", "bottom", "left") of a diagram-like Axes."""
-    for side in sides:
-        ax.spines[side].set_visible(False)
-
-
 def stacked_bar(ax: Axes, x: float, parts: Sequence[tuple[float, dict]], width: float,
                 **style) -> float:
     """One bar at ``x`` built from ``parts``, bottom first: ``(height, options)``, each part drawn
@@ -58,19 +50,6 @@ def stacked_bar(ax: Axes, x: float, parts: Sequence[tuple[float, dict]], width: 
         ax.bar(x, height, width, bottom=bottom, **style, **options)
         bottom += height
     return bottom
-
-
-def label_box(ax: Axes, corner: tuple[float, float], width: float, height: float, color: str,
-              text: str = "", **text_options) -> None:
-    """A rounded box at ``corner`` (lower left, data units) filled with ``color``, ``text``
-    centred in it (``text_options``: fontsize, color, zorder; the box is drawn under the text)."""
-    zorder = text_options.get("zorder")
-    ax.add_patch(FancyBboxPatch(corner, width, height, boxstyle="round,pad=0.02", facecolor=color,
-                                edgecolor="black", linewidth=0.8,
-                                **({} if zorder is None else {"zorder": zorder - 1})))
-    if text:
-        ax.text(corner[0] + width / 2, corner[1] + height / 2, text, ha="center", va="center",
-                **text_options)
 
 
 def label_size(points: float, text: str, most: float, pad: float = 0.3,

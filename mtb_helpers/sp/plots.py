@@ -23,7 +23,7 @@ from matplotlib.patches import Patch, Rectangle
 from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import EMPTY_COLOR, FAIL_COLOR, rank_color, rank_legend_handles
 from mtb_helpers.plots.errors import plot_errors  # noqa: F401  (re-exported: notebook 04 draws it from here)
-from mtb_helpers.plots.parts import fail_copy, figure_axes, hide_spines, legend_right, stacked_bar
+from mtb_helpers.plots.parts import fail_copy, figure_axes, legend_right, stacked_bar
 from mtb_helpers.sp.layers import keep_mask
 from mtb_helpers.sp.memory import VARIANT_LABELS
 
@@ -111,7 +111,8 @@ def _build_layout(new_figure, data) -> dict:
     ax.set_xticks([i + 0.5 for i in range(n)], [_label(s) for s in steps], fontsize=7.5)
     ax.set_yticks(range(seq_len), [str(p) for p in range(seq_len)], fontsize=7, va="top")
     ax.set_ylabel("sequence position")
-    hide_spines(ax, "top", "right", "bottom")
+    for side in ("top", "right", "bottom"):
+        ax.spines[side].set_visible(False)
     ax.tick_params(axis="x", length=0)
     handles = [*rank_legend_handles(t),
                Patch(facecolor="white", edgecolor="black", label="narrow: only ffn/t columns"),
@@ -202,8 +203,6 @@ def _bars(figures: list[dict]):
             out.append((g + (j - (len(keys) - 1) / 2) * 0.27, fig["world_size"], key,
                         fig["variants"][key]))
     return out
-
-
 
 
 def plot_activation_memory(figures: list[dict], ax: Axes | None = None) -> Figure:

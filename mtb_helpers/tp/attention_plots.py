@@ -10,10 +10,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.patches import Patch, Rectangle
+from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
 
 from mtb_helpers.plots.palette import EMPTY_COLOR, rank_color, rank_legend_handles
-from mtb_helpers.plots.parts import hide_spines, label_box, legend_right
+from mtb_helpers.plots.parts import legend_right
 
 __all__ = ["plot_head_split", "plot_attention_flow", "plot_vocab_split", "plot_ce_allreduces"]
 
@@ -69,7 +69,8 @@ def plot_attention_flow(world_size: int, n_heads: int) -> Figure:
         y = t - 1 - r
         for (label, kind), x in zip(stages, xs):
             color = EMPTY_COLOR if kind == "replicated" else rank_color(r)
-            label_box(ax, (x, y + 0.15), w, 0.7, color)
+            ax.add_patch(FancyBboxPatch((x, y + 0.15), w, 0.7, boxstyle="round,pad=0.02", facecolor=color,
+                                        edgecolor="black", linewidth=0.8))
             if kind == "partial":
                 ax.add_patch(Rectangle((x, y + 0.15), w, 0.7, fill=False, hatch="//",
                                        edgecolor="white", linewidth=0))
@@ -91,7 +92,8 @@ def plot_attention_flow(world_size: int, n_heads: int) -> Figure:
     ax.set_xticks([])
     ax.set_xlabel("forward, left to right (backward runs right to left)")
     ax.set_ylabel("rank")
-    hide_spines(ax, "top", "right")
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
     ax.set_title(f"Tensor-parallel attention on {t} ranks: one f, one g, nothing in between",
                  fontsize=11)
     handles = [*rank_legend_handles(t), Patch(facecolor=EMPTY_COLOR, edgecolor="black",

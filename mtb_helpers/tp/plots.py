@@ -11,12 +11,13 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
+from matplotlib.legend_handler import HandlerTuple
 from matplotlib.patches import Patch, Rectangle
 
 from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.errors import plot_errors  # noqa: F401  (the shared figure; notebooks import it from here)
-from mtb_helpers.plots.palette import (BANDS_HANDLER, EMPTY_COLOR, FAIL_COLOR, bands, rank_color,
-                                       rank_legend_handles, sum_handle)
+from mtb_helpers.plots.palette import EMPTY_COLOR, FAIL_COLOR, bands, rank_color, rank_legend_handles
+from mtb_helpers.plots.parts import fail_copy
 
 __all__ = ["plot_step", "plot_steps", "plot_errors", "step_title", "steps_png"]
 
@@ -137,12 +138,12 @@ def _axis_names(step) -> tuple[str, str]:
 def _legend(fig: Figure, world_size: int) -> None:
     handles = [*rank_legend_handles(world_size),
                Patch(facecolor="white", edgecolor="black", hatch="//"),
-               sum_handle(world_size),
+               tuple(Patch(facecolor=rank_color(r), edgecolor="none") for r in range(world_size)),
                Patch(facecolor=EMPTY_COLOR, edgecolor="black"),
                Patch(facecolor="white", edgecolor=FAIL_COLOR, linewidth=2)]
     labels = [f"rank {r}" for r in range(world_size)] + [
         "partial sum", "complete sum (a band per rank)", "not held", "wrong / missing"]
-    fig.legend(handles=handles, labels=labels, handler_map=BANDS_HANDLER,
+    fig.legend(handles=handles, labels=labels, handler_map={tuple: HandlerTuple(ndivide=None, pad=0)},
                loc="lower center", ncol=(world_size + 5) // 2, fontsize=8, frameon=False)   # two rows
 
 
@@ -274,9 +275,8 @@ def _update_steps(fig: Figure, ctx: dict, data) -> list:
     ax, geo, drawn = ctx["ax"], ctx["geo"], []
     for text, (i, s) in zip(ctx["labels"], enumerate(chosen)):
         text.set_color("black" if s.passed else FAIL_COLOR)
-        if not s.passed:
-            drawn.append(ax.text(*text.get_position(), text.get_text(), ha="right", va="center",
-                                 fontsize=8, color=FAIL_COLOR))
+        if not s.passed:   # drawn over the static black label in an explorer
+            drawn.append(fail_copy(fig, text))
         for r, h in enumerate(s.holdings):
             if not h.passed:
                 x0, y0, w, hgt, _ = geo["panels"][i, r]
