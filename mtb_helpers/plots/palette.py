@@ -1,5 +1,7 @@
-"""The course palette: rank r always has the same colour-blind-safe colour, and a complete sum
-over several ranks is one band of each rank's colour (notebook 00's picture, kept in 01-03)."""
+"""The course palette: rank r always has the same colour-blind-safe colour.
+
+A complete sum over several ranks is one band of each rank's colour (notebook 00's picture, kept
+in 01-03)."""
 from typing import Sequence
 
 from matplotlib.patches import Patch, Rectangle

@@ -1,7 +1,8 @@
-"""The pieces the topics' figures are built from, each written once: the figure of an optional
-Axes, a legend right of the axes, a stacked bar, the size of a label that must fit in a box, a
-log axis whose floor reads "0 (exact)", and a failing label drawn again in red over an
-explorer's static layer.
+"""The pieces several topics' figures share, each written once.
+
+The figure of an optional Axes, a legend right of the axes, a stacked bar, the size of a label
+that must fit in a box, a log axis whose floor reads "0 (exact)", and a failing label drawn
+again in red over an explorer's static layer.
 
 A topic's ``plots.py`` draws what is its own (a shard layout, a Gantt chart, a routing diagram)
 and calls these for the rest.
