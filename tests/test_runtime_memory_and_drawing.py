@@ -1,7 +1,7 @@
 """Binder's budget and the slider's speed, checked by structure (no timings): ranks share what
 the forkserver preloaded, idle pools stop by themselves, release() frees pools, pools beyond the
 memory budget are stopped (least recently used first, never one a slider is using), and the
-explorer's overview is drawn on one Axes with the same panels as the per-panel figure."""
+explorer's overview is the notebook's one-Axes figure with the same panels, less their errors."""
 from __future__ import annotations
 
 import json
