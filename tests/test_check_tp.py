@@ -162,8 +162,10 @@ def test_figures_draw_the_trace_with_titles_legends_and_red_failures():
               if matplotlib.colors.same_color(p.get_facecolor(), rank_color(1))]
     assert len(filled) == 1 and filled[0].get_height() == 4     # rank 1 holds rows 4:8 of W [12, 8]
     assert fig.legends and "NOT ISSUED" in plot_step(report, 5)._suptitle.get_text()
-    overview = plot_steps(report, phase="forward")
-    assert len(overview.axes) == 3 * sum(s.phase == "forward" for s in report.steps)
+    overview = plot_steps(report, phase="forward")   # one panel per (step, rank), each with its error
+    panels = [t.get_text() for t in overview.axes[0].texts if t.get_text().startswith("rank ")]
+    assert len(panels) == 3 * sum(s.phase == "forward" for s in report.steps)
+    assert all("\nerr " in text for text in panels)
     errors = plot_errors(report)
     ax = errors.axes[0]
     assert ax.get_yscale() == "log" and ax.get_ylabel() and ax.get_title() and ax.get_legend()

@@ -32,7 +32,9 @@ def test_summed_cells_show_every_rank_and_partials_are_compared_with_their_term(
 def test_a_tall_weight_gets_a_taller_row():
     report = check_tp_mlp(world_size=2, hidden=8, ffn_hidden=32, batch_shape=(2, 3))
     fig = plot_steps(report, steps=["shard W1 by columns", "shard W2 by rows"])
-    w1, w2 = fig.axes[0], fig.axes[2]
-    width = w2.get_window_extent().width / fig.dpi                      # inches of W2's 8 columns
-    assert w2.get_window_extent().height > 2 * w1.get_window_extent().height and width > 0.5
+    # the black outline of each panel, step by step and rank by rank, in inches (the one Axes
+    # spans the figure with inches as data units)
+    w1, _, w2, _ = [p for p in fig.axes[0].patches if not p.get_fill()
+                    and matplotlib.colors.same_color(p.get_edgecolor(), "black")]
+    assert w2.get_height() > 2 * w1.get_height() and w2.get_width() > 0.5   # W2's 8 columns
     plt.close("all")

@@ -144,7 +144,7 @@ def test_a_setting_run_again_reuses_every_explorer_figures_static_layer():
     def keys(report) -> list:
         found = [ErrorFigure.key(error_figure(report, "quantity"))]
         if report.check == "tp_mlp":
-            found.append(_steps_key((report, [s for s in report.steps if s.phase == "forward"])))
+            found.append(_steps_key((report, [s for s in report.steps if s.phase == "forward"], False)))
         if report.check == "sequence_parallel":
             found.append(_layout_key(_layout_data(report, "forward", 10.0)))
         if "grid" in report.extra:

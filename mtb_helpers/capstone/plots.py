@@ -16,10 +16,11 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
-from matplotlib.ticker import MaxNLocator, NullLocator
+from matplotlib.ticker import MaxNLocator
 
 from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import rank_color, rank_legend_handles
+from mtb_helpers.plots.parts import exact_log_axis, legend_right, stacked_bar
 
 __all__ = ["plot_rank_grid", "plot_losses", "losses_png", "prepare_losses", "LIVE_LOSSES", "plot_bytes",
            "plot_drift", "GROUP_COLORS"]
@@ -61,8 +62,7 @@ def plot_rank_grid(grid: list[dict], sizes: dict[str, int]) -> Figure:
     ax.set_ylabel("data / context / tensor coordinate")
     ax.set_title(f"Who holds what: tp={sizes['tp']} pp={pp} dp={sizes['dp']} cp={sizes['cp']} "
                  f"({len(grid)} ranks)")
-    ax.legend(handles=rank_legend_handles(len(grid)), loc="upper left", bbox_to_anchor=(1.0, 1.0),
-              fontsize=8, title="rank")
+    legend_right(ax, rank_legend_handles(len(grid)), x=1.0, title="rank")
     fig.tight_layout()
     return fig
 
@@ -98,17 +98,6 @@ def _limits(runs: tuple, reference: tuple) -> tuple:
     return top, (FLOOR / 3, 10.0 ** decade)
 
 
-def _exact_ticks(ax, top: float) -> None:
-    """Log ticks between ``FLOOR`` and ``top``, the floor labelled "0 (exact)" as the course's
-    error plots do: an exact zero is drawn there, and a reader must not take it for 1e-17."""
-    lo, hi = round(math.log10(FLOOR)), math.floor(math.log10(top))
-    stride = max(1, math.ceil((hi - lo) / 5))
-    exps = [k for k in range(hi, lo + 1, -stride)][::-1]   # none right on top of the floor's label
-    ax.yaxis.set_minor_locator(NullLocator())
-    ax.set_yticks([FLOOR] + [10.0 ** k for k in exps], ["0 (exact)"] + [f"1e{k}" for k in exps])
-    ax.set_ylim(FLOOR / 3, top)
-
-
 def _style(i: int) -> dict:
     return {"marker": MARKERS[i % len(MARKERS)], "markersize": 4,
             "color": "black" if i == 0 else f"C{i}"}
@@ -137,7 +126,7 @@ def _losses_build(new_figure, data: tuple):
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     bottom.set_xlabel("step")
     bottom.set_ylabel("|parallel - one process|")
-    _exact_ticks(bottom, bottom_lim[1])
+    exact_log_axis(bottom, FLOOR, bottom_lim[1], ticks=5, clear=1)   # as the error figures
     bottom.axhline(TOLERANCE_LINE, color="#D55E00", linestyle=":", label="fp64 tolerance 1e-10")
     bottom.legend(fontsize=8, loc="upper left")
     top.set_title(title, fontsize=12)
@@ -200,12 +189,8 @@ def plot_bytes(bytes_info: dict, title: str = "") -> Figure:
     groups = bytes_info["groups"]
     fig, ax = plt.subplots(figsize=(max(5.0, 0.8 * len(per_rank) + 3.5), 4.0))
     for r, sent in enumerate(per_rank):
-        bottom = 0.0
-        for g in groups:
-            kib = sent[g] / 1024
-            ax.bar(r, kib, bottom=bottom, color=GROUP_COLORS[g], hatch=GROUP_HATCH[g],
-                   edgecolor=rank_color(r), linewidth=1.5, width=0.7)
-            bottom += kib
+        stacked_bar(ax, r, [(sent[g] / 1024, {"color": GROUP_COLORS[g], "hatch": GROUP_HATCH[g]})
+                            for g in groups], 0.7, edgecolor=rank_color(r), linewidth=1.5)
         total = sum(formula[r].values()) / 1024
         ax.plot([r - 0.4, r + 0.4], [total, total], color="black", linewidth=2)
     highest = max(max(sum(sent.values()), sum(f.values())) for sent, f in zip(per_rank, formula))
@@ -224,7 +209,7 @@ def plot_bytes(bytes_info: dict, title: str = "") -> Figure:
     handles = [Patch(facecolor=GROUP_COLORS[g], hatch=GROUP_HATCH[g], edgecolor="black",
                      label=GROUP_LABEL[g]) for g in groups]
     handles.append(Line2D([], [], color="black", linewidth=2, label="formulas' total"))
-    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    legend_right(ax, handles, x=1.0)
     fig.tight_layout()
     return fig
 
@@ -245,7 +230,7 @@ def plot_drift(drift: dict, title: str = "") -> Figure:
                label=f"the check's tolerance {drift['tolerance']['params']:.0e}")
     highest = max([drift["tolerance"]["params"]] + [v for kind in ("free", "anchored")
                                                     for v in drift[kind]["params"] if v is not None])
-    _exact_ticks(ax, 10.0 ** (math.ceil(math.log10(highest)) + 1))
+    exact_log_axis(ax, FLOOR, 10.0 ** (math.ceil(math.log10(highest)) + 1), ticks=5, clear=1)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
     ax.set_ylabel("largest parameter error\nvs one process")

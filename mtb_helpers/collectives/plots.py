@@ -16,7 +16,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
 from mtb_helpers.plots.live import LiveFigure, Png
-from mtb_helpers.plots.palette import EMPTY_COLOR, FAIL_COLOR, rank_color, rank_legend_handles
+from mtb_helpers.plots.palette import EMPTY_COLOR, FAIL_COLOR, bands, rank_color, rank_legend_handles
 
 WHAT_IT_DOES = {
     "broadcast": "rank 0's buffer is copied to every rank",
@@ -53,9 +53,8 @@ def draw_buffers(ax, buffers: Sequence[Sequence[float]], sources: Sequence[Seque
         y = len(buffers) - 1 - r
         for i, (v, src) in enumerate(zip(values, srcs)):
             colors = [rank_color(s) for s in src] or [EMPTY_COLOR]
-            for k, c in enumerate(colors):  # one band per rank of a sum over several ranks
-                ax.add_patch(Rectangle((i + k / len(colors), y), 1 / len(colors), 1, facecolor=c,
-                                       edgecolor="none"))
+            for band in bands(i, y, 1, 1, colors):  # one band per rank of a sum over several ranks
+                ax.add_patch(band)
             wrong = expected is not None and i < len(expected[r]) and expected[r][i] != v
             ax.add_patch(Rectangle((i, y), 1, 1, fill=False, linewidth=3 if wrong else 0.8,
                                    edgecolor=FAIL_COLOR if wrong else "white", zorder=3))

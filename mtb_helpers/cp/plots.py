@@ -17,6 +17,7 @@ from matplotlib.patches import Patch, Rectangle
 
 from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import EMPTY_COLOR, rank_color, rank_legend_handles
+from mtb_helpers.plots.parts import legend_right
 from mtb_helpers.plots.errors import plot_errors
 
 __all__ = ["plot_layout", "plot_ring_steps", "plot_work", "plot_cost", "plot_cp_errors"]
@@ -39,8 +40,7 @@ def plot_layout(positions: dict[str, list[list[int]]]) -> Figure:
     ax.set_xlabel("sequence position")
     ax.set_ylabel("layout")
     ax.set_title("Which positions each rank holds (the sequence dim of q, k, v)")
-    ax.legend(handles=rank_legend_handles(ranks), loc="upper left", bbox_to_anchor=(1.01, 1.0),
-              fontsize=8)
+    legend_right(ax, rank_legend_handles(ranks))
     fig.tight_layout()
     return fig
 
@@ -88,10 +88,9 @@ def _draw_ring_steps(new_figure, data) -> None:
     left.set_xlabel("ring step (a block moves one rank on after each)")
     left.set_ylabel("rank (its queries stay here)")
     left.set_title("K/V block held at each step")
-    left.legend(handles=rank_legend_handles(ranks) + [Patch(facecolor=EMPTY_COLOR, hatch="//",
-                                                        edgecolor="black", label="masked")],
-                title="block from", fontsize=7, title_fontsize=8, loc="upper left",
-                bbox_to_anchor=(1.0, 1.0))
+    legend_right(left, rank_legend_handles(ranks) + [Patch(facecolor=EMPTY_COLOR, hatch="//",
+                                                           edgecolor="black", label="masked")],
+                 x=1.0, fontsize=7, title="block from", title_fontsize=8)
     for r, row in enumerate(steps):
         xs = [s["step"] for s in row]
         ys = [s["running_max"][-1] for s in row]
@@ -104,12 +103,11 @@ def _draw_ring_steps(new_figure, data) -> None:
     right.set_xlabel("ring step")
     right.set_ylabel("running max mx (last query row)")
     right.set_title("Online softmax: running max per rank")
-    right.legend(handles=[Line2D([], [], color=rank_color(r), linewidth=2, label=f"rank {r}",
-                                 linestyle="-" if r % 2 == 0 else "--") for r in range(ranks)]
+    legend_right(right, [Line2D([], [], color=rank_color(r), linewidth=2, label=f"rank {r}",
+                                linestyle="-" if r % 2 == 0 else "--") for r in range(ranks)]
                  + [Line2D([], [], marker="o", linestyle="", color="black", label="max grew: rescale"),
                     Line2D([], [], marker="o", linestyle="", color="black",
-                           markerfacecolor="white", label="unchanged")],
-                 fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+                           markerfacecolor="white", label="unchanged")], fontsize=7)
     fig.suptitle(title or "Ring attention, step by step", fontsize=12)
     fig.tight_layout()   # once per picture
 
@@ -145,9 +143,8 @@ def _draw_work(new_figure, data) -> None:
     ax.set_xlabel("layout")
     ax.set_ylabel("attention scores computed\nper (batch, head)")
     ax.set_title(title or "Work per rank under a causal mask")
-    ax.legend(handles=rank_legend_handles(ranks) + [Line2D([], [], color="black", linestyle="--",
-                                                       label="mean")],
-              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    legend_right(ax, rank_legend_handles(ranks) + [Line2D([], [], color="black", linestyle="--",
+                                                          label="mean")])
     fig.tight_layout()   # once per picture
 
 

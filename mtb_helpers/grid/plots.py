@@ -15,6 +15,7 @@ from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
 
 from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import FAIL_COLOR, rank_color, rank_legend_handles
+from mtb_helpers.plots.parts import legend_right
 from mtb_helpers.plots.errors import plot_errors
 
 __all__ = ["plot_grid", "grid_png", "plot_grid_bytes", "plot_grid_errors", "group_lines"]
@@ -55,10 +56,6 @@ def group_lines(report) -> list[tuple[str, bool]]:
             if not ran:
                 lines.append(("  nothing", kind == "tp" or grid["dp"] == 1))
     return lines
-
-
-def _failing_ranks(report) -> set[int]:
-    return {row.rank for row in report.failed()}
 
 
 def _grid_key(data) -> tuple:
@@ -128,7 +125,7 @@ def _update_grid(fig: Figure, ctx: dict, data) -> list:
     """The values: a red frame on every failing rank, the verdict."""
     report, _ = data
     grid, cfg = report.extra["grid"], report.config
-    failing = _failing_ranks(report)
+    failing = {row.rank for row in report.failed()}
     drawn = [ctx["ax"].add_patch(Rectangle((j * ctx["step"], d * ctx["step"]), 1, 1, fill=False,
                                            edgecolor=FAIL_COLOR, linewidth=3))
              for rank, (d, j) in enumerate(grid["coords"]) if rank in failing]
@@ -177,7 +174,7 @@ def plot_grid_bytes(report) -> Figure:
                Patch(facecolor="white", edgecolor="black", label="TP: g + f all-reduce"),
                Patch(facecolor="white", edgecolor="black", hatch="//", label="DP: grad all-reduce"),
                Line2D([], [], color="black", linewidth=2, label="formula")]
-    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    legend_right(ax, handles)
     fig.tight_layout()
     return fig
 

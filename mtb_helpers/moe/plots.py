@@ -17,6 +17,7 @@ from matplotlib.patches import FancyBboxPatch, Patch
 from mtb_helpers.plots.errors import LIVE_ERRORS, error_figure
 from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import rank_color, rank_legend_handles
+from mtb_helpers.plots.parts import legend_right, stacked_bar
 
 __all__ = ["plot_routing", "plot_tokens_per_expert", "plot_all_to_all_bytes", "plot_moe_errors",
            "routing_png", "tokens_per_expert_png", "moe_errors_png"]
@@ -24,10 +25,10 @@ __all__ = ["plot_routing", "plot_tokens_per_expert", "plot_all_to_all_bytes", "p
 DROPPED = "#999999"
 
 
-def _box(ax, x, y, w, h, color, text, text_color="black") -> None:
+def _box(ax, x, y, w, h, color, text) -> None:
     ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.02",
                                 facecolor=color, edgecolor="black", linewidth=0.8, zorder=3))
-    ax.text(x, y, text, ha="center", va="center", fontsize=9, color=text_color, zorder=4)
+    ax.text(x, y, text, ha="center", va="center", fontsize=9, zorder=4)
 
 
 def _routing_key(data) -> tuple:
@@ -71,7 +72,7 @@ def _build_routing(new_figure, data):
                Line2D([], [], color="black", linestyle="--", label="2nd choice"),
                Line2D([], [], color=DROPPED, linestyle=":", marker="x", markeredgecolor="black",
                       label="dropped (capacity)")]
-    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    legend_right(ax, handles, x=1.0)
     cap = moe["capacity"]
     ax.set_title(title or f"Who goes where: {n} tokens, {E} experts on {t} rank(s), capacity "
                  f"{'unlimited' if cap is None else f'{cap} per expert per rank'}", fontsize=11)
@@ -156,7 +157,7 @@ def _build_tokens(new_figure, moe: dict):
     handles.append(Patch(facecolor="white", edgecolor=DROPPED, hatch="///", label="dropped"))
     if capacity is not None:
         handles.append(Line2D([], [], color="black", linestyle="--", label="capacity per rank"))
-    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    legend_right(ax, handles, x=1.0)
     return ax
 
 
@@ -190,13 +191,10 @@ def tokens_per_expert_png(moe: dict) -> Png:
 
 def _stacked_by_destination(ax, matrix: list[list[int]], row_bytes: int, title: str) -> None:
     t = len(matrix)
-    for r in range(t):
-        bottom = 0
-        for q in range(t):
-            b = matrix[r][q] * row_bytes
-            ax.bar(r, b, 0.6, bottom=bottom, color=rank_color(q), edgecolor="black",
-                   linewidth=0.6, hatch="..." if q == r else None, alpha=0.45 if q == r else 1.0)
-            bottom += b
+    for r in range(t):   # the part that stays on rank r: dotted, pale
+        stacked_bar(ax, r, [(matrix[r][q] * row_bytes, {"color": rank_color(q), "hatch": "..." if q == r else None,
+                                                        "alpha": 0.45 if q == r else 1.0}) for q in range(t)],
+                    0.6, edgecolor="black", linewidth=0.6)
     ax.set_xticks(range(t), [f"rank {r}" for r in range(t)])
     ax.set_xlabel("sending rank")
     ax.set_title(title, fontsize=10)
@@ -219,11 +217,8 @@ def plot_all_to_all_bytes(moe: dict) -> Figure:
     ax = axes[2]
     parts = [("counts", "#BBBBBB"), ("dispatch", "#555555"), ("combine", "#999999")]
     for r in range(t):
-        bottom = 0
-        for name, color in parts:
-            ax.bar(r, by[name][r], 0.6, bottom=bottom, color=color, edgecolor=rank_color(r),
-                   linewidth=2)
-            bottom += by[name][r]
+        stacked_bar(ax, r, [(by[name][r], {"color": color}) for name, color in parts], 0.6,
+                    edgecolor=rank_color(r), linewidth=2)
     alt = by["all_gather_alternative"][0]
     ax.axhline(alt, color="black", linestyle="--", linewidth=1.2)
     ax.set_xticks(range(t), [f"rank {r}" for r in range(t)])

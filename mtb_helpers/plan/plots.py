@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 
 from mtb_helpers.plan.budget import MEMORY_TERMS, StageMemory
 from mtb_helpers.plan.presets import GIB
+from mtb_helpers.plots.parts import figure_axes, legend_right
 
 __all__ = ["TERM_COLORS", "plot_stacked_memory", "plot_stage_memory", "plot_step_times",
            "plot_against_gpu"]
@@ -26,8 +27,7 @@ def plot_stacked_memory(columns: Sequence[tuple[str, dict[str, float]]], limit: 
                         title: str = "Memory per rank", xlabel: str = "",
                         ax=None) -> Figure:
     """One stacked bar per ``(label, {term: bytes})``, in GiB; ``limit`` (bytes) drawn as a line."""
-    fig = ax.figure if ax is not None else plt.figure(figsize=(9, 4.2))
-    ax = ax if ax is not None else fig.add_subplot(111)
+    fig, ax = figure_axes(ax, (9, 4.2))
     terms = [t for t in TERM_COLORS if any(c[1].get(t, 0) for c in columns)]
     bottoms = [0.0] * len(columns)
     for term in terms:
@@ -50,8 +50,7 @@ def plot_stacked_memory(columns: Sequence[tuple[str, dict[str, float]]], limit: 
     ax.set_title(title)
     top = max(bottoms + [limit / GIB if limit else 0.0])
     ax.set_ylim(0, top * 1.15 if top > 0 else 1)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="held for",
-              title_fontsize=8)
+    legend_right(ax, fontsize=7, title="held for", title_fontsize=8)
     if ax.get_subplotspec().get_gridspec().nrows == 1:
         fig.subplots_adjust(left=0.08, right=0.74, bottom=0.17, top=0.9)   # fixed: no tight_layout
     return fig
@@ -71,8 +70,7 @@ def plot_stage_memory(memory: Sequence[StageMemory], layout_text: str, limit: fl
 def plot_step_times(rows: Sequence[tuple[str, dict[str, float]]], title: str = "Predicted step time",
                     ax=None) -> Figure:
     """Horizontal stacked bars: for each ``(layout, {cause: seconds})``, where the step goes."""
-    fig = ax.figure if ax is not None else plt.figure(figsize=(9, 0.45 * len(rows) + 1.6))
-    ax = ax if ax is not None else fig.add_subplot(111)
+    fig, ax = figure_axes(ax, (9, 0.45 * len(rows) + 1.6))
     causes = [c for c in TIME_COLORS if any(r[1].get(c, 0) for r in rows)]
     lefts = [0.0] * len(rows)
     for cause in causes:
@@ -85,8 +83,7 @@ def plot_step_times(rows: Sequence[tuple[str, dict[str, float]]], title: str = "
     ax.invert_yaxis()
     ax.set_xlabel("seconds per step (predicted)")
     ax.set_title(title)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="time spent on",
-              title_fontsize=8)
+    legend_right(ax, fontsize=7, title="time spent on", title_fontsize=8)
     height = fig.get_figheight()
     fig.subplots_adjust(left=0.36, right=0.77, bottom=0.8 / height, top=1 - 0.45 / height)
     return fig

@@ -17,11 +17,10 @@ from matplotlib.axes import Axes
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.text import Text
-from matplotlib.ticker import NullLocator
 
 from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import FAIL_COLOR, PASS_COLOR, rank_color, rank_legend_handles
+from mtb_helpers.plots.parts import exact_log_axis, fail_copy, legend_right
 
 __all__ = ["ErrorColumn", "ErrorFigure", "error_figure", "plot_errors", "errors_png",
            "error_legend_handles", "LIVE_ERRORS"]
@@ -111,21 +110,15 @@ def _build(new_figure, data: ErrorFigure) -> Axes:
                        1 - (bottom_in + 0.4) / FIGSIZE[1]))
     floor, top = data.limits()
     ax.set_yscale("log")
-    ax.set_ylim(floor / 3, top)
     ax.set_xlim(-0.6, len(labels) - 0.4)
+    exact_log_axis(ax, floor, top)
     ax.axhline(floor, color="grey", linestyle=":", linewidth=1)
-    lo, hi = round(math.log10(floor)), round(math.log10(top))
-    stride = max(1, math.ceil((hi - lo) / 7))
-    exps = list(range(hi, lo, -stride))[::-1]
-    ax.yaxis.set_minor_locator(NullLocator())
-    ax.set_yticks([floor] + [10.0 ** k for k in exps], ["0 (exact)"] + [f"1e{k}" for k in exps])
     ax.set_xticks(range(len(labels)), labels, rotation=35 if slant else 0,
                   ha="right" if slant else "center", fontsize=8)
     ax.set_ylabel("max abs error vs one process")
     ax.set_xlabel(data.xlabel)
     # outside the axes: failing points sit high up, exactly where an inside legend would go
-    ax.legend(handles=error_legend_handles(data.world_size), fontsize=8, loc="upper left",
-              bbox_to_anchor=(1.01, 1.0))
+    legend_right(ax, error_legend_handles(data.world_size))
     return ax
 
 
@@ -154,11 +147,7 @@ def _update(fig: Figure, ax: Axes, data: ErrorFigure) -> list:
     for tick, column in zip(ax.get_xticklabels(), data.columns):
         tick.set_color("black" if column.passed else FAIL_COLOR)
         if not column.passed:   # drawn over the static black label in an explorer
-            drawn.append(fig.add_artist(Text(
-                *tick.get_position(), tick.get_text(), transform=tick.get_transform(),
-                rotation=tick.get_rotation(), ha=tick.get_ha(), va=tick.get_va(),
-                rotation_mode=tick.get_rotation_mode(), fontsize=tick.get_fontsize(),
-                color=FAIL_COLOR, clip_on=False)))
+            drawn.append(fail_copy(fig, tick))
     ax.set_title(data.title, fontsize=11)
     return drawn + [ax.title]
 

@@ -15,12 +15,12 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from mtb_helpers.plots.palette import rank_color
+from mtb_helpers.plots.parts import figure_axes, label_size, legend_right
 from mtb_helpers.runtime.timeline import Timeline
 
 __all__ = ["plot_timeline", "LANES"]
 
 LANES = ("compute", "comm")
-_LABEL = {"compute": "compute", "comm": "comm"}
 
 
 def plot_timeline(timeline: Timeline, title: str = "", ax: plt.Axes | None = None,
@@ -29,9 +29,7 @@ def plot_timeline(timeline: Timeline, title: str = "", ax: plt.Axes | None = Non
     model = timeline.in_model_time()
     scale = {"ms": 1e3, "s": 1.0, "us": 1e6}[unit]
     p = len(model.ranks)
-    if ax is None:
-        _, ax = plt.subplots(figsize=(width, 1.2 + 0.75 * p))
-    fig = ax.figure
+    fig, ax = figure_axes(ax, (width, 1.2 + 0.75 * p))
     span = max(model.makespan * scale, 1e-12)
     band = span * 0.02
     axes_inches = fig.get_figwidth() * ax.get_position().width
@@ -40,7 +38,7 @@ def plot_timeline(timeline: Timeline, title: str = "", ax: plt.Axes | None = Non
         for lane, kind in enumerate(LANES):
             y = (p - 1 - r) * 2.4 + (1 - lane) * 1.0
             ticks.append(y)
-            labels.append(f"rank {r} {_LABEL[kind]}")
+            labels.append(f"rank {r} {kind}")
             for e in (e for e in events if e.kind == kind):
                 start, length = e.start * scale, (e.end - e.start) * scale
                 solid = kind == "compute"
@@ -49,8 +47,8 @@ def plot_timeline(timeline: Timeline, title: str = "", ax: plt.Axes | None = Non
                                        edgecolor="black" if solid else rank_color(r),
                                        hatch=None if solid else "///", linewidth=0.8))
                 points = length / (span + 2 * band) * axes_inches * 72
-                size = min(8.0, points / (0.62 * len(e.name) + 0.3))
-                if size >= 5.0:   # too small to read is worse than no label
+                size = label_size(points, e.name, 8.0)
+                if size:
                     ax.text(start + length / 2, y, e.name, ha="center", va="center",
                             fontsize=size, bbox={"facecolor": "white", "edgecolor": "none",
                                                  "pad": 0.5, "alpha": 0.8})
@@ -70,8 +68,7 @@ def plot_timeline(timeline: Timeline, title: str = "", ax: plt.Axes | None = Non
         names = list(dict.fromkeys(name for _, name in sorted(unnamed)))
         handles.append(Patch(facecolor="none", edgecolor="none",
                              label="narrow boxes, left to right:\n" + ", ".join(names)))
-    ax.legend(handles=handles,
-              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, framealpha=0.9)
+    legend_right(ax, handles, framealpha=0.9)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return fig

@@ -20,6 +20,7 @@ from matplotlib.transforms import Affine2D
 
 from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import EMPTY_COLOR, rank_color, rank_legend_handles
+from mtb_helpers.plots.parts import label_size, legend_right
 from mtb_helpers.pp.plots import IDLE_HATCH, OP_COLORS, _shade, plot_gantt
 from mtb_helpers.pp.simulator import Timeline
 
@@ -157,10 +158,8 @@ def _update(fig: Figure, ax, data: tuple) -> list:
             spans.append((e.start, e.end, y))
             faces.append(_shade(OP_COLORS[e.op.kind], e.op.chunk, chunks))
             text = str(e.op.microbatch) + (f"\nc{e.op.chunk}" if chunks > 1 else "")
-            longest = max(len(line) for line in text.split("\n"))
-            size = min(9.0 if chunks == 1 else 7.5,
-                       (e.end - e.start) / (hi - lo) * axes_points / (0.62 * longest + 0.3))
-            if size >= 5.0:   # too small to read is worse than no label
+            size = label_size((e.end - e.start) / (hi - lo) * axes_points, text, 9.0 if chunks == 1 else 7.5)
+            if size:
                 labels.append(_label_path(text, round(size * 4) / 4))
                 centres.append(((e.start + e.end) / 2, y))
     cover = [(measured.makespan, _end(lo, hi), p - 1 - r) for r in range(p)]
@@ -263,6 +262,6 @@ def plot_trip(timeline: list, stages: int, microbatch: int = 0) -> Figure:
                  "(arrows = a message arriving)")
     handles = rank_legend_handles(stages) + [
         Line2D([], [], color="black", marker=">", label="send -> recv arrives")]
-    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    legend_right(ax, handles)
     fig.tight_layout()
     return fig

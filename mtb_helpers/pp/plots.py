@@ -16,6 +16,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
 from mtb_helpers.plots.palette import EMPTY_COLOR, rank_color
+from mtb_helpers.plots.parts import figure_axes, label_size, legend_right
 from mtb_helpers.pp.schedules import SCHEDULES, closed_form, schedule, simulate
 from mtb_helpers.pp.simulator import Timeline
 
@@ -65,9 +66,7 @@ def plot_gantt(timeline: Timeline, name: str | None = None, ax: plt.Axes | None 
     """
     p, chunks, span = timeline.ranks, timeline.chunks, timeline.makespan
     own_figure = ax is None
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(width, 2.0 + 0.5 * p))
-    fig = ax.figure
+    fig, ax = figure_axes(ax, (width, 2.0 + 0.5 * p))
     band = span * 0.025  # the rank-colour band left of time 0
     axes_inches = fig.get_figwidth() * ax.get_position().width
     for r in range(p):
@@ -84,9 +83,8 @@ def plot_gantt(timeline: Timeline, name: str | None = None, ax: plt.Axes | None 
             # are hard to tell apart beyond two chunks)
             text = str(e.op.microbatch) + (f"\nc{e.op.chunk}" if chunks > 1 else "")
             box_points = (e.end - e.start) / (span + 2 * band) * axes_inches * 72
-            longest = max(len(line) for line in text.split("\n"))
-            size = min(9.0 if chunks == 1 else 7.5, box_points / (0.62 * longest + 0.3))
-            if size >= 5.0:  # too small to read is worse than no label
+            size = label_size(box_points, text, 9.0 if chunks == 1 else 7.5)
+            if size:
                 ax.text((e.start + e.end) / 2, y, text, ha="center", va="center", fontsize=size,
                         linespacing=1.0)
     ax.set_xlim(-band * 2, span * 1.01)
@@ -109,8 +107,7 @@ def plot_gantt(timeline: Timeline, name: str | None = None, ax: plt.Axes | None 
         fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, bottom), ncol=ncol,
                    fontsize=8, frameon=False, title=legend_title, title_fontsize=8)
     else:
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
-                  title="numbers = micro-batch", title_fontsize=8)
+        legend_right(ax, handles, title="numbers = micro-batch", title_fontsize=8)
     return fig
 
 

@@ -19,11 +19,11 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.collections import LineCollection
 from matplotlib.patches import Patch, Rectangle
-from matplotlib.text import Text
 
 from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import EMPTY_COLOR, FAIL_COLOR, rank_color, rank_legend_handles
 from mtb_helpers.plots.errors import plot_errors  # noqa: F401  (re-exported: notebook 04 draws it from here)
+from mtb_helpers.plots.parts import fail_copy, figure_axes, legend_right, stacked_bar
 from mtb_helpers.sp.layers import keep_mask
 from mtb_helpers.sp.memory import VARIANT_LABELS
 
@@ -131,11 +131,8 @@ def _update_layout(fig: Figure, ctx: dict, data) -> list:
     seq_len, batch = report.config["seq_len"], report.config["batch"]
     for tick, s, frames in zip(ax.get_xticklabels(), steps, ctx["frames"]):
         tick.set_color("black" if s.passed else FAIL_COLOR)
-        if not s.passed:
-            drawn.append(fig.add_artist(Text(
-                *tick.get_position(), tick.get_text(), transform=tick.get_transform(),
-                ha=tick.get_ha(), va=tick.get_va(), fontsize=tick.get_fontsize(),
-                color=FAIL_COLOR, clip_on=False)))
+        if not s.passed:   # drawn over the static black label in an explorer
+            drawn.append(fail_copy(fig, tick))
         drawn += [ax.add_patch(Rectangle((left, 0), w, seq_len, fill=False, edgecolor=FAIL_COLOR,
                                          linewidth=2.2))
                   for (left, w), h in zip(frames, s.holdings) if not h.passed]
@@ -208,22 +205,15 @@ def _bars(figures: list[dict]):
     return out
 
 
-
-
 def plot_activation_memory(figures: list[dict], ax: Axes | None = None) -> Figure:
     """Bytes each rank saves for backward, measured (stacked by term) for TP only (TP), TP + SP
     (SP) and TP + SP with fc1's input re-gathered (SP+), at each world size; the model's total
     as a black bar."""
-    fig = ax.figure if ax is not None else plt.figure(figsize=(10, 4.6))
-    ax = ax or fig.add_subplot()
+    fig, ax = figure_axes(ax, (10, 4.6))
     terms = figures[0]["terms"]
     for x, t, key, v in _bars(figures):
-        bottom = 0
-        for term in terms:
-            height = v["measured"][term]
-            ax.bar(x, height, 0.25, bottom=bottom, color=TERM_COLORS[term], edgecolor="black",
-                   linewidth=0.5)
-            bottom += height
+        bottom = stacked_bar(ax, x, [(v["measured"][term], {"color": TERM_COLORS[term]}) for term in terms],
+                             0.25, edgecolor="black", linewidth=0.5)
         ax.plot([x - 0.14, x + 0.14], [v["model_total"]] * 2, color="black", linewidth=2.5)
         ax.text(x, bottom, f"{VARIANT_LABELS[key]}\n{bottom}", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(figures)), [f"t = {f['world_size']}" for f in figures])
@@ -239,7 +229,7 @@ def plot_activation_memory(figures: list[dict], ax: Axes | None = None) -> Figur
                 ("TP: tensor parallel only", "SP: TP + sequence parallel",
                  "SP+: SP, fc1 input\nre-gathered in backward",
                  "number on a bar: measured\ntotal with LN stats (the\ntable's total leaves\nthem out)")]
-    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    legend_right(ax, handles)
     ax.set_ylim(0, max(sum(v["measured"].values()) for *_, v in _bars(figures)) * 1.2)
     fig.tight_layout()
     return fig
@@ -249,14 +239,13 @@ def plot_communication(figures: list[dict], ax: Axes | None = None) -> Figure:
     """Bytes each rank sends in one forward + backward: the activation collectives (TP's two
     all-reduces vs SP's all-gathers and reduce-scatters) and, hatched on top, SP's all-reduces of
     LayerNorm / bias grads."""
-    fig = ax.figure if ax is not None else plt.figure(figsize=(10, 4.2))
-    ax = ax or fig.add_subplot()
+    fig, ax = figure_axes(ax, (10, 4.2))
     colors = {"tp": "#999999", "sp": "#666666", "sp_regather": "#333333"}
     for x, t, key, v in _bars(figures):
         comm = v["communication"]
-        ax.bar(x, comm["activation_sent"], 0.25, color=colors[key], edgecolor="black", linewidth=0.5)
-        ax.bar(x, comm["param_grad_sent"], 0.25, bottom=comm["activation_sent"], color="white",
-               edgecolor="black", hatch="///", linewidth=0.5)
+        stacked_bar(ax, x, [(comm["activation_sent"], {"color": colors[key]}),
+                            (comm["param_grad_sent"], {"color": "white", "hatch": "///"})],
+                    0.25, edgecolor="black", linewidth=0.5)
         label = f"{comm['activation_sent']}" + (f"\n+{comm['param_grad_sent']}"
                                                  if comm["param_grad_sent"] else "")
         ax.text(x, comm["activation_sent"] + comm["param_grad_sent"], label, ha="center",
@@ -272,7 +261,7 @@ def plot_communication(figures: list[dict], ax: Axes | None = None) -> Figure:
                      label="SP+: one more all-gather (re-gather)"),
                Patch(facecolor="white", edgecolor="black", hatch="///",
                      label="SP: LayerNorm / bias grad all-reduces")]
-    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    legend_right(ax, handles)
     top = max(v["communication"]["activation_sent"] + v["communication"]["param_grad_sent"]
               for *_, v in _bars(figures))
     ax.set_ylim(0, max(top, 1) * 1.2)

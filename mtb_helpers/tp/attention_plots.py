@@ -13,6 +13,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
 
 from mtb_helpers.plots.palette import EMPTY_COLOR, rank_color, rank_legend_handles
+from mtb_helpers.plots.parts import legend_right
 
 __all__ = ["plot_head_split", "plot_attention_flow", "plot_vocab_split", "plot_ce_allreduces"]
 
@@ -55,12 +56,6 @@ def plot_head_split(n_heads: int, head_dim: int, world_size: int) -> Figure:
     return fig
 
 
-def _box(ax, x, y, w, hgt, text, color, text_color="black"):
-    ax.add_patch(FancyBboxPatch((x, y), w, hgt, boxstyle="round,pad=0.02", facecolor=color,
-                                edgecolor="black", linewidth=0.8))
-    ax.text(x + w / 2, y + hgt / 2, text, ha="center", va="center", fontsize=8, color=text_color)
-
-
 def plot_attention_flow(world_size: int, n_heads: int) -> Figure:
     """One lane per rank: X -> f -> [Q_r K_r V_r] -> attention on its heads -> C_r @ Wo_r ->
     g -> Y. f and g are the only places the lanes meet (bars across every lane)."""
@@ -74,7 +69,8 @@ def plot_attention_flow(world_size: int, n_heads: int) -> Figure:
         y = t - 1 - r
         for (label, kind), x in zip(stages, xs):
             color = EMPTY_COLOR if kind == "replicated" else rank_color(r)
-            _box(ax, x, y + 0.15, w, 0.7, "", color)
+            ax.add_patch(FancyBboxPatch((x, y + 0.15), w, 0.7, boxstyle="round,pad=0.02", facecolor=color,
+                                        edgecolor="black", linewidth=0.8))
             if kind == "partial":
                 ax.add_patch(Rectangle((x, y + 0.15), w, 0.7, fill=False, hatch="//",
                                        edgecolor="white", linewidth=0))
@@ -103,7 +99,7 @@ def plot_attention_flow(world_size: int, n_heads: int) -> Figure:
     handles = [*rank_legend_handles(t), Patch(facecolor=EMPTY_COLOR, edgecolor="black",
                                               label="replicated (same on every rank)"),
                Patch(facecolor="grey", hatch="//", edgecolor="white", label="partial sum")]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    legend_right(ax, handles, x=1.0)
     fig.tight_layout()
     return fig
 

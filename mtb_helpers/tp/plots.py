@@ -16,7 +16,8 @@ from matplotlib.patches import Patch, Rectangle
 
 from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.errors import plot_errors  # noqa: F401  (the shared figure; notebooks import it from here)
-from mtb_helpers.plots.palette import EMPTY_COLOR, FAIL_COLOR, rank_color, rank_legend_handles
+from mtb_helpers.plots.palette import EMPTY_COLOR, FAIL_COLOR, bands, rank_color, rank_legend_handles
+from mtb_helpers.plots.parts import fail_copy
 
 __all__ = ["plot_step", "plot_steps", "plot_errors", "step_title", "steps_png"]
 
@@ -82,10 +83,8 @@ def _held_patches(step, holding, rank: int, x0: float = 0, y0: float = 0, scale:
     (r0, r1), (c0, c1) = holding.rows, holding.cols
     y, height, c = y0 + r0 * scale, (r1 - r0) * scale, step.collective
     if not holding.partial and c and not c.get("missing") and c["op"] in ("all_reduce", "reduce_scatter"):
-        t = len(step.holdings)
-        return [Rectangle((x0 + (c + k / t) * scale, y), scale / t, height, facecolor=rank_color(k),
-                          edgecolor="none", linewidth=0)
-                for c in range(c0, c1) for k in range(t)]
+        colors = [rank_color(k) for k in range(len(step.holdings))]
+        return [band for c in range(c0, c1) for band in bands(x0 + c * scale, y, scale, height, colors)]
     return [Rectangle((x0 + c0 * scale, y), (c1 - c0) * scale, height, facecolor=rank_color(rank),
                       edgecolor="white" if holding.partial else "none",
                       hatch="//" if holding.partial else None, linewidth=0)]
@@ -172,35 +171,15 @@ def plot_step(report, step, figsize: tuple[float, float] | None = None) -> Figur
 
 
 def plot_steps(report, phase: str | None = None, steps: list | None = None,
-               one_axes: bool = False) -> Figure:
+               errors: bool = True) -> Figure:
     """Every step (or those of one ``phase``, or the listed ones) as a grid: one row per step,
-    one column per rank. The overview of a check on one figure.
-
-    ``one_axes=True`` draws the same picture on a single Axes (a few hundred artists instead of
-    one Axes per panel, no layout pass), without the per-panel errors (the check table and the
-    error figure have them): what an explorer shows, via ``steps_png``."""
+    one column per rank, on one Axes. The overview of a check on one figure: above each panel
+    what the rank holds and (``errors``) its error, red where it is wrong. ``errors=False`` is
+    what an explorer shows, via ``steps_png``: the check table and the error figure beside it
+    have the errors."""
     chosen = [_find_step(report.steps, s) for s in steps] if steps else [
         s for s in report.steps if phase in (None, s.phase)]
-    t = len(report.steps[0].holdings)
-    n = len(chosen)
-    if one_axes:  # the same picture, a fraction of the drawing time
-        return LIVE_STEPS.figure((report, chosen))
-    heights = _step_heights(chosen)
-    fig, axes = plt.subplots(n, t, figsize=(min(10.0, 3.6 + 1.7 * t), 1.0 + sum(heights)),
-                             squeeze=False, gridspec_kw={"height_ratios": heights})
-    for i, s in enumerate(chosen):
-        for r, h in enumerate(s.holdings):
-            _draw_holding(axes[i][r], s, h, r, s.global_shape)
-            axes[i][r].title.set_fontsize(7.5)
-            axes[i][r].tick_params(labelsize=6)
-        axes[i][0].set_ylabel(_step_label(s), rotation=0, ha="right", va="center", fontsize=8,
-                              color="black" if s.passed else FAIL_COLOR)
-    title = f"{report.check}: who holds what, step by step ({t} ranks)"
-    fig.suptitle(title + ("" if report.passed else " - FAILED"), fontsize=11)
-    _legend(fig, t)
-    height = 1.0 + sum(heights)
-    fig.tight_layout(rect=(0, 0.65 / height, 1, 1 - 0.35 / height))
-    return fig
+    return LIVE_STEPS.figure((report, chosen, errors))
 
 
 def _step_heights(chosen: list) -> list[float]:
@@ -214,11 +193,17 @@ def _step_label(s) -> str:
                     else "\n" + s.collective["op"])
 
 
+def _panel_text(s, h, r: int, errors: bool) -> str:
+    return _holding_title(s, h, r) if errors else _holding_what(s, h, r)
+
+
 def _steps_key(data) -> tuple:
-    """What the overview's static layer depends on: the check, the steps and who holds what."""
-    report, chosen = data
-    return (report.check, tuple((_step_label(s), s.global_shape, s.layout, tuple(
-        (h.shape is None, h.rows, h.cols, h.partial) for h in s.holdings)) for s in chosen))
+    """What the overview's static layer depends on: the check, the steps, who holds what (and,
+    with the errors, every panel's text)."""
+    report, chosen, errors = data
+    return (report.check, errors, tuple((_step_label(s), s.global_shape, s.layout, tuple(
+        (h.shape is None, h.rows, h.cols, h.partial, _panel_text(s, h, r, errors))
+        for r, h in enumerate(s.holdings))) for s in chosen))
 
 
 def _steps_geometry(chosen: list, t: int) -> dict:
@@ -241,8 +226,9 @@ def _steps_geometry(chosen: list, t: int) -> dict:
 
 
 def _build_steps(new_figure, data) -> dict:
-    """The static layer: every panel's shard layout, what each rank holds, the step names."""
-    report, chosen = data
+    """The static layer: every panel's shard layout, what each rank holds (and how wrong it is,
+    red when it fails, with ``errors``), the step names."""
+    report, chosen, errors = data
     t = len(chosen[0].holdings)
     geo = _steps_geometry(chosen, t)
     width, height = geo["size"]
@@ -261,8 +247,8 @@ def _build_steps(new_figure, data) -> dict:
                     ax.add_patch(patch)
             lines += _grid_segments(*s.global_shape, x0, y0, scale)
             ax.add_patch(Rectangle((x0, y0), w, hgt, fill=False, edgecolor="black", linewidth=0.8))
-            ax.text(x0 + w / 2, y0 - 0.08, _holding_what(s, h, r), ha="center", va="bottom",
-                    fontsize=7.5)
+            ax.text(x0 + w / 2, y0 - 0.08, _panel_text(s, h, r, errors), ha="center", va="bottom",
+                    fontsize=7.5, color=FAIL_COLOR if errors and not h.passed else "black")
     ax.add_collection(LineCollection(lines, colors="white", linewidths=0.6))
     fig.suptitle("", fontsize=11, y=1 - 0.1 / height)   # the verdict: set by every update
     _legend(fig, t)
@@ -272,13 +258,12 @@ def _build_steps(new_figure, data) -> dict:
 def _update_steps(fig: Figure, ctx: dict, data) -> list:
     """The values: a red frame on every panel whose rank is wrong, failing step names in red,
     the title with the verdict (the errors themselves are in the check table and error figure)."""
-    report, chosen = data
+    report, chosen, _ = data
     ax, geo, drawn = ctx["ax"], ctx["geo"], []
     for text, (i, s) in zip(ctx["labels"], enumerate(chosen)):
         text.set_color("black" if s.passed else FAIL_COLOR)
-        if not s.passed:
-            drawn.append(ax.text(*text.get_position(), text.get_text(), ha="right", va="center",
-                                 fontsize=8, color=FAIL_COLOR))
+        if not s.passed:   # drawn over the static black label in an explorer
+            drawn.append(fail_copy(fig, text))
         for r, h in enumerate(s.holdings):
             if not h.passed:
                 x0, y0, w, hgt, _ = geo["panels"][i, r]
@@ -294,6 +279,6 @@ LIVE_STEPS = LiveFigure(_steps_key, _build_steps, _update_steps)
 
 
 def steps_png(report, phase: str | None = None) -> Png:
-    """``plot_steps(report, phase, one_axes=True)`` as PNG for an explorer: the layouts are drawn
+    """``plot_steps(report, phase, errors=False)`` as PNG for an explorer: the layouts are drawn
     once per shape of the check, the red frames and the verdict on every redraw."""
-    return LIVE_STEPS.png((report, [s for s in report.steps if phase in (None, s.phase)]))
+    return LIVE_STEPS.png((report, [s for s in report.steps if phase in (None, s.phase)], False))
