@@ -41,10 +41,11 @@ class SumNotAverage:
 
 
 class StaleParams:
-    """zero-stale-params: the sharded step without the all-gather after it."""
+    """zero-stale-params (and check_overlap's zero1-no-broadcast): the sharded step without the
+    all-gather after it."""
 
-    def step(self) -> None:
-        self.optimizer.step()             # BUG: no gather_params(): the other shards stay stale
+    def _share_partitions(self) -> None:
+        pass                              # BUG: no all-gather: the other ranks' shards stay stale
 
 
 class GradsNotCleared:

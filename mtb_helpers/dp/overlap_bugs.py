@@ -3,8 +3,9 @@
 Each bug is a subclass of a correct wrapper that overrides one method (marked ``# BUG``); the
 check builds ``swap(bug, OverlappedDDP)`` (or ``ShardedOptimizer``, ``FSDP``) where it would build
 the correct one. Each is a slip people make when they write these wrappers by hand. A bucket
-divided by p twice is notebook 06's ``DoubleAverage`` (dp/bugs.py) in front of ``OverlappedDDP``:
-one slip, one class.
+divided by p twice is notebook 06's ``DoubleAverage`` (dp/bugs.py) in front of ``OverlappedDDP``,
+and ZeRO-1's updated partitions never all-gathered is its ``StaleParams`` in front of
+``ShardedOptimizer``: one slip, one class.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Iterator
 import torch
 
 from mtb_helpers.checking.bug import Bug
-from mtb_helpers.dp.bugs import DoubleAverage
+from mtb_helpers.dp.bugs import DoubleAverage, StaleParams
 from mtb_helpers.dp.fsdp_units import FlatGroup
 from mtb_helpers.dp.fsdp_wrapper import FSDP
 from mtb_helpers.dp.overlap import OverlappedDDP
@@ -61,13 +62,6 @@ class ReduceInComputeDtype(FSDP):
         return g.compute_dtype                                      # BUG: not reduce_dtype
 
 
-class ForgetsToShare(ShardedOptimizer):
-    """zero1-no-broadcast: each rank steps its partition and never sends it to the others."""
-
-    def _share_partitions(self) -> None:
-        pass                                                        # BUG: no all-gather
-
-
 CHECK = "overlap"
 WRAPPER_CLASSES = {"ddp": OverlappedDDP, "zero1": ShardedOptimizer, "fsdp": FSDP}
 BUGS: dict[str, Bug] = {
@@ -94,7 +88,8 @@ BUGS: dict[str, Bug] = {
          lambda a: a["compute_dtype"] == torch.float16}),
     "zero1-no-broadcast": Bug(
         "ShardedOptimizer: each rank steps its partition and never shares it: the other ranks keep "
-        "stale parameters", (CHECK,), {ShardedOptimizer: ForgetsToShare}),
+        "stale parameters", (CHECK,),
+        {ShardedOptimizer: type("StaleParamsShardedOptimizer", (StaleParams, ShardedOptimizer), {})}),
 }
 _WRAPPER_OF = {cls: name for name, cls in WRAPPER_CLASSES.items()}
 

@@ -280,9 +280,9 @@ class ZeRO1(FlatStep):
 
     def step(self) -> None:
         self.optimizer.step()
-        self.gather_params()
+        self._share_partitions()
 
-    def gather_params(self) -> None:
+    def _share_partitions(self) -> None:   # ShardedOptimizer's all-gather has the same name
         """Every rank's updated shard to every rank: ``[Ψ_pad/p] -> [Ψ_pad]`` into the flat buffer."""
         mine = self.master.detach()                       # [Ψ_pad/p], a view of the flat buffer
         if self.p > 1:
