@@ -205,14 +205,19 @@ def test_zero3_is_notebook_14s_fsdp_with_prefetch_off_one_unit_per_linear_layer(
     """One class per idea: notebook 06's "zero3" runs the FSDP wrapper itself (its bugs are mixins
     in front of it), not a second ZeRO-3."""
     from mtb_helpers.dp import FSDP, OverlappedDDP
-    from mtb_helpers.dp.bugs import DoubleAverage
-    from mtb_helpers.dp.overlap_bugs import BUGS as OVERLAP_REGISTRY
+    from mtb_helpers.dp import ShardedOptimizer
+    from mtb_helpers.dp.bugs import DoubleAverage, StaleParams
     assert STRATEGY_CLASSES["zero3"] is FSDP
     assert run(_zero3_wrapper, world_size=2) == [(True, False, ["0", "2"], 2)] * 2
     wrong = DP_REGISTRY["dp-double-average"].replaces[FSDP]
     assert issubclass(wrong, DoubleAverage) and issubclass(wrong, FSDP)
-    # notebook 14's bucket divided by p twice is the same mixin in front of OverlappedDDP
-    assert issubclass(OVERLAP_REGISTRY["ddp-double-average"].replaces[OverlappedDDP], DoubleAverage)
+    # notebook 14's bucket divided by p twice is the same class as notebook 06's DDP's, and its
+    # ZeRO-1 that never gathers the updated partitions is the same mixin as 06's stale ZeRO-1/2
+    assert (DP_REGISTRY["ddp-double-average"].replaces[OverlappedDDP]
+            is DP_REGISTRY["dp-double-average"].replaces[OverlappedDDP])
+    assert issubclass(DP_REGISTRY["ddp-double-average"].replaces[OverlappedDDP], DoubleAverage)
+    assert issubclass(DP_REGISTRY["zero1-no-broadcast"].replaces[ShardedOptimizer], StaleParams)
+    assert "_share_partitions" in vars(StaleParams)   # ZeRO1's and ShardedOptimizer's all-gather
 
 
 def _without_overlap() -> dict:
