@@ -242,18 +242,25 @@ def test_a_stage_kept_between_calls_starts_from_the_state_it_is_given():
 def test_a_kept_stage_that_kept_its_moments_is_caught(monkeypatch):
     """The deliberate mistake: loading a kept stage's parameters but not Adam's state (the
     moments and step of the last call's run stay): the same call then gives other parameters."""
+    import torch.distributed as dist
+
     from mtb_helpers.capstone import kept, parallel
-    from mtb_helpers.dp.strategies import DDP
+    from mtb_helpers.dp.strategies import FlatStep
     args = ((GPTConfig(), 0, torch.float64), Layout(1, 1, 1, 1), TrainConfig(steps=2), 2, "1f1b",
             True, "ddp")
     monkeypatch.setattr(kept, "STAGES", type(kept.STAGES)())   # this process's own
-    first = parallel.train_on_rank(*args)["snapshots"]["flat"]
-    assert torch.equal(parallel.train_on_rank(*args)["snapshots"]["flat"], first)
-    assert len(kept.STAGES) == 1
+    # this process as a rank of one (the DP wrappers are built under a process group)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        first = parallel.train_on_rank(*args)["snapshots"]["flat"]
+        assert torch.equal(parallel.train_on_rank(*args)["snapshots"]["flat"], first)
+        assert len(kept.STAGES) == 1
 
-    def params_only(self, start):
-        with torch.no_grad():
-            self.flat.copy_(self.layout.piece(start["params"], 0, sharded=False))
+        def params_only(self, start):
+            with torch.no_grad():
+                self.flat.copy_(self.layout.piece(start["params"], 0, sharded=False))
 
-    monkeypatch.setattr(DDP, "load", params_only)
-    assert not torch.equal(parallel.train_on_rank(*args)["snapshots"]["flat"], first)
+        monkeypatch.setattr(FlatStep, "load", params_only)
+        assert not torch.equal(parallel.train_on_rank(*args)["snapshots"]["flat"], first)
+    finally:
+        dist.destroy_process_group()

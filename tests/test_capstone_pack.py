@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mtb_helpers import run
 from mtb_helpers.capstone.parallel import snapshot
 from mtb_helpers.capstone.state import pack_snapshots, unpack
 from mtb_helpers.dp.check import make_problem
-from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
+from mtb_helpers.dp.fsdp import build_strategy
 from mtb_helpers.dp.strategies import flat
 
 KEYS = ("params", "exp_avg", "exp_avg_sq")
@@ -29,7 +30,7 @@ def _trained(strategy: str, steps: int):
     model, _, batches = make_problem(4, 6, 10, torch.float64, seed=3, steps=steps)
     start = {"params": flat(model.parameters()), "step": 0}
     start.update(exp_avg=torch.zeros_like(start["params"]), exp_avg_sq=torch.zeros_like(start["params"]))
-    opt = STRATEGY_CLASSES[strategy](model, start)
+    opt = build_strategy(strategy, model, start)   # inside a rank: OverlappedDDP needs a group
     lo, hi = opt.own
     room = torch.empty((steps + 1) * (opt.layout.numel + 2 * (hi - lo)), dtype=torch.float64)
     cuts = iter(room.chunk(steps + 1))
@@ -43,7 +44,7 @@ def _trained(strategy: str, steps: int):
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero1"])
 def test_snapshots_packed_into_one_tensor_unpack_to_the_optimizers_state(strategy):
-    expected, taken, room = _trained(strategy, steps=3)
+    [(expected, taken, room)] = run(_trained, strategy, 3, world_size=1)
     assert expected[1]["step"] == 1 and not torch.equal(expected[0]["params"], expected[-1]["params"])
     # written in place, in order: the tensor is the expected states one after another
     assert torch.equal(room, torch.cat([e[k] for e in expected for k in KEYS]))

@@ -3,12 +3,14 @@ summary, and each strategy on one rank (where it must be exactly one Adam step).
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from mtb_helpers import run
 from mtb_helpers.dp.bugs import BUGS as DP_REGISTRY
 from mtb_helpers.dp.check import make_problem, reference_step, reference_steps
 from mtb_helpers.comm.records import CollectiveEvent
-from mtb_helpers.comm.records import CollectiveRecord
+from mtb_helpers.comm.records import CollectiveRecord, record
+from mtb_helpers.dp.overlap import OverlappedDDP
 from mtb_helpers.dp.strategies import FlatShards, flat, held_bytes, padded_numel
 from mtb_helpers.dp.bugs import BUGS_BY_STRATEGY, DP_BUGS
 from mtb_helpers.dp.fsdp import STRATEGY_CLASSES, build_strategy
@@ -177,11 +179,9 @@ def test_the_data_parallel_world_size_is_called_p_as_in_the_course_s_notation():
     import re
     from pathlib import Path
 
-    from mtb_helpers.dp.bugs import DoubleAverage
-    from mtb_helpers.dp.strategies import DDP
+    from mtb_helpers.dp.strategies import FlatStep
     assert run(_world_size_attributes, world_size=2) == [[(2, False)] * len(STRATEGY_CLASSES)] * 2
-    shown = inspect.getsource(DDP.average) + inspect.getsource(DoubleAverage)   # notebook 06 prints these
-    assert "self.p" in shown
+    assert "self.p" in inspect.getsource(FlatStep)
     dp = Path(__file__).resolve().parents[1] / "mtb_helpers" / "dp"
     assert [f.name for f in sorted(dp.glob("*.py")) if re.search(r"\bself\.t\b", f.read_text())] == []
 
@@ -205,11 +205,46 @@ def test_zero3_is_notebook_14s_fsdp_with_prefetch_off_one_unit_per_linear_layer(
     """One class per idea: notebook 06's "zero3" runs the FSDP wrapper itself (its bugs are mixins
     in front of it), not a second ZeRO-3."""
     from mtb_helpers.dp import FSDP, OverlappedDDP
-    from mtb_helpers.dp.bugs import DoubleAverage
-    from mtb_helpers.dp.overlap_bugs import BUGS as OVERLAP_REGISTRY
+    from mtb_helpers.dp import ShardedOptimizer
+    from mtb_helpers.dp.bugs import DoubleAverage, StaleParams
     assert STRATEGY_CLASSES["zero3"] is FSDP
     assert run(_zero3_wrapper, world_size=2) == [(True, False, ["0", "2"], 2)] * 2
     wrong = DP_REGISTRY["dp-double-average"].replaces[FSDP]
     assert issubclass(wrong, DoubleAverage) and issubclass(wrong, FSDP)
-    # notebook 14's bucket divided by p twice is the same mixin in front of OverlappedDDP
-    assert issubclass(OVERLAP_REGISTRY["ddp-double-average"].replaces[OverlappedDDP], DoubleAverage)
+    # notebook 14's bucket divided by p twice is the same class as notebook 06's DDP's, and its
+    # ZeRO-1 that never gathers the updated partitions is the same mixin as 06's stale ZeRO-1/2
+    assert (DP_REGISTRY["ddp-double-average"].replaces[OverlappedDDP]
+            is DP_REGISTRY["dp-double-average"].replaces[OverlappedDDP])
+    assert issubclass(DP_REGISTRY["ddp-double-average"].replaces[OverlappedDDP], DoubleAverage)
+    assert issubclass(DP_REGISTRY["zero1-no-broadcast"].replaces[ShardedOptimizer], StaleParams)
+    assert "_share_partitions" in vars(StaleParams)   # ZeRO1's and ShardedOptimizer's all-gather
+
+
+def _without_overlap() -> dict:
+    torch.manual_seed(dist.get_rank())        # other parameters on each rank: init_sync=False keeps them
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)).double()
+    before = [p.detach().clone() for p in model.parameters()]
+    ddp = OverlappedDDP(model, bucket_cap_mb=0, overlap=False, init_sync=False)
+    with record() as rec:
+        ddp(torch.ones(2, 3, dtype=torch.float64)).sum().backward()
+        during = len(rec.events)              # nothing reduced while the backward runs
+        own = [p.grad.clone() for p in model.parameters()]
+        ddp.finish_gradient_synchronization()
+    return {"kept": all(torch.equal(a, p) for a, p in zip(before, model.parameters())),
+            "buckets": ddp.buckets, "during": during, "own": own,
+            "events": [(e.op, e.region, e.shape) for e in rec.events],
+            "grads": [p.grad for p in model.parameters()]}
+
+
+def test_overlapped_ddp_without_overlap_reduces_one_bucket_in_parameter_order_after_the_backward():
+    """Notebook 06's DDP is OverlappedDDP(overlap=False): one bucket, in registration order (not
+    assign_buckets' reverse order: gloo's sum depends on an element's place in the buffer), one
+    all-reduce once the backward is done, averaged; init_sync=False broadcasts nothing."""
+    out = run(_without_overlap, world_size=2)
+    assert [o["kept"] for o in out] == [True, True]
+    assert out[0]["buckets"] == [["0.weight", "0.bias", "1.weight", "1.bias"]]
+    assert [o["during"] for o in out] == [0, 0]
+    assert out[0]["events"] == [("all_reduce", "ddp_grad_bucket", (26,))]
+    for o in out:
+        for got, a, b in zip(o["grads"], out[0]["own"], out[1]["own"]):
+            assert torch.allclose(got, (a + b) / 2, rtol=0, atol=1e-15)

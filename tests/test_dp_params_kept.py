@@ -1,4 +1,4 @@
-"""The DP strategies list their module's parameters once, at ``__init__`` (``DDP._params``): a
+"""The DP strategies list their module's parameters once, at ``__init__`` (``FlatStep._params``): a
 module's parameters must stay those very objects through training and ``load``, or the kept list
 would clear, flatten and re-point stale ones."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from mtb_helpers import run
 from mtb_helpers.dp.check import make_problem
-from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
+from mtb_helpers.dp.fsdp import build_strategy
 from mtb_helpers.dp.strategies import flat
 
 
@@ -18,7 +18,7 @@ def _steps(strategy: str):
         model, _, batches = make_problem(4, 6, 10, torch.float64, seed=1, steps=3)
         start = {"params": flat(model.parameters()), "step": 0}
         start.update(exp_avg=torch.zeros_like(start["params"]), exp_avg_sq=torch.zeros_like(start["params"]))
-        opt = STRATEGY_CLASSES[strategy](model, start, group=dist.new_group([0, 1]))
+        opt = build_strategy(strategy, model, start, group=dist.new_group([0, 1]))
         r, seen = dist.get_rank(), []
         for i, (x, y) in enumerate(batches):
             if i == 2:
@@ -49,7 +49,7 @@ def test_full_grads_point_the_modules_grads_into_one_bucket():
         model, _, (x, y) = make_problem(4, 6, 10, torch.float64, seed=2)
         start = {"params": flat(model.parameters()), "step": 0}
         start.update(exp_avg=torch.zeros_like(start["params"]), exp_avg_sq=torch.zeros_like(start["params"]))
-        opt = STRATEGY_CLASSES["ddp"](model, start, group=None)
+        opt = build_strategy("ddp", model, start)
         opt.zero_grad()
         opt.forward_backward(x, y)
         own = flat(p.grad for p in opt.model.parameters())
@@ -68,7 +68,7 @@ def test_load_puts_the_padded_pieces_in_place():
         start = {"params": flat(model.parameters()), "step": 7}
         start.update({k: torch.rand(len(start["params"]), generator=gen, dtype=torch.float64)
                       for k in ("exp_avg", "exp_avg_sq")})
-        opt = STRATEGY_CLASSES["zero1"](model, start, group=None)
+        opt = build_strategy("zero1", model, start)
         opt.flat.fill_(1.0)                 # what a step would leave behind
         opt.load(start)
         lo, hi = opt.own

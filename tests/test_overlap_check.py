@@ -7,7 +7,7 @@ import torch
 
 from mtb_helpers import BUGS
 from mtb_helpers.check import check_overlap
-from mtb_helpers.dp.overlap_bugs import BUGS as OVERLAP_BUGS, bugs_for_wrapper
+from mtb_helpers.dp.bugs import OVERLAP_BUGS, bugs_for_wrapper
 
 FP16 = {"compute_dtype": torch.float16, "reduce_dtype": torch.float32}
 BREAKS = {

@@ -3,7 +3,7 @@
 A capstone call (``parallel.train_on_rank``) trains one rank's stage: its layers cut from the
 full model (``layers.build_stage``), the DP strategy that owns their parameters (views of its flat
 buffer) and the SP grad sum. ``kept_stage`` builds that once per setting and keeps it in the rank
-process; each call then only puts its start state in (``resume``, ``DDP.load``).
+process; each call then only puts its start state in (``resume``, ``FlatStep.load``).
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import torch
 from mtb_helpers.capstone.finalize import SequenceParallelGrads
 from mtb_helpers.capstone.layers import ParallelEmbedding, build_stage, replicated_params
 from mtb_helpers.checking.bug import swap
-from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
-from mtb_helpers.dp.strategies import DDP, flat
+from mtb_helpers.dp.fsdp import build_strategy
+from mtb_helpers.dp.strategies import FlatStep, flat
 
 __all__ = ["Stage", "STAGES", "KEEP_STAGES", "kept_stage", "drop", "resume"]
 
@@ -43,7 +43,7 @@ class Stage:
     as built (flat ``[Ψ_stage]``: where a fresh run starts), and their names and shapes (in
     ``named_parameters`` order, fixed once built: what a call reports without walking the module)."""
     module: torch.nn.Module
-    opt: DDP   # the capstone composes DDP and ZeRO-1 (validate.DP_STRATEGIES), both DDPs
+    opt: FlatStep   # the capstone composes DDP and ZeRO-1 (validate.DP_STRATEGIES), both FlatSteps
     sp_grads: SequenceParallelGrads | None
     initial: torch.Tensor
     names: tuple[str, ...] = ()
@@ -72,8 +72,8 @@ def kept_stage(grid, model, model_key, layout, run_cfg, sequence_parallel, strat
         module = build_stage(model, grid.index["pp"], layout.pp, sequence_parallel, tp_group,
                              grid.context_group(), swap(bug, ParallelEmbedding))
         initial = flat(module.parameters())
-        opt = STRATEGY_CLASSES[strategy](module, resume(initial, None), run_cfg.adam(),
-                                         group=grid.gradient_group(), copy_model=False)
+        opt = build_strategy(strategy, module, resume(initial, None), run_cfg.adam(),
+                             group=grid.gradient_group(), copy_model=False)
         # under SP: the LayerNorm / bias grads, partial per tp rank, summed in one all-reduce a step
         sp_grads = (swap(bug, SequenceParallelGrads)(replicated_params(module), tp_group)
                     if sequence_parallel else None)

@@ -1,29 +1,45 @@
-"""Deliberately wrong data-parallel strategies, for ``check_data_parallel(bug=...)``.
+"""Deliberately wrong data parallelism: the strategies of ``check_data_parallel(bug=...)``
+(notebook 06), the wrappers of ``check_overlap(bug=...)`` (notebook 14), and PyTorch set up wrongly
+in ``dp/pytorch.py``'s comparison.
 
-Each bug is a mixin overriding one method (marked ``# BUG``) that the strategies' classes share
-(``average``, ``zero_grad``: ``DDP`` and ``ZeRO1/2`` in strategies.py, ``FSDP`` for ZeRO-3);
-``strategy_bug(text, wrong, "ddp", "zero1", ...)`` puts it in front of every strategy that can make
-it, so the check can ``swap`` whichever strategy it is about to build (``Bug.replaces``: correct
-class -> wrong class), and declares the same strategies as the bug's need (``Bug.needs``): the one
-rule ``resolve`` applies, and ``BUGS_BY_STRATEGY`` shows. The last two set PyTorch up wrongly in the
-comparison of ``dp/pytorch.py``.
+Notebook 06's bugs are mixins overriding one method (marked ``# BUG``) that the strategies' classes
+share (``average``, ``zero_grad``, ``_share_partitions``: ``OverlappedDDP`` for DDP, ``ZeRO1/2`` in
+strategies.py, ``FSDP`` for ZeRO-3); ``strategy_bug(text, wrong, "ddp", "zero1", ...)`` puts it in
+front of every strategy that can make it, so the check can ``swap`` whichever strategy it is about
+to build (``Bug.replaces``: correct class -> wrong class), and declares the same strategies as the
+bug's need (``Bug.needs``): the one rule ``resolve`` applies, and ``BUGS_BY_STRATEGY`` shows.
+
+Notebook 14's bugs are subclasses of a correct wrapper, each a slip people make when they write
+these wrappers by hand; the check builds ``swap(bug, OverlappedDDP)`` (or ``ShardedOptimizer``,
+``FSDP``) where it would build the correct one. A bucket divided by p twice and ZeRO-1's updated
+partitions never all-gathered are notebook 06's own ``DoubleAverage`` and ``StaleParams`` in front
+of the wrapper: one slip, one class.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
+from typing import Iterator
 
 import torch
 from torch import nn
 
 from mtb_helpers.checking.bug import Bug, names_for
 from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
+from mtb_helpers.dp.fsdp_units import FlatGroup
+from mtb_helpers.dp.fsdp_wrapper import FSDP
+from mtb_helpers.dp.overlap import OverlappedDDP
+from mtb_helpers.dp.sharded_optimizer import ShardedOptimizer
 
 __all__ = ["BUGS", "DP_BUGS", "BUGS_BY_STRATEGY", "DoubleAverage", "SumNotAverage",
-           "StaleParams", "GradsNotCleared", "strategy_bug"]
+           "StaleParams", "GradsNotCleared", "strategy_bug", "OVERLAP_BUGS", "WRAPPER_CLASSES",
+           "bugs_for_wrapper", "BucketTooEarly", "NoWait", "NoSyncCommunicates",
+           "PrefetchWrongModule", "ReduceInComputeDtype"]
 
 
 TORCH_MODEL = "mtb_helpers.dp.pytorch.torch_model"   # by name: see checking.bug.swap
-CHECK = "data_parallel"
+CHECK, OVERLAP = "data_parallel", "overlap"
 
 
 class DoubleAverage:
@@ -41,10 +57,11 @@ class SumNotAverage:
 
 
 class StaleParams:
-    """zero-stale-params: the sharded step without the all-gather after it."""
+    """zero-stale-params (and check_overlap's zero1-no-broadcast): the sharded step without the
+    all-gather after it."""
 
-    def step(self) -> None:
-        self.optimizer.step()             # BUG: no gather_params(): the other shards stay stale
+    def _share_partitions(self) -> None:
+        pass                              # BUG: no all-gather: the other ranks' shards stay stale
 
 
 class GradsNotCleared:
@@ -52,6 +69,43 @@ class GradsNotCleared:
 
     def zero_grad(self) -> None:
         pass                              # BUG: step 2 uses step 1's grad + step 2's, step 3 all three ...
+
+
+class BucketTooEarly(OverlappedDDP):
+    """ddp-bucket-too-early: a bucket starts when its first gradient is ready, not its last."""
+
+    def _bucket_ready(self, i: int) -> bool:
+        return any(param in self._ready for param in self._buckets[i])   # BUG: any, not all
+
+
+class NoWait(OverlappedDDP):
+    """ddp-no-wait: the handles are never waited for: the buckets are read as they are."""
+
+    def _wait(self, work) -> None:
+        pass                                                        # BUG: no work.wait()
+
+
+class NoSyncCommunicates(OverlappedDDP):
+    """ddp-no-sync-communicates: ``no_sync`` that still reduces every micro-batch."""
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        yield                                                       # BUG: self._sync never cleared
+
+
+class PrefetchWrongModule(FSDP):
+    """fsdp-prefetch-wrong-module: prefetches the neighbour on the wrong side (the unit that just
+    ran), so the unit that runs next is gathered on demand, exposed."""
+
+    def _next_in(self, order: list[int], u: int, step: int) -> int | None:
+        return super()._next_in(order, u, -step)                    # BUG: the other direction
+
+
+class ReduceInComputeDtype(FSDP):
+    """fsdp-fp16-reduce: gradients reduced in the compute dtype (float16), whose sum overflows."""
+
+    def _reduce_dtype(self, g: FlatGroup) -> torch.dtype:
+        return g.compute_dtype                                      # BUG: not reduce_dtype
 
 
 def strategy_bug(description: str, wrong: type, *strategies: str) -> Bug:
@@ -111,3 +165,50 @@ DP_BUGS = names_for(BUGS, CHECK)
 # what the check's bugs need, strategy by strategy (for reading: the check asks Bug.needs itself)
 BUGS_BY_STRATEGY = {s: tuple(name for name in DP_BUGS if not BUGS[name].unmet(strategy=s))
                     for s in STRATEGY_CLASSES}
+
+
+WRAPPER_CLASSES = {"ddp": OverlappedDDP, "zero1": ShardedOptimizer, "fsdp": FSDP}
+OVERLAP_REGISTRY: dict[str, Bug] = {
+    "ddp-bucket-too-early": Bug(
+        "OverlappedDDP: a bucket's all-reduce starts when its first gradient is ready, so the "
+        "gradients that arrive later are reduced as zeros", (OVERLAP,), {OverlappedDDP: BucketTooEarly}),
+    "ddp-no-wait": Bug(
+        "OverlappedDDP: finish_gradient_synchronization does not wait for the handles, so a rank "
+        "ahead of the others reads its buckets before they are reduced", (OVERLAP,),
+        {OverlappedDDP: NoWait}),
+    "ddp-double-average": Bug(
+        "OverlappedDDP: every bucket divided by p twice, p times too small a gradient", (OVERLAP,),
+        {OverlappedDDP: BUGS["dp-double-average"].replaces[OverlappedDDP]}),   # the same class
+    "ddp-no-sync-communicates": Bug(
+        "OverlappedDDP: no_sync still all-reduces every micro-batch (the gradient comes out "
+        "right, the communication is repeated)", (OVERLAP,), {OverlappedDDP: NoSyncCommunicates}),
+    "fsdp-prefetch-wrong-module": Bug(
+        "FSDP: the prefetch gathers the unit on the wrong side, so the unit that runs next is "
+        "gathered on demand", (OVERLAP,), {FSDP: PrefetchWrongModule}),
+    "fsdp-fp16-reduce": Bug(
+        "FSDP: gradients reduce-scattered in float16 (the compute dtype) instead of reduce_dtype; "
+        "the sum over ranks overflows to inf", (OVERLAP,), {FSDP: ReduceInComputeDtype},
+        {"compute_dtype=torch.float16 (only float16's sum overflows)":
+         lambda a: a["compute_dtype"] == torch.float16}),
+    "zero1-no-broadcast": Bug(
+        "ShardedOptimizer: each rank steps its partition and never shares it: the other ranks keep "
+        "stale parameters", (OVERLAP,),
+        {ShardedOptimizer: type("StaleParamsShardedOptimizer", (StaleParams, ShardedOptimizer), {})}),
+}
+_WRAPPER_OF = {cls: name for name, cls in WRAPPER_CLASSES.items()}
+
+
+def _on_its_wrapper(bug: Bug) -> Bug:
+    """``bug`` with one more need: the check runs the wrapper whose class it replaces."""
+    wrapper = next(_WRAPPER_OF[c] for c in bug.replaces if c in _WRAPPER_OF)
+    return dataclasses.replace(bug, needs={f"wrapper={wrapper!r}": lambda a: a["wrapper"] == wrapper,
+                                           **bug.needs})
+
+
+BUGS.update({name: _on_its_wrapper(bug) for name, bug in OVERLAP_REGISTRY.items()})
+OVERLAP_BUGS = names_for(BUGS, OVERLAP)
+
+
+def bugs_for_wrapper(wrapper: str) -> tuple[str, ...]:
+    """The bugs whose needs ``wrapper`` meets (the rule ``check_overlap`` asks)."""
+    return tuple(n for n, b in BUGS.items() if not b.unmet(wrapper=wrapper))

@@ -20,7 +20,8 @@ from torch import nn
 
 from mtb_helpers.checking.bug import Bug, swap
 from mtb_helpers.dp.fsdp_wrapper import FSDP
-from mtb_helpers.dp.strategies import DDP, SHARDED, Adam, FlatShards, Strategy, ZeRO1, ZeRO2, held_bytes
+from mtb_helpers.dp.overlap import OverlappedDDP
+from mtb_helpers.dp.strategies import SHARDED, Adam, FlatShards, FlatStep, Strategy, ZeRO1, ZeRO2, held_bytes
 
 __all__ = ["ZeRO3Step", "STRATEGY_CLASSES", "build_strategy"]
 
@@ -76,15 +77,21 @@ class ZeRO3Step(Strategy):
                 **{k: torch.cat([s[k] for s in states]) for k in ("exp_avg", "exp_avg_sq")}}
 
 
-# the class each strategy name selects; "zero3" selects the wrapper itself (ZeRO3Step runs it)
-STRATEGY_CLASSES = {"ddp": DDP, "zero1": ZeRO1, "zero2": ZeRO2, "zero3": FSDP}
+# the class each strategy name selects; "ddp" and "zero3" select the wrapper itself (FlatStep and
+# ZeRO3Step run it)
+STRATEGY_CLASSES = {"ddp": OverlappedDDP, "zero1": ZeRO1, "zero2": ZeRO2, "zero3": FSDP}
 assert tuple(STRATEGY_CLASSES) == tuple(SHARDED)
 
 
-def build_strategy(strategy: str, model: nn.Sequential, start: dict, adam: Adam = Adam(),
-                   bug: Bug | None = None, group=None) -> Strategy:
-    """Inside a rank: the strategy object (``DDP``, ``ZeRO1``, ``ZeRO2``, or ``FSDP`` run by
-    ``ZeRO3Step``) for this rank, or the wrong one that ``bug`` (a ``Bug`` of ``BUGS``) puts in
-    its place."""
+def build_strategy(strategy: str, model: nn.Module, start: dict, adam: Adam = Adam(),
+                   bug: Bug | None = None, group=None, copy_model: bool = True) -> Strategy:
+    """Inside a rank: the strategy object (``OverlappedDDP`` run by ``FlatStep``, ``ZeRO1``,
+    ``ZeRO2``, or ``FSDP`` run by ``ZeRO3Step``) for this rank, or the wrong one that ``bug`` (a
+    ``Bug`` of ``BUGS``) puts in its place. ``copy_model=False``: ``model`` itself is trained
+    (the capstone's stage, whose layers hold process groups)."""
     cls = swap(bug, STRATEGY_CLASSES[strategy])
-    return ZeRO3Step(cls, model, start, adam, group) if strategy == "zero3" else cls(model, start, adam, group)
+    if strategy == "zero3":
+        return ZeRO3Step(cls, model, start, adam, group)
+    if strategy == "ddp":
+        return FlatStep(cls, model, start, adam, group, copy_model)
+    return cls(model, start, adam, group, copy_model)

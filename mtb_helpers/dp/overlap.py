@@ -19,6 +19,12 @@ with ``find_unused_parameters=True`` each bucket also carries one "used" flag pe
 parameter no rank used keeps ``grad = None`` (as PyTorch's DDP with the same flag).
 ``.buckets``: parameter names per bucket, in reduce order. ``.timeline``: the last synchronised
 backward's events (``wrapping.StepEvent``): compute until each bucket was ready, and each all-reduce.
+
+``overlap=False`` is notebook 06's DDP: no hooks; after the backward, one bucket per dtype holds
+every gradient in registration order and is all-reduced at once (gloo's sum of an element depends
+on its place in the buffer, so the order is the lesson's, not the reverse). ``init_sync=False`` (as
+PyTorch's DDP names it) skips the broadcast: a caller that puts the same start state on every rank
+itself (notebook 06's check, the capstone).
 """
 from __future__ import annotations
 
@@ -43,7 +49,8 @@ class OverlappedDDP(nn.Module):
     """DDP with gradient buckets all-reduced during the backward; see the module docstring."""
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, process_group=None, *,
-                 find_unused_parameters: bool = False) -> None:
+                 find_unused_parameters: bool = False, overlap: bool = True,
+                 init_sync: bool = True) -> None:
         check_module(module, "OverlappedDDP")
         cap = bucket_cap_bytes(bucket_cap_mb)
         self.world_size, self.rank = check_group(process_group)
@@ -52,10 +59,14 @@ class OverlappedDDP(nn.Module):
         self.process_group = process_group
         self.bucket_cap_mb = float(bucket_cap_mb)
         self.find_unused_parameters = bool(find_unused_parameters)
+        self.overlap = bool(overlap)
         setattr(module, WRAPPED_ATTR, "OverlappedDDP")
-        broadcast_(list(module.parameters()) + list(module.buffers()), process_group)
+        if init_sync:
+            broadcast_(list(module.parameters()) + list(module.buffers()), process_group)
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]  # tied: once
-        plan = assign_buckets(named, cap)
+        plan = (assign_buckets(named, cap) if overlap else     # else one per dtype, in order
+                [[i for i, (_, p) in enumerate(named) if p.dtype == d]
+                 for d in dict.fromkeys(p.dtype for _, p in named)])
         self._buckets = [[named[i][1] for i in b] for b in plan]
         self.buckets: list[list[str]] = [[named[i][0] for i in b] for b in plan]
         self._bucket_of = {param: i for i, bucket in enumerate(self._buckets) for param in bucket}
@@ -63,7 +74,8 @@ class OverlappedDDP(nn.Module):
         # kept this wrapper, its module and buckets alive as long as the rank (notebook 14: +4 MiB
         # a rank on every measured step)
         on_grad_ready = _weakly(weakref.WeakMethod(self._on_grad_ready))
-        self._hooks = [p.register_post_accumulate_grad_hook(on_grad_ready) for _, p in named]
+        self._hooks = [p.register_post_accumulate_grad_hook(on_grad_ready) for _, p in named
+                       if overlap]
         self._sync = True
         self.timeline: list[StepEvent] = []
         self._reset()
@@ -132,6 +144,8 @@ class OverlappedDDP(nn.Module):
         every all-reduce, and write each bucket's average back into its parameters' ``.grad``."""
         if not self._sync:
             return
+        if not self.overlap:
+            return self._reduce_after_backward()
         if self._clock is None:
             self._clock = StepClock()
         while self._next < len(self._buckets):
@@ -141,6 +155,21 @@ class OverlappedDDP(nn.Module):
             self._clock.waited(key)
             self._write_back(i, flat)
         self.timeline = self._clock.close()
+        self._reset()
+
+    def _reduce_after_backward(self) -> None:
+        """``overlap=False``: each bucket ``[sum of numels (+ flags)]`` all-reduced now, one after
+        the other, then averaged into its parameters' ``.grad``."""
+        for i, bucket in enumerate(self._buckets):
+            parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                     for p in bucket]
+            if self.find_unused_parameters:
+                parts.append(torch.tensor([float(p.grad is not None) for p in bucket],
+                                          dtype=bucket[0].dtype))
+            flat = torch.cat(parts)
+            dist.all_reduce(flat, group=self.process_group)      # in place: the sum over ranks
+            note("all_reduce", flat, flat, "ddp_grad_bucket", "", "backward", self.world_size)
+            self._write_back(i, flat)
         self._reset()
 
     def _wait(self, work) -> None:

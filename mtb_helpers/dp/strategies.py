@@ -30,7 +30,6 @@ import copy
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from mtb_helpers.comm.mesh import group_rank, group_size
@@ -39,7 +38,7 @@ from mtb_helpers.dp.adam import Adam
 from mtb_helpers.dp.wrapping import all_gather_async, reduce_scatter_async
 
 __all__ = ["STRATEGIES", "SHARDED", "Adam", "make_mlp", "flat", "as_views", "padded_numel", "FlatShards",
-           "held_bytes", "Strategy", "DDP", "ZeRO1", "ZeRO2"]
+           "held_bytes", "Strategy", "FlatStep", "ZeRO1", "ZeRO2"]
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 # which of the compared quantities each strategy keeps only a shard of
@@ -155,9 +154,10 @@ class Strategy:
         return loss
 
 
-class DDP(Strategy):
-    """Distributed data parallel: everything replicated; after backward one all-reduce of the flat
-    gradient bucket ``[Ψ]``, divided by ``p``; every rank runs the same Adam step on all of Ψ.
+class FlatStep(Strategy):
+    """Notebook 06's DDP and ZeRO-1/2: the module's parameters are views of one flat buffer
+    ``[Ψ_pad]``, and Adam steps ``master``, this rank's slice of it (all of it under DDP, where
+    ``wrapper``, ``OverlappedDDP`` without overlap, all-reduces the gradients after the backward).
 
     ``start`` holds flat ``[Ψ]`` tensors ``params``, ``exp_avg``, ``exp_avg_sq`` and the int
     ``step``: the state after the steps already taken (the same on every rank).
@@ -166,8 +166,8 @@ class DDP(Strategy):
     shard_optimizer = False   # ZeRO-1 and ZeRO-2: Adam updates only this rank's shard
     keep_full_grads = True    # ZeRO-2 frees the full gradient once it is reduce-scattered
 
-    def __init__(self, model: nn.Module, start: dict, adam: Adam = Adam(), group=None,
-                 copy_model: bool = True):
+    def __init__(self, wrapper: type | None, model: nn.Module, start: dict, adam: Adam = Adam(),
+                 group=None, copy_model: bool = True):
         self.group, self.p, self.rank = group, group_size(group), group_rank(group)
         # copy_model=False: the caller's module itself gets the flat buffer (its layers may hold
         # process groups, which cannot be deep-copied)
@@ -177,12 +177,14 @@ class DDP(Strategy):
         self.layout = FlatShards((sum(param.numel() for param in params),), self.p, self.shard_optimizer)
         self.flat = self.layout.piece(start["params"], 0, sharded=False)   # [Ψ_pad]
         as_views(params, self.flat)
+        # every rank starts from the same ``start``: nothing to broadcast
+        self.ddp = None if wrapper is None else wrapper(self.model, process_group=group,
+                                                        overlap=False, init_sync=False)
         lo, hi = self.layout.shard(0, self.rank) if self.shard_optimizer else (0, len(self.flat))
         self.own = (lo, hi)
         self.master = nn.Parameter(self.flat[lo:hi])   # shares the flat buffer's storage
         self.optimizer = adam.make([self.master])
         self.load(start)
-        self.grads: torch.Tensor | None = None
 
     def load(self, start: dict) -> None:
         """Put the state ``start`` (as ``__init__`` takes it) in place: the parameters into the flat
@@ -200,7 +202,7 @@ class DDP(Strategy):
 
     def forward_backward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Loss (mean squared error) of this rank's slice ``x, target [b/p, h]``, then backward."""
-        loss = nn.functional.mse_loss(self.model(x), target)
+        loss = nn.functional.mse_loss((self.model if self.ddp is None else self.ddp)(x), target)
         loss.backward()
         return loss.detach()
 
@@ -218,18 +220,18 @@ class DDP(Strategy):
     def zero_grad(self) -> None:
         """The module's ``.grad`` (views of last step's bucket) and the optimizer's grad: gone, so
         the next backward writes fresh gradients instead of adding to the reduced ones."""
-        for param in self._params:
-            param.grad = None
+        if self.ddp is not None:
+            self.ddp.zero_grad()     # nn.Module's (set to None), or a bug's in front of it
+        else:
+            for param in self._params:
+                param.grad = None
         self.master.grad = None
 
     def reduce_gradients(self) -> None:
-        """All-reduce (sum) the bucket, then average; the optimizer's grad is all of it."""
-        buffer = self._full_grads()                       # [Ψ]
-        if self.p > 1:
-            dist.all_reduce(buffer, group=self.group)     # in place: the sum over ranks
-        note("all_reduce", buffer, buffer, "ddp_grad_bucket", "", "backward", self.p)
-        buffer.copy_(self.average(buffer))
-        self.master.grad = buffer
+        """DDP: the wrapper all-reduces and averages the gradients; the optimizer's grad is all
+        of them, one flat ``[Ψ]`` (the module's ``.grad`` become its views)."""
+        self.ddp.finish_gradient_synchronization()
+        self.master.grad = self._full_grads()
 
     def held(self) -> dict[str, int]:
         """Bytes this rank holds for parameters, gradients and optimizer state (Adam's m and v;
@@ -247,12 +249,16 @@ class DDP(Strategy):
                 "exp_avg": state["exp_avg"].clone(), "exp_avg_sq": state["exp_avg_sq"].clone()}
 
 
-class ZeRO1(DDP):
+class ZeRO1(FlatStep):
     """ZeRO stage 1 (P_os): Adam's state sharded. Gradients are reduce-scattered (each rank needs
     the averaged gradient of its shard only) into the rank's slice of the full local gradient
     buffer, which stays allocated; after the sharded step the parameters are all-gathered."""
     name = "zero1"
     shard_optimizer = True
+
+    def __init__(self, model: nn.Module, start: dict, adam: Adam = Adam(), group=None,
+                 copy_model: bool = True):
+        super().__init__(None, model, start, adam, group, copy_model)
 
     def reduce_gradients(self) -> None:
         buffer = self._full_grads()                       # [Ψ_pad]
@@ -274,9 +280,9 @@ class ZeRO1(DDP):
 
     def step(self) -> None:
         self.optimizer.step()
-        self.gather_params()
+        self._share_partitions()
 
-    def gather_params(self) -> None:
+    def _share_partitions(self) -> None:   # ShardedOptimizer's all-gather has the same name
         """Every rank's updated shard to every rank: ``[Ψ_pad/p] -> [Ψ_pad]`` into the flat buffer."""
         mine = self.master.detach()                       # [Ψ_pad/p], a view of the flat buffer
         if self.p > 1:

@@ -31,7 +31,7 @@ from mtb_helpers.capstone.validate import validate
 from mtb_helpers.checking.bug import resolve, swap
 from mtb_helpers.checking.report import Report, Row
 from mtb_helpers.checking.tolerances import as_dtype
-from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
+from mtb_helpers.dp.fsdp import build_strategy
 from mtb_helpers.dp.strategies import flat
 from mtb_helpers.plan.budget import OPTIMIZER_BYTES, stage_params
 from mtb_helpers.plan.memory import MLP_TERMS, STATE_TERMS, MemoryModel
@@ -57,8 +57,8 @@ def held_on_rank(model, layout: GridLayout, strategy: str) -> dict:
         params = flat(module.parameters())
         start = {"params": params, "exp_avg": torch.zeros_like(params),
                  "exp_avg_sq": torch.zeros_like(params), "step": 0}
-        opt = STRATEGY_CLASSES[strategy](module, start, TrainConfig().adam(),
-                                         group=grid.gradient_group(), copy_model=False)
+        opt = build_strategy(strategy, module, start, TrainConfig().adam(),
+                             group=grid.gradient_group(), copy_model=False)
         for p in module.parameters():
             p.grad = torch.zeros_like(p)
         opt.reduce_gradients()       # the dp x cp group: all-reduce (ddp) or reduce-scatter (zero1)
