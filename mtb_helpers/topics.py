@@ -9,7 +9,7 @@ widgets) imports a topic; the topics are found here by name, when the top of the
 
     Topic("dp", group="dp", group_help="data parallelism: ...",
           checks=("check_data_parallel",),            # in <package>.check; "module.func" elsewhere
-          bugs=("bugs", "overlap_bugs"),              # each module holds BUGS: dict[str, Bug]
+          bugs=("bugs",),                             # each module holds BUGS: dict[str, Bug]
           layers=("strategies", "fsdp"))              # modules that must not import upwards
 
 A topic with no deliberate bugs says ``bugs=()``; a topic that adds commands to another

@@ -142,13 +142,6 @@ def print_document(document: object, **dumps_options) -> None:
     print(json.dumps(document, allow_nan=False, **dumps_options), file=stream, flush=True)
 
 
-def print_json(reports: list) -> None:
-    """The --json output of the check commands: ``{"passed": ..., "checks": [report, ...]}``,
-    strict JSON (no NaN), one document however many checks ran."""
-    print_document({"passed": all(r.passed for r in reports),
-                    "checks": [r.to_dict() for r in reports]})
-
-
 def failure_document(exc: BaseException | None, diagnosis: str, message: str | None = None) -> dict:
     """The --json document of a command that ended without a report: what happened and why."""
     if message is None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.checking.command import add_check_options, is_primary, print_json
+from mtb_helpers.checking.command import add_check_options, emit_document
 from mtb_helpers.dp.strategies import STRATEGIES
 
 
@@ -64,14 +64,8 @@ def run_check(args: argparse.Namespace) -> int:
                                    lr=args.lr, weight_decay=args.weight_decay, steps=args.steps, dtype=args.dtype,
                                    seed=args.seed, bug=args.bug)
     passed = all(r.passed for r in reports)
-    if is_primary():
-        if args.json:
-            print_json(reports)
-        else:
-            for report in reports:
-                print(report)
-                print(figures_text(report))
-                print()
-            print("all passed" if passed else "FAILED: " + ", ".join(
-                r.config["strategy"] for r in reports if not r.passed))
-    return 0 if passed else 1
+    verdict = "all passed" if passed else "FAILED: " + ", ".join(
+        r.config["strategy"] for r in reports if not r.passed)
+    return emit_document(lambda: {"passed": passed, "checks": [r.to_dict() for r in reports]},
+                         args.json, lambda: "\n\n".join(f"{r}\n{figures_text(r)}" for r in reports)
+                         + f"\n\n{verdict}", 0 if passed else 1)
