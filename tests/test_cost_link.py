@@ -5,7 +5,7 @@ a hang or a failing rank is reported as without a link.
 Timing asserts are one-sided where the property is hard (an op is never faster than its model:
 the sleep is what makes it take that time); the other side asks the best of four repetitions to
 be within a few ms: on a busy shared machine a thread can wait for a core longer than that, and
-such a lag is shown (``Event.overrun``, a warning), never hidden."""
+such a lag is shown (``LinkEvent.overrun``, a warning), never hidden."""
 from __future__ import annotations
 
 import time

@@ -26,7 +26,7 @@ def test_no_two_dp_classes_share_a_name():
 
 def test_no_dp_class_shares_a_name_with_another_class_of_the_package():
     """dp/'s per-step events, its step clock, its flat shards and its lane operations are not
-    runtime's ``Event`` / ``Timeline``, plan's and capstone's ``Layout`` or pp's ``Op``."""
+    runtime's ``LinkEvent`` / ``LinkTimeline``, plan's ``Layout`` or pp's ``Op``."""
     dp = classes(PACKAGE / "dp")
     everywhere = classes(PACKAGE)
     shared = {name: everywhere[name] for name in dp if len(everywhere[name]) > 1}

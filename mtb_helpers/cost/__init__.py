@@ -20,7 +20,7 @@ Emulated links on real ranks (:mod:`mtb_helpers.runtime.link`)::
     from mtb_helpers import run
     results = run(fn, *args, world_size=4, link=Link(5e-6, 50e9), time_scale=200.0, **kwargs)
     results[r]                     # rank r's return value, as without a link (results is a list)
-    tl = results.timeline          # Timeline: tl.ranks[r] is rank r's list of Event
+    tl = results.timeline          # LinkTimeline: tl.ranks[r] is rank r's list of LinkEvent
     tl.events(rank=None, kind=None, name=None)   # filtered, rank by rank
     tl.makespan, tl.time_scale, tl.link, tl.label(), tl.in_model_time()
 
@@ -36,7 +36,7 @@ given a modelled duration with::
         y = fc1(x)
     y = pad_backward(y, "fc1.bwd", seconds_bwd)   # identity; its backward takes seconds_bwd
 
-Each ``Event`` is ``(kind, name, bytes, start, end, modelled)``: kind "compute" (a padded block)
+Each ``LinkEvent`` is ``(kind, name, bytes, start, end, modelled)``: kind "compute" (a padded block)
 or "comm"; name the padded block's or the torch.distributed function's ("all_reduce", "send",
 "recv", "barrier"); bytes nccl-tests' S (0 for compute); start/end seconds of this machine's
 clock from one zero shared by all ranks; modelled the seconds asked for (time scale included).
@@ -57,9 +57,13 @@ from mtb_helpers.cost.model import (ALGORITHMS, COLLECTIVES, Link, algbw, busbw,
                                     coefficients, n_half, normalize, predict)
 from mtb_helpers.cost.step import predict_grid_step_time, predict_pipeline_step_time, predict_step_time
 from mtb_helpers.runtime.link import pad_backward, padded
-from mtb_helpers.runtime.timeline import Event, RunResults, Timeline
+from mtb_helpers.runtime.timeline import LinkEvent, LinkTimeline, RunResults
 
-__all__ = ["Link", "predict", "calibrate", "Calibration", "Fit", "padded", "pad_backward", "Event",
-           "Timeline", "RunResults", "algbw", "busbw", "busbw_factor", "coefficients", "n_half",
+# cost.Event and cost.Timeline, the names of before (issue 34 gave every class one name in the
+# package: pp's simulator keeps Event and Timeline), still import; new code says LinkEvent/LinkTimeline
+Event, Timeline = LinkEvent, LinkTimeline
+
+__all__ = ["Link", "predict", "calibrate", "Calibration", "Fit", "padded", "pad_backward", "LinkEvent",
+           "LinkTimeline", "RunResults", "algbw", "busbw", "busbw_factor", "coefficients", "n_half",
            "normalize", "COLLECTIVES", "ALGORITHMS", "predict_step_time", "predict_pipeline_step_time",
            "predict_grid_step_time"]

@@ -30,12 +30,13 @@ import copy
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.comm.records import note
+from mtb_helpers.comm.regions import _ALL_GATHER, _REDUCE_SCATTER   # torch 2.13's names, or older torch's
 from mtb_helpers.dp.adam import Adam
-from mtb_helpers.dp.wrapping import all_gather_async, reduce_scatter_async
 
 __all__ = ["STRATEGIES", "SHARDED", "Adam", "make_mlp", "flat", "as_views", "padded_numel", "FlatShards",
            "held_bytes", "Strategy", "FlatStep", "ZeRO1", "ZeRO2"]
@@ -263,11 +264,9 @@ class ZeRO1(FlatStep):
     def reduce_gradients(self) -> None:
         buffer = self._full_grads()                       # [Ψ_pad]
         lo, hi = self.own
-        summed = buffer.new_empty(hi - lo)                # [Ψ_pad/p]: this rank's shard of the sum
-        if self.p > 1:
-            reduce_scatter_async(summed, buffer, self.group).wait()
-        else:
-            summed.copy_(buffer)
+        summed = buffer.new_empty(hi - lo) if self.p > 1 else buffer.clone()   # [Ψ_pad/p]
+        if self.p > 1:   # reduce-scatter: [Ψ_pad] on every rank -> this rank's [Ψ_pad/p] of the sum
+            getattr(dist, _REDUCE_SCATTER)(summed, buffer, group=self.group)
         note("reduce_scatter", buffer, summed, "zero_grad_reduce_scatter", "", "backward", self.p)
         shard = self.average(summed)
         if self.keep_full_grads:
@@ -287,7 +286,7 @@ class ZeRO1(FlatStep):
         mine = self.master.detach()                       # [Ψ_pad/p], a view of the flat buffer
         if self.p > 1:
             full = torch.empty_like(self.flat)            # not in place: mine is a slice of flat
-            all_gather_async(full, mine, self.group).wait()
+            getattr(dist, _ALL_GATHER)(full, mine, group=self.group)   # all-gather: [Ψ_pad/p] -> [Ψ_pad]
             self.flat.copy_(full)
         note("all_gather", mine, self.flat, "zero_param_all_gather", "", "step", self.p)
 

@@ -7,7 +7,7 @@ course's ``run()``, torchrun, or ``torch.multiprocessing.spawn`` + ``init_proces
 Each event of a timeline is plain data, ``StepEvent(kind, name, start, end, nbytes)`` with ``kind``
 ``"compute"`` or ``"comm"`` and times in seconds from the start of the step on this rank's clock
 (``time.perf_counter``), so a figure can draw a compute lane and a comm lane per rank. (Not
-``runtime.timeline.Event``: that one is the emulated link's view of a whole ``run`` call, every
+``runtime.timeline.LinkEvent``: that one is the emulated link's view of a whole ``run`` call, every
 rank on one zero after a barrier, each interval with the time its model asked for; a wrapper's
 ``StepClock`` knows only its own rank, from its step's start, and has no model.)
 """

@@ -16,14 +16,14 @@ from matplotlib.patches import Patch, Rectangle
 
 from mtb_helpers.plots.palette import rank_color
 from mtb_helpers.plots.parts import figure_axes, label_size, legend_right
-from mtb_helpers.runtime.timeline import Timeline
+from mtb_helpers.runtime.timeline import LinkTimeline
 
 __all__ = ["plot_timeline", "LANES"]
 
 LANES = ("compute", "comm")
 
 
-def plot_timeline(timeline: Timeline, title: str = "", ax: plt.Axes | None = None,
+def plot_timeline(timeline: LinkTimeline, title: str = "", ax: plt.Axes | None = None,
                   width: float = 10.0, unit: str = "ms") -> Figure:
     """Two lanes per rank (compute above comm), rank 0 on top, in the link's own time."""
     model = timeline.in_model_time()

@@ -31,7 +31,7 @@ from mtb_helpers.runtime import link_ops
 from mtb_helpers.runtime.comm_thread import CommStream
 from mtb_helpers.runtime.errors import (LinkTimeout, RankError, RankTimeoutError, link_timeout,
                                         link_timeout_message, too_slow)
-from mtb_helpers.runtime.timeline import Event, RunResults, Timeline
+from mtb_helpers.runtime.timeline import LinkEvent, RunResults, LinkTimeline
 
 __all__ = ["padded", "pad_backward", "validate_link", "measure_floor", "Floor", "run_linked", "LinkedCall",
            "active_time_scale", "unmodelled", "comm_seconds", "stale_floor", "FLOOR_REFRESH"]
@@ -48,7 +48,7 @@ class Emulation:
 
     def __init__(self, link: Any, time_scale: float, deadline: float = math.inf):
         self.link, self.scale, self.deadline = link, time_scale, deadline
-        self.events: list[Event] = []
+        self.events: list[LinkEvent] = []
         self.p2p: list = []
         self.free_at = 0.0   # when the stream's last collective ends (perf_counter seconds)
         self.out_free = self.in_free = 0.0   # when this rank's outgoing / incoming link is free
@@ -134,7 +134,7 @@ def padded(name: str, seconds: float) -> Iterator[None]:
     yield
     link_ops.sleep_until(start + modelled)
     if em is not None:
-        em.events.append(Event("compute", name, 0, start, time.perf_counter(), modelled))
+        em.events.append(LinkEvent("compute", name, 0, start, time.perf_counter(), modelled))
 
 
 class _PadBackward(torch.autograd.Function):
@@ -286,9 +286,9 @@ def run_linked(pool: Any, fn: Callable, args: tuple, kwargs: dict, timeout: floa
             raise
         raise RankTimeoutError(link_timeout_message(exc, timeout), [], {}) from None
     zero = min(r["zero"] for r in replies)
-    ranks = [[Event(e.kind, e.name, e.bytes, e.start - zero, e.end - zero, e.modelled)
+    ranks = [[LinkEvent(e.kind, e.name, e.bytes, e.start - zero, e.end - zero, e.modelled)
               for e in r["events"]] for r in replies]
-    timeline = Timeline(ranks, link, float(time_scale))
+    timeline = LinkTimeline(ranks, link, float(time_scale))
     late = [e for e in timeline.events() if e.overrun > OVERRUN_WARNING]
     if late:
         stale_floor(pool)

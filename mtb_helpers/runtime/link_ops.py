@@ -43,7 +43,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from mtb_helpers.runtime.comm_thread import Handle
 from mtb_helpers.runtime.compat import rank_not_in_group
-from mtb_helpers.runtime.timeline import Event
+from mtb_helpers.runtime.timeline import LinkEvent
 
 __all__ = ["add_observer", "signature", "install", "COLLECTIVE_OPS", "P2P_OPS", "ORIG", "sleep_until"]
 
@@ -155,7 +155,7 @@ def _run_collective(em: Any, name: str, collective: str, nbytes: int, p: int, gr
         call()              # into views of the output, which autograd must not track
     sleep_until(start + modelled)
     em.free_at = start + modelled
-    em.events.append(Event("comm", name, nbytes, start, time.perf_counter(), modelled))
+    em.events.append(LinkEvent("comm", name, nbytes, start, time.perf_counter(), modelled))
 
 
 def _collective(em: Any, name: str) -> Callable:
@@ -241,7 +241,7 @@ class P2PHandle(Handle):
                     work.wait()
                 late = time.perf_counter() > arrival   # waited after it had arrived
                 sleep_until(arrival)
-                self.em.events.append(Event("comm", "send" if self.sending else "recv",
+                self.em.events.append(LinkEvent("comm", "send" if self.sending else "recv",
                                             _b(self.tensor), self.start,
                                             arrival if late else time.perf_counter(),
                                             self.modelled))

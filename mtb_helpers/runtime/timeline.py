@@ -1,22 +1,22 @@
 """What each rank did, and when, under an emulated link: compute and communication events.
 
 ``run(fn, world_size=p, link=Link(...))`` returns a :class:`RunResults`: the usual list of
-per-rank results, plus ``.timeline``, a :class:`Timeline` whose ``ranks[r]`` lists rank r's
-:class:`Event` s in the order they ended. Times are seconds of this machine's clock from one zero
+per-rank results, plus ``.timeline``, a :class:`LinkTimeline` whose ``ranks[r]`` lists rank r's
+:class:`LinkEvent` s in the order they ended. Times are seconds of this machine's clock from one zero
 shared by every rank (taken right after a barrier at the start of the call), so events of
 different ranks can be drawn on one axis. Under ``time_scale=N`` every modelled time was
-stretched N times: divide by N (``Timeline.in_model_time()``) to read the link's own seconds.
+stretched N times: divide by N (``LinkTimeline.in_model_time()``) to read the link's own seconds.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Any
 
-__all__ = ["Event", "Timeline", "RunResults"]
+__all__ = ["LinkEvent", "LinkTimeline", "RunResults"]
 
 
 @dataclass(frozen=True)
-class Event:
+class LinkEvent:
     """One interval on one rank.
 
     ``kind``: ``"compute"`` (a ``padded`` block) or ``"comm"`` (a collective or a message).
@@ -47,15 +47,15 @@ class Event:
 
 
 @dataclass
-class Timeline:
+class LinkTimeline:
     """Every rank's events of one ``run(..., link=...)`` call: ``ranks[r]`` is rank r's list.
     ``link`` is the emulated link, ``time_scale`` the stretch factor every modelled time got."""
-    ranks: list[list[Event]]
+    ranks: list[list[LinkEvent]]
     link: Any
     time_scale: float = 1.0
 
     def events(self, rank: int | None = None, kind: str | None = None,
-               name: str | None = None) -> list[Event]:
+               name: str | None = None) -> list[LinkEvent]:
         """Events matching every filter given, rank by rank."""
         ranks = range(len(self.ranks)) if rank is None else [rank]
         return [e for r in ranks for e in self.ranks[r]
@@ -66,10 +66,10 @@ class Timeline:
         """Seconds from the zero to the last event's end (0 without events)."""
         return max((e.end for evs in self.ranks for e in evs), default=0.0)
 
-    def in_model_time(self) -> "Timeline":
+    def in_model_time(self) -> "LinkTimeline":
         """The same timeline with every time divided by ``time_scale`` (the link's own seconds)."""
         s = self.time_scale
-        return Timeline([[replace(e, start=e.start / s, end=e.end / s, modelled=e.modelled / s)
+        return LinkTimeline([[replace(e, start=e.start / s, end=e.end / s, modelled=e.modelled / s)
                           for e in evs] for evs in self.ranks], self.link, 1.0)
 
     def label(self) -> str:
@@ -85,6 +85,6 @@ class Timeline:
 class RunResults(list):
     """``run``'s list of per-rank results, with the call's ``timeline`` attached."""
 
-    def __init__(self, results: list, timeline: Timeline):
+    def __init__(self, results: list, timeline: LinkTimeline):
         super().__init__(results)
         self.timeline = timeline
