@@ -27,7 +27,7 @@ from mtb_helpers.tp.layers import check_divisible
 from mtb_helpers.tp.bugs import build_mlp, column_class, row_class
 from mtb_helpers.tp.reference import (cast_linear, column_reference, mlp_reference, draw_inputs,
                                       row_reference)
-from mtb_helpers.checking.trace import StepSpec as S, build_rows, build_steps, trace_on_rank
+from mtb_helpers.checking.trace import StepSpec as S, trace_on_rank, traced_report
 
 __all__ = ["check_column_parallel", "check_row_parallel", "check_tp_mlp"]
 
@@ -42,16 +42,18 @@ def _sizes(batch_shape, **dims: int) -> tuple[int, ...]:
     return batch_shape
 
 
-def _finish(name: str, config: dict, build, layers, x, dy, specs, quantities,
-            reference, timeout: float, link=None) -> Report:
+def run_traced(name: str, config: dict, build, layers, x, dy, specs, quantities,
+               reference, timeout: float, link=None) -> Report:
+    """Every rank runs ``build(*layers)`` on its pieces of ``x`` and ``dy`` (``trace_on_rank``);
+    ``reference(layers, x, dy, t)`` gives every traced tensor on one process, in the run's dtype
+    and in float64; the report compares each rank's with its piece."""
     t, dtype = config["world_size"], x.dtype
     results = run(trace_on_rank, build, layers, x, dy, specs,
                   world_size=t, timeout=timeout, link=link)
     refs = reference(tuple(cast_linear(lin, dtype) for lin in layers), x, dy, t)
     refs64 = reference(tuple(cast_linear(lin, torch.float64) for lin in layers), x.double(),
                        dy.double(), t)
-    return Report(name, config, build_rows(quantities, specs, results, refs, refs64, dtype),
-                  build_steps(specs, results, refs, dtype), [res["record"] for res in results])
+    return traced_report(name, config, specs, quantities, results, refs, refs64, dtype)
 
 
 def f_backward_steps(local_formula: str) -> list[S]:
@@ -112,7 +114,7 @@ def check_column_parallel(world_size: int = 2, in_features: int = 8, out_feature
     config = check_config(t, dtype, seed, bug, in_features=in_features, out_features=out_features,
                      batch_shape=list(batch), gather_output=gather_output)
     build = partial(_build_column, bug=wrong, gather_output=gather_output)
-    return _finish("column_parallel", config, build, (lin,), x, dy, specs, quantities, column_reference,
+    return run_traced("column_parallel", config, build, (lin,), x, dy, specs, quantities, column_reference,
                    timeout)
 
 
@@ -166,7 +168,7 @@ def check_row_parallel(world_size: int = 2, in_features: int = 12, out_features:
     quantities = [(k, k) for k in ("output", "input_grad", "weight_grad", "bias_grad")]
     config = check_config(t, dtype, seed, bug, in_features=in_features, out_features=out_features,
                      batch_shape=list(batch), input_is_parallel=input_is_parallel)
-    return _finish("row_parallel", config,
+    return run_traced("row_parallel", config,
                    partial(_build_row, bug=wrong, input_is_parallel=input_is_parallel), (lin,), x, dy,
                    specs, quantities,
                    row_reference, timeout)
@@ -222,5 +224,5 @@ def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
                                    "fc2.weight_grad", "fc2.bias_grad")]
     config = check_config(t, dtype, seed, bug, hidden=hidden, ffn_hidden=ffn_hidden,
                      batch_shape=list(batch))
-    return _finish("tp_mlp", config, partial(_build_mlp, bug=wrong), (fc1, fc2), x, dy, specs,
+    return run_traced("tp_mlp", config, partial(_build_mlp, bug=wrong), (fc1, fc2), x, dy, specs,
                    quantities, mlp_reference, timeout, link=link)

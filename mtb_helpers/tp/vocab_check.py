@@ -21,7 +21,7 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.checking.report import Report
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
-from mtb_helpers.checking.trace import StepSpec as S, build_rows, build_steps
+from mtb_helpers.checking.trace import StepSpec as S, traced_report
 from mtb_helpers.comm.records import record
 from mtb_helpers.comm.sharding import check_divisible, shard_range
 from mtb_helpers.runtime.ranks import resolve_world_size, run
@@ -159,9 +159,7 @@ def check_vocab_parallel(world_size: int = 2, vocab: int = 12, hidden: int = 4,
     results = run(_vocab_on_rank, inputs, reduction, wrong, world_size=t, timeout=timeout)
     refs = vocab_reference(inputs, t, reduction, dtype)
     refs64 = vocab_reference(inputs, t, reduction, torch.float64)
-    specs = _specs()
     config = check_config(t, dtype, seed, bug, vocab=vocab, hidden=hidden, tokens=list(tokens),
                        reduction=reduction)
-    rows = build_rows([(q, q) for q in QUANTITIES], specs, results, refs, refs64, dtype)
-    return Report("vocab_parallel", config, rows, build_steps(specs, results, refs, dtype),
-                  [res["record"] for res in results])
+    return traced_report("vocab_parallel", config, _specs(), [(q, q) for q in QUANTITIES],
+                         results, refs, refs64, dtype)
