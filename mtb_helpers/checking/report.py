@@ -54,8 +54,7 @@ def compare(quantity: str, rank: int, got: torch.Tensor | None, ref: torch.Tenso
         inf = math.inf
         return Row(quantity, rank, inf, inf, inf, tolerance(ref, dtype), False, inf, inf, note)
     scale = float(ref.abs().max()) if ref.numel() else 0.0
-    rtol, atol = TOLERANCES[dtype]
-    tol = atol + rtol * scale                     # tolerance(ref, dtype), its max taken once
+    tol = tolerance(ref, dtype)
     err = float((got.double() - ref.double()).abs().max()) if ref.numel() else 0.0
     rel = err / scale if scale > 0 else (0.0 if err == 0 else math.inf)
     unit = ulp(scale, dtype)

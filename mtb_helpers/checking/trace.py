@@ -23,11 +23,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 
-from mtb_helpers.comm.mesh import group_size
+from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.comm.records import CollectiveRecord, record
 from mtb_helpers.checking.report import Report, Row, compare, tolerance
 from mtb_helpers.comm.sharding import local_piece, name, shard_range
@@ -153,7 +152,7 @@ def trace_on_rank(build, layers: tuple, x: torch.Tensor, dy: torch.Tensor,
     with an entry for every spec whose source exists.
     """
     t = group_size()
-    r = dist.get_rank() if dist.is_initialized() else 0
+    r = group_rank()
     module = build(*layers)
     x = local_piece(x, module.input_layouts, r, t).clone().requires_grad_(True)
     dy = local_piece(dy, module.output_layouts, r, t)

@@ -24,6 +24,7 @@ from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.checking.report import Report
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
 from mtb_helpers.checking.trace import StepSpec as S
+from mtb_helpers.comm.mesh import group_size
 from mtb_helpers.comm.sharding import shard_range
 from mtb_helpers.runtime.ranks import resolve_world_size
 from mtb_helpers.tp.check import G_FWD, f_backward_steps, run_traced
@@ -84,7 +85,7 @@ def build_attention(wq, wk, wv, wo, *, n_heads: int, causal: bool, bug: Bug | No
     if bug is None:
         return ParallelSelfAttention.from_full(wq, wk, wv, wo, n_heads, causal)
     wrong = bug
-    t = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    t = group_size()
     d = ParallelSelfAttention.validate(wq, wk, wv, wo, n_heads, t)
     qkv = swap(wrong, ColumnParallelLinear).from_full(grouped_qkv(wq, wk, wv, t))
     out = swap(wrong, RowParallelLinear).from_full(wo, input_is_parallel=True)
