@@ -57,9 +57,7 @@ LAYOUTS = [Layout(1, 1, 1, 1), Layout(2, 1, 1, 1), Layout(1, 2, 1, 1), Layout(1,
 
 
 def _row(quantity, rank, got, ref, ref64, dtype, note):
-    row = compare(quantity, rank, got, ref, ref64, dtype)
-    row.tolerance = TOLERANCE[dtype][quantity]
-    row.passed = row.max_abs_err <= row.tolerance
+    row = compare(quantity, rank, got, ref, ref64, dtype, TOLERANCE[dtype][quantity])
     row.note = note if not row.note else f"{note}; {row.note}"
     return row
 

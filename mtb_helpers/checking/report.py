@@ -45,16 +45,16 @@ class Row:
 
 
 def compare(quantity: str, rank: int, got: torch.Tensor | None, ref: torch.Tensor,
-            ref64: torch.Tensor, dtype: torch.dtype) -> Row:
+            ref64: torch.Tensor, dtype: torch.dtype, tol: float | None = None) -> Row:
     """A ``Row`` for one rank's ``got`` against its reference piece (``ref`` in ``dtype``,
-    ``ref64`` in float64; same shape)."""
+    ``ref64`` in float64; same shape). ``tol``: a check's own bar instead of ``tolerance``."""
+    tol = tolerance(ref, dtype) if tol is None else tol
     if got is None or tuple(got.shape) != tuple(ref.shape):
         note = ("not produced" if got is None
                 else f"shape {list(got.shape)} != expected {list(ref.shape)}")
         inf = math.inf
-        return Row(quantity, rank, inf, inf, inf, tolerance(ref, dtype), False, inf, inf, note)
+        return Row(quantity, rank, inf, inf, inf, tol, False, inf, inf, note)
     scale = float(ref.abs().max()) if ref.numel() else 0.0
-    tol = tolerance(ref, dtype)
     err = float((got.double() - ref.double()).abs().max()) if ref.numel() else 0.0
     rel = err / scale if scale > 0 else (0.0 if err == 0 else math.inf)
     unit = ulp(scale, dtype)

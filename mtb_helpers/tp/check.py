@@ -65,18 +65,6 @@ def f_backward_steps(local_formula: str) -> list[S]:
               Replicate(), ("input_grad",), F_BWD)]
 
 
-def _build_column(lin, *, bug, gather_output):
-    return column_class(bug).from_full(lin, gather_output=gather_output)
-
-
-def _build_row(lin, *, bug, input_is_parallel):
-    return row_class(bug).from_full(lin, input_is_parallel=input_is_parallel)
-
-
-def _build_mlp(fc1, fc2, *, bug):
-    return build_mlp(fc1, fc2, bug)
-
-
 def check_column_parallel(world_size: int = 2, in_features: int = 8, out_features: int = 12,
                           batch_shape: tuple[int, ...] = (2, 3), dtype=torch.float32, seed: int = 0,
                           bug: str | None = None, gather_output: bool = False,
@@ -113,9 +101,9 @@ def check_column_parallel(world_size: int = 2, in_features: int = 8, out_feature
                   ("weight_grad", "weight_grad"), ("bias_grad", "bias_grad")]
     config = check_config(t, dtype, seed, bug, in_features=in_features, out_features=out_features,
                      batch_shape=list(batch), gather_output=gather_output)
-    build = partial(_build_column, bug=wrong, gather_output=gather_output)
-    return run_traced("column_parallel", config, build, (lin,), x, dy, specs, quantities, column_reference,
-                   timeout)
+    build = partial(column_class(wrong).from_full, gather_output=gather_output)
+    return run_traced("column_parallel", config, build, (lin,), x, dy, specs, quantities,
+                      column_reference, timeout)
 
 
 def check_row_parallel(world_size: int = 2, in_features: int = 12, out_features: int = 8,
@@ -169,9 +157,8 @@ def check_row_parallel(world_size: int = 2, in_features: int = 12, out_features:
     config = check_config(t, dtype, seed, bug, in_features=in_features, out_features=out_features,
                      batch_shape=list(batch), input_is_parallel=input_is_parallel)
     return run_traced("row_parallel", config,
-                   partial(_build_row, bug=wrong, input_is_parallel=input_is_parallel), (lin,), x, dy,
-                   specs, quantities,
-                   row_reference, timeout)
+                      partial(row_class(wrong).from_full, input_is_parallel=input_is_parallel),
+                      (lin,), x, dy, specs, quantities, row_reference, timeout)
 
 
 def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
@@ -224,5 +211,5 @@ def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
                                    "fc2.weight_grad", "fc2.bias_grad")]
     config = check_config(t, dtype, seed, bug, hidden=hidden, ffn_hidden=ffn_hidden,
                      batch_shape=list(batch))
-    return run_traced("tp_mlp", config, partial(_build_mlp, bug=wrong), (fc1, fc2), x, dy, specs,
-                   quantities, mlp_reference, timeout, link=link)
+    return run_traced("tp_mlp", config, partial(build_mlp, bug=wrong), (fc1, fc2), x, dy, specs,
+                      quantities, mlp_reference, timeout, link=link)
