@@ -84,14 +84,14 @@ def _cells(row: Row) -> list[str]:
             "yes" if row.passed else "NO" + (f" ({row.note})" if row.note else "")]
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """inf/nan -> None so that ``json.dumps(report.to_dict())`` is strict JSON."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -157,7 +157,7 @@ class Report:
 
     def to_dict(self) -> dict:
         """JSON-ready (non-finite errors become None)."""
-        return _json_safe({"check": self.check, "passed": self.passed, "config": dict(self.config),
+        return json_safe({"check": self.check, "passed": self.passed, "config": dict(self.config),
                            "rows": [asdict(r) for r in self.rows],
                            "steps": [s.to_dict() for s in self.steps],
                            "records": [rec.to_list() for rec in self.records], **self.extra})
