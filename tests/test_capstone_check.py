@@ -120,6 +120,21 @@ def test_bad_input_is_refused_before_any_rank_starts(monkeypatch, kwargs, messag
         check_capstone(**kwargs)
 
 
+def test_the_reused_anchored_reference_carries_nothing_from_one_check_to_the_next(references_built):
+    """The re-anchored reference is kept between checks (it loads the whole state before every
+    step): a correct check right after a failing one gives the rows of a freshly made reference."""
+    from mtb_helpers.capstone import check as check_module
+    assert not check_capstone(tp=2, steps=2, bug="capstone-dp-allreduce-in-tp-group").passed
+    before = len(references_built)
+    after_bug = check_capstone(tp=2, steps=2)
+    assert len(references_built) == before           # the failing check's reference, reused
+    check_module._REFERENCES.clear()
+    fresh = check_capstone(tp=2, steps=2)
+    assert after_bug.passed and len(references_built) == before + 1
+    assert [(r.quantity, r.max_abs_err) for r in after_bug.rows] == \
+        [(r.quantity, r.max_abs_err) for r in fresh.rows]
+
+
 @pytest.mark.parametrize("sizes", [dict(tp=2, pp=2), dict(tp=2, dp=2, strategy="zero1")])
 def test_full_state_pieces_the_shards_together_as_gather_param_does(sizes):
     """``full_state`` gathers every snapshot with one index for the whole model; each tensor must
@@ -159,3 +174,52 @@ def test_full_state_pieces_the_shards_together_as_gather_param_does(sizes):
                     for full, want in gather_param([s[name] for s in shards], name).items():
                         assert torch.equal(state[kind][full], want), (i, kind, full)
     assert all(len(flats[kind]) == sum(math.prod(s) for s in full_shapes) for kind in state)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_first_step_from_the_model_as_made_is_the_free_runs_first_step(dtype):
+    """What lets a check take the re-anchored reference's first step from the free run: from the
+    same start, a fresh re-anchored step is the free run's first step, bit for bit."""
+    from mtb_helpers.capstone.check import free_run, starts_like
+    from mtb_helpers.capstone.model import GPTConfig
+    from mtb_helpers.capstone.reference import Reference, TrainConfig
+    free = free_run(GPTConfig(), TrainConfig(steps=2), dtype)
+    start = {"params": free.start.clone(), "exp_avg": torch.zeros_like(free.start),
+             "exp_avg_sq": torch.zeros_like(free.start), "step": 0}
+    assert starts_like(start, free)
+    loss, after = Reference(GPTConfig(), TrainConfig(steps=1), dtype).step(0, start)
+    assert loss == free.losses[0] and torch.equal(after, free.flats[0])
+
+
+def test_a_start_one_bit_away_from_the_models_is_stepped_again():
+    """The deliberate mistakes: one bit of one parameter, a moment of -0.0, a step already taken;
+    each is another start, and the check must step the re-anchored reference from it."""
+    from mtb_helpers.capstone.check import free_run, starts_like
+    from mtb_helpers.capstone.model import GPTConfig
+    from mtb_helpers.capstone.reference import TrainConfig
+    free = free_run(GPTConfig(), TrainConfig(steps=2), torch.float64)
+    zeros = torch.zeros_like(free.start)
+    params = free.start.clone()
+    params.view(torch.int64)[7] ^= 1                        # the last bit of one parameter
+    minus_zero = zeros.clone()
+    minus_zero[3] = -0.0
+    for state in ({"params": params, "exp_avg": zeros, "exp_avg_sq": zeros, "step": 0},
+                  {"params": free.start, "exp_avg": minus_zero, "exp_avg_sq": zeros, "step": 0},
+                  {"params": free.start, "exp_avg": zeros, "exp_avg_sq": zeros, "step": 1},
+                  {"params": free.start.float(), "exp_avg": zeros.float(),
+                   "exp_avg_sq": zeros.float(), "step": 0}):
+        assert not starts_like(state, free)
+
+
+def test_a_check_that_takes_the_free_runs_first_step_gives_the_rows_of_one_that_steps(monkeypatch):
+    from mtb_helpers.capstone import check as check_module
+    answers, starts_like = [], check_module.starts_like
+    monkeypatch.setattr(check_module, "starts_like",
+                        lambda state, free: answers.append(starts_like(state, free)) or answers[-1])
+    taken = check_capstone(tp=2, pp=2, steps=2)
+    assert answers == [True]                     # asked at the first step only, and it was taken
+    monkeypatch.setattr(check_module, "starts_like", lambda state, free: False)
+    stepped = check_capstone(tp=2, pp=2, steps=2)
+    assert taken.passed and stepped.passed
+    assert [(r.quantity, r.rank, r.note, r.max_abs_err) for r in taken.rows] == \
+        [(r.quantity, r.rank, r.note, r.max_abs_err) for r in stepped.rows]

@@ -24,7 +24,9 @@ which blocks, heads, positions, sequences), ``held_params`` (parameters each ran
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import threading
 from typing import NamedTuple
 
 import torch
@@ -78,11 +80,29 @@ def grid_table(layout: Layout, cfg: GPTConfig, batch: int) -> list[dict]:
 
 class FreeRun(NamedTuple):
     """The free-running one-process run: per step its loss and flat parameters after it (in
-    ``names`` order) and the final parameters by name."""
+    ``names`` order), the final parameters by name, and the flat parameters it started from."""
     names: list[str]
     losses: list[float]
     flats: list[torch.Tensor]
     params: dict[str, torch.Tensor]
+    start: torch.Tensor
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit for bit (``torch.equal`` would call -0.0 and 0.0 equal)."""
+    if a.dtype != b.dtype or a.shape != b.shape or not a.dtype.is_floating_point:
+        return False
+    as_int = {8: torch.int64, 4: torch.int32, 2: torch.int16}[a.element_size()]
+    return torch.equal(a.view(as_int), b.view(as_int))
+
+
+def starts_like(state: dict, free: FreeRun) -> bool:
+    """Is ``state`` (``full_state`` of a parallel run) bit for bit the state the free run took
+    its first step from: its parameters, AdamW's moments all +0.0, no step taken? The
+    re-anchored reference's step from it is then the free run's first step, already taken."""
+    return (state["step"] == 0 and _same_bits(state["params"], free.start)
+            and all(_same_bits(state[k], torch.zeros_like(free.start))
+                    for k in ("exp_avg", "exp_avg_sq")))
 
 
 @functools.lru_cache(maxsize=2)
@@ -92,12 +112,50 @@ def free_run(cfg: GPTConfig, run_cfg: TrainConfig, dtype: torch.dtype) -> FreeRu
     ~0.3 MB per step; nothing here is modified after it is made); the re-anchored reference,
     which starts from the parallel run's own state, is stepped again every time."""
     ref = Reference(cfg, run_cfg, dtype)
+    start = ref.flat.clone()
     losses, flats = [], []
     for k in range(run_cfg.steps):
         loss, after = ref.step(k)
         losses.append(loss)
         flats.append(after)
-    return FreeRun(list(ref.names), losses, flats, ref.named(ref.flat.clone()))
+    return FreeRun(list(ref.names), losses, flats, ref.named(ref.flat.clone()), start)
+
+
+class _References:
+    """Re-anchored references kept between checks, by setting (building one is ~8 ms of model and
+    corpus on an idle CPU, ~25 ms on a loaded one, per check and dtype: a capstone explorer's
+    redraw would pay it). Reusing one is safe because ``StepComparison`` steps it only from a
+    state (``Reference.step(k, state)`` loads every parameter and all of AdamW's state first),
+    so nothing of an earlier check survives into the next. A check ``take``s its references and
+    ``give``s them back when it is done: while it steps one, no other thread can (the capstone
+    explorer prepares in a background thread while a cell may run a check), and two checks at
+    once each get their own. At most ``keep`` idle references are kept (~1.2 MiB each, the
+    model, its gradients and AdamW's moments), least recently given back dropped first."""
+
+    def __init__(self, keep: int = 2):
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._idle: list[tuple[tuple, Reference]] = []   # ((cfg, run_cfg, dtype), ref), oldest first
+
+    def take(self, cfg: GPTConfig, run_cfg: TrainConfig, dtype: torch.dtype) -> Reference:
+        key = (cfg, run_cfg, dtype)
+        with self._lock:
+            for i in reversed(range(len(self._idle))):
+                if self._idle[i][0] == key:
+                    return self._idle.pop(i)[1]
+        return Reference(cfg, run_cfg, dtype)
+
+    def give(self, ref: Reference) -> None:
+        with self._lock:
+            self._idle.append(((ref.cfg, ref.run, ref.dtype), ref))
+            del self._idle[:max(0, len(self._idle) - self.keep)]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._idle.clear()
+
+
+_REFERENCES = _References()
 
 
 class StepComparison:
@@ -108,9 +166,10 @@ class StepComparison:
 
     def __init__(self, layout: Layout, cfg: GPTConfig, run_cfg: TrainConfig, dtype: torch.dtype):
         self.layout, self.dtype = layout, dtype
-        self.anchored = Reference(cfg, run_cfg, dtype)
+        any_steps = dataclasses.replace(run_cfg, steps=1)   # the reference never reads it
+        self.anchored = _REFERENCES.take(cfg, any_steps, dtype)
         self.anchored64 = (self.anchored if dtype == torch.float64
-                           else Reference(cfg, run_cfg, torch.float64))
+                           else _REFERENCES.take(cfg, any_steps, torch.float64))
         self.free = free_run(cfg, run_cfg, dtype)
         self.names = self.free.names
         self.rank = layout.mesh().rank_of(pp=layout.pp - 1)   # the last stage's first rank
@@ -119,6 +178,11 @@ class StepComparison:
         self.errors = {"anchored": {"loss": [], "params": []}, "free": {"loss": [], "params": []}}
         self.last_params: tuple = ()   # (reference, fp64 reference) after the last step, anchored
 
+    def release(self) -> None:
+        """Give the re-anchored references back for the next check (``_References``)."""
+        for ref in {id(r): r for r in (self.anchored, self.anchored64)}.values():
+            _REFERENCES.give(ref)
+
     def on_call(self, first: int, results: list[dict]) -> None:
         last = [r for r in results
                 if r["index"]["pp"] == self.layout.pp - 1 and r["index"]["tp"] == 0]
@@ -126,7 +190,11 @@ class StepComparison:
         for i in range(len(last[0]["losses"])):
             k, after = first + i, full_state(results, self.layout, i + 1, self.names)
             got_loss = sum(r["losses"][i] for r in last) / len(last)
-            loss, want = self.anchored.step(k, before)
+            # the run's first step from the model as made: the free run took that step already
+            # (every parallel run starts there; ~9 ms of a capstone redraw's ~30 ms of reference)
+            loss, want = ((self.free.losses[k], self.free.flats[k])
+                          if k == 0 and starts_like(before, self.free)
+                          else self.anchored.step(k, before))
             loss64, want64 = ((loss, want) if self.anchored64 is self.anchored else
                               self.anchored64.step(k, {key: value if key == "step" else value.double()
                                                        for key, value in before.items()}))
@@ -173,9 +241,12 @@ def check_capstone(tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, steps: in
     run_cfg = TrainConfig(steps, batch, lr, weight_decay, seed)
     validate(layout, cfg, run_cfg, microbatches, schedule, sequence_parallel, strategy, timeout)
     comparison = StepComparison(layout, cfg, run_cfg, dtype)
-    result = train_parallel(tp, pp, dp, cp, steps, microbatches, schedule, sequence_parallel,
-                            seed, dtype, strategy, batch, lr, weight_decay, cfg, bug, timeout,
-                            progress, comparison.on_call)
+    try:
+        result = train_parallel(tp, pp, dp, cp, steps, microbatches, schedule, sequence_parallel,
+                                seed, dtype, strategy, batch, lr, weight_decay, cfg, bug, timeout,
+                                progress, comparison.on_call)
+    finally:
+        comparison.release()
     rows = comparison.rows["loss"] + comparison.rows["step"]
     d = torch.empty((), dtype=dtype).element_size()
     sent, formula = [], []
