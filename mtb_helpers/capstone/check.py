@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import threading
 from typing import NamedTuple
 
@@ -40,7 +39,7 @@ from mtb_helpers.capstone.parallel import train_parallel
 from mtb_helpers.capstone.state import full_state
 from mtb_helpers.capstone.reference import Reference, TrainConfig
 from mtb_helpers.capstone.validate import validate
-from mtb_helpers.checking.report import Report, compare
+from mtb_helpers.checking.report import Report, compare, json_safe
 from mtb_helpers.checking.tolerances import as_dtype
 
 __all__ = ["check_capstone", "StepComparison", "FreeRun", "free_run", "TOLERANCE", "grid_table", "LAYOUTS"]
@@ -59,9 +58,7 @@ LAYOUTS = [Layout(1, 1, 1, 1), Layout(2, 1, 1, 1), Layout(1, 2, 1, 1), Layout(1,
 
 
 def _row(quantity, rank, got, ref, ref64, dtype, note):
-    row = compare(quantity, rank, got, ref, ref64, dtype)
-    row.tolerance = TOLERANCE[dtype][quantity]
-    row.passed = row.max_abs_err <= row.tolerance
+    row = compare(quantity, rank, got, ref, ref64, dtype, TOLERANCE[dtype][quantity])
     row.note = note if not row.note else f"{note}; {row.note}"
     return row
 
@@ -79,10 +76,6 @@ def grid_table(layout: Layout, cfg: GPTConfig, batch: int) -> list[dict]:
                     "positions": [at["cp"] * n, (at["cp"] + 1) * n],
                     "sequences": [at["dp"] * bd, (at["dp"] + 1) * bd]})
     return out
-
-
-def _finite_or_none(values: list[float]) -> list[float | None]:
-    return [v if math.isfinite(v) else None for v in values]
 
 
 class FreeRun(NamedTuple):
@@ -225,7 +218,7 @@ class StepComparison:
         """``{"steps": [1..N], "anchored"|"free": {"loss"|"params": [max abs error per step]},
         "tolerance": {"loss", "params"}}`` (None where a value is not finite)."""
         return {"steps": list(range(1, len(self.free_losses) + 1)),
-                **{kind: {q: _finite_or_none(v) for q, v in errs.items()}
+                **{kind: {q: json_safe(v) for q, v in errs.items()}
                    for kind, errs in self.errors.items()},
                 "tolerance": {"loss": TOLERANCE[self.dtype]["loss"],
                               "params": TOLERANCE[self.dtype]["step"]}}
@@ -276,7 +269,7 @@ def check_capstone(tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, steps: in
                   "per_rank": sent, "formula": formula, "formula_text": FORMULAS},
         "grid": grid_table(layout, cfg, batch),
         "held_params": [sum(p.numel() for p in res["params"].values()) for res in result.per_rank],
-        "param_errors": {n: (e if math.isfinite(e) else None) for n, e in param_errors.items()},
+        "param_errors": json_safe(param_errors),
     }
     config = {**result.config, "bug": bug}
     return Report("capstone", config, rows, [], result.records, extra=extra)

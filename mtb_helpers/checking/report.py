@@ -45,17 +45,16 @@ class Row:
 
 
 def compare(quantity: str, rank: int, got: torch.Tensor | None, ref: torch.Tensor,
-            ref64: torch.Tensor, dtype: torch.dtype) -> Row:
+            ref64: torch.Tensor, dtype: torch.dtype, tol: float | None = None) -> Row:
     """A ``Row`` for one rank's ``got`` against its reference piece (``ref`` in ``dtype``,
-    ``ref64`` in float64; same shape)."""
+    ``ref64`` in float64; same shape). ``tol``: a check's own bar instead of ``tolerance``."""
+    tol = tolerance(ref, dtype) if tol is None else tol
     if got is None or tuple(got.shape) != tuple(ref.shape):
         note = ("not produced" if got is None
                 else f"shape {list(got.shape)} != expected {list(ref.shape)}")
         inf = math.inf
-        return Row(quantity, rank, inf, inf, inf, tolerance(ref, dtype), False, inf, inf, note)
+        return Row(quantity, rank, inf, inf, inf, tol, False, inf, inf, note)
     scale = float(ref.abs().max()) if ref.numel() else 0.0
-    rtol, atol = TOLERANCES[dtype]
-    tol = atol + rtol * scale                     # tolerance(ref, dtype), its max taken once
     err = float((got.double() - ref.double()).abs().max()) if ref.numel() else 0.0
     rel = err / scale if scale > 0 else (0.0 if err == 0 else math.inf)
     unit = ulp(scale, dtype)
@@ -85,14 +84,14 @@ def _cells(row: Row) -> list[str]:
             "yes" if row.passed else "NO" + (f" ({row.note})" if row.note else "")]
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """inf/nan -> None so that ``json.dumps(report.to_dict())`` is strict JSON."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -158,7 +157,7 @@ class Report:
 
     def to_dict(self) -> dict:
         """JSON-ready (non-finite errors become None)."""
-        return _json_safe({"check": self.check, "passed": self.passed, "config": dict(self.config),
+        return json_safe({"check": self.check, "passed": self.passed, "config": dict(self.config),
                            "rows": [asdict(r) for r in self.rows],
                            "steps": [s.to_dict() for s in self.steps],
                            "records": [rec.to_list() for rec in self.records], **self.extra})

@@ -7,10 +7,12 @@ passes when ``max|got - ref| <= atol + rtol * max|ref|`` with (rtol, atol) from 
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
-__all__ = ["TOLERANCES", "ulp", "tolerance", "as_dtype", "check_config", "positive_sizes"]
+__all__ = ["TOLERANCES", "ulp", "tolerance", "as_dtype", "check_config", "number", "positive_sizes",
+           "divisible"]
 
 # Loose enough for any summation order at these sizes (those errors are a few ulps; 1e-5 of the
 # largest value is about a hundred float32 ulps), tight enough that every deliberate bug (errors
@@ -48,8 +50,23 @@ def check_config(t: int, dtype: torch.dtype, seed: int, bug: str | None, **extra
             "bug": bug}
 
 
+def number(name: str, value, holds: Callable[[float], bool], want: str,
+           integral: bool = False) -> None:
+    """Refuse (ValueError naming it: ``"{name} must be {want}, got {value!r}"``) a ``value`` that
+    is not an int or float (an int when ``integral``; a bool is neither) or fails ``holds``."""
+    kinds = int if integral else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not holds(value):
+        raise ValueError(f"{name} must be {want}, got {value!r}")
+
+
 def positive_sizes(**dims: int) -> None:
     """Refuse (ValueError naming it) any size that is not a positive integer."""
     for name, size in dims.items():
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise ValueError(f"{name} must be a positive integer, got {size!r}")
+        number(name, size, lambda n: n >= 1, "a positive integer", integral=True)
+
+
+def divisible(name: str, size: int, by: str, n: int, why: str) -> None:
+    """Refuse (ValueError) a ``size`` that ``n`` (``by`` names it, e.g. "the world size 4") does
+    not divide, saying ``why`` it must."""
+    if size % n:
+        raise ValueError(f"{name}={size} is not divisible by {by}: {why}")

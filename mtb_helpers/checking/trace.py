@@ -23,13 +23,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 
-from mtb_helpers.comm.mesh import group_size
+from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.comm.records import CollectiveRecord, record
-from mtb_helpers.checking.report import Row, compare, tolerance
+from mtb_helpers.checking.report import Report, Row, compare, tolerance
 from mtb_helpers.comm.sharding import local_piece, name, shard_range
 
 LAYOUTS = (Shard(0), Shard(-1), Replicate(), Partial(), Partial("max"))   # a step's 2-D view
@@ -153,7 +152,7 @@ def trace_on_rank(build, layers: tuple, x: torch.Tensor, dy: torch.Tensor,
     with an entry for every spec whose source exists.
     """
     t = group_size()
-    r = dist.get_rank() if dist.is_initialized() else 0
+    r = group_rank()
     module = build(*layers)
     x = local_piece(x, module.input_layouts, r, t).clone().requires_grad_(True)
     dy = local_piece(dy, module.output_layouts, r, t)
@@ -228,13 +227,11 @@ def build_steps(specs: list[StepSpec], results: list[dict], refs: dict,
         for r, res in enumerate(results):
             want = piece(ref, spec.layout, t, r)
             got = res["obs"].get(spec.key)
-            err = None
-            if got is not None and tuple(as2d(got).shape) == tuple(want.shape):
-                err = float((as2d(got).double() - want.double()).abs().max()) if want.numel() else 0.0
+            row = compare(spec.key, r, None if got is None else as2d(got), want, want, dtype)
             rows, cols = block(shape, spec.layout, t, r)
             holdings.append(Holding(r, rows, cols, partial,
-                                    None if got is None else tuple(got.shape), err,
-                                    err is not None and err <= tolerance(want, dtype)))
+                                    None if got is None else tuple(got.shape),
+                                    None if row.note else row.max_abs_err, row.passed))
         steps.append(Step(index, spec.name, spec.phase, spec.tensor, spec.formula, shape,
                           name(spec.layout), _collective(spec, results[0]["record"]), holdings, tol))
     return steps
@@ -254,3 +251,13 @@ def build_rows(quantities: list[tuple[str, str]], specs: list[StepSpec], results
                                 piece(refs[key], layout[key], t, r),
                                 piece(refs64[key], layout[key], t, r).double(), dtype))
     return rows
+
+
+def traced_report(check: str, config: dict, specs: list[StepSpec], quantities: list[tuple[str, str]],
+                  results: list[dict], refs: dict, refs64: dict, dtype: torch.dtype,
+                  extra: dict | None = None) -> Report:
+    """The ``Report`` of a traced check: its rows (``build_rows``), its step trace
+    (``build_steps``) and every rank's record, from the ranks' ``trace_on_rank`` results."""
+    return Report(check, config, build_rows(quantities, specs, results, refs, refs64, dtype),
+                  build_steps(specs, results, refs, dtype), [res["record"] for res in results],
+                  extra or {})

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.checking.report import Report, Row
-from mtb_helpers.checking.tolerances import as_dtype, check_config, ulp
+from mtb_helpers.checking.tolerances import as_dtype, check_config, number, ulp
 from mtb_helpers.collectives.ops import (COLLECTIVES, FORMULAS, GLOO_HEADER_BYTES, MEASURED_NOTES,
                                          RANK_FUNCTIONS, all_gather, all_reduce, decode_sources,
                                          formula_bytes, rank_input, reduce_scatter, reference,
@@ -141,13 +141,11 @@ def _validate(world_size: int, numel: int, collectives: tuple[str, ...], bug: st
     for name in collectives:
         if name not in COLLECTIVES:
             raise ValueError(f"unknown collective {name!r}; expected one of {COLLECTIVES}")
-    if not isinstance(numel, int) or isinstance(numel, bool) or numel < 1:
-        raise ValueError(f"numel must be a positive int, got {numel!r}")
+    number("numel", numel, lambda n: n >= 1, "a positive int", integral=True)
     if numel % world_size:
         raise ValueError(f"numel={numel} (the full tensor) must be divisible by the world size "
                          f"{world_size}: each rank's chunk is numel/t elements")
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    number("seed", seed, lambda n: n >= 0, "a non-negative int", integral=True)
     return resolve(bug, "collectives", world_size=world_size, numel=numel,
                    collectives=tuple(collectives))
 

@@ -20,11 +20,11 @@ two rings in lockstep, one message per hop carrying both layouts' blocks.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from mtb_helpers.checking.bug import resolve, swap
 from mtb_helpers.checking.report import Report, compare
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
+from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.cp.allgather import AllGatherAttention
 from mtb_helpers.cp.reference import (expected_bytes, expected_kv_bytes, expected_work,
                                       make_cp_inputs, reference_attention)
@@ -48,8 +48,7 @@ def _on_rank(layer_cls, sizes: tuple[int, int, int, int], dtype: torch.dtype, se
     ``q, k, v, dO`` are drawn here from the caller's ``sizes``, dtype and seed, the very tensors
     the caller drew (cheaper than shipping them to every rank)."""
     q, k, v, dout = make_cp_inputs(*sizes, dtype, seed)        # [b, heads, s, d] each
-    cp = dist.get_world_size() if dist.is_initialized() else 1
-    r = dist.get_rank() if dist.is_initialized() else 0
+    cp, r = group_size(), group_rank()
     layers = [layer_cls(causal, layout) for layout in layouts]
     shards = [tuple(shard_sequence(x, cp, r, layout, dim=2).requires_grad_(True) for x in (q, k, v))
               for layout in layouts]

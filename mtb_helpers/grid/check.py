@@ -24,7 +24,8 @@ from mtb_helpers.grid.layers import (CONVENTION, DP_REGION, PARAMS, average_grad
                               dp_group_ranks, expected_bytes, grid_step_on_rank, param_piece,
                               tp_group_ranks, validate_grid)
 from mtb_helpers.runtime.ranks import resolve_world_size, run
-from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
+from mtb_helpers.checking.tolerances import (as_dtype, check_config, divisible, number,
+                                              positive_sizes)
 from mtb_helpers.checking.report import Report, compare
 from mtb_helpers.comm.sharding import shard_range
 from mtb_helpers.tp.reference import draw_inputs
@@ -99,14 +100,11 @@ def check_grid(world_size: int = 4, tp: int = 2, dp: int = 2, hidden: int = 8,
     validate_grid(t, tp, dp)
     wrong = resolve(bug, "grid")
     positive_sizes(hidden=hidden, ffn_hidden=ffn_hidden, batch=batch)
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr <= 0:
-        raise ValueError(f"lr must be a positive number, got {lr!r}")
-    if ffn_hidden % tp:
-        raise ValueError(f"ffn_hidden={ffn_hidden} is not divisible by tp={tp}: tensor "
-                         f"parallelism splits it into {tp} equal shards, one per TP-group rank")
-    if batch % dp:
-        raise ValueError(f"batch={batch} is not divisible by dp={dp}: data parallelism gives "
-                         f"each of the {dp} replicas an equal slice of the batch")
+    number("lr", lr, lambda v: v > 0, "a positive number")
+    divisible("ffn_hidden", ffn_hidden, f"tp={tp}", tp, f"tensor parallelism splits it into "
+              f"{tp} equal shards, one per TP-group rank")
+    divisible("batch", batch, f"dp={dp}", dp, f"data parallelism gives each of the {dp} replicas "
+              f"an equal slice of the batch")
     (fc1, fc2), x, target = draw_inputs(seed, (batch,), dtype, (hidden, ffn_hidden),
                                         (ffn_hidden, hidden))
     results = run(grid_step_on_rank, fc1, fc2, x, target, tp, dp, lr,

@@ -18,16 +18,16 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from mtb_helpers.comm.mesh import group_size
+from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.checking.bug import resolve
 from mtb_helpers.comm.records import record
 from mtb_helpers.moe.layers import COMBINE, COUNTS, DISPATCH, ROUTER_GRAD, Expert, moe_reference
 from mtb_helpers.moe.bugs import build_moe
 from mtb_helpers.runtime.ranks import resolve_world_size, run
-from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
+from mtb_helpers.checking.tolerances import (as_dtype, check_config, divisible, number,
+                                              positive_sizes)
 from mtb_helpers.checking.report import Report, compare
 
 __all__ = ["check_moe", "make_moe_inputs", "all_gather_alternative_bytes", "EXPERT_PARAMS"]
@@ -66,8 +66,7 @@ def _grads(module: nn.Module) -> dict[str, torch.Tensor | None]:
 
 def _on_rank(gate, experts, x, dy, top_k, capacity_factor, bug) -> dict:
     """Run on every rank: the layer on this rank's tokens, forward and backward, recorded."""
-    t = group_size()
-    r = dist.get_rank() if dist.is_initialized() else 0
+    t, r = group_size(), group_rank()
     n = x.shape[0] // t
     layer = build_moe(gate, experts, top_k, capacity_factor, bug)
     x_r = x[r * n:(r + 1) * n].clone().requires_grad_(True)
@@ -136,18 +135,13 @@ def _moe_data(results: list[dict], refs: dict, num_experts: int, hidden: int, it
 def _validate(t: int, num_experts, top_k, tokens, hidden, ffn_hidden, capacity_factor) -> None:
     positive_sizes(num_experts=num_experts, top_k=top_k, tokens=tokens, hidden=hidden,
                    ffn_hidden=ffn_hidden)
-    if num_experts % t:
-        raise ValueError(f"num_experts={num_experts} is not divisible by the world size {t}: "
-                         f"every rank owns the same number of experts")
+    divisible("num_experts", num_experts, f"the world size {t}", t,
+              "every rank owns the same number of experts")
     if top_k > num_experts:
         raise ValueError(f"top_k={top_k} is more than num_experts={num_experts}")
-    if tokens % t:
-        raise ValueError(f"tokens={tokens} is not divisible by the world size {t}: every rank "
-                         f"holds the same number of tokens")
-    if capacity_factor is not None and (isinstance(capacity_factor, bool)
-                                        or not isinstance(capacity_factor, (int, float))
-                                        or not capacity_factor > 0):
-        raise ValueError(f"capacity_factor must be None or a number > 0, got {capacity_factor!r}")
+    divisible("tokens", tokens, f"the world size {t}", t, "every rank holds the same number of tokens")
+    if capacity_factor is not None:
+        number("capacity_factor", capacity_factor, lambda c: c > 0, "None or a number > 0")
 
 
 def check_moe(world_size: int = 2, num_experts: int = 4, top_k: int = 1, tokens: int = 16,

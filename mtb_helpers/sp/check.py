@@ -25,14 +25,15 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from mtb_helpers.checking.bug import resolve
 from mtb_helpers.comm.regions import GATHER_SP, REDUCE_SCATTER_SP
 from mtb_helpers.runtime.ranks import resolve_world_size, run
-from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
+from mtb_helpers.checking.tolerances import (as_dtype, check_config, divisible, number,
+                                              positive_sizes)
 from mtb_helpers.checking.report import Report
 from mtb_helpers.sp.layers import position_keyed_dropout
 from mtb_helpers.sp.bugs import build_block
 from mtb_helpers.sp.memory import (VARIANTS, counting_saved, make_block_inputs, measure_on_rank,
                                    memory_figures)
 from mtb_helpers.comm.sharding import check_divisible, shard_range
-from mtb_helpers.checking.trace import StepSpec as S, build_rows, build_steps, trace_on_rank
+from mtb_helpers.checking.trace import StepSpec as S, trace_on_rank, traced_report
 
 __all__ = ["check_sequence_parallel", "SP_SPECS", "SP_QUANTITIES"]
 
@@ -165,11 +166,9 @@ def check_sequence_parallel(world_size: int = 2, seq_len: int = 8, batch: int = 
     if not set(memory_variants) <= set(VARIANTS):
         raise ValueError(f"memory_variants must be among {tuple(VARIANTS)}, got {memory_variants!r}")
     positive_sizes(seq_len=seq_len, batch=batch, hidden=hidden, ffn_hidden=ffn_hidden)
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0 <= dropout_p < 1:
-        raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
-    if seq_len % t:
-        raise ValueError(f"seq_len={seq_len} is not divisible by the world size {t}: sequence "
-                         f"parallelism splits the sequence into {t} equal shards")
+    number("dropout_p", dropout_p, lambda p: 0 <= p < 1, "a number in [0, 1)")
+    divisible("seq_len", seq_len, f"the world size {t}", t,
+              f"sequence parallelism splits the sequence into {t} equal shards")
     check_divisible("ffn_hidden", ffn_hidden, t)
     wrong = resolve(bug, "sequence", dropout_p=dropout_p)
     ln, fc1, fc2, x, dy = make_block_inputs(seq_len, batch, hidden, ffn_hidden, dtype, seed)
@@ -184,7 +183,5 @@ def check_sequence_parallel(world_size: int = 2, seq_len: int = 8, batch: int = 
                           ffn_hidden=ffn_hidden, dropout_p=dropout_p)
     memory = memory_figures([res.pop("memory") for res in results], seq_len, batch, hidden,
                             ffn_hidden, dtype, dropout_p)
-    return Report("sequence_parallel", config,
-                  build_rows(SP_QUANTITIES, SP_SPECS, results, refs, refs64, dtype),
-                  build_steps(SP_SPECS, results, refs, dtype), [res["record"] for res in results],
-                  extra={"activation_memory": memory})
+    return traced_report("sequence_parallel", config, SP_SPECS, SP_QUANTITIES, results, refs,
+                         refs64, dtype, extra={"activation_memory": memory})

@@ -23,18 +23,17 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.checking.report import Report
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
-from mtb_helpers.checking.trace import StepSpec as S, build_rows, build_steps, trace_on_rank
+from mtb_helpers.checking.trace import StepSpec as S
+from mtb_helpers.comm.mesh import group_size
 from mtb_helpers.comm.sharding import shard_range
-from mtb_helpers.runtime.ranks import resolve_world_size, run
-from mtb_helpers.tp.check import G_FWD, f_backward_steps
+from mtb_helpers.runtime.ranks import resolve_world_size
+from mtb_helpers.tp.check import G_FWD, f_backward_steps, run_traced
 from mtb_helpers.tp.attention import LocalAttention, ParallelSelfAttention, check_heads, grouped_qkv
 from mtb_helpers.tp.layers import ColumnParallelLinear, RowParallelLinear
-from mtb_helpers.tp.reference import cast_linear, draw_inputs
+from mtb_helpers.tp.reference import draw_inputs
 
 __all__ = ["check_tp_attention", "draw_attention_inputs", "attention_reference", "build_attention",
            "QUANTITIES"]
-
-
 
 
 def draw_attention_inputs(seed: int, seq: int, batch: int, hidden: int, dtype=torch.float32):
@@ -86,7 +85,7 @@ def build_attention(wq, wk, wv, wo, *, n_heads: int, causal: bool, bug: Bug | No
     if bug is None:
         return ParallelSelfAttention.from_full(wq, wk, wv, wo, n_heads, causal)
     wrong = bug
-    t = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    t = group_size()
     d = ParallelSelfAttention.validate(wq, wk, wv, wo, n_heads, t)
     qkv = swap(wrong, ColumnParallelLinear).from_full(grouped_qkv(wq, wk, wv, t))
     out = swap(wrong, RowParallelLinear).from_full(wo, input_is_parallel=True)
@@ -147,16 +146,9 @@ def check_tp_attention(world_size: int = 2, seq: int = 4, batch: int = 2, n_head
     check_heads(h, n_heads, t)
     wrong = resolve(bug, "tp_attention", head_dim=head_dim, world_size=t)
     layers, x, dy = draw_attention_inputs(seed, seq, batch, h, dtype)
-    specs = _specs()
-    build = partial(build_attention, n_heads=n_heads, causal=causal, bug=wrong)
-    results = run(trace_on_rank, build, tuple(layers), x, dy, specs, world_size=t,
-                  timeout=timeout)
-    ref = partial(attention_reference, n_heads=n_heads, causal=causal)
-    refs = ref(tuple(cast_linear(lin, dtype) for lin in layers), x, dy, t)
-    refs64 = ref(tuple(cast_linear(lin, torch.float64) for lin in layers), x.double(),
-                 dy.double(), t)
     config = check_config(t, dtype, seed, bug, seq=seq, batch=batch, n_heads=n_heads,
                        head_dim=head_dim, causal=causal)
-    quantities = [(q, q) for q in QUANTITIES]
-    return Report("tp_attention", config, build_rows(quantities, specs, results, refs, refs64, dtype),
-                  build_steps(specs, results, refs, dtype), [res["record"] for res in results])
+    return run_traced("tp_attention", config,
+                      partial(build_attention, n_heads=n_heads, causal=causal, bug=wrong),
+                      tuple(layers), x, dy, _specs(), [(q, q) for q in QUANTITIES],
+                      partial(attention_reference, n_heads=n_heads, causal=causal), timeout)

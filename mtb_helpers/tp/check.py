@@ -27,7 +27,7 @@ from mtb_helpers.tp.layers import check_divisible
 from mtb_helpers.tp.bugs import build_mlp, column_class, row_class
 from mtb_helpers.tp.reference import (cast_linear, column_reference, mlp_reference, draw_inputs,
                                       row_reference)
-from mtb_helpers.checking.trace import StepSpec as S, build_rows, build_steps, trace_on_rank
+from mtb_helpers.checking.trace import StepSpec as S, trace_on_rank, traced_report
 
 __all__ = ["check_column_parallel", "check_row_parallel", "check_tp_mlp"]
 
@@ -42,16 +42,18 @@ def _sizes(batch_shape, **dims: int) -> tuple[int, ...]:
     return batch_shape
 
 
-def _finish(name: str, config: dict, build, layers, x, dy, specs, quantities,
-            reference, timeout: float, link=None) -> Report:
+def run_traced(name: str, config: dict, build, layers, x, dy, specs, quantities,
+               reference, timeout: float, link=None) -> Report:
+    """Every rank runs ``build(*layers)`` on its pieces of ``x`` and ``dy`` (``trace_on_rank``);
+    ``reference(layers, x, dy, t)`` gives every traced tensor on one process, in the run's dtype
+    and in float64; the report compares each rank's with its piece."""
     t, dtype = config["world_size"], x.dtype
     results = run(trace_on_rank, build, layers, x, dy, specs,
                   world_size=t, timeout=timeout, link=link)
     refs = reference(tuple(cast_linear(lin, dtype) for lin in layers), x, dy, t)
     refs64 = reference(tuple(cast_linear(lin, torch.float64) for lin in layers), x.double(),
                        dy.double(), t)
-    return Report(name, config, build_rows(quantities, specs, results, refs, refs64, dtype),
-                  build_steps(specs, results, refs, dtype), [res["record"] for res in results])
+    return traced_report(name, config, specs, quantities, results, refs, refs64, dtype)
 
 
 def f_backward_steps(local_formula: str) -> list[S]:
@@ -61,18 +63,6 @@ def f_backward_steps(local_formula: str) -> list[S]:
               ("record", "f", "backward", "in")),
             S("input_grad", "all-reduce dX (f backward)", "backward", "dX", "dX = sum_r dX^(r)",
               Replicate(), ("input_grad",), F_BWD)]
-
-
-def _build_column(lin, *, bug, gather_output):
-    return column_class(bug).from_full(lin, gather_output=gather_output)
-
-
-def _build_row(lin, *, bug, input_is_parallel):
-    return row_class(bug).from_full(lin, input_is_parallel=input_is_parallel)
-
-
-def _build_mlp(fc1, fc2, *, bug):
-    return build_mlp(fc1, fc2, bug)
 
 
 def check_column_parallel(world_size: int = 2, in_features: int = 8, out_features: int = 12,
@@ -111,9 +101,9 @@ def check_column_parallel(world_size: int = 2, in_features: int = 8, out_feature
                   ("weight_grad", "weight_grad"), ("bias_grad", "bias_grad")]
     config = check_config(t, dtype, seed, bug, in_features=in_features, out_features=out_features,
                      batch_shape=list(batch), gather_output=gather_output)
-    build = partial(_build_column, bug=wrong, gather_output=gather_output)
-    return _finish("column_parallel", config, build, (lin,), x, dy, specs, quantities, column_reference,
-                   timeout)
+    build = partial(column_class(wrong).from_full, gather_output=gather_output)
+    return run_traced("column_parallel", config, build, (lin,), x, dy, specs, quantities,
+                      column_reference, timeout)
 
 
 def check_row_parallel(world_size: int = 2, in_features: int = 12, out_features: int = 8,
@@ -166,10 +156,9 @@ def check_row_parallel(world_size: int = 2, in_features: int = 12, out_features:
     quantities = [(k, k) for k in ("output", "input_grad", "weight_grad", "bias_grad")]
     config = check_config(t, dtype, seed, bug, in_features=in_features, out_features=out_features,
                      batch_shape=list(batch), input_is_parallel=input_is_parallel)
-    return _finish("row_parallel", config,
-                   partial(_build_row, bug=wrong, input_is_parallel=input_is_parallel), (lin,), x, dy,
-                   specs, quantities,
-                   row_reference, timeout)
+    return run_traced("row_parallel", config,
+                      partial(row_class(wrong).from_full, input_is_parallel=input_is_parallel),
+                      (lin,), x, dy, specs, quantities, row_reference, timeout)
 
 
 def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
@@ -222,5 +211,5 @@ def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
                                    "fc2.weight_grad", "fc2.bias_grad")]
     config = check_config(t, dtype, seed, bug, hidden=hidden, ffn_hidden=ffn_hidden,
                      batch_shape=list(batch))
-    return _finish("tp_mlp", config, partial(_build_mlp, bug=wrong), (fc1, fc2), x, dy, specs,
-                   quantities, mlp_reference, timeout, link=link)
+    return run_traced("tp_mlp", config, partial(build_mlp, bug=wrong), (fc1, fc2), x, dy, specs,
+                      quantities, mlp_reference, timeout, link=link)

@@ -13,7 +13,6 @@ the parallel loss combines (max, sum of exp(x - max), target logit - max). Rows 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import Partial, Replicate, Shard
@@ -21,8 +20,9 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.checking.report import Report
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
-from mtb_helpers.checking.trace import StepSpec as S, build_rows, build_steps
+from mtb_helpers.checking.trace import StepSpec as S, traced_report
 from mtb_helpers.comm.records import record
+from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.comm.sharding import check_divisible, shard_range
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.tp.vocab import REDUCTIONS, VocabParallelCrossEntropy, VocabParallelEmbedding
@@ -83,8 +83,7 @@ def vocab_reference(inputs: dict, t: int, reduction: str, dtype: torch.dtype) ->
 
 def _vocab_on_rank(inputs: dict, reduction: str, wrong: Bug | None) -> dict:
     """On every rank: the embedding forward/backward, then the loss forward/backward."""
-    t = dist.get_world_size() if dist.is_initialized() else 1
-    r = dist.get_rank() if dist.is_initialized() else 0
+    t, r = group_size(), group_rank()
     emb = swap(wrong, VocabParallelEmbedding).from_full(inputs["embedding"])
     ce = swap(wrong, VocabParallelCrossEntropy)(reduction, vocab_size=inputs["logits"].shape[-1])
     logits = inputs["logits"].chunk(t, dim=-1)[r].clone().requires_grad_(True)   # [.., V/t]
@@ -159,9 +158,7 @@ def check_vocab_parallel(world_size: int = 2, vocab: int = 12, hidden: int = 4,
     results = run(_vocab_on_rank, inputs, reduction, wrong, world_size=t, timeout=timeout)
     refs = vocab_reference(inputs, t, reduction, dtype)
     refs64 = vocab_reference(inputs, t, reduction, torch.float64)
-    specs = _specs()
     config = check_config(t, dtype, seed, bug, vocab=vocab, hidden=hidden, tokens=list(tokens),
                        reduction=reduction)
-    rows = build_rows([(q, q) for q in QUANTITIES], specs, results, refs, refs64, dtype)
-    return Report("vocab_parallel", config, rows, build_steps(specs, results, refs, dtype),
-                  [res["record"] for res in results])
+    return traced_report("vocab_parallel", config, _specs(), [(q, q) for q in QUANTITIES],
+                         results, refs, refs64, dtype)
