@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from mtb_helpers import run, shutdown
 from mtb_helpers.capstone.data import batch_for_step, corpus, encode
-from mtb_helpers.capstone.grid import Grid, Layout as GridLayout
+from mtb_helpers.capstone.grid import Grid, GridLayout
 from mtb_helpers.capstone.finalize import SequenceParallelGrads
 from mtb_helpers.capstone.layers import build_stage, replicated_params
 from mtb_helpers.capstone.model import GPTConfig, make_model

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from mtb_helpers.capstone.grid import Layout
+from mtb_helpers.capstone.grid import GridLayout
 from mtb_helpers.capstone.model import GPTConfig
 from mtb_helpers.capstone.parallel import train_on_rank
 from mtb_helpers.capstone.reference import TrainConfig
@@ -48,7 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.calls < 4:
         parser.error("--calls must be at least 4")
-    layout, run_cfg = Layout(tp=2, pp=2), TrainConfig(steps=3)
+    layout, run_cfg = GridLayout(tp=2, pp=2), TrainConfig(steps=3)
     call = ((GPTConfig(), run_cfg.seed, torch.float64), layout, run_cfg, 2, "1f1b", True, "ddp")
     names = list(POLICIES)
     seen: dict[str, list[tuple[float, float]]] = {name: [] for name in names}

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mtb_helpers.capstone.data import ALPHABET, VOCAB, batch_for_step, corpus, decode, encode
-from mtb_helpers.capstone.grid import Layout, group_ranks
+from mtb_helpers.capstone.grid import GridLayout, group_ranks
 from mtb_helpers.capstone.finalize import FINALIZE, SequenceParallelGrads
 from mtb_helpers.capstone.layers import (build_stage, gather_param, param_placement, replicated_params,
                                          shard_param)
@@ -40,11 +40,11 @@ def test_model_is_small_and_starts_near_uniform():
 
 
 def test_grid_numbering_puts_tensor_ranks_next_to_each_other():
-    layout = Layout(tp=2, pp=2, dp=2, cp=1)
+    layout = GridLayout(tp=2, pp=2, dp=2, cp=1)
     assert group_ranks(layout, ("tp",)) == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert sorted(group_ranks(layout, ("pp",))) == [[0, 4], [1, 5], [2, 6], [3, 7]]
     assert sorted(group_ranks(layout, ("dp", "cp"))) == [[0, 2], [1, 3], [4, 6], [5, 7]]
-    layout = Layout(tp=2, pp=1, dp=2, cp=2)
+    layout = GridLayout(tp=2, pp=1, dp=2, cp=2)
     assert sorted(group_ranks(layout, ("dp", "cp"))) == [[0, 2, 4, 6], [1, 3, 5, 7]]
     assert sorted(group_ranks(layout, ("cp",))) == [[0, 2], [1, 3], [4, 6], [5, 7]]
     mesh = layout.mesh()
@@ -106,7 +106,7 @@ def test_figures_have_titles_labels_legends_and_rank_colours():
     from mtb_helpers.capstone.plots import plot_bytes, plot_drift, plot_losses, plot_rank_grid
     from mtb_helpers.plots.palette import rank_color
 
-    layout = Layout(tp=2, pp=2, dp=2, cp=1)
+    layout = GridLayout(tp=2, pp=2, dp=2, cp=1)
     fig = plot_rank_grid(grid_table(layout, GPTConfig(), 8), layout.sizes())
     ax = fig.axes[0]
     assert "tp=2 pp=2 dp=2 cp=1" in ax.get_title() and ax.get_xlabel() and ax.get_legend()
@@ -246,9 +246,14 @@ def test_a_kept_stage_that_kept_its_moments_is_caught(monkeypatch):
 
     from mtb_helpers.capstone import kept, parallel
     from mtb_helpers.dp.strategies import FlatStep
-    args = ((GPTConfig(), 0, torch.float64), Layout(1, 1, 1, 1), TrainConfig(steps=2), 2, "1f1b",
+    args = ((GPTConfig(), 0, torch.float64), GridLayout(1, 1, 1, 1), TrainConfig(steps=2), 2, "1f1b",
             True, "ddp")
     monkeypatch.setattr(kept, "STAGES", type(kept.STAGES)())   # this process's own
+    # and its own kept mesh groups: left in the module, a rank pool forked from this process
+    # later would inherit groups of a destroyed gloo group and hang dropping them
+    from mtb_helpers.comm import mesh
+    monkeypatch.setattr(mesh, "_kept", type(mesh._kept)())
+    monkeypatch.setattr(mesh, "_kept_in", [None])
     # this process as a rank of one (the DP wrappers are built under a process group)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:

@@ -142,7 +142,7 @@ def test_full_state_pieces_the_shards_together_as_gather_param_does(sizes):
     slices of every replica)."""
     import math
 
-    from mtb_helpers.capstone.grid import Layout
+    from mtb_helpers.capstone.grid import GridLayout
     from mtb_helpers.capstone.layers import gather_param
     from mtb_helpers.capstone.model import make_model
     from mtb_helpers.capstone.parallel import train_parallel
@@ -150,7 +150,7 @@ def test_full_state_pieces_the_shards_together_as_gather_param_does(sizes):
     calls = []
     train_parallel(**sizes, steps=2, on_call=lambda first, res: calls.append(
         [dict(r, snapshots=list(r["snapshots"])) for r in res]))
-    results, layout = calls[0], Layout(sizes["tp"], sizes.get("pp", 1), sizes.get("dp", 1))
+    results, layout = calls[0], GridLayout(sizes["tp"], sizes.get("pp", 1), sizes.get("dp", 1))
     names, full_shapes = zip(*((n, p.shape) for n, p in make_model().named_parameters()))
     for i in range(3):
         flats = full_state(results, layout, i, names)   # [Ψ] each, in the model's order

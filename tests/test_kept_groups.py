@@ -8,11 +8,11 @@ import os
 
 from mtb_helpers import run, shutdown
 from mtb_helpers.capstone.check import check_capstone
-from mtb_helpers.capstone.grid import Layout
+from mtb_helpers.capstone.grid import GridLayout
 from mtb_helpers.comm.mesh import KEEP_MESHES
 
 
-def _grid_on_rank(layout: Layout) -> dict:
+def _grid_on_rank(layout: GridLayout) -> dict:
     """On every rank: build the capstone grid twice (as two calls would), and report its groups'
     real members, their identities, an all-reduce in each group, and what the rank keeps."""
     import torch
@@ -38,7 +38,7 @@ def _grid_on_rank(layout: Layout) -> dict:
             "registered": len(dist.distributed_c10d._world.pg_map)}
 
 
-def _check_groups(per_rank: list[dict], layout: Layout) -> None:
+def _check_groups(per_rank: list[dict], layout: GridLayout) -> None:
     mesh = layout.mesh()
     for rank, res in enumerate(per_rank):
         assert res["same"]
@@ -50,7 +50,7 @@ def _check_groups(per_rank: list[dict], layout: Layout) -> None:
 
 
 def test_groups_are_reused_for_a_layout_and_never_for_another():
-    a, b = Layout(tp=2, pp=2), Layout(tp=2, dp=2)
+    a, b = GridLayout(tp=2, pp=2), GridLayout(tp=2, dp=2)
     first = run(_grid_on_rank, a, world_size=4, timeout=120.0)
     _check_groups(first, a)
     other = run(_grid_on_rank, b, world_size=4, timeout=120.0)
@@ -71,8 +71,8 @@ def test_groups_are_reused_for_a_layout_and_never_for_another():
 
 
 def test_at_most_keep_meshes_layouts_are_kept():
-    layouts = [Layout(tp=4), Layout(pp=4), Layout(dp=4), Layout(cp=4), Layout(tp=2, pp=2),
-               Layout(tp=2, dp=2), Layout(pp=2, cp=2)]
+    layouts = [GridLayout(tp=4), GridLayout(pp=4), GridLayout(dp=4), GridLayout(cp=4), GridLayout(tp=2, pp=2),
+               GridLayout(tp=2, dp=2), GridLayout(pp=2, cp=2)]
     assert len(layouts) > KEEP_MESHES + 1
     others = set()
     for layout in layouts:
@@ -88,7 +88,7 @@ def test_at_most_keep_meshes_layouts_are_kept():
 
 
 def test_a_new_pool_starts_with_no_kept_groups():
-    layout = Layout(tp=2, pp=2)
+    layout = GridLayout(tp=2, pp=2)
     before = run(_grid_on_rank, layout, world_size=4, timeout=120.0)
     shutdown()
     after = run(_grid_on_rank, layout, world_size=4, timeout=120.0)
@@ -106,7 +106,7 @@ def _rebuild_world(store_dir: str) -> dict:
     from mtb_helpers.capstone.grid import Grid
     from mtb_helpers.comm.mesh import kept_meshes
 
-    layout = Layout(tp=2)
+    layout = GridLayout(tp=2)
     old = Grid.build(layout).groups["tp"]
     kept_before = len(kept_meshes())
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -136,5 +136,5 @@ def test_one_process_builds_no_groups_and_keeps_none():
     from mtb_helpers.capstone.grid import Grid
     from mtb_helpers.comm.mesh import kept_meshes
 
-    grid = Grid.build(Layout())
+    grid = Grid.build(GridLayout())
     assert grid.groups == {n: None for n in ("pp", "dp", "cp", "tp", "dp_cp")} and kept_meshes() == []

@@ -54,7 +54,7 @@ def test_bad_meshes_and_names_are_refused():
 
 
 def test_the_grid_and_the_capstone_are_the_same_mesh():
-    from mtb_helpers.capstone.grid import Layout, group_ranks
+    from mtb_helpers.capstone.grid import GridLayout, group_ranks
     from mtb_helpers.grid.layers import dp_group_ranks, tp_group_ranks
     for tp, dp in [(2, 2), (1, 4), (4, 1), (2, 3), (3, 2)]:
         mesh = Mesh(dp=dp, tp=tp)
@@ -63,10 +63,10 @@ def test_the_grid_and_the_capstone_are_the_same_mesh():
         for r in range(tp * dp):
             assert tuple(mesh.coords(r).values()) == divmod(r, tp)   # notebook 08's (dp_index, tp_index)
         # the 4-D layout with pp = cp = 1 numbers ranks exactly as the tp x dp grid does
-        layout = Layout(tp=tp, dp=dp)
+        layout = GridLayout(tp=tp, dp=dp)
         assert group_ranks(layout, ("tp",)) == tp_group_ranks(tp, dp)
         assert all(layout.mesh().rank_of(**mesh.coords(r)) == r for r in range(tp * dp))
-    layout = Layout(tp=2, pp=2, dp=2, cp=1)
+    layout = GridLayout(tp=2, pp=2, dp=2, cp=1)
     assert layout.mesh() == Mesh(pp=2, dp=2, cp=1, tp=2)
     assert layout.mesh().coords(5) == {"pp": 1, "dp": 0, "cp": 0, "tp": 1}
 

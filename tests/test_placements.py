@@ -240,12 +240,12 @@ def test_every_layer_keeps_its_declared_layouts(t):
 
 
 def _capstone_on_rank(model, ids, x, dy_x, dy_logits, dp, cp, tp, sp) -> dict:
-    from mtb_helpers.capstone.grid import Grid, Layout
+    from mtb_helpers.capstone.grid import Grid, GridLayout
     from mtb_helpers.capstone.layers import (ContextParallelCore, ParallelBlock, ParallelEmbedding,
                                              ParallelHead)
     from mtb_helpers.tp.attention import check_heads, grouped_qkv
     from mtb_helpers.tp.vocab import VocabParallelEmbedding
-    grid = Grid.build(Layout(tp=tp, dp=dp, cp=cp))
+    grid = Grid.build(GridLayout(tp=tp, dp=dp, cp=cp))
     try:
         at = {d: grid.index[d] for d in ("dp", "cp", "tp")}
         sizes = {"dp": dp, "cp": cp, "tp": tp}

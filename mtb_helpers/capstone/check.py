@@ -32,7 +32,7 @@ from typing import NamedTuple
 import torch
 
 from mtb_helpers.capstone.costs import FORMULAS, GROUP_NAMES, formula_bytes, measured_bytes
-from mtb_helpers.capstone.grid import Layout
+from mtb_helpers.capstone.grid import GridLayout
 from mtb_helpers.capstone.layers import shard_param, stage_blocks
 from mtb_helpers.capstone.model import GPTConfig
 from mtb_helpers.capstone.parallel import train_parallel
@@ -52,9 +52,9 @@ __all__ = ["check_capstone", "StepComparison", "FreeRun", "free_run", "TOLERANCE
 # deliberate bug (losses 5e-3 apart, parameters 6e-2).
 TOLERANCE = {torch.float64: {"loss": 1e-10, "step": 1e-10, "params": 1e-10},
              torch.float32: {"loss": 1e-5, "step": 1e-3, "params": 1e-3}}
-LAYOUTS = [Layout(1, 1, 1, 1), Layout(2, 1, 1, 1), Layout(1, 2, 1, 1), Layout(1, 1, 2, 1),
-           Layout(2, 2, 1, 1), Layout(2, 1, 2, 1), Layout(1, 2, 2, 1), Layout(2, 2, 2, 1),
-           Layout(2, 1, 1, 2)]
+LAYOUTS = [GridLayout(1, 1, 1, 1), GridLayout(2, 1, 1, 1), GridLayout(1, 2, 1, 1), GridLayout(1, 1, 2, 1),
+           GridLayout(2, 2, 1, 1), GridLayout(2, 1, 2, 1), GridLayout(1, 2, 2, 1), GridLayout(2, 2, 2, 1),
+           GridLayout(2, 1, 1, 2)]
 
 
 def _row(quantity, rank, got, ref, ref64, dtype, note):
@@ -63,7 +63,7 @@ def _row(quantity, rank, got, ref, ref64, dtype, note):
     return row
 
 
-def grid_table(layout: Layout, cfg: GPTConfig, batch: int) -> list[dict]:
+def grid_table(layout: GridLayout, cfg: GPTConfig, batch: int) -> list[dict]:
     """Per rank: its coordinates and what it holds: blocks, heads, positions, sequences."""
     mesh, out = layout.mesh(), []
     for r in range(layout.world_size):
@@ -164,7 +164,7 @@ class StepComparison:
     parallel run's own state before it (``rows``: the verdict; errors cannot compound), and both
     against the free-running reference (``drift()``: how far two correct runs wander apart)."""
 
-    def __init__(self, layout: Layout, cfg: GPTConfig, run_cfg: TrainConfig, dtype: torch.dtype):
+    def __init__(self, layout: GridLayout, cfg: GPTConfig, run_cfg: TrainConfig, dtype: torch.dtype):
         self.layout, self.dtype = layout, dtype
         any_steps = dataclasses.replace(run_cfg, steps=1)   # the reference never reads it
         self.anchored = _REFERENCES.take(cfg, any_steps, dtype)
@@ -237,7 +237,7 @@ def check_capstone(tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, steps: in
     seconds_per_step)`` is called as steps finish. Bad sizes, non-finite numbers and unknown bugs
     are refused (ValueError) before any rank starts."""
     dtype = as_dtype(dtype)
-    layout = Layout(tp, pp, dp, cp)
+    layout = GridLayout(tp, pp, dp, cp)
     run_cfg = TrainConfig(steps, batch, lr, weight_decay, seed)
     validate(layout, cfg, run_cfg, microbatches, schedule, sequence_parallel, strategy, timeout)
     comparison = StepComparison(layout, cfg, run_cfg, dtype)

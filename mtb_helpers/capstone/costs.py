@@ -17,7 +17,7 @@ and fc2's biases; the final LayerNorm).
 """
 from __future__ import annotations
 
-from mtb_helpers.capstone.grid import Layout
+from mtb_helpers.capstone.grid import GridLayout
 from mtb_helpers.capstone.layers import stage_blocks
 from mtb_helpers.capstone.model import GPTConfig
 from mtb_helpers.comm.regions import GATHER_SP, GRAD_ALLREDUCE_SP, REDUCE_SCATTER_SP, SCATTER_SP
@@ -65,7 +65,7 @@ def measured_bytes(rec) -> dict[str, int]:
     return out
 
 
-def formula_bytes(layout: Layout, cfg: GPTConfig, batch: int, microbatches: int,
+def formula_bytes(layout: GridLayout, cfg: GPTConfig, batch: int, microbatches: int,
                   sequence_parallel: bool, strategy: str, index: dict, numel: int,
                   dtype_bytes: int) -> dict[str, int]:
     """``{group: bytes}`` the rank at ``index`` must send in one step (see the module docstring)."""

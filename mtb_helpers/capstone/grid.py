@@ -11,7 +11,7 @@ parameter are averaged over every rank holding the same shard of it and seeing d
 that is the data-parallel **and** the context-parallel ranks, so the gradient reduction runs in
 the ``dp x cp`` group (Megatron calls it the data-parallel group "with context parallelism").
 The numbering, the groups and the flattened ``dp_cp`` group are ``comm.mesh``'s
-``Mesh(pp=pp, dp=dp, cp=cp, tp=tp)`` (``Layout.mesh()``), PyTorch's ``init_device_mesh`` with the
+``Mesh(pp=pp, dp=dp, cp=cp, tp=tp)`` (``GridLayout.mesh()``), PyTorch's ``init_device_mesh`` with the
 same dims: a rank's coordinates are ``layout.mesh().coords(rank)``, the rank at a cell
 ``layout.mesh().rank_of(pp=.., tp=..)``.
 """
@@ -21,13 +21,15 @@ from dataclasses import dataclass
 
 from mtb_helpers.comm.mesh import Mesh, MeshGroups
 
-__all__ = ["DIMS", "Layout", "group_ranks", "Grid"]
+__all__ = ["DIMS", "GridLayout", "group_ranks", "Grid"]
 
 DIMS = ("tp", "cp", "dp", "pp")   # fastest-varying first
 
 
 @dataclass(frozen=True)
-class Layout:
+class GridLayout:
+    """The sizes of the capstone's 4D rank grid (the planner's ``plan.specs.Layout`` adds what a
+    real run also chooses: micro-batches, ZeRO stage, recomputation, dtype)."""
     tp: int = 1
     pp: int = 1
     dp: int = 1
@@ -48,7 +50,7 @@ class Layout:
         return f"tp={self.tp} pp={self.pp} dp={self.dp} cp={self.cp}"
 
 
-def group_ranks(layout: Layout, dims: tuple[str, ...]) -> list[list[int]]:
+def group_ranks(layout: GridLayout, dims: tuple[str, ...]) -> list[list[int]]:
     """Every group varying ``dims`` (the other coordinates fixed), each in rank order."""
     return layout.mesh().group_ranks(*dims)
 
@@ -60,10 +62,10 @@ class Grid(MeshGroups):
     in the rank between calls (``MeshGroups.build(keep=True)``): an explorer moving back to a
     layout, or the next call of a long run, does not create its ~16 groups again; ``destroy()``
     leaves them to the keeper."""
-    layout: Layout | None = None
+    layout: GridLayout | None = None
 
     @classmethod
-    def build(cls, layout: Layout) -> "Grid":
+    def build(cls, layout: GridLayout) -> "Grid":
         return super().build(layout.mesh(), flatten=(("dp", "cp"),), keep=True, layout=layout)
 
     def tensor_group(self):

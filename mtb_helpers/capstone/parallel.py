@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from mtb_helpers.capstone.data import batch_for_step, corpus, encode
-from mtb_helpers.capstone.grid import Grid, Layout
+from mtb_helpers.capstone.grid import Grid, GridLayout
 from mtb_helpers.capstone.kept import Stage, drop, kept_stage, resume
 from mtb_helpers.capstone.layers import gather_param
 from mtb_helpers.capstone.model import GPTConfig, TinyGPT, make_model
@@ -84,7 +84,7 @@ def full_model(cfg: GPTConfig, seed: int, dtype: torch.dtype) -> TinyGPT:
     return make_model(cfg, seed, dtype)
 
 
-def train_on_rank(model: tuple[GPTConfig, int, torch.dtype], layout: Layout, run_cfg: TrainConfig,
+def train_on_rank(model: tuple[GPTConfig, int, torch.dtype], layout: GridLayout, run_cfg: TrainConfig,
                   microbatches: int, schedule: str, sequence_parallel: bool, strategy: str,
                   bug: Bug | None = None, first: int = 0, count: int | None = None,
                   states: list | None = None) -> dict:
@@ -185,7 +185,7 @@ def _train_stage(grid, built: Stage, cfg, layout, run_cfg, m, schedule, sequence
 class ParallelRun:
     """What ``train_parallel`` returns: the loss of every step (the whole batch's mean), the full
     parameters gathered from the shards, and per rank its coordinates, shards and last record."""
-    layout: Layout
+    layout: GridLayout
     losses: list[float]
     params: dict[str, torch.Tensor]
     per_rank: list[dict] = field(default_factory=list)
@@ -218,7 +218,7 @@ def train_parallel(tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, steps: in
     ``on_call(first_step, results)`` (every rank's result, with its ``snapshots``: the state
     before each step of the call and after the last) and ``progress(done, steps, loss,
     seconds_per_step)``."""
-    layout = Layout(tp, pp, dp, cp)
+    layout = GridLayout(tp, pp, dp, cp)
     run_cfg = TrainConfig(steps, batch, lr, weight_decay, seed)
     validate(layout, cfg, run_cfg, microbatches, schedule, sequence_parallel, strategy, timeout)
     wrong = resolve(bug, "capstone")

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from mtb_helpers.capstone.grid import Layout
+from mtb_helpers.capstone.grid import GridLayout
 from mtb_helpers.capstone.layers import gather_param
 
 __all__ = ["pack_snapshots", "unpack", "full_state"]
@@ -45,7 +45,7 @@ def unpack(result: dict) -> dict:
     return result
 
 
-def _cells(results: list[dict], layout: Layout) -> list[list[dict]]:
+def _cells(results: list[dict], layout: GridLayout) -> list[list[dict]]:
     """Every (pp stage, tp index) cell's ranks (its dp x cp replicas), stage-major."""
     cells: dict[tuple[int, int], list[dict]] = {}
     for res in results:
@@ -54,7 +54,7 @@ def _cells(results: list[dict], layout: Layout) -> list[list[dict]]:
 
 
 @functools.lru_cache(maxsize=16)
-def _gather_index(layout: Layout, held: tuple, names: tuple[str, ...]) -> torch.Tensor:
+def _gather_index(layout: GridLayout, held: tuple, names: tuple[str, ...]) -> torch.Tensor:
     """How the cells' flat vectors, concatenated stage-major, make the full model's flat vector:
     ``cat(cell vectors)[index]`` is every full tensor flattened, concatenated in ``names`` order.
     Found once per layout and model by running ``gather_param`` itself on the positions ``0, 1,
@@ -75,7 +75,7 @@ def _gather_index(layout: Layout, held: tuple, names: tuple[str, ...]) -> torch.
     return torch.cat([found[n].reshape(-1) for n in names]).long()
 
 
-def full_state(results: list[dict], layout: Layout, i: int, names: tuple[str, ...]) -> dict:
+def full_state(results: list[dict], layout: GridLayout, i: int, names: tuple[str, ...]) -> dict:
     """Snapshot ``i`` of one call (0: before its first step) as the one-process model's state,
     ``{"params"|"exp_avg"|"exp_avg_sq": [Ψ], "step": int}``, each a flat vector of the full
     tensors in ``names`` order (``Reference.names``): parameters from each (pp, tp) shard's first

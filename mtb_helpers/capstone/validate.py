@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from mtb_helpers.capstone.grid import Layout
+from mtb_helpers.capstone.grid import GridLayout
 from mtb_helpers.capstone.model import GPTConfig
 from mtb_helpers.capstone.reference import TrainConfig
 from mtb_helpers.runtime.ranks import MAX_WORLD_SIZE
@@ -29,7 +29,7 @@ def _finite(low: float, strict: bool, **values) -> None:
                              f"got {v!r}")
 
 
-def validate(layout: Layout, cfg: GPTConfig, run: TrainConfig, microbatches: int, schedule: str,
+def validate(layout: GridLayout, cfg: GPTConfig, run: TrainConfig, microbatches: int, schedule: str,
              sequence_parallel: bool, strategy: str, timeout: float | None = None) -> None:
     _positive(tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp, steps=run.steps,
               microbatches=microbatches, batch=run.batch)
@@ -67,7 +67,7 @@ def validate(layout: Layout, cfg: GPTConfig, run: TrainConfig, microbatches: int
 
 
 def admissible_layouts(world_sizes=(1, 2, 4, 8), cfg: GPTConfig = GPTConfig(), batch: int = 8,
-                       microbatches: int = 2) -> list[Layout]:
+                       microbatches: int = 2) -> list[GridLayout]:
     """Every (tp, pp, dp, cp) whose sizes divide, with world size in ``world_sizes``."""
     out = []
     for w in world_sizes:
@@ -77,7 +77,7 @@ def admissible_layouts(world_sizes=(1, 2, 4, 8), cfg: GPTConfig = GPTConfig(), b
                     cp, rest = divmod(w, tp * pp * dp)
                     if rest or cp < 1:
                         continue
-                    layout = Layout(tp, pp, dp, cp)
+                    layout = GridLayout(tp, pp, dp, cp)
                     try:
                         validate(layout, cfg, TrainConfig(batch=batch), microbatches, "1f1b",
                                  True, "ddp")

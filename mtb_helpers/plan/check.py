@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from mtb_helpers.capstone.grid import Grid, Layout as GridLayout
+from mtb_helpers.capstone.grid import Grid, GridLayout
 from mtb_helpers.capstone.layers import build_stage
 from mtb_helpers.capstone.model import GPTConfig, make_model
 from mtb_helpers.capstone.reference import TrainConfig
