@@ -29,7 +29,7 @@ __all__ = ["ZeRO3Step", "STRATEGY_CLASSES", "build_strategy"]
 class ZeRO3Step(Strategy):
     """One ``FSDP(prefetch=False)`` (or ``wrapper``, a wrong one a bug puts in its place) over a
     copy of ``model`` (a ``Sequential`` of linear layers and activations), from ``start`` as
-    ``DDP`` takes it (flat ``[Ψ]`` tensors and the step), stepped by ``adam``."""
+    ``FlatStep`` takes it (flat ``[Ψ]`` tensors and the step), stepped by ``adam``."""
     name = "zero3"
 
     def __init__(self, wrapper: type[FSDP], model: nn.Sequential, start: dict, adam: Adam = Adam(),

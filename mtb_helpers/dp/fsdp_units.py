@@ -98,7 +98,8 @@ class FlatGroup:
 
     def reduce_grad(self, grad: torch.Tensor, reduce_dtype: torch.dtype):
         """Start the reduce-scatter of ``grad [n_pad]`` in ``reduce_dtype``; returns
-        ``(work, out [n_pad/p])``: the sum over ranks of this rank's slice, once ``work`` is done."""
+        ``(work, out [n_pad/p], send)``: ``out`` is the sum over ranks of this rank's slice once
+        ``work`` is done; ``send`` must stay alive until then."""
         send = grad.to(reduce_dtype)
         out = send.new_empty(self.padded // self.p)
         work = reduce_scatter_async(out, send, self.pg)

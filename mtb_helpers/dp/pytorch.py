@@ -1,5 +1,6 @@
 """Notebook 06 in PyTorch's own API: ``DistributedDataParallel`` and FSDP2 ``fully_shard``
-against the course's ``DDP`` and ``ZeRO3Step`` (``FSDP``) strategies.
+against the course's DDP (``OverlappedDDP`` without overlap, run by ``FlatStep``) and ZeRO-3
+(``FSDP``, run by ``ZeRO3Step``).
 
     res = pytorch_data_parallel(world_size=2, strategy="ddp")    # or strategy="fsdp"
     print(res); print(res.summary())
@@ -43,8 +44,8 @@ __all__ = ["pytorch_data_parallel", "dp_on_rank", "torch_model", "DP_PAIRS"]
 
 DP_PAIRS = {"ddp": "ddp", "fsdp": "zero3"}     # PyTorch's strategy -> the course's
 _DIRECTIONS = ("forward", "backward", "step")
-_MAP = {"ddp": [("DDP: all-reduce of the flat grad bucket", "DistributedDataParallel(model)"),
-                ("Strategy.average: / p", "DDP divides the bucket by p")],
+_MAP = {"ddp": [("OverlappedDDP: all-reduce of the grad bucket", "DistributedDataParallel(model)"),
+                ("OverlappedDDP.average: / p", "DDP divides the bucket by p")],
         "fsdp": [("FSDP: one unit per nn.Linear", "fully_shard(layer) per nn.Linear"),
                  ("flat unit padded to p, shard r", "each parameter a DTensor Shard(0)"),
                  ("all-gather before use, fwd and bwd", "unshard / reshard_after_forward"),
@@ -131,7 +132,7 @@ def pytorch_data_parallel(world_size: int = 2, strategy: str = "ddp", steps: int
                           batch: int = 6, hidden: int = 4, ffn_hidden: int = 6, seed: int = 0,
                           lr: float = 1e-2, bug: str | None = None,
                           timeout: float = 60.0) -> Agreement:
-    """``strategy="ddp"``: DistributedDataParallel vs the course's DDP; ``"fsdp"``: FSDP2
+    """``strategy="ddp"``: DistributedDataParallel vs the course's ``OverlappedDDP``; ``"fsdp"``: FSDP2
     ``fully_shard`` vs the course's ZeRO-3 (``FSDP``). ``steps`` Adam steps on ``batch`` rows each."""
     t = resolve_world_size(world_size)
     if strategy not in DP_PAIRS:
