@@ -193,8 +193,8 @@ KNOWN_CIRCLE_EDGES = {
         "pipeline_step) imports resolve from checking.bug, which may import no topic; the "
         "checks tell another topic's bug ('does not apply') from an unknown name, which needs "
         "every topic's bugs (a registry of all of them would reach pipeline_step back through "
-        "pp/__init__); and dp/ and sp/bugs.py's wrong pieces import their comparison modules "
-        "(dp.pytorch.torch_model, sp.pytorch.full_grad), which resolve names themselves",
+        "pp/__init__); and dp/bugs.py's wrong pieces import their comparison module "
+        "(dp.pytorch.torch_model), which it names by a dotted path",
 }
 
 

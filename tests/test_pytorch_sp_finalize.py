@@ -28,7 +28,8 @@ from mtb_helpers.comm.records import record
 from mtb_helpers.comm.regions import GRAD_ALLREDUCE_SP
 from mtb_helpers.comm.sharding import shard_range
 from mtb_helpers.sp.layers import SequenceParallelMLPBlock
-from mtb_helpers.sp.pytorch import PlainBlock, full_grad
+from mtb_helpers.checking.agreement import full_grad
+from mtb_helpers.sp.pytorch import PlainBlock
 
 CFG = GPTConfig(vocab=16, seq=8, hidden=8, heads=2, ffn=12, layers=1)
 BATCH, MICROBATCHES = 4, 2

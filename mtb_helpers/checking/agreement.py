@@ -53,6 +53,15 @@ def local(x: torch.Tensor | None) -> torch.Tensor | None:
     return (x.to_local() if hasattr(x, "to_local") else x).detach().clone()
 
 
+def full_grad(name: str, grad) -> torch.Tensor | None:
+    """Parameter ``name``'s grad as the full sum: a Partial DTensor is reduced by
+    ``.full_tensor()`` (an all-reduce); anything else is read as it is (``local``)."""
+    from torch.distributed.tensor import DTensor, Partial   # when a comparison runs, not at import
+    if isinstance(grad, DTensor) and any(isinstance(p, Partial) for p in grad.placements):
+        return grad.full_tensor().detach().clone()
+    return local(grad)
+
+
 @dataclass
 class Agreement:
     """PyTorch's API against the course's layer on the same ranks, as plain data.

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from mtb_helpers.checking.bug import Bug, names_for
 from mtb_helpers.comm.records import note
-from mtb_helpers.grid.layers import DP_REGION, GridGroups, average_gradients
+from mtb_helpers.grid.layers import DP_REGION, GridGroups, average_gradients, grid_mesh
 
 __all__ = ["BUGS", "GRID_BUGS", "sync_in_tp_group", "sync_nothing", "sync_sum"]
 
@@ -67,6 +67,6 @@ BUGS: dict[str, Bug] = {
     "mesh-dims-swapped": Bug(
         "PyTorch's grid: mesh_dim_names=(\"tp\", \"dp\") on a (dp, tp) mesh, so the tensor-parallel "
         "group is a column of the grid",
-        checks=("pytorch_grid",), replaces={"mtb_helpers.grid.pytorch.grid_mesh": grid_mesh_dims_swapped}),
+        checks=("pytorch_grid",), replaces={grid_mesh: grid_mesh_dims_swapped}),
 }
 GRID_BUGS = names_for(BUGS, "grid")

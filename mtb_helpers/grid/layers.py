@@ -39,7 +39,7 @@ from mtb_helpers.tp.layers import ParallelMLP
 
 __all__ = ["CONVENTION", "DP_REGION", "PARAMS", "GridGroups", "validate_grid", "tp_group_ranks",
            "dp_group_ranks", "make_groups", "destroy_groups", "average_gradients", "grid_step_on_rank",
-           "expected_bytes", "param_piece"]
+           "expected_bytes", "param_piece", "grid_mesh"]
 
 CONVENTION = "rank = dp_index * tp + tp_index (Megatron-LM: tensor-parallel ranks are neighbours)"
 DP_REGION = "data_parallel_grad_allreduce"
@@ -170,3 +170,10 @@ def expected_bytes(tp: int, dp: int, batch: int, hidden: int, ffn_hidden: int,
     return {"tp": {"all_reduces": 2, "bytes": 2 * act, "sent": 2 * (2 * (tp - 1) * act // tp)},
             "dp": {"all_reduces": len(shards), "bytes": sum(dp_bytes),
                    "sent": sum(2 * (dp - 1) * b // dp for b in dp_bytes)}}
+
+
+def grid_mesh(tp: int, dp: int):
+    """The ``(dp, tp)`` DeviceMesh of the grid, its dims named ``("dp", "tp")`` (PyTorch's side of
+    notebook 08's comparison, ``grid/pytorch.py``)."""
+    from torch.distributed.device_mesh import init_device_mesh   # when it runs, not at import
+    return init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))

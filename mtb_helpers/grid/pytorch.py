@@ -32,11 +32,11 @@ from mtb_helpers.checking.agreement import (Agreement, agreement, course_counts,
 from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.comm.records import CollectiveRecord
 from mtb_helpers.comm.sharding import check_divisible, shard_range
-from mtb_helpers.grid.layers import DP_REGION, PARAMS, grid_step_on_rank, validate_grid
+from mtb_helpers.grid.layers import DP_REGION, PARAMS, grid_mesh, grid_step_on_rank, validate_grid
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.tp.reference import draw_inputs
 
-__all__ = ["pytorch_grid", "grid_on_rank", "grid_mesh"]
+__all__ = ["pytorch_grid", "grid_on_rank"]
 _MAP = [("grid.make_groups(tp, dp)", 'init_device_mesh("cpu", (dp, tp), ("dp", "tp"))'),
         ("rank = dp_index * tp + tp_index", "the last mesh dim (tp) varies fastest"),
         ("ParallelMLP in groups.tp_group", 'parallelize_module(mlp, mesh["tp"], plan)'),
@@ -58,12 +58,6 @@ def _destroy(mesh) -> None:
         group = mesh.get_group(name)
         if group is not None and group != default:
             dist.destroy_process_group(group)
-
-
-def grid_mesh(tp: int, dp: int):
-    """The ``(dp, tp)`` DeviceMesh of the grid, its dims named ``("dp", "tp")``."""
-    from torch.distributed.device_mesh import init_device_mesh
-    return init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
 
 
 def grid_on_rank(fc1: nn.Linear, fc2: nn.Linear, x: torch.Tensor, target: torch.Tensor,

@@ -18,7 +18,7 @@ from mtb_helpers.comm.regions import allreduce_sequence_parallel_grad
 from mtb_helpers.sp.layers import (PositionKeyedDropout, SequenceParallelColumnLinear,
                             SequenceParallelLayerNorm, SequenceParallelMLPBlock,
                             SequenceParallelRowLinear)
-from mtb_helpers.checking.agreement import local
+from mtb_helpers.checking.agreement import full_grad, local
 
 
 class LayerNormWithoutGradAllReduce(SequenceParallelLayerNorm):
@@ -52,7 +52,6 @@ class RowAllReduceThenSlice(SequenceParallelRowLinear):
 
 def layernorm_grad_local(name: str, grad) -> torch.Tensor | None:
     """ln-grad-partial."""
-    from mtb_helpers.sp.pytorch import full_grad   # not at import: see checking.bug.swap
     if name.startswith("ln."):
         return local(grad)   # BUG: the Partial piece, the sum over this rank's own rows only
     return full_grad(name, grad)
@@ -75,7 +74,7 @@ BUGS: dict[str, Bug] = {
     "ln-grad-partial": Bug(
         "PyTorch's LayerNorm grads read with .to_local(): each rank's Partial piece, the sum "
         "over its own rows only", checks=("pytorch_sequence_parallel",),
-        replaces={"mtb_helpers.sp.pytorch.full_grad": layernorm_grad_local}),
+        replaces={full_grad: layernorm_grad_local}),
 }
 SP_BUGS = names_for(BUGS, "sequence")
 

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtb_helpers.checking.agreement import (Agreement, agreement, course_counts, local,
+from mtb_helpers.checking.agreement import (Agreement, agreement, course_counts, full_grad, local,
                                             one_dim_mesh, torch_counts)
 from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.comm.records import record
@@ -36,7 +36,7 @@ from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.sp.layers import SequenceParallelMLPBlock
 from mtb_helpers.sp.memory import make_block_inputs
 
-__all__ = ["pytorch_sequence_parallel", "sp_on_rank", "full_grad", "PlainBlock"]
+__all__ = ["pytorch_sequence_parallel", "sp_on_rank", "PlainBlock"]
 
 _PARAMS = ("ln.weight", "ln.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
 _MAP = [("SequenceParallelLayerNorm on [s/t, b, h]", "SequenceParallel(sequence_dim=0)"),
@@ -54,15 +54,6 @@ class PlainBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
-
-
-def full_grad(name: str, grad) -> torch.Tensor | None:
-    """Parameter ``name``'s grad as the full sum: a Partial DTensor is reduced by
-    ``.full_tensor()`` (an all-reduce); anything else is read as it is."""
-    from torch.distributed.tensor import DTensor, Partial
-    if isinstance(grad, DTensor) and any(isinstance(p, Partial) for p in grad.placements):
-        return grad.full_tensor().detach().clone()
-    return local(grad)
 
 
 def sp_on_rank(ln: nn.LayerNorm, fc1: nn.Linear, fc2: nn.Linear, x: torch.Tensor,
