@@ -239,33 +239,38 @@ def test_a_stage_kept_between_calls_starts_from_the_state_it_is_given():
     assert all(torch.equal(again.params[n], p) for n, p in first.params.items())
 
 
-def test_a_kept_stage_that_kept_its_moments_is_caught(monkeypatch):
-    """The deliberate mistake: loading a kept stage's parameters but not Adam's state (the
-    moments and step of the last call's run stay): the same call then gives other parameters."""
-    import torch.distributed as dist
-
+def _kept_moments_on_a_rank() -> tuple[bool, int, bool]:
+    """On a rank of one (the DP wrappers are built under a process group): the same call twice
+    from a kept stage, then once with the deliberate mistake in FlatStep.load."""
     from mtb_helpers.capstone import kept, parallel
     from mtb_helpers.dp.strategies import FlatStep
     args = ((GPTConfig(), 0, torch.float64), GridLayout(1, 1, 1, 1), TrainConfig(steps=2), 2, "1f1b",
             True, "ddp")
-    monkeypatch.setattr(kept, "STAGES", type(kept.STAGES)())   # this process's own
-    # and its own kept mesh groups: left in the module, a rank pool forked from this process
-    # later would inherit groups of a destroyed gloo group and hang dropping them
-    from mtb_helpers.comm import mesh
-    monkeypatch.setattr(mesh, "_kept", type(mesh._kept)())
-    monkeypatch.setattr(mesh, "_kept_in", [None])
-    # this process as a rank of one (the DP wrappers are built under a process group)
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    correct_load, saved_stages = FlatStep.load, dict(kept.STAGES)
+    kept.STAGES.clear()                                        # this call's own
     try:
         first = parallel.train_on_rank(*args)["snapshots"]["flat"]
-        assert torch.equal(parallel.train_on_rank(*args)["snapshots"]["flat"], first)
-        assert len(kept.STAGES) == 1
+        same = torch.equal(parallel.train_on_rank(*args)["snapshots"]["flat"], first)
+        stages = len(kept.STAGES)
 
         def params_only(self, start):
             with torch.no_grad():
                 self.flat.copy_(self.layout.piece(start["params"], 0, sharded=False))
 
-        monkeypatch.setattr(FlatStep, "load", params_only)
-        assert not torch.equal(parallel.train_on_rank(*args)["snapshots"]["flat"], first)
+        FlatStep.load = params_only
+        caught = not torch.equal(parallel.train_on_rank(*args)["snapshots"]["flat"], first)
     finally:
-        dist.destroy_process_group()
+        FlatStep.load = correct_load
+        kept.STAGES.clear()
+        kept.STAGES.update(saved_stages)
+    return same, stages, caught
+
+
+def test_a_kept_stage_that_kept_its_moments_is_caught():
+    """The deliberate mistake: loading a kept stage's parameters but not Adam's state (the
+    moments and step of the last call's run stay): the same call then gives other parameters.
+    On a rank, not in this process: a process group made here would be inherited, with its
+    flight recorder and kept mesh groups, by every rank pool forked after it."""
+    from mtb_helpers import run
+    [(same, stages, caught)] = run(_kept_moments_on_a_rank, world_size=1)
+    assert same and stages == 1 and caught
