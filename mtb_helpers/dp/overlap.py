@@ -122,16 +122,23 @@ class OverlappedDDP(nn.Module):
         """Bucket ``i`` may start once every one of its gradients is accumulated."""
         return all(param in self._ready for param in self._buckets[i])
 
-    def _launch(self, i: int) -> None:
-        clock, bucket = self._clock, self._buckets[i]
-        prev = max((e.end for e in clock.events), default=0.0)
-        clock.add("compute", f"backward until bucket {i} is ready", prev, clock.now())
+    def _flat_bucket(self, i: int) -> torch.Tensor:
+        """Bucket ``i``'s gradients in one flat tensor ``[sum of numels (+ flags)]`` (a gradient this
+        rank never got counts as zeros; with ``find_unused_parameters`` one "used" flag per
+        parameter rides along, summed too)."""
+        bucket = self._buckets[i]
         parts = [(param.grad if param.grad is not None else torch.zeros_like(param)).reshape(-1)
                  for param in bucket]
-        if self.find_unused_parameters:               # one "used" flag per parameter, summed too
+        if self.find_unused_parameters:
             parts.append(torch.tensor([float(param.grad is not None) for param in bucket],
                                       dtype=bucket[0].dtype))
-        flat = torch.cat(parts)                       # [sum of numels (+ flags)], one dtype
+        return torch.cat(parts)
+
+    def _launch(self, i: int) -> None:
+        clock = self._clock
+        prev = max((e.end for e in clock.events), default=0.0)
+        clock.add("compute", f"backward until bucket {i} is ready", prev, clock.now())
+        flat = self._flat_bucket(i)                   # [sum of numels (+ flags)], one dtype
         work = dist.all_reduce(flat, group=self.process_group, async_op=True)
         key = clock.comm(f"all-reduce bucket {i}", work, flat.numel() * flat.element_size())
         note("all_reduce", flat, flat, "dp-bucket", f"bucket {i}", "backward", self.world_size)
@@ -160,13 +167,8 @@ class OverlappedDDP(nn.Module):
     def _reduce_after_backward(self) -> None:
         """``overlap=False``: each bucket ``[sum of numels (+ flags)]`` all-reduced now, one after
         the other, then averaged into its parameters' ``.grad``."""
-        for i, bucket in enumerate(self._buckets):
-            parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                     for p in bucket]
-            if self.find_unused_parameters:
-                parts.append(torch.tensor([float(p.grad is not None) for p in bucket],
-                                          dtype=bucket[0].dtype))
-            flat = torch.cat(parts)
+        for i in range(len(self._buckets)):
+            flat = self._flat_bucket(i)
             dist.all_reduce(flat, group=self.process_group)      # in place: the sum over ranks
             note("all_reduce", flat, flat, "ddp_grad_bucket", "", "backward", self.world_size)
             self._write_back(i, flat)
