@@ -11,35 +11,31 @@ from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.checking.command import add_check_options, emit
+from mtb_helpers.checking.command import emit
+from mtb_helpers.tp.cli import add_check_command, common
 
 
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
     """Add ``sequence`` to ``minitrainbench tp``."""
-    parser = groups["tp"].add_parser(
-        "sequence", help="the sequence-parallel MLP block against one process, and its memory",
-        description="Run SequenceParallelMLPBlock (LayerNorm and dropout on sequence shards, "
-                    "all-gather / reduce-scatter around the tensor-parallel MLP) on real gloo "
-                    "ranks and compare output, dropout, input grad, LayerNorm and linear grads on "
-                    "every rank with a single-process reference; then print the bytes each rank "
-                    "saves for backward with TP only and with TP + SP.")
-    add_check_options(parser)
-    parser.add_argument("--seq-len", type=int, default=8, help="sequence length s, split over ranks (8)")
-    parser.add_argument("--batch", type=int, default=2, help="batch size b (2)")
-    parser.add_argument("--hidden", type=int, default=8, help="model width h (8)")
-    parser.add_argument("--ffn-hidden", type=int, default=32, help="MLP width, split over ranks (32)")
+    parser = add_check_command(
+        groups["tp"], "sequence", "the sequence-parallel MLP block against one process, and its memory",
+        "Run SequenceParallelMLPBlock (LayerNorm and dropout on sequence shards, all-gather / "
+        "reduce-scatter around the tensor-parallel MLP) on real gloo ranks and compare output, "
+        "dropout, input grad, LayerNorm and linear grads on every rank with a single-process "
+        "reference; then print the bytes each rank saves for backward with TP only and with "
+        "TP + SP.", run_sequence, seq_len=(8, "sequence length s, split over ranks (8)"),
+        batch=(2, "batch size b (2)"), hidden=(8, "model width h (8)"),
+        ffn_hidden=(32, "MLP width, split over ranks (32)"))
     parser.add_argument("--dropout", type=float, default=0.1, help="dropout probability p (0.1)")
-    parser.set_defaults(func=run_sequence)
 
 
 def run_sequence(args: argparse.Namespace) -> int:
     """Handler of ``minitrainbench tp sequence``; returns the exit code."""
     from mtb_helpers.sp.check import check_sequence_parallel
 
-    report = check_sequence_parallel(world_size=args.world_size, seq_len=args.seq_len,
+    report = check_sequence_parallel(**common(args), bug=args.bug, seq_len=args.seq_len,
                                      batch=args.batch, hidden=args.hidden,
-                                     ffn_hidden=args.ffn_hidden, dropout_p=args.dropout,
-                                     dtype=args.dtype, seed=args.seed, bug=args.bug)
+                                     ffn_hidden=args.ffn_hidden, dropout_p=args.dropout)
     return emit([report], args.json, _memory)
 
 
