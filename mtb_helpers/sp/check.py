@@ -25,14 +25,13 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from mtb_helpers.checking.bug import resolve
 from mtb_helpers.comm.regions import GATHER_SP, REDUCE_SCATTER_SP
 from mtb_helpers.runtime.ranks import resolve_world_size, run
-from mtb_helpers.checking.tolerances import (as_dtype, check_config, divisible, number,
-                                              positive_sizes)
+from mtb_helpers.checking.tolerances import as_dtype, check_config, number, positive_sizes
 from mtb_helpers.checking.report import Report
 from mtb_helpers.sp.layers import position_keyed_dropout
 from mtb_helpers.sp.bugs import build_block
-from mtb_helpers.sp.memory import (VARIANTS, counting_saved, make_block_inputs, measure_on_rank,
-                                   memory_figures)
-from mtb_helpers.comm.sharding import check_divisible, shard_range
+from mtb_helpers.sp.memory import (VARIANTS, check_block_sizes, counting_saved, make_block_inputs,
+                                   measure_on_rank, memory_figures)
+from mtb_helpers.comm.sharding import shard_range
 from mtb_helpers.checking.trace import StepSpec as S, trace_on_rank, traced_report
 
 __all__ = ["check_sequence_parallel", "SP_SPECS", "SP_QUANTITIES"]
@@ -167,9 +166,7 @@ def check_sequence_parallel(world_size: int = 2, seq_len: int = 8, batch: int = 
         raise ValueError(f"memory_variants must be among {tuple(VARIANTS)}, got {memory_variants!r}")
     positive_sizes(seq_len=seq_len, batch=batch, hidden=hidden, ffn_hidden=ffn_hidden)
     number("dropout_p", dropout_p, lambda p: 0 <= p < 1, "a number in [0, 1)")
-    divisible("seq_len", seq_len, f"the world size {t}", t,
-              f"sequence parallelism splits the sequence into {t} equal shards")
-    check_divisible("ffn_hidden", ffn_hidden, t)
+    check_block_sizes(seq_len, ffn_hidden, t)
     wrong = resolve(bug, "sequence", dropout_p=dropout_p)
     ln, fc1, fc2, x, dy = make_block_inputs(seq_len, batch, hidden, ffn_hidden, dtype, seed)
     build = partial(build_block, dropout_p=dropout_p, seed=seed, bug=wrong)

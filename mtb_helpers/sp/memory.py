@@ -35,8 +35,10 @@ from mtb_helpers.comm.regions import GRAD_ALLREDUCE_SP
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.sp.layers import SequenceParallelMLPBlock, TensorParallelMLPBlock
 from mtb_helpers.comm.sharding import check_divisible, shard_range
+from mtb_helpers.checking.tolerances import divisible
+from mtb_helpers.tp.reference import random_linear
 
-__all__ = ["TERMS", "STATS", "VARIANTS", "make_block_inputs", "counting_saved", "saved_bytes",
+__all__ = ["TERMS", "STATS", "VARIANTS", "make_block_inputs", "check_block_sizes", "counting_saved", "saved_bytes",
            "measure_on_rank",
            "activation_model", "communication_summary", "memory_figures", "measure_activation_memory",
            "memory_table"]
@@ -51,20 +53,26 @@ _LABEL = {"ln": "LayerNorm input", "fc1": "fc1 input", "act": "GeLU input", "fc2
 def make_block_inputs(seq_len: int, batch: int, hidden: int, ffn_hidden: int,
                       dtype: torch.dtype = torch.float32, seed: int = 0):
     """``(ln, fc1, fc2, x, dy)`` drawn from ``seed``: LayerNorm over ``hidden`` (weight near 1),
-    fc1 ``hidden -> ffn_hidden``, fc2 ``ffn_hidden -> hidden``, x and dy ``[seq_len, batch, hidden]``."""
+    fc1 ``hidden -> ffn_hidden``, fc2 ``ffn_hidden -> hidden`` (``random_linear``), x and dy
+    ``[seq_len, batch, hidden]``."""
     gen = torch.Generator().manual_seed(seed)
     ln = nn.LayerNorm(hidden, dtype=dtype)
-    fc1, fc2 = nn.Linear(hidden, ffn_hidden, dtype=dtype), nn.Linear(ffn_hidden, hidden, dtype=dtype)
     with torch.no_grad():
         ln.weight.copy_(1 + 0.2 * torch.randn(hidden, generator=gen, dtype=dtype))
         ln.bias.copy_(0.2 * torch.randn(hidden, generator=gen, dtype=dtype))
-        for lin in (fc1, fc2):
-            lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen, dtype=dtype)
-                             / lin.in_features ** 0.5)
-            lin.bias.copy_(torch.randn(lin.out_features, generator=gen, dtype=dtype))
+    fc1 = random_linear(hidden, ffn_hidden, gen, dtype)
+    fc2 = random_linear(ffn_hidden, hidden, gen, dtype)
     x = torch.randn(seq_len, batch, hidden, generator=gen, dtype=dtype)
     dy = torch.randn(seq_len, batch, hidden, generator=gen, dtype=dtype)
     return ln, fc1, fc2, x, dy
+
+
+def check_block_sizes(seq_len: int, ffn_hidden: int, world_size: int) -> None:
+    """Refuse (ValueError, before any rank starts) a ``seq_len`` or ``ffn_hidden`` that
+    ``world_size`` does not divide: the block splits both into equal shards."""
+    divisible("seq_len", seq_len, f"the world size {world_size}", world_size,
+              f"sequence parallelism splits the sequence into {world_size} equal shards")
+    check_divisible("ffn_hidden", ffn_hidden, world_size)
 
 
 @contextmanager
@@ -195,8 +203,7 @@ def measure_activation_memory(world_sizes: tuple[int, ...] = (1, 2, 4), seq_len:
     """``memory_figures`` for each world size (ranks start once per world size)."""
     sizes = [resolve_world_size(t) for t in world_sizes]
     for t in sizes:
-        check_divisible("seq_len", seq_len, t)
-        check_divisible("ffn_hidden", ffn_hidden, t)
+        check_block_sizes(seq_len, ffn_hidden, t)
     ln, fc1, fc2, x, dy = make_block_inputs(seq_len, batch, hidden, ffn_hidden, dtype, seed)
     return [memory_figures(run(measure_on_rank, ln, fc1, fc2, x, dy, dropout_p, seed, world_size=t,
                                timeout=timeout), seq_len, batch, hidden, ffn_hidden, dtype, dropout_p)

@@ -31,10 +31,10 @@ from mtb_helpers.checking.agreement import (Agreement, agreement, course_counts,
                                             one_dim_mesh, torch_counts)
 from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.comm.records import record
-from mtb_helpers.comm.sharding import check_divisible, shard_range
+from mtb_helpers.comm.sharding import shard_range
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.sp.layers import SequenceParallelMLPBlock
-from mtb_helpers.sp.memory import make_block_inputs
+from mtb_helpers.sp.memory import check_block_sizes, make_block_inputs
 
 __all__ = ["pytorch_sequence_parallel", "sp_on_rank", "PlainBlock"]
 
@@ -110,10 +110,7 @@ def pytorch_sequence_parallel(world_size: int = 2, seq_len: int = 12, batch: int
     output and input grad ``[s/t, b, h]``, every parameter grad (LayerNorm's as the full sum)."""
     t = resolve_world_size(world_size)
     wrong = resolve(bug, "pytorch_sequence_parallel")
-    if seq_len % t:
-        raise ValueError(f"seq_len={seq_len} is not divisible by the world size {t}: sequence "
-                         f"parallelism splits the sequence into {t} equal shards")
-    check_divisible("sequence parallel: ffn_hidden", ffn_hidden, t)
+    check_block_sizes(seq_len, ffn_hidden, t)
     ln, fc1, fc2, x, dy = make_block_inputs(seq_len, batch, hidden, ffn_hidden, torch.float64,
                                             seed)
     results = run(sp_on_rank, ln, fc1, fc2, x, dy, wrong, world_size=t, timeout=timeout)
