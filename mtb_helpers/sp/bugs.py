@@ -82,12 +82,9 @@ SP_BUGS = names_for(BUGS, "sequence")
 def build_block(ln: nn.LayerNorm, fc1: nn.Linear, fc2: nn.Linear, dropout_p: float = 0.1,
                 seed: int = 0, bug: Bug | None = None, group=None) -> SequenceParallelMLPBlock:
     """``SequenceParallelMLPBlock.from_full(...)`` with ``bug`` injected into the part it concerns."""
-    if bug is None:
-        return SequenceParallelMLPBlock.from_full(ln, fc1, fc2, dropout_p, seed, group)
-    wrong = bug
-    norm = swap(wrong, SequenceParallelLayerNorm)
-    drop = swap(wrong, PositionKeyedDropout)
-    row = swap(wrong, SequenceParallelRowLinear)
+    norm = swap(bug, SequenceParallelLayerNorm)
+    drop = swap(bug, PositionKeyedDropout)
+    row = swap(bug, SequenceParallelRowLinear)
     return SequenceParallelMLPBlock(norm.from_full(ln, "ln", group),
                                     SequenceParallelColumnLinear.from_full(fc1, group=group),
                                     row.from_full(fc2, group=group),

@@ -1,16 +1,15 @@
 """The sequence-parallel check: ``SequenceParallelMLPBlock`` on real ranks against one process.
 
     report = check_sequence_parallel(world_size=2, seq_len=8, dropout_p=0.1)
-    report.passed, report.rows, report.steps, report.records
     report.to_dict()["activation_memory"]    # bytes saved for backward, TP only vs TP + SP
 
 Like the TP checks (``tp/check.py``): the caller draws the LayerNorm, both linears, X and dY
 ``[s, b, h]`` from ``seed`` and computes the reference on the full tensors (in the run's dtype and
 in float64) with the same position-keyed dropout mask; every rank takes its sequence rows
 ``[s/t, b, h]``, runs the real block forward and backward (``trace.trace_on_rank``), and reports
-every step. Rows compare per rank: output, dropout output, input grad, LayerNorm weight/bias
-grads, fc1/fc2 weight/bias grads. The same rank run measures the activation memory of the block
-with TP only and with TP + SP (``sp/memory.py``). ``bug=`` swaps in a broken part (``sp/bugs.py``).
+every step; rows compare per rank the ``SP_QUANTITIES``. The same rank run measures the
+activation memory of the block with TP only and with TP + SP (``sp/memory.py``). ``bug=`` swaps
+in a broken part (``sp/bugs.py``).
 """
 from __future__ import annotations
 

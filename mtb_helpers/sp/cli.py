@@ -1,11 +1,8 @@
 """``minitrainbench tp sequence``: the sequence-parallel check, headless.
 
-Prints the report table (output, dropout, input grad, LayerNorm and linear grads, per rank, with
-their max errors) and the activation-memory figures (bytes saved for backward per rank, TP only
-vs TP + SP, measured and modelled, and the bytes sent), or with ``--json``
-``{"passed": ..., "checks": [report.to_dict()]}`` (the dict carries ``"activation_memory"``).
-Exit 0 when the check passes, 1 when it fails; bad arguments raise ValueError before any rank
-starts, which the top-level command turns into exit 2. Under torchrun only rank 0 prints.
+Prints the report and exits as every check command does (``checking/command.py``), the report
+followed by the max errors and the activation-memory figures (bytes saved for backward per rank,
+TP only vs TP + SP, measured and modelled, and the bytes sent; in the JSON: ``"activation_memory"``).
 """
 from __future__ import annotations
 

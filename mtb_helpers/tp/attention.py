@@ -27,7 +27,7 @@ from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.comm.sharding import Replicate, Shard
 from mtb_helpers.tp.layers import ColumnParallelLinear, RowParallelLinear
 
-__all__ = ["ParallelSelfAttention", "LocalAttention", "check_heads", "grouped_qkv"]
+__all__ = ["ParallelSelfAttention", "LocalAttention", "check_heads", "group_heads", "grouped_qkv"]
 
 
 def check_heads(hidden: int, n_heads: int, world_size: int) -> int:
@@ -41,19 +41,21 @@ def check_heads(hidden: int, n_heads: int, world_size: int) -> int:
     return hidden // n_heads
 
 
+def group_heads(parts: list[torch.Tensor], world_size: int, dim: int) -> torch.Tensor:
+    """``[Q, K, V]`` -> ``[Q_0, K_0, V_0, Q_1, K_1, V_1, ...]`` along ``dim``, where ``Q_r`` is
+    rank r's ``1/t`` of Q (its heads): rank r's contiguous ``1/t`` of the result is its heads."""
+    chunks = [p.chunk(world_size, dim=dim) for p in parts]
+    return torch.cat([c[r] for r in range(world_size) for c in chunks], dim=dim)
+
+
 def grouped_qkv(wq: nn.Linear, wk: nn.Linear, wv: nn.Linear, world_size: int) -> nn.Linear:
     """One ``nn.Linear(h, 3h)`` whose output rows are ``[Q_0, K_0, V_0, Q_1, K_1, V_1, ...]``, where
     ``Q_r`` are the ``h/t`` rows of ``wq`` for rank r's heads: a contiguous column split of it gives
     rank r exactly ``[Q_r; K_r; V_r]`` (``[3h/t, h]``)."""
-    h = wq.out_features
-    step = h // world_size
-    rows = [lin.weight[r * step:(r + 1) * step] for r in range(world_size)
-            for lin in (wq, wk, wv)]
-    biases = [lin.bias[r * step:(r + 1) * step] for r in range(world_size) for lin in (wq, wk, wv)]
-    fused = nn.Linear(wq.in_features, 3 * h, dtype=wq.weight.dtype)
+    fused = nn.Linear(wq.in_features, 3 * wq.out_features, dtype=wq.weight.dtype)
     with torch.no_grad():
-        fused.weight.copy_(torch.cat(rows))
-        fused.bias.copy_(torch.cat(biases))
+        fused.weight.copy_(group_heads([wq.weight, wk.weight, wv.weight], world_size, 0))
+        fused.bias.copy_(group_heads([wq.bias, wk.bias, wv.bias], world_size, 0))
     return fused
 
 

@@ -1,16 +1,13 @@
 """``check_tp_attention``: ParallelSelfAttention on real ranks against one process.
 
     report = check_tp_attention(world_size=2, seq=4, batch=2, n_heads=4, head_dim=4)
-    report.passed, report.rows, report.steps, report.records; print(report)
 
-The check draws ``wq, wk, wv, wo`` (``nn.Linear(h, h)``), ``x`` and the upstream grad ``dy``
-(``[s, b, h]``) from ``seed``, computes the reference here with the full projections and
-``scaled_dot_product_attention`` over all ``n`` heads (in the run's dtype and in float64), ships
-the full tensors to every rank, where each rank builds its heads with ``from_full`` and runs
-forward and backward, and compares per rank: output, input grad and every weight and bias grad,
-plus each step in between (``report.steps``). The fused Q/K/V weight is compared in its rank-
-grouped order ``[Q_0, K_0, V_0, Q_1, ...]`` (``grouped_qkv``), so rank r's block of columns of
-``W_qkv = weight.T [h, 3h]`` is its heads. ``bug=`` swaps in a wrong piece (``tp/attention_bugs.py``).
+Like the TP checks (``tp/check.py``), with ``wq, wk, wv, wo`` (``nn.Linear(h, h)``), ``x`` and
+``dy`` ``[s, b, h]`` drawn from ``seed``; the reference runs the full projections and
+``scaled_dot_product_attention`` over all ``n`` heads, each rank its heads (``from_full``). The
+fused Q/K/V weight is compared in its rank-grouped order ``[Q_0, K_0, V_0, Q_1, ...]``
+(``grouped_qkv``), so rank r's block of columns of ``W_qkv = weight.T [h, 3h]`` is its heads.
+``bug=`` swaps in a wrong piece (``tp/attention_bugs.py``).
 """
 from __future__ import annotations
 
@@ -28,7 +25,8 @@ from mtb_helpers.comm.mesh import group_size
 from mtb_helpers.comm.sharding import shard_range
 from mtb_helpers.runtime.ranks import resolve_world_size
 from mtb_helpers.tp.check import G_FWD, f_backward_steps, run_traced
-from mtb_helpers.tp.attention import LocalAttention, ParallelSelfAttention, check_heads, grouped_qkv
+from mtb_helpers.tp.attention import (LocalAttention, ParallelSelfAttention, check_heads, group_heads,
+                                      grouped_qkv)
 from mtb_helpers.tp.layers import ColumnParallelLinear, RowParallelLinear
 from mtb_helpers.tp.reference import draw_inputs
 
@@ -39,12 +37,6 @@ __all__ = ["check_tp_attention", "draw_attention_inputs", "attention_reference",
 def draw_attention_inputs(seed: int, seq: int, batch: int, hidden: int, dtype=torch.float32):
     """``([wq, wk, wv, wo], x [s, b, h], dy [s, b, h])``: what the check draws for ``seed``."""
     return draw_inputs(seed, (seq, batch), as_dtype(dtype), *[(hidden, hidden)] * 4)
-
-
-def _group(parts, t: int, dim: int) -> torch.Tensor:
-    """``[Q, K, V]`` -> ``[Q_0, K_0, V_0, Q_1, ...]`` along ``dim`` (rank r's heads together)."""
-    chunks = [p.chunk(t, dim=dim) for p in parts]
-    return torch.cat([c[r] for r in range(t) for c in chunks], dim=dim)
 
 
 def attention_reference(layers, x, dy, t, *, n_heads: int, causal: bool) -> dict:
@@ -64,33 +56,30 @@ def attention_reference(layers, x, dy, t, *, n_heads: int, causal: bool) -> dict
     y = wo(ctx)
     y.backward(dy)
     w_o = wo.weight.detach().T                                       # [h, h], rows read heads
-    w_qkv = _group([lin.weight.detach().T for lin in (wq, wk, wv)], t, 1)   # [h, 3h] grouped
-    d_qkv = _group([q.grad, k.grad, v.grad], t, -1)                  # [s, b, 3h] grouped
+    w_qkv = group_heads([lin.weight.detach().T for lin in (wq, wk, wv)], t, 1)   # [h, 3h] grouped
+    d_qkv = group_heads([q.grad, k.grad, v.grad], t, -1)                  # [s, b, 3h] grouped
     cuts = [slice(*shard_range(h, t, r)) for r in range(t)]
     cuts3 = [slice(*shard_range(3 * h, t, r)) for r in range(t)]
     d_attn, ctx = ctx.grad, ctx.detach()
     return {"qkv.weight": w_qkv, "out.weight": w_o, "input": x.detach(),
-            "qkv": _group([q.detach(), k.detach(), v.detach()], t, -1), "attn": ctx,
+            "qkv": group_heads([q.detach(), k.detach(), v.detach()], t, -1), "attn": ctx,
             "partial": [ctx[..., c] @ w_o[c] for c in cuts], "reduced": ctx @ w_o,
             "output": y.detach(), "d_attn": d_attn, "d_qkv": d_qkv,
             "dx_partial": [d_qkv[..., c3] @ w_qkv[:, c3].T for c3 in cuts3],
             "input_grad": x.grad,
-            "qkv.weight_grad": _group([lin.weight.grad.T for lin in (wq, wk, wv)], t, 1),
-            "qkv.bias_grad": _group([lin.bias.grad for lin in (wq, wk, wv)], t, 0),
+            "qkv.weight_grad": group_heads([lin.weight.grad.T for lin in (wq, wk, wv)], t, 1),
+            "qkv.bias_grad": group_heads([lin.bias.grad for lin in (wq, wk, wv)], t, 0),
             "out.weight_grad": wo.weight.grad.T, "out.bias_grad": wo.bias.grad}
 
 
 def build_attention(wq, wk, wv, wo, *, n_heads: int, causal: bool, bug: Bug | None):
     """``ParallelSelfAttention.from_full`` with ``bug``'s wrong piece swapped in (inside a rank)."""
-    if bug is None:
-        return ParallelSelfAttention.from_full(wq, wk, wv, wo, n_heads, causal)
-    wrong = bug
     t = group_size()
     d = ParallelSelfAttention.validate(wq, wk, wv, wo, n_heads, t)
-    qkv = swap(wrong, ColumnParallelLinear).from_full(grouped_qkv(wq, wk, wv, t))
-    out = swap(wrong, RowParallelLinear).from_full(wo, input_is_parallel=True)
-    return swap(wrong, ParallelSelfAttention)(qkv, swap(wrong, LocalAttention)(n_heads, d, causal, t),
-                                              out)
+    qkv = swap(bug, ColumnParallelLinear).from_full(grouped_qkv(wq, wk, wv, t))
+    out = swap(bug, RowParallelLinear).from_full(wo, input_is_parallel=True)
+    core = swap(bug, LocalAttention)(n_heads, d, causal, t)
+    return swap(bug, ParallelSelfAttention)(qkv, core, out)
 
 
 def _specs() -> list[S]:

@@ -23,10 +23,9 @@ from mtb_helpers.checking.bug import resolve
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.checking.report import Report
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
-from mtb_helpers.tp.layers import check_divisible
+from mtb_helpers.comm.sharding import check_divisible
 from mtb_helpers.tp.bugs import build_mlp, column_class, row_class
-from mtb_helpers.tp.reference import (cast_linear, column_reference, mlp_reference, draw_inputs,
-                                      row_reference)
+from mtb_helpers.tp.reference import cast_linear, draw_inputs, linear_reference, mlp_reference
 from mtb_helpers.checking.trace import StepSpec as S, trace_on_rank, traced_report
 
 __all__ = ["check_column_parallel", "check_row_parallel", "check_tp_mlp"]
@@ -36,10 +35,13 @@ GATHER = "gather_from_tensor_model_parallel_region"
 SCATTER = "scatter_to_tensor_model_parallel_region"
 
 
-def _sizes(batch_shape, **dims: int) -> tuple[int, ...]:
-    batch_shape = tuple(batch_shape)
-    positive_sizes(**dims, **{f"batch_shape[{i}]": n for i, n in enumerate(batch_shape)})
-    return batch_shape
+def _setup(world_size: int, dtype, batch_shape, split: str, **dims: int):
+    """``(dtype, t, batch_shape)``, refusing a size that is not positive and a ``split`` dim
+    (one of ``dims``) the world size does not divide."""
+    dtype, t, batch = as_dtype(dtype), resolve_world_size(world_size), tuple(batch_shape)
+    positive_sizes(**dims, **{f"batch_shape[{i}]": n for i, n in enumerate(batch)})
+    check_divisible(split, dims[split], t)
+    return dtype, t, batch
 
 
 def run_traced(name: str, config: dict, build, layers, x, dy, specs, quantities,
@@ -74,10 +76,9 @@ def check_column_parallel(world_size: int = 2, in_features: int = 8, out_feature
     X ``[*batch_shape, in]`` is replicated; rank r computes ``Y_r = X @ W_r + bias_r`` ``[.., out/t]``
     (all-gathered to ``[.., out]`` with ``gather_output``); f all-reduces dX in backward.
     """
-    dtype, t = as_dtype(dtype), resolve_world_size(world_size)
+    dtype, t, batch = _setup(world_size, dtype, batch_shape, "out_features",
+                             in_features=in_features, out_features=out_features)
     wrong = resolve(bug, "column", gather_output=gather_output)
-    batch = _sizes(batch_shape, in_features=in_features, out_features=out_features)
-    check_divisible("out_features", out_features, t)
     (lin,), x, dy = draw_inputs(seed, batch, dtype, (in_features, out_features))
     gathered = [S("output", "all-gather Y", "forward", "Y", "Y = [Y_0, ..., Y_t-1]", Replicate(),
                   ("output",), (GATHER, "forward"))] if gather_output else []
@@ -103,7 +104,7 @@ def check_column_parallel(world_size: int = 2, in_features: int = 8, out_feature
                      batch_shape=list(batch), gather_output=gather_output)
     build = partial(column_class(wrong).from_full, gather_output=gather_output)
     return run_traced("column_parallel", config, build, (lin,), x, dy, specs, quantities,
-                      column_reference, timeout)
+                      linear_reference, timeout)
 
 
 def check_row_parallel(world_size: int = 2, in_features: int = 12, out_features: int = 8,
@@ -116,10 +117,9 @@ def check_row_parallel(world_size: int = 2, in_features: int = 12, out_features:
     ``input_is_parallel=False``), computes the partial ``X_r @ W_r`` ``[.., out]``; g all-reduces
     the partials and the full bias is added once, after the sum.
     """
-    dtype, t = as_dtype(dtype), resolve_world_size(world_size)
+    dtype, t, batch = _setup(world_size, dtype, batch_shape, "in_features",
+                             in_features=in_features, out_features=out_features)
     wrong = resolve(bug, "row")
-    batch = _sizes(batch_shape, in_features=in_features, out_features=out_features)
-    check_divisible("in_features", in_features, t)
     (lin,), x, dy = draw_inputs(seed, batch, dtype, (in_features, out_features))
     if input_is_parallel:
         given = [S("input", "shard X by columns", "forward", "X", "X_r = X[:, cols r]", Shard(-1),
@@ -158,7 +158,7 @@ def check_row_parallel(world_size: int = 2, in_features: int = 12, out_features:
                      batch_shape=list(batch), input_is_parallel=input_is_parallel)
     return run_traced("row_parallel", config,
                       partial(row_class(wrong).from_full, input_is_parallel=input_is_parallel),
-                      (lin,), x, dy, specs, quantities, row_reference, timeout)
+                      (lin,), x, dy, specs, quantities, linear_reference, timeout)
 
 
 def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
@@ -171,10 +171,9 @@ def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
     W2 ``[ffn, hidden]`` on its rows, so the activation ``[.., ffn/t]`` stays on its rank: one
     all-reduce forward (g), one backward (f).
     """
-    dtype, t = as_dtype(dtype), resolve_world_size(world_size)
+    dtype, t, batch = _setup(world_size, dtype, batch_shape, "ffn_hidden", hidden=hidden,
+                             ffn_hidden=ffn_hidden)
     wrong = resolve(bug, "mlp")
-    batch = _sizes(batch_shape, hidden=hidden, ffn_hidden=ffn_hidden)
-    check_divisible("ffn_hidden", ffn_hidden, t)
     (fc1, fc2), x, dy = draw_inputs(seed, batch, dtype, (hidden, ffn_hidden), (ffn_hidden, hidden))
     # fc1's backward gives dX^(r), dW1_r and db1_r at once; f's all-reduce of dX runs after it, last
     dx_partial, dx_sum = f_backward_steps("dX^(r) = dH_r @ W1_r.T")

@@ -1,11 +1,8 @@
 """``minitrainbench tp check | mlp | attention | vocab``: the TP checks (01-03, 10), headless.
 
 ``tp check`` runs the column and the row layer; ``tp attention`` and ``tp vocab`` are notebook 10's.
-
-Each prints the report table of every check it ran (or, with ``--json``, ``{"passed": ...,
-"checks": [report.to_dict(), ...]}``) and exits 0 when all pass, 1 when one fails; bad arguments
-raise ValueError before any rank starts, which the top-level command turns into exit 2. Under
-torchrun every rank runs the checks inside the launched group and only rank 0 prints.
+Each prints its reports and exits as every check command does (``checking/command.py``); under
+torchrun every rank runs the checks inside the launched group.
 """
 from __future__ import annotations
 

@@ -12,14 +12,10 @@ by the course's layer (the ``comm.record`` of its collectives) and once by
 (the collectives counted by ``torch.distributed.tensor.debug.CommDebugMode``). Both see the same
 X and dY; each rank compares what it holds (a DTensor parameter's grad through ``.to_local()``).
 
-The mapping (course -> PyTorch): ``ColumnParallelLinear`` -> ``ColwiseParallel`` (weight
-``Shard(0)`` of nn.Linear's ``[out, in]``, input ``Replicate``, output ``Shard(-1)``);
-``RowParallelLinear`` -> ``RowwiseParallel`` (weight ``Shard(1)``, input ``Shard(-1)``, the
-matmul gives a ``Partial`` sum, output ``Replicate``: the all-reduce ``g``); f's backward
-all-reduce of dX is DTensor turning the ``Partial`` grad of a ``Replicate`` input back into
-``Replicate``. ``bug=`` names a wrong plan from ``tp/bugs.py`` (a ``TensorParallelPlan`` subclass
-with one placement wrong): the result must then disagree. ``Agreement`` and the count helpers
-live in ``checking/agreement.py`` (re-exported here).
+The mapping (course -> PyTorch) is ``_MAP`` (printed with the result) and the placements of
+``TensorParallelPlan`` (``tp/plan.py``); f's backward all-reduce of dX is DTensor turning the
+``Partial`` grad of a ``Replicate`` input back into ``Replicate``. ``bug=`` names a wrong plan from
+``tp/bugs.py`` (one placement wrong): the result must then disagree.
 """
 from __future__ import annotations
 
@@ -29,8 +25,8 @@ import warnings
 import torch
 from torch import nn
 
-from mtb_helpers.checking.agreement import (Agreement, agreement, course_counts, local,
-                                            max_errors, one_dim_mesh, torch_counts)
+from mtb_helpers.checking.agreement import (Agreement, agreement, course_counts, local, one_dim_mesh,
+                                            torch_counts)
 from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.comm.records import record
 from mtb_helpers.comm.sharding import check_divisible, shard_range
@@ -39,9 +35,7 @@ from mtb_helpers.tp.layers import ColumnParallelLinear, ParallelMLP, RowParallel
 from mtb_helpers.tp.plan import TensorParallelPlan
 from mtb_helpers.tp.reference import draw_inputs
 
-__all__ = ["Agreement", "pytorch_column", "pytorch_row", "pytorch_mlp", "tp_on_rank",
-           "TensorParallelPlan", "torch_counts", "course_counts", "local", "max_errors",
-           "agreement"]
+__all__ = ["pytorch_column", "pytorch_row", "pytorch_mlp", "tp_on_rank"]
 
 
 def _course_run(layer: nn.Module, x: torch.Tensor, dy: torch.Tensor):

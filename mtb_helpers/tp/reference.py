@@ -14,7 +14,7 @@ from torch import nn
 
 from mtb_helpers.comm.sharding import shard_range
 
-__all__ = ["random_linear", "draw_inputs", "cast_linear", "column_reference", "row_reference", "mlp_reference"]
+__all__ = ["random_linear", "draw_inputs", "cast_linear", "linear_reference", "mlp_reference"]
 
 
 def random_linear(n_in: int, n_out: int, gen: torch.Generator, dtype: torch.dtype) -> nn.Linear:
@@ -49,30 +49,19 @@ def _slices(n: int, t: int) -> list[slice]:
     return [slice(*shard_range(n, t, r)) for r in range(t)]
 
 
-def _autograd(module, x, dy):
-    """``module(x).backward(dy)`` on one process: the reference every rank is compared with."""
+def linear_reference(layers, x, dy, t) -> dict:
+    """One ``nn.Linear`` split either way: the column layer's steps (``local``, ``dx_partial``:
+    the input grad of each rank's output columns) and the row layer's (``x_shard``, ``partial``:
+    each rank's input rows' product, ``reduced``, ``dx_shard``)."""
+    (lin,) = layers
     x = x.clone().requires_grad_(True)
-    y = module(x)
+    y = lin(x)
     y.backward(dy)
-    return x, y.detach()
-
-
-def column_reference(layers, x, dy, t) -> dict:
-    (lin,) = layers
-    x, y = _autograd(lin, x, dy)
-    w = lin.weight.detach().T                                          # [in, out]
-    return {"weight": w, "bias": lin.bias.detach(), "input": x.detach(), "local": y, "output": y,
+    y, xd, w = y.detach(), x.detach(), lin.weight.detach().T             # w: [in, out]
+    return {"weight": w, "bias": lin.bias.detach(), "input": xd, "local": y, "output": y,
             "dx_partial": [dy[..., s] @ w[:, s].T for s in _slices(w.shape[1], t)],
-            "input_grad": x.grad, "weight_grad": lin.weight.grad.T, "bias_grad": lin.bias.grad}
-
-
-def row_reference(layers, x, dy, t) -> dict:
-    (lin,) = layers
-    x, y = _autograd(lin, x, dy)
-    w = lin.weight.detach().T                                          # [in, out]
-    return {"weight": w, "bias": lin.bias.detach(), "input": x.detach(), "x_shard": x.detach(),
-            "partial": [x.detach()[..., s] @ w[s] for s in _slices(w.shape[0], t)],
-            "reduced": x.detach() @ w, "output": y, "dx_shard": x.grad, "input_grad": x.grad,
+            "x_shard": xd, "partial": [xd[..., s] @ w[s] for s in _slices(w.shape[0], t)],
+            "reduced": xd @ w, "dx_shard": x.grad, "input_grad": x.grad,
             "weight_grad": lin.weight.grad.T, "bias_grad": lin.bias.grad}
 
 
@@ -95,5 +84,3 @@ def mlp_reference(layers, x, dy, t) -> dict:
             "input_grad": x.grad, "fc1.weight_grad": fc1.weight.grad.T,
             "fc1.bias_grad": fc1.bias.grad,
             "fc2.weight_grad": fc2.weight.grad.T, "fc2.bias_grad": fc2.bias.grad}
-
-
