@@ -22,8 +22,8 @@ from mtb_helpers.comm.regions import (_CopyToModelParallelRegion, _GatherFromMod
                                       gather_from_tensor_model_parallel_region,
                                       reduce_from_tensor_model_parallel_region,
                                       scatter_to_tensor_model_parallel_region)
-from mtb_helpers.tp.layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear
-from mtb_helpers.tp.plan import TensorParallelPlan
+from mtb_helpers.tp.layers import (ColumnParallelLinear, ParallelMLP, RowParallelLinear,
+                                   TensorParallelPlan)
 
 
 

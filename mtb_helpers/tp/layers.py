@@ -34,8 +34,8 @@ from mtb_helpers.comm.regions import (copy_to_tensor_model_parallel_region,
                                       reduce_from_tensor_model_parallel_region,
                                       scatter_to_tensor_model_parallel_region)
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "check_divisible",
-           "shard_range"]
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "TensorParallelPlan",
+           "check_divisible", "shard_range"]
 
 
 def _param(t: torch.Tensor) -> nn.Parameter:
@@ -158,3 +158,26 @@ class ParallelMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # [.., h] -> fc1 -> [.., ffn/t] -> GeLU -> fc2 (g) -> [.., h]
         return self.fc2(self.act(self.fc1(x)))
+
+
+# PyTorch's names for these layers, for the comparisons of tp/pytorch.py (DTensor is imported only
+# when a plan is built, on the ranks). Here, not in tp/pytorch.py: tp/bugs.py subclasses it, and
+# the bug registry, which every check loads, must not load a comparison module (runtime/start.py
+# preloads DTensor's debug mode, ~0.8 s and ~35 MB a rank, wherever one is loaded).
+class TensorParallelPlan:
+    """The ``parallelize_module`` plan of each comparison: a column layer is ``ColwiseParallel``,
+    a row layer ``RowwiseParallel``, the MLP ``{"0": Colwise, "2": Rowwise}`` (the indices of
+    ``nn.Sequential(fc1, GELU, fc2)``). A bug overrides one method with a wrong placement."""
+
+    def column(self):
+        from torch.distributed.tensor.parallel import ColwiseParallel
+        return ColwiseParallel()          # weight Shard(0), input Replicate, output Shard(-1)
+
+    def row(self):
+        from torch.distributed.tensor.parallel import RowwiseParallel
+        return RowwiseParallel()          # weight Shard(1), input Shard(-1), output Replicate
+
+    def plan(self, kind: str):
+        if kind == "mlp":
+            return {"0": self.column(), "2": self.row()}
+        return self.column() if kind == "column" else self.row()

@@ -13,7 +13,7 @@ by the course's layer (the ``comm.record`` of its collectives) and once by
 X and dY; each rank compares what it holds (a DTensor parameter's grad through ``.to_local()``).
 
 The mapping (course -> PyTorch) is ``_MAP`` (printed with the result) and the placements of
-``TensorParallelPlan`` (``tp/plan.py``); f's backward all-reduce of dX is DTensor turning the
+``TensorParallelPlan`` (``tp/layers.py``); f's backward all-reduce of dX is DTensor turning the
 ``Partial`` grad of a ``Replicate`` input back into ``Replicate``. ``bug=`` names a wrong plan from
 ``tp/bugs.py`` (one placement wrong): the result must then disagree.
 """
@@ -31,8 +31,8 @@ from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.comm.records import record
 from mtb_helpers.comm.sharding import check_divisible, shard_range
 from mtb_helpers.runtime.ranks import resolve_world_size, run
-from mtb_helpers.tp.layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear
-from mtb_helpers.tp.plan import TensorParallelPlan
+from mtb_helpers.tp.layers import (ColumnParallelLinear, ParallelMLP, RowParallelLinear,
+                                   TensorParallelPlan)
 from mtb_helpers.tp.reference import draw_inputs
 
 __all__ = ["pytorch_column", "pytorch_row", "pytorch_mlp", "tp_on_rank"]
