@@ -30,7 +30,7 @@ from torch import nn
 from mtb_helpers.checking.agreement import (Agreement, agreement, course_counts, full_grad, local,
                                             one_dim_mesh, torch_counts)
 from mtb_helpers.checking.bug import Bug, resolve, swap
-from mtb_helpers.comm.records import record
+from mtb_helpers.tp.pytorch import course_run, torch_run
 from mtb_helpers.comm.sharding import shard_range
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.sp.layers import SequenceParallelMLPBlock
@@ -70,11 +70,8 @@ def sp_on_rank(ln: nn.LayerNorm, fc1: nn.Linear, fc2: nn.Linear, x: torch.Tensor
     x_r, dy_r = x[lo:hi], dy[lo:hi]
 
     ours = SequenceParallelMLPBlock.from_full(ln, fc1, fc2, dropout_p=0.0)
-    xc = x_r.clone().requires_grad_(True)
-    with record() as rec:
-        y = ours(xc)
-        y.backward(dy_r)
-    course = {"output": y.detach(), "input_grad": xc.grad,
+    y, dx, rec = course_run(ours, x_r, dy_r)
+    course = {"output": y, "input_grad": dx,
               **{f"{n}_grad": local(p.grad) for n, p in ours.named_parameters()
                  if n in _PARAMS}}
 
@@ -82,22 +79,18 @@ def sp_on_rank(ln: nn.LayerNorm, fc1: nn.Linear, fc2: nn.Linear, x: torch.Tensor
     plan = {"ln": SequenceParallel(sequence_dim=0),
             "fc1": ColwiseParallel(input_layouts=Shard(0)),
             "fc2": RowwiseParallel(output_layouts=Shard(0))}
-    xt = x_r.clone().requires_grad_(True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         parallelize_module(theirs, one_dim_mesh(), plan)
-        with CommDebugMode() as fwd:
-            yt = theirs(xt)                       # [s/t, b, h]: x_r + the Shard(0) local output
-        with CommDebugMode() as bwd:
-            yt.backward(dy_r)
+        # [s/t, b, h]: x_r + the Shard(0) local output
+        yt, dxt, theirs_counts = torch_run(theirs, x_r, dy_r)
         grads = dict(theirs.named_parameters())
         placements = {n: str(grads[n].grad.placements) for n in ("ln.weight", "fc2.bias")}
         with CommDebugMode() as sync:
             read = swap(bug, full_grad)
             got = {f"{n}_grad": read(n, grads[n].grad) for n in _PARAMS}
-    pytorch = {"output": local(yt), "input_grad": xt.grad, **got}
-    counts = {"forward": (torch_counts(fwd), course_counts(rec, "forward")),
-              "backward": (torch_counts(bwd), course_counts(rec, "backward")),
+    pytorch = {"output": yt, "input_grad": dxt, **got}
+    counts = {**{d: (theirs_counts[d], course_counts(rec, d)) for d in ("forward", "backward")},
               "grads .full_tensor()": (torch_counts(sync), {})}
     return {"torch": pytorch, "course": {q: course[q] for q in pytorch}, "counts": counts,
             "placements": placements}

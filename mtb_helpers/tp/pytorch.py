@@ -35,10 +35,11 @@ from mtb_helpers.tp.layers import (ColumnParallelLinear, ParallelMLP, RowParalle
                                    TensorParallelPlan)
 from mtb_helpers.tp.reference import draw_inputs
 
-__all__ = ["pytorch_column", "pytorch_row", "pytorch_mlp", "tp_on_rank"]
+__all__ = ["pytorch_column", "pytorch_row", "pytorch_mlp", "tp_on_rank", "course_run", "torch_run"]
 
 
-def _course_run(layer: nn.Module, x: torch.Tensor, dy: torch.Tensor):
+def course_run(layer: nn.Module, x: torch.Tensor, dy: torch.Tensor):
+    """``(output, input grad, record of its collectives)`` of the course's ``layer``."""
     x = x.clone().requires_grad_(True)
     with record() as rec:
         y = layer(x)
@@ -46,7 +47,9 @@ def _course_run(layer: nn.Module, x: torch.Tensor, dy: torch.Tensor):
     return y.detach(), x.grad, rec
 
 
-def _torch_run(layer: nn.Module, x: torch.Tensor, dy: torch.Tensor):
+def torch_run(layer: nn.Module, x: torch.Tensor, dy: torch.Tensor):
+    """``(output's local piece, input grad, {direction: collective counts})`` of a module
+    ``parallelize_module`` made, counted by ``CommDebugMode``."""
     from torch.distributed.tensor.debug import CommDebugMode
     x = x.clone().requires_grad_(True)
     with CommDebugMode() as fwd:
@@ -85,8 +88,8 @@ def tp_on_rank(kind: str, layers: list[nn.Linear], x: torch.Tensor, dy: torch.Te
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         parallelize_module(theirs, one_dim_mesh(), swap(bug, TensorParallelPlan)().plan(kind))
-        got = dict(zip(("output", "input_grad", "counts"), _torch_run(theirs, x, dy)))
-    out, dx, rec = _course_run(course, x, dy)
+        got = dict(zip(("output", "input_grad", "counts"), torch_run(theirs, x, dy)))
+    out, dx, rec = course_run(course, x, dy)
     pieces = {"torch": {"output": got["output"], "input_grad": got["input_grad"]},
               "course": {"output": out, "input_grad": dx}}
     for prefix, (ours, other) in names.items():
