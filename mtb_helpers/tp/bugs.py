@@ -3,8 +3,8 @@
 Each bug is a subclass of a correct layer from ``tp/layers.py`` whose ``forward`` differs by the one
 bug (marked ``# BUG``), so the correct layers carry no test-only code path and a notebook can
 show the wrong code with ``inspect.getsource``. The checks resolve the name once and build the
-layer with ``column_class(bug)`` / ``row_class(bug)`` / ``build_mlp`` (``bug`` the resolved
-``Bug``); ``from_full`` is a classmethod, so the subclass shards the full layer exactly like the
+layer with ``swap(bug, ColumnParallelLinear)`` / ``build_mlp`` (``bug`` the resolved ``Bug``);
+``from_full`` is a classmethod, so the subclass shards the full layer exactly like the
 correct one. The last two bugs set PyTorch up wrongly in the comparison of ``tp/pytorch.py``
 (a ``TensorParallelPlan`` with one placement wrong): the comparison must then disagree.
 """
@@ -173,17 +173,7 @@ ROW_BUGS = names_for(BUGS, "row")
 MLP_BUGS = names_for(BUGS, "mlp")
 
 
-def column_class(bug: Bug | None) -> type[ColumnParallelLinear]:
-    """The column layer with ``bug`` in it (the correct one for ``None`` or a row bug)."""
-    return swap(bug, ColumnParallelLinear)
-
-
-def row_class(bug: Bug | None) -> type[RowParallelLinear]:
-    """The row layer with ``bug`` in it (the correct one for ``None`` or a column bug)."""
-    return swap(bug, RowParallelLinear)
-
-
 def build_mlp(fc1, fc2, bug: Bug | None = None, group=None) -> ParallelMLP:
     """``ParallelMLP.from_full(fc1, fc2)`` with ``bug`` injected into the sub-layer it concerns."""
-    return ParallelMLP(column_class(bug).from_full(fc1, gather_output=False, group=group),
-                       row_class(bug).from_full(fc2, input_is_parallel=True, group=group))
+    return ParallelMLP(swap(bug, ColumnParallelLinear).from_full(fc1, gather_output=False, group=group),
+                       swap(bug, RowParallelLinear).from_full(fc2, input_is_parallel=True, group=group))

@@ -19,12 +19,13 @@ from functools import partial
 import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 
-from mtb_helpers.checking.bug import resolve
+from mtb_helpers.checking.bug import resolve, swap
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.checking.report import Report
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
 from mtb_helpers.comm.sharding import check_divisible
-from mtb_helpers.tp.bugs import build_mlp, column_class, row_class
+from mtb_helpers.tp.bugs import build_mlp
+from mtb_helpers.tp.layers import ColumnParallelLinear, RowParallelLinear
 from mtb_helpers.tp.reference import cast_linear, draw_inputs, linear_reference, mlp_reference
 from mtb_helpers.checking.trace import StepSpec as S, trace_on_rank, traced_report
 
@@ -102,7 +103,7 @@ def check_column_parallel(world_size: int = 2, in_features: int = 8, out_feature
                   ("weight_grad", "weight_grad"), ("bias_grad", "bias_grad")]
     config = check_config(t, dtype, seed, bug, in_features=in_features, out_features=out_features,
                      batch_shape=list(batch), gather_output=gather_output)
-    build = partial(column_class(wrong).from_full, gather_output=gather_output)
+    build = partial(swap(wrong, ColumnParallelLinear).from_full, gather_output=gather_output)
     return run_traced("column_parallel", config, build, (lin,), x, dy, specs, quantities,
                       linear_reference, timeout)
 
@@ -157,7 +158,7 @@ def check_row_parallel(world_size: int = 2, in_features: int = 12, out_features:
     config = check_config(t, dtype, seed, bug, in_features=in_features, out_features=out_features,
                      batch_shape=list(batch), input_is_parallel=input_is_parallel)
     return run_traced("row_parallel", config,
-                      partial(row_class(wrong).from_full, input_is_parallel=input_is_parallel),
+                      partial(swap(wrong, RowParallelLinear).from_full, input_is_parallel=input_is_parallel),
                       (lin,), x, dy, specs, quantities, linear_reference, timeout)
 
 
