@@ -40,7 +40,7 @@ from mtb_helpers.dp.fsdp import build_strategy
 from mtb_helpers.dp.strategies import Adam, flat, make_mlp
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
-__all__ = ["pytorch_data_parallel", "dp_on_rank", "torch_model", "DP_PAIRS"]
+__all__ = ["pytorch_data_parallel", "dp_on_rank", "torch_model", "fully_shard_linears", "DP_PAIRS"]
 
 DP_PAIRS = {"ddp": "ddp", "fsdp": "zero3"}     # PyTorch's strategy -> the course's
 _DIRECTIONS = ("forward", "backward", "step")
@@ -55,17 +55,20 @@ _MAP = {"ddp": [("OverlappedDDP: all-reduce of the grad bucket", "DistributedDat
 def torch_model(strategy: str, model: nn.Sequential) -> nn.Module:
     """A copy of ``model`` in PyTorch's data parallelism: ``DistributedDataParallel`` ("ddp"), or
     FSDP2 ``fully_shard`` on each ``nn.Linear`` and then on the whole model ("fsdp")."""
-    from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
     model = copy.deepcopy(model)
-    if strategy == "ddp":
-        return DistributedDataParallel(model)
+    return DistributedDataParallel(model) if strategy == "ddp" else fully_shard_linears(model)
+
+
+def fully_shard_linears(model: nn.Sequential, **kwargs) -> nn.Module:
+    """FSDP2 in place: ``fully_shard`` on each ``nn.Linear`` of ``model``, then on the whole model,
+    over a 1-D mesh of every rank (``kwargs``, e.g. ``mp_policy``, to each call)."""
+    from torch.distributed.fsdp import fully_shard
     mesh = one_dim_mesh()
     for layer in model:
         if isinstance(layer, nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
+            fully_shard(layer, mesh=mesh, **kwargs)
+    return fully_shard(model, mesh=mesh, **kwargs)
 
 
 def _full(x: torch.Tensor) -> torch.Tensor:
