@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from mtb_helpers.checking.tolerances import divisible
 from mtb_helpers.dp.buckets import bucket_cap_bytes
 from mtb_helpers.dp.fsdp_wrapper import FSDP
 from mtb_helpers.dp.overlap import OverlappedDDP
@@ -167,8 +168,7 @@ def pytorch_overlap(world_size: int = 2, wrapper: str = "ddp", optimizer: str = 
         raise ValueError(f"unknown wrapper {wrapper!r}; expected one of {WRAPPERS}")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {sorted(OPTIMIZERS)}")
-    if batch % t:
-        raise ValueError(f"batch={batch} is not divisible by the world size {t}")
+    divisible("batch", batch, f"the world size {t}", t, "data parallelism gives every rank batch/p rows")
     bucket_cap_bytes(bucket_cap_mb)
     model = overlap_model(hidden, dtype, seed)
     gen = torch.Generator().manual_seed(seed + 1)

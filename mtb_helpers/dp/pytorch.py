@@ -35,6 +35,7 @@ from torch import nn
 from mtb_helpers.checking.agreement import (Agreement, agreement, course_counts, one_dim_mesh,
                                             torch_counts)
 from mtb_helpers.checking.bug import Bug, resolve, swap
+from mtb_helpers.checking.tolerances import divisible, positive_sizes
 from mtb_helpers.comm.records import record
 from mtb_helpers.dp.fsdp import build_strategy
 from mtb_helpers.dp.strategies import Adam, flat, make_mlp
@@ -141,13 +142,8 @@ def pytorch_data_parallel(world_size: int = 2, strategy: str = "ddp", steps: int
     if strategy not in DP_PAIRS:
         raise ValueError(f"unknown strategy {strategy!r}; expected one of {sorted(DP_PAIRS)}")
     wrong = resolve(bug, "pytorch_data_parallel", strategy=strategy)
-    for name, n in (("steps", steps), ("batch", batch), ("hidden", hidden),
-                    ("ffn_hidden", ffn_hidden)):
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"{name} must be a positive integer, got {n!r}")
-    if batch % t:
-        raise ValueError(f"batch={batch} is not divisible by the world size {t}: data "
-                         f"parallelism gives every rank batch/p rows")
+    positive_sizes(steps=steps, batch=batch, hidden=hidden, ffn_hidden=ffn_hidden)
+    divisible("batch", batch, f"the world size {t}", t, "data parallelism gives every rank batch/p rows")
     gen = torch.Generator().manual_seed(seed)
     model = make_mlp(hidden, ffn_hidden, gen, torch.float64)
     batches = [tuple(torch.randn(batch, hidden, generator=gen, dtype=torch.float64)
