@@ -276,8 +276,9 @@ class FSDP(nn.Module):
         for p, g, c in zip(ps, flat[:n].split([p.numel() for p in ps]), flat[n:]):
             p.grad = None if c == 0 else self.average(g).view_as(p)
 
-    def gather_full_params(self) -> dict[str, torch.Tensor]:
-        """Collective: ``{name: full tensor}`` in the master dtype, under the wrapped module's names."""
-        full = [[g.full_master() for g in gs] for gs in self.units]
-        return {name: (full[w[0]][w[1]][w[2]] if isinstance(w, tuple) else w.detach().clone())
-                for name, w in self._layout}
+    def gather_full_params(self, grads: bool = False) -> dict[str, torch.Tensor]:
+        """Collective: ``{name: full tensor}`` in the master dtype, under the wrapped module's names
+        (``grads=True``: their averaged gradients, e.g. to compare with one process)."""
+        full = [[g.full_master(grads) for g in gs] for gs in self.units]
+        return {name: (full[w[0]][w[1]][w[2]] if isinstance(w, tuple) else
+                       (w.grad if grads else w).detach().clone()) for name, w in self._layout}

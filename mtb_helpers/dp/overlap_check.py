@@ -42,7 +42,6 @@ from mtb_helpers.dp.fsdp_wrapper import FSDP, check_dtype
 from mtb_helpers.dp.overlap import OverlappedDDP
 from mtb_helpers.dp.overlap_pytorch import overlap_model
 from mtb_helpers.dp.sharded_optimizer import ShardedOptimizer
-from mtb_helpers.dp.wrapping import all_gather_async
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
 __all__ = ["check_overlap", "WRAPPERS"]
@@ -55,21 +54,6 @@ LOW_PRECISION = (torch.float16, torch.bfloat16)
 def _rows(x, y, r, t, same_rows):
     n = len(x) // t
     return (x[:n], y[:n]) if same_rows else (x[r * n:(r + 1) * n], y[r * n:(r + 1) * n])
-
-
-def _full_grads(fsdp) -> torch.Tensor:
-    """The averaged gradient of every parameter, in the wrapped module's order ``[Ψ]``."""
-    full = []
-    for gs in fsdp.units:
-        per = []
-        for g in gs:
-            grad = g.shard.grad if g.shard.grad is not None else torch.zeros_like(g.shard)
-            out = grad.new_empty(g.padded)
-            all_gather_async(out, grad.detach().contiguous(), None).wait()
-            per.append(out[:g.numel].split(g.numels))
-        full.append(per)
-    return torch.cat([(full[w[0]][w[1]][w[2]] if isinstance(w, tuple) else w.grad).reshape(-1)
-                      for _, w in fsdp._layout])
 
 
 def _on_rank(wrapper, model, batches, bug, cap, compute_dtype, reduce_dtype, prefetch, scale,
@@ -107,8 +91,8 @@ def _on_rank(wrapper, model, batches, bug, cap, compute_dtype, reduce_dtype, pre
             if wrapper == "fsdp":
                 counts["all-gathers"] = rec.count("all_gather")
                 counts["on-demand all-gathers"] = sum("(on demand)" in e.name for e in net.timeline)
-        grads = (_full_grads(net) if wrapper == "fsdp" else
-                 torch.cat([p.grad.reshape(-1) for p in net.module.parameters()]))
+        grads = torch.cat([g.reshape(-1) for g in (net.gather_full_params(grads=True).values()
+                           if wrapper == "fsdp" else (p.grad for p in net.module.parameters()))])
         opt.step()
         params = (torch.cat([v.reshape(-1) for v in net.gather_full_params().values()])
                   if wrapper == "fsdp" else torch.cat([p.detach().reshape(-1) for p in net.module.parameters()]))

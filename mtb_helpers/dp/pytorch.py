@@ -79,16 +79,9 @@ def _full(x: torch.Tensor) -> torch.Tensor:
 def _course_full(course, grads: bool) -> torch.Tensor:
     """The course strategy's full flat ``[Ψ]`` parameters (or averaged grads), ZeRO-3's shards
     all-gathered unit by unit (outside any record: this is only for the comparison)."""
-    import torch.distributed as dist
     if course.name != "zero3":
         return course.pieces()["grads" if grads else "params"][:course.layout.numel].clone()
-    units = []
-    for u, shard in enumerate(course.shards):
-        piece = (shard.grad if grads else shard).detach().contiguous()
-        parts = [torch.empty_like(piece) for _ in range(course.p)]
-        dist.all_gather(parts, piece)
-        units.append(torch.cat(parts)[:course.layout.units[u]])
-    return torch.cat(units)
+    return torch.cat([v.reshape(-1) for v in course.fsdp.gather_full_params(grads).values()])
 
 
 def dp_on_rank(strategy: str, model: nn.Sequential, batches: list, adam: Adam,
