@@ -28,16 +28,18 @@ class NoBiasCorrection(AdamUpdate):
 
     @torch.no_grad()
     def step(self):
-        for p in self.params:
+        group = self.param_groups[0]
+        (beta1, beta2), lr, wd = group["betas"], group["lr"], group["weight_decay"]
+        for p in group["params"]:
             state = self.state.setdefault(p, {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
                                               "exp_avg_sq": torch.zeros_like(p)})
             state["step"] += 1
-            grad = p.grad if self.decoupled else p.grad.add(p, alpha=self.weight_decay)
-            if self.decoupled:
-                p.mul_(1 - self.lr * self.weight_decay)
-            state["exp_avg"].lerp_(grad, 1 - self.betas[0])
-            state["exp_avg_sq"].mul_(self.betas[1]).addcmul_(grad, grad, value=1 - self.betas[1])
-            p.addcdiv_(state["exp_avg"], state["exp_avg_sq"].sqrt().add_(self.eps), value=-self.lr)
+            grad = p.grad if group["decoupled"] else p.grad.add(p, alpha=wd)
+            if group["decoupled"]:
+                p.mul_(1 - lr * wd)
+            state["exp_avg"].lerp_(grad, 1 - beta1)
+            state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            p.addcdiv_(state["exp_avg"], state["exp_avg_sq"].sqrt().add_(group["eps"]), value=-lr)
 
 
 class MomentsNotCarried(AdamUpdate):
@@ -81,3 +83,17 @@ def test_a_state_put_in_by_the_caller_is_where_the_next_step_starts():
     ours.step()
     theirs.step()
     assert torch.equal(p, q) and float(ours.state[p]["step"]) == 5.0
+
+
+def test_groups_with_their_own_hyper_parameters_step_as_torch_optims_do():
+    """ShardedOptimizer hands its local optimizer torch-style groups (a scheduler's lr per group)."""
+    adam = Adam(lr=1e-2, weight_decay=0.1, decoupled=True)
+    kw = {"betas": adam.betas, "eps": adam.eps, "weight_decay": adam.weight_decay}
+
+    def grouped(cls, **extra):
+        return lambda ps: cls([{"params": ps[:1], "lr": 0.05}, {"params": ps[1:]}], lr=adam.lr, **kw, **extra)
+    theirs = _steps(grouped(torch.optim.AdamW), torch.float64)
+    ours = _steps(grouped(AdamUpdate, decoupled=True), torch.float64)
+    assert all(torch.equal(a, b) for step_a, step_b in zip(ours, theirs) for a, b in zip(step_a, step_b))
+    one_lr = _steps(adam.make, torch.float64)   # the group's own lr is used: not the default's steps
+    assert not torch.equal(ours[0][0], one_lr[0][0]) and torch.equal(ours[0][1], one_lr[0][1])

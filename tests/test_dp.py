@@ -248,3 +248,43 @@ def test_overlapped_ddp_without_overlap_reduces_one_bucket_in_parameter_order_af
     for o in out:
         for got, a, b in zip(o["grads"], out[0]["own"], out[1]["own"]):
             assert torch.allclose(got, (a + b) / 2, rtol=0, atol=1e-15)
+
+
+def test_zero1_is_shardedoptimizer_stepping_the_written_out_adam_without_torch_dynamo():
+    """Notebook 06's ZeRO-1/2 step notebook 14's ShardedOptimizer (one ZeRO-1) with dp/adam.py's
+    Adam: their ranks never import torch._dynamo (~1 s, ~35 MB a rank). The mistake it must catch:
+    torch.optim.Optimizer's own add_param_group, whose torch._disable_dynamo wrapper imports it."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+    code = textwrap.dedent("""
+        import json, sys, torch
+        from mtb_helpers import run
+        from mtb_helpers.dp import ShardedOptimizer
+        from mtb_helpers.dp.check import make_problem
+        from mtb_helpers.dp.fsdp import build_strategy
+        from mtb_helpers.dp.strategies import ZeRO2, flat
+
+        def job(torch_groups):
+            model, _, (x, y) = make_problem(4, 3, 5, torch.float64, seed=2)
+            params = flat(model.parameters())   # (check's reference_step would step torch.optim)
+            start = {"params": params, "step": 0, "exp_avg": torch.zeros_like(params),
+                     "exp_avg_sq": torch.zeros_like(params)}
+            if torch_groups:
+                wrong = type("TorchGroups", (ShardedOptimizer,),
+                             {"add_param_group": torch.optim.Optimizer.add_param_group})
+                dp = ZeRO2(wrong, model, start)
+            else:
+                dp = build_strategy("zero2", model, start)
+            r, n = torch.distributed.get_rank(), 2
+            dp.train_step(x[r * n:(r + 1) * n], y[r * n:(r + 1) * n])
+            return isinstance(dp.optimizer, ShardedOptimizer), "torch._dynamo" in sys.modules
+
+        print(json.dumps([run(job, False, world_size=2), run(job, True, world_size=2)]))
+        """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    ours, wrong = json.loads(out.stdout.strip().splitlines()[-1])
+    assert ours == [[True, False]] * 2, ours
+    assert [w[1] for w in wrong] == [True, True], wrong

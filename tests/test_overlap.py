@@ -341,11 +341,13 @@ def _resume() -> float:
             p.copy_(v)
     opt2.load_state_dict(saved)
     steps(ddp2, opt2, batches[2:])
-    return max((a - b).abs().max().item() for a, b in zip(ddp2.parameters(), straight))
+    mine = [p for p, owner in opt2.owner.items() if owner == r]   # state: this rank's partition's
+    return (max((a - b).abs().max().item() for a, b in zip(ddp2.parameters(), straight)),
+            set(opt2.state) == set(mine) and opt2.state is opt2.local.state)
 
 
 def test_sharded_optimizer_resumes_from_its_state_dict():
-    assert all(err < 1e-14 for err in run(_resume, world_size=2))
+    assert all(err < 1e-14 and partition for err, partition in run(_resume, world_size=2))
 
 
 def _wrappers_freed_after_a_step() -> dict[str, bool]:

@@ -1,8 +1,8 @@
-"""Data parallelism: notebook 06's DDP (notebook 14's ``OverlappedDDP`` without
-overlap, run by strategies.py's ``FlatStep``), ZeRO-1/2 (strategies.py) and ZeRO-3 (fsdp.py: notebook 14's
-``FSDP`` with prefetch off), the wrong strategies (bugs.py); and (notebook 14) the wrappers any
-training script can use, which hide communication: OverlappedDDP (overlap.py), ShardedOptimizer
-(sharded_optimizer.py), FSDP (fsdp_wrapper.py)."""
+"""Data parallelism: notebook 06's DDP (notebook 14's ``OverlappedDDP`` without overlap, run by
+strategies.py's ``FlatStep``), ZeRO-1/2 (strategies.py, stepping notebook 14's ``ShardedOptimizer``)
+and ZeRO-3 (fsdp.py: notebook 14's ``FSDP`` with prefetch off), the wrong strategies (bugs.py); and
+(notebook 14) the wrappers any training script can use, which hide communication: OverlappedDDP
+(overlap.py), ShardedOptimizer (sharded_optimizer.py), FSDP (fsdp_wrapper.py)."""
 from mtb_helpers.dp.strategies import (SHARDED, STRATEGIES, Adam, FlatShards, FlatStep, Strategy, ZeRO1,
                                        ZeRO2, flat, held_bytes, make_mlp, padded_numel)
 from mtb_helpers.dp.fsdp import STRATEGY_CLASSES, ZeRO3Step, build_strategy

@@ -12,8 +12,9 @@ These are the operations of torch's single-tensor implementation (what it runs o
 order, so the results are the same bits (tests/test_capstone.py, tests/test_dp*.py hold them equal
 to ``torch.optim``'s). Written out because ``torch.optim``'s first step imports ``torch._dynamo``
 and ``torch._inductor`` (~0.8 s on one CPU, ~30 MiB in every process that steps): the course's
-strategies and the capstone's reference step without it; the comparisons with PyTorch keep
-``torch.optim`` on PyTorch's side (``Adam.torch_optimizer``). Which modules' ranks step
+strategies (``ShardedOptimizer`` too, under notebook 06's ZeRO-1/2) and the capstone's reference
+step without it; the comparisons with PyTorch keep ``torch.optim`` on PyTorch's side
+(``Adam.torch_optimizer``). Which modules' ranks step
 ``torch.optim`` (and so have ``torch._dynamo`` preloaded) is runtime/start.py's
 ``HEAVY_RANK_IMPORTS``, the one place that decides what ranks preload and says why.
 """
@@ -25,48 +26,56 @@ import torch
 
 __all__ = ["Adam", "AdamUpdate"]
 
+
 class AdamUpdate:
-    """An optimizer over ``params`` with ``torch.optim``'s interface as the course uses it:
-    ``step()``, ``zero_grad()`` and ``state[p]`` = ``{"step": tensor, "exp_avg", "exp_avg_sq"}``
-    (made as torch makes it at a parameter's first step; a caller may put its own there)."""
+    """An optimizer over ``params`` (tensors, or ``torch.optim``-style groups: dicts with
+    ``"params"`` and any hyper-parameter of their own) with ``torch.optim``'s interface as the
+    course uses it: ``param_groups``, ``step()``, ``zero_grad()`` and ``state[p]`` =
+    ``{"step": tensor, "exp_avg", "exp_avg_sq"}`` (made as torch makes it at a parameter's first
+    step; a caller may put its own there). ``ShardedOptimizer`` takes the class as its local
+    optimizer, as it takes ``torch.optim.AdamW``."""
 
     def __init__(self, params, lr: float, betas: tuple[float, float], eps: float,
                  weight_decay: float, decoupled: bool):
-        self.params = list(params)
-        self.lr, self.betas, self.eps = lr, betas, eps
-        self.weight_decay, self.decoupled = weight_decay, decoupled
+        params = list(params)
+        groups = params if params and isinstance(params[0], dict) else [{"params": params}]
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
+                    "decoupled": decoupled}
+        self.param_groups = [{**defaults, **g, "params": list(g["params"])} for g in groups]
         self.state: dict = {}
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self.params:
-            p.grad = None
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.grad = None
 
     @torch.no_grad()
     def step(self) -> None:
-        beta1, beta2 = self.betas
-        lr, wd = self.lr, self.weight_decay
-        for p in self.params:
-            if p.grad is None:
-                continue
-            grad = p.grad
-            state = self.state.get(p)
-            if state is None:
-                state = self.state[p] = {"step": torch.tensor(0.0),
-                                         "exp_avg": torch.zeros_like(p),
-                                         "exp_avg_sq": torch.zeros_like(p)}
-            exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-            state["step"] += 1
-            if wd != 0:
-                if self.decoupled:
-                    p.mul_(1 - lr * wd)
-                else:
-                    grad = grad.add(p, alpha=wd)
-            exp_avg.lerp_(grad, 1 - beta1)
-            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            step = state["step"].item()
-            step_size = lr / (1 - beta1 ** step)
-            denom = (exp_avg_sq.sqrt() / (1 - beta2 ** step) ** 0.5).add_(self.eps)
-            p.addcdiv_(exp_avg, denom, value=-step_size)
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            lr, wd = group["lr"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad
+                state = self.state.get(p)
+                if state is None:
+                    state = self.state[p] = {"step": torch.tensor(0.0),
+                                             "exp_avg": torch.zeros_like(p),
+                                             "exp_avg_sq": torch.zeros_like(p)}
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                state["step"] += 1
+                if wd != 0:
+                    if group["decoupled"]:
+                        p.mul_(1 - lr * wd)
+                    else:
+                        grad = grad.add(p, alpha=wd)
+                exp_avg.lerp_(grad, 1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                step = state["step"].item()
+                step_size = lr / (1 - beta1 ** step)
+                denom = (exp_avg_sq.sqrt() / (1 - beta2 ** step) ** 0.5).add_(group["eps"])
+                p.addcdiv_(exp_avg, denom, value=-step_size)
 
 
 @dataclass(frozen=True)

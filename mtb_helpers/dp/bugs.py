@@ -3,11 +3,12 @@
 in ``dp/pytorch.py``'s comparison.
 
 Notebook 06's bugs are mixins overriding one method (marked ``# BUG``) that the strategies' classes
-share (``average``, ``zero_grad``, ``_share_partitions``: ``OverlappedDDP`` for DDP, ``ZeRO1/2`` in
-strategies.py, ``FSDP`` for ZeRO-3); ``strategy_bug(text, wrong, "ddp", "zero1", ...)`` puts it in
-front of every strategy that can make it, so the check can ``swap`` whichever strategy it is about
-to build (``Bug.replaces``: correct class -> wrong class), and declares the same strategies as the
-bug's need (``Bug.needs``): the one rule ``resolve`` applies, and ``BUGS_BY_STRATEGY`` shows.
+share (``average``, ``zero_grad``: ``OverlappedDDP`` for DDP, ``ZeRO1/2`` in strategies.py, ``FSDP``
+for ZeRO-3; ``_share_partitions``: ``ShardedOptimizer``, which ZeRO-1/2 step);
+``strategy_bug(text, wrong, "ddp", "zero1", ...)`` puts it in front of every strategy that can
+make it, so the check can ``swap`` whichever class it is about to build (``Bug.replaces``: correct
+class -> wrong class), and declares the same strategies as the bug's need (``Bug.needs``): the one
+rule ``resolve`` applies, and ``BUGS_BY_STRATEGY`` shows.
 
 Notebook 14's bugs are subclasses of a correct wrapper, each a slip people make when they write
 these wrappers by hand; the check builds ``swap(bug, OverlappedDDP)`` (or ``ShardedOptimizer``,
@@ -108,12 +109,13 @@ class ReduceInComputeDtype(FSDP):
         return g.compute_dtype                                      # BUG: not reduce_dtype
 
 
-def strategy_bug(description: str, wrong: type, *strategies: str) -> Bug:
+def strategy_bug(description: str, wrong: type, *strategies: str, on: type | None = None) -> Bug:
     """A bug of the data-parallel check that ``strategies`` (names of ``STRATEGY_CLASSES``) make:
-    each one's class with ``wrong``'s one override in front of it (``class X(wrong, strategy)``),
-    and the need ``strategy in strategies``, which ``resolve`` asks before any rank starts."""
-    replaces = {STRATEGY_CLASSES[s]: type(f"{wrong.__name__}{STRATEGY_CLASSES[s].__name__}",
-                                          (wrong, STRATEGY_CLASSES[s]), {}) for s in strategies}
+    each one's class (or the one class ``on`` they all build, e.g. ``ShardedOptimizer``) with
+    ``wrong``'s one override in front of it (``class X(wrong, strategy)``), and the need
+    ``strategy in strategies``, which ``resolve`` asks before any rank starts."""
+    correct = [on] if on is not None else [STRATEGY_CLASSES[s] for s in strategies]
+    replaces = {c: type(f"{wrong.__name__}{c.__name__}", (wrong, c), {}) for c in correct}
     return Bug(description, (CHECK,), replaces,
                needs={f"strategy in {strategies}": lambda a: a["strategy"] in strategies})
 
@@ -145,7 +147,7 @@ BUGS: dict[str, Bug] = {
     "zero-stale-params": strategy_bug(
         "ZeRO-1/2: no all-gather of the parameters after the sharded Adam step, so every rank's "
         "copy is updated only in its own shard",
-        StaleParams, "zero1", "zero2"),
+        StaleParams, "zero1", "zero2", on=ShardedOptimizer),
     "dp-grads-not-cleared": strategy_bug(
         "DDP / ZeRO-1 / ZeRO-3: gradients are never cleared between steps, so each step uses "
         "the sum of every gradient so far (one step cannot see it; ZeRO-2 frees its grads, so it is right by "
@@ -193,7 +195,7 @@ OVERLAP_REGISTRY: dict[str, Bug] = {
     "zero1-no-broadcast": Bug(
         "ShardedOptimizer: each rank steps its partition and never shares it: the other ranks keep "
         "stale parameters", (OVERLAP,),
-        {ShardedOptimizer: type("StaleParamsShardedOptimizer", (StaleParams, ShardedOptimizer), {})}),
+        {ShardedOptimizer: BUGS["zero-stale-params"].replaces[ShardedOptimizer]}),   # the same class
 }
 _WRAPPER_OF = {cls: name for name, cls in WRAPPER_CLASSES.items()}
 

@@ -93,8 +93,8 @@ def reference_steps(model, batches, adam: Adam, state: dict | None) -> list[dict
 
 def _on_rank(strategy: str, model, start: dict, batches, adam: Adam, bug) -> dict:
     """Run on every rank: build the strategy (``bug``'s wrong one if given), one training step per
-    batch on this rank's rows; report the pieces after each step, the bytes held after the last
-    and the record of the last step."""
+    batch on this rank's rows; report the pieces after each step, the bytes held after the last,
+    the record of the last step and the strategy's ``FlatShards``."""
     t, r = group_size(), group_rank()
     dp = build_strategy(strategy, model, start, adam, bug)
     pieces = []
@@ -106,14 +106,7 @@ def _on_rank(strategy: str, model, start: dict, batches, adam: Adam, bug) -> dic
     held = dp.held()
     if strategy == "zero3":
         held["gathered_transient"] = dp.gathered_bytes
-    return {"pieces": pieces, "held": held, "record": rec.without_tensors()}
-
-
-def _layout(strategy: str, model, t: int) -> FlatShards:
-    if strategy == "zero3":
-        return FlatShards(tuple(m.weight.numel() + m.bias.numel() for m in model
-                            if isinstance(m, torch.nn.Linear)), t, True)
-    return FlatShards((sum(p.numel() for p in model.parameters()),), t, strategy != "ddp")
+    return {"pieces": pieces, "held": held, "record": rec.without_tensors(), "layout": dp.layout}
 
 
 def memory_model(strategy: str, layout: FlatShards, dtype_bytes: int) -> dict:
@@ -204,7 +197,7 @@ def check_data_parallel(world_size: int = 2, strategy: str = "ddp", batch: int =
     model, start = copy.deepcopy(model), copy.deepcopy(start)
     results = run(_on_rank, strategy, model, start, batches, adam, wrong,
                   world_size=t, timeout=timeout, link=link)   # link=: an emulated link (cost/)
-    layout = _layout(strategy, model, t)
+    layout = results[0]["layout"]      # the strategy's flat units and their shards
     rows = []
     for k, (ref, ref64) in enumerate(zip(refs, refs64)):
         for q in QUANTITIES:

@@ -21,6 +21,7 @@ from torch import nn
 from mtb_helpers.checking.bug import Bug, swap
 from mtb_helpers.dp.fsdp_wrapper import FSDP
 from mtb_helpers.dp.overlap import OverlappedDDP
+from mtb_helpers.dp.sharded_optimizer import ShardedOptimizer
 from mtb_helpers.dp.strategies import SHARDED, Adam, FlatShards, FlatStep, Strategy, ZeRO1, ZeRO2, held_bytes
 
 __all__ = ["ZeRO3Step", "STRATEGY_CLASSES", "build_strategy"]
@@ -85,13 +86,13 @@ assert tuple(STRATEGY_CLASSES) == tuple(SHARDED)
 
 def build_strategy(strategy: str, model: nn.Module, start: dict, adam: Adam = Adam(),
                    bug: Bug | None = None, group=None, copy_model: bool = True) -> Strategy:
-    """Inside a rank: the strategy object (``OverlappedDDP`` run by ``FlatStep``, ``ZeRO1``,
-    ``ZeRO2``, or ``FSDP`` run by ``ZeRO3Step``) for this rank, or the wrong one that ``bug`` (a
-    ``Bug`` of ``BUGS``) puts in its place. ``copy_model=False``: ``model`` itself is trained
-    (the capstone's stage, whose layers hold process groups)."""
+    """Inside a rank: the strategy object (``OverlappedDDP`` run by ``FlatStep``, ``ZeRO1`` or
+    ``ZeRO2`` stepping ``ShardedOptimizer``, or ``FSDP`` run by ``ZeRO3Step``) for this rank, or
+    the wrong one that ``bug`` (a ``Bug`` of ``BUGS``) puts in its place. ``copy_model=False``:
+    ``model`` itself is trained (the capstone's stage, whose layers hold process groups)."""
     cls = swap(bug, STRATEGY_CLASSES[strategy])
     if strategy == "zero3":
         return ZeRO3Step(cls, model, start, adam, group)
     if strategy == "ddp":
         return FlatStep(cls, model, start, adam, group, copy_model)
-    return cls(model, start, adam, group, copy_model)
+    return cls(swap(bug, ShardedOptimizer), model, start, adam, group, copy_model)

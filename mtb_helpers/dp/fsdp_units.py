@@ -106,10 +106,14 @@ class FlatGroup:
         note("reduce_scatter", send, out, "fsdp-grads", self.unit, "backward", self.p)
         return work, out, send
 
-    def full_master(self) -> list[torch.Tensor]:
-        """Every rank's master shard gathered (synchronously, master dtype), one tensor per parameter."""
+    def full_master(self, grads: bool = False) -> list[torch.Tensor]:
+        """Every rank's master shard (``grads``: its averaged gradient, zeros before any) gathered
+        (synchronously, master dtype), one tensor per parameter."""
+        mine = self.shard
+        if grads:
+            mine = self.shard.grad if self.shard.grad is not None else torch.zeros_like(self.shard)
         out = self.shard.new_empty(self.padded)
-        all_gather_async(out, self.shard.detach(), self.pg).wait()
+        all_gather_async(out, mine.detach().contiguous(), self.pg).wait()
         return [v.view(s).clone() for v, s in zip(out[:self.numel].split(self.numels), self.shapes)]
 
 

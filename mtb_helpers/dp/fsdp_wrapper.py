@@ -33,7 +33,7 @@ from mtb_helpers.comm.records import note
 from mtb_helpers.dp.fsdp_units import FlatGroup, find_units
 from mtb_helpers.dp.wrapping import WRAPPED_ATTR, StepClock, StepEvent, broadcast_, check_group, check_module
 
-__all__ = ["FSDP", "owns_parameters"]
+__all__ = ["FSDP", "owns_parameters", "check_dtype"]
 
 
 def owns_parameters(module: nn.Module) -> bool:
@@ -41,7 +41,7 @@ def owns_parameters(module: nn.Module) -> bool:
     return any(True for _ in module.parameters(recurse=False))
 
 
-def _check_dtype(name: str, dtype) -> None:   # compute_dtype / reduce_dtype
+def check_dtype(name: str, dtype) -> None:   # compute_dtype / reduce_dtype (FSDP, check_overlap)
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise ValueError(f"{name} must be a floating-point torch.dtype (torch.bfloat16, "
                          f"torch.float16, torch.float32, ...) or None, got {dtype!r}")
@@ -70,8 +70,8 @@ class FSDP(nn.Module):
         check_module(module, "FSDP")
         if shard is not None and not callable(shard):
             raise ValueError(f"shard must be a predicate module -> bool or None, got {shard!r}")
-        _check_dtype("compute_dtype", compute_dtype)
-        _check_dtype("reduce_dtype", reduce_dtype)
+        check_dtype("compute_dtype", compute_dtype)
+        check_dtype("reduce_dtype", reduce_dtype)
         self.world_size, self.rank = check_group(process_group)
         super().__init__()
         self.module, self.process_group, self.prefetch = module, process_group, bool(prefetch)
@@ -276,8 +276,9 @@ class FSDP(nn.Module):
         for p, g, c in zip(ps, flat[:n].split([p.numel() for p in ps]), flat[n:]):
             p.grad = None if c == 0 else self.average(g).view_as(p)
 
-    def gather_full_params(self) -> dict[str, torch.Tensor]:
-        """Collective: ``{name: full tensor}`` in the master dtype, under the wrapped module's names."""
-        full = [[g.full_master() for g in gs] for gs in self.units]
-        return {name: (full[w[0]][w[1]][w[2]] if isinstance(w, tuple) else w.detach().clone())
-                for name, w in self._layout}
+    def gather_full_params(self, grads: bool = False) -> dict[str, torch.Tensor]:
+        """Collective: ``{name: full tensor}`` in the master dtype, under the wrapped module's names
+        (``grads=True``: their averaged gradients, e.g. to compare with one process)."""
+        full = [[g.full_master(grads) for g in gs] for gs in self.units]
+        return {name: (full[w[0]][w[1]][w[2]] if isinstance(w, tuple) else
+                       (w.grad if grads else w).detach().clone()) for name, w in self._layout}

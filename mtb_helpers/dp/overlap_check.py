@@ -35,14 +35,13 @@ import torch.nn.functional as F
 
 from mtb_helpers.checking.bug import resolve, swap
 from mtb_helpers.checking.report import Report, Row, compare
-from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
+from mtb_helpers.checking.tolerances import as_dtype, check_config, divisible, positive_sizes
 from mtb_helpers.comm.records import record
 from mtb_helpers.dp.buckets import bucket_cap_bytes
-from mtb_helpers.dp.fsdp_wrapper import FSDP
+from mtb_helpers.dp.fsdp_wrapper import FSDP, check_dtype
 from mtb_helpers.dp.overlap import OverlappedDDP
 from mtb_helpers.dp.overlap_pytorch import overlap_model
 from mtb_helpers.dp.sharded_optimizer import ShardedOptimizer
-from mtb_helpers.dp.wrapping import all_gather_async
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
 __all__ = ["check_overlap", "WRAPPERS"]
@@ -55,21 +54,6 @@ LOW_PRECISION = (torch.float16, torch.bfloat16)
 def _rows(x, y, r, t, same_rows):
     n = len(x) // t
     return (x[:n], y[:n]) if same_rows else (x[r * n:(r + 1) * n], y[r * n:(r + 1) * n])
-
-
-def _full_grads(fsdp) -> torch.Tensor:
-    """The averaged gradient of every parameter, in the wrapped module's order ``[Ψ]``."""
-    full = []
-    for gs in fsdp.units:
-        per = []
-        for g in gs:
-            grad = g.shard.grad if g.shard.grad is not None else torch.zeros_like(g.shard)
-            out = grad.new_empty(g.padded)
-            all_gather_async(out, grad.detach().contiguous(), None).wait()
-            per.append(out[:g.numel].split(g.numels))
-        full.append(per)
-    return torch.cat([(full[w[0]][w[1]][w[2]] if isinstance(w, tuple) else w.grad).reshape(-1)
-                      for _, w in fsdp._layout])
 
 
 def _on_rank(wrapper, model, batches, bug, cap, compute_dtype, reduce_dtype, prefetch, scale,
@@ -107,8 +91,8 @@ def _on_rank(wrapper, model, batches, bug, cap, compute_dtype, reduce_dtype, pre
             if wrapper == "fsdp":
                 counts["all-gathers"] = rec.count("all_gather")
                 counts["on-demand all-gathers"] = sum("(on demand)" in e.name for e in net.timeline)
-        grads = (_full_grads(net) if wrapper == "fsdp" else
-                 torch.cat([p.grad.reshape(-1) for p in net.module.parameters()]))
+        grads = torch.cat([g.reshape(-1) for g in (net.gather_full_params(grads=True).values()
+                           if wrapper == "fsdp" else (p.grad for p in net.module.parameters()))])
         opt.step()
         params = (torch.cat([v.reshape(-1) for v in net.gather_full_params().values()])
                   if wrapper == "fsdp" else torch.cat([p.detach().reshape(-1) for p in net.module.parameters()]))
@@ -161,12 +145,10 @@ def _validate(wrapper, t, steps, batch, hidden, cap, compute_dtype, reduce_dtype
     if wrapper not in WRAPPERS:
         raise ValueError(f"unknown wrapper {wrapper!r}; expected one of {WRAPPERS}")
     positive_sizes(steps=steps, batch=batch, hidden=hidden)
-    if batch % t:
-        raise ValueError(f"batch={batch} is not divisible by the world size {t}")
+    divisible("batch", batch, f"the world size {t}", t, "data parallelism gives every rank batch/p rows")
     bucket_cap_bytes(cap)
-    for name, d in (("compute_dtype", compute_dtype), ("reduce_dtype", reduce_dtype)):
-        if d is not None and (not isinstance(d, torch.dtype) or not d.is_floating_point):
-            raise ValueError(f"{name} must be a floating-point torch.dtype or None, got {d!r}")
+    check_dtype("compute_dtype", compute_dtype)
+    check_dtype("reduce_dtype", reduce_dtype)
     if wrapper != "fsdp" and (compute_dtype, reduce_dtype) != (None, None):
         raise ValueError("compute_dtype / reduce_dtype are FSDP's: use wrapper='fsdp'")
     if not isinstance(straggle, (int, float)) or not 0 <= straggle <= 5:
@@ -196,7 +178,7 @@ def check_overlap(world_size: int = 2, wrapper: str = "ddp", steps: int = 3, bat
                   straggle if wrapper == "ddp" else 0.0, world_size=t, timeout=timeout)
     ref_p, ref_g = _reference(model, batches, scale, same_rows, t)
     low = compute_dtype in LOW_PRECISION
-    check_dtype = model[0].weight.dtype
+    model_dtype = model[0].weight.dtype
     rows = []
     quantities = ("params",) if wrapper == "zero1" else ("params", "grads")
     units = sum(1 for m in model if isinstance(m, torch.nn.Linear))
@@ -213,7 +195,7 @@ def check_overlap(world_size: int = 2, wrapper: str = "ddp", steps: int = 3, bat
                     row = Row(q, r, err, err / float(ref.abs().max()), math.nan, tol,
                               err <= tol, err, math.nan, f"{compute_dtype} compute")
                 else:
-                    row = compare(q, r, got, ref.to(check_dtype), ref, check_dtype)
+                    row = compare(q, r, got, ref.to(model_dtype), ref, model_dtype)
                 row.note = f"step {k + 1}" + (f"; {row.note}" if row.note else "")
                 rows.append(row)
         for r, res in enumerate(results):

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from mtb_helpers.checking.tolerances import divisible
 from mtb_helpers.comm.records import record
 from mtb_helpers.dp.fsdp_wrapper import FSDP
 from mtb_helpers.dp.overlap_pytorch import overlap_model
@@ -56,8 +57,7 @@ def mixed_precision(world_size: int = 2, compute_dtypes=(torch.bfloat16, torch.f
     for d in compute_dtypes:
         if not isinstance(d, torch.dtype) or not d.is_floating_point:
             raise ValueError(f"compute_dtypes must be floating-point torch dtypes, got {d!r}")
-    if batch % t:
-        raise ValueError(f"batch={batch} is not divisible by the world size {t}")
+    divisible("batch", batch, f"the world size {t}", t, "data parallelism gives every rank batch/p rows")
     model = overlap_model(hidden, torch.float32, seed)
     gen = torch.Generator().manual_seed(seed + 1)
     batches = [tuple(torch.randn(batch, hidden, generator=gen) for _ in range(2)) for _ in range(steps)]

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from mtb_helpers.checking.tolerances import divisible
 from mtb_helpers.dp.buckets import bucket_cap_bytes
 from mtb_helpers.dp.fsdp_wrapper import FSDP
 from mtb_helpers.dp.overlap import OverlappedDDP
@@ -73,17 +74,6 @@ def _ddp(model, bucket_cap_mb):
     return ddp, seen
 
 
-def _fully_shard(model, compute_dtype, reduce_dtype):
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from mtb_helpers.tp.pytorch import one_dim_mesh
-    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=reduce_dtype)
-    mesh = one_dim_mesh()
-    for layer in model:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer, mesh=mesh, mp_policy=policy)
-    return fully_shard(model, mesh=mesh, mp_policy=policy)
-
-
 def _on_rank(wrapper, model, batches, optimizer, bucket_cap_mb, compute_dtype, reduce_dtype):
     t, r = dist.get_world_size(), dist.get_rank()
     cls, kw = OPTIMIZERS[optimizer]
@@ -96,7 +86,12 @@ def _on_rank(wrapper, model, batches, optimizer, bucket_cap_mb, compute_dtype, r
         if wrapper == "fsdp":
             ours = FSDP(mine, compute_dtype=compute_dtype, reduce_dtype=reduce_dtype)
             our_opt = cls(ours.parameters(), **kw)
-            theirs = _fully_shard(copy.deepcopy(model), compute_dtype, reduce_dtype)
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+
+            # imported here: an owner that loads dp.pytorch preloads DTensor's debug on its ranks
+            from mtb_helpers.dp.pytorch import fully_shard_linears
+            policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=reduce_dtype)
+            theirs = fully_shard_linears(copy.deepcopy(model), mp_policy=policy)
             their_opt = cls(theirs.parameters(), **kw)
             sides = [("course", ours, our_opt), ("pytorch", theirs, their_opt)]
         else:
@@ -137,18 +132,14 @@ def _on_rank(wrapper, model, batches, optimizer, bucket_cap_mb, compute_dtype, r
                 "pytorch": _state_bytes(their_opt.optim.state),
                 "unsharded": _state_bytes(unsharded.state)}
             out["partition"] = {"course": our_opt.partition(),
-                                "pytorch": _zero_partition(their_opt, theirs)}
+                                "pytorch": zero_partition(their_opt, {p: i for i, p in
+                                                                      enumerate(theirs.parameters())})}
     return out
 
 
 def _state_bytes(state) -> int:
     return sum(v.numel() * v.element_size() for s in state.values() for v in s.values()
                if torch.is_tensor(v))
-
-
-def _zero_partition(zero, model) -> list[list[int]]:
-    index = {p: i for i, p in enumerate(model.parameters())}
-    return zero_partition(zero, index)
 
 
 def _one_process(model, batches, optimizer) -> list[torch.Tensor]:
@@ -177,8 +168,7 @@ def pytorch_overlap(world_size: int = 2, wrapper: str = "ddp", optimizer: str = 
         raise ValueError(f"unknown wrapper {wrapper!r}; expected one of {WRAPPERS}")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {sorted(OPTIMIZERS)}")
-    if batch % t:
-        raise ValueError(f"batch={batch} is not divisible by the world size {t}")
+    divisible("batch", batch, f"the world size {t}", t, "data parallelism gives every rank batch/p rows")
     bucket_cap_bytes(bucket_cap_mb)
     model = overlap_model(hidden, dtype, seed)
     gen = torch.Generator().manual_seed(seed + 1)

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mtb_helpers.checking.tolerances import number
 from mtb_helpers.cost import Link, pad_backward, padded
 from mtb_helpers.dp.buckets import assign_buckets, bucket_cap_bytes
 from mtb_helpers.dp.fsdp_wrapper import FSDP
@@ -130,8 +131,7 @@ def _fsdp_on_rank(spec: dict, prefetch: bool, steps: int) -> list[float]:
 def _spec(kwargs: dict) -> dict:
     spec = {**DEFAULTS, **kwargs}
     for k, v in spec.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v != v:
-            raise ValueError(f"{k} must be a positive number, got {v!r}")
+        number(k, v, lambda x: x > 0, "a positive number")   # NaN > 0 is False: refused too
     return spec
 
 

@@ -35,12 +35,13 @@ from torch import nn
 from mtb_helpers.checking.agreement import (Agreement, agreement, course_counts, one_dim_mesh,
                                             torch_counts)
 from mtb_helpers.checking.bug import Bug, resolve, swap
+from mtb_helpers.checking.tolerances import divisible, positive_sizes
 from mtb_helpers.comm.records import record
 from mtb_helpers.dp.fsdp import build_strategy
 from mtb_helpers.dp.strategies import Adam, flat, make_mlp
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
-__all__ = ["pytorch_data_parallel", "dp_on_rank", "torch_model", "DP_PAIRS"]
+__all__ = ["pytorch_data_parallel", "dp_on_rank", "torch_model", "fully_shard_linears", "DP_PAIRS"]
 
 DP_PAIRS = {"ddp": "ddp", "fsdp": "zero3"}     # PyTorch's strategy -> the course's
 _DIRECTIONS = ("forward", "backward", "step")
@@ -55,17 +56,20 @@ _MAP = {"ddp": [("OverlappedDDP: all-reduce of the grad bucket", "DistributedDat
 def torch_model(strategy: str, model: nn.Sequential) -> nn.Module:
     """A copy of ``model`` in PyTorch's data parallelism: ``DistributedDataParallel`` ("ddp"), or
     FSDP2 ``fully_shard`` on each ``nn.Linear`` and then on the whole model ("fsdp")."""
-    from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
     model = copy.deepcopy(model)
-    if strategy == "ddp":
-        return DistributedDataParallel(model)
+    return DistributedDataParallel(model) if strategy == "ddp" else fully_shard_linears(model)
+
+
+def fully_shard_linears(model: nn.Sequential, **kwargs) -> nn.Module:
+    """FSDP2 in place: ``fully_shard`` on each ``nn.Linear`` of ``model``, then on the whole model,
+    over a 1-D mesh of every rank (``kwargs``, e.g. ``mp_policy``, to each call)."""
+    from torch.distributed.fsdp import fully_shard
     mesh = one_dim_mesh()
     for layer in model:
         if isinstance(layer, nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
+            fully_shard(layer, mesh=mesh, **kwargs)
+    return fully_shard(model, mesh=mesh, **kwargs)
 
 
 def _full(x: torch.Tensor) -> torch.Tensor:
@@ -75,16 +79,9 @@ def _full(x: torch.Tensor) -> torch.Tensor:
 def _course_full(course, grads: bool) -> torch.Tensor:
     """The course strategy's full flat ``[Ψ]`` parameters (or averaged grads), ZeRO-3's shards
     all-gathered unit by unit (outside any record: this is only for the comparison)."""
-    import torch.distributed as dist
     if course.name != "zero3":
         return course.pieces()["grads" if grads else "params"][:course.layout.numel].clone()
-    units = []
-    for u, shard in enumerate(course.shards):
-        piece = (shard.grad if grads else shard).detach().contiguous()
-        parts = [torch.empty_like(piece) for _ in range(course.p)]
-        dist.all_gather(parts, piece)
-        units.append(torch.cat(parts)[:course.layout.units[u]])
-    return torch.cat(units)
+    return torch.cat([v.reshape(-1) for v in course.fsdp.gather_full_params(grads).values()])
 
 
 def dp_on_rank(strategy: str, model: nn.Sequential, batches: list, adam: Adam,
@@ -138,13 +135,8 @@ def pytorch_data_parallel(world_size: int = 2, strategy: str = "ddp", steps: int
     if strategy not in DP_PAIRS:
         raise ValueError(f"unknown strategy {strategy!r}; expected one of {sorted(DP_PAIRS)}")
     wrong = resolve(bug, "pytorch_data_parallel", strategy=strategy)
-    for name, n in (("steps", steps), ("batch", batch), ("hidden", hidden),
-                    ("ffn_hidden", ffn_hidden)):
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"{name} must be a positive integer, got {n!r}")
-    if batch % t:
-        raise ValueError(f"batch={batch} is not divisible by the world size {t}: data "
-                         f"parallelism gives every rank batch/p rows")
+    positive_sizes(steps=steps, batch=batch, hidden=hidden, ffn_hidden=ffn_hidden)
+    divisible("batch", batch, f"the world size {t}", t, "data parallelism gives every rank batch/p rows")
     gen = torch.Generator().manual_seed(seed)
     model = make_mlp(hidden, ffn_hidden, gen, torch.float64)
     batches = [tuple(torch.randn(batch, hidden, generator=gen, dtype=torch.float64)

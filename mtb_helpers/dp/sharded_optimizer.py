@@ -14,7 +14,8 @@ partitions are padded to the largest one so that it is a single all-gather per d
 them on to the local optimizer); ``zero_grad`` clears every gradient. ``state_dict()`` is collective
 (call it on every rank): it returns the state the unsharded ``optimizer_cls`` would hold, indexed the
 same way; ``load_state_dict`` takes such a dict and keeps this rank's partition of it.
-``local_state_bytes()`` is what this rank's optimizer state occupies, about 1/p of the unsharded.
+``state`` is this rank's partition's (the local optimizer's), and ``local_state_bytes()`` what it
+occupies, about 1/p of the unsharded.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from mtb_helpers.comm.records import note
+from mtb_helpers.dp.adam import AdamUpdate
 from mtb_helpers.dp.wrapping import all_gather_async, check_group
 
 __all__ = ["ShardedOptimizer", "partition_by_size"]
@@ -42,9 +44,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
     """ZeRO-1: optimizer state sharded across ranks; see the module docstring."""
 
     def __init__(self, params, optimizer_cls: type, process_group=None, **kwargs) -> None:
-        if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer)):
+        if not (isinstance(optimizer_cls, type)
+                and issubclass(optimizer_cls, (torch.optim.Optimizer, AdamUpdate))):
             raise ValueError(f"optimizer_cls must be a torch.optim.Optimizer class (e.g. "
-                             f"torch.optim.AdamW), got {optimizer_cls!r}")
+                             f"torch.optim.AdamW) or dp.adam's AdamUpdate, got {optimizer_cls!r}")
         self.world_size, self.rank = check_group(process_group)
         self.process_group = process_group
         super().__init__(params, dict(kwargs))
@@ -57,9 +60,19 @@ class ShardedOptimizer(torch.optim.Optimizer):
                          "params": [p for p in g["params"] if self.owner[p] == self.rank]}
                         for g in self.param_groups]
         self.local = optimizer_cls(local_groups, **kwargs)
+        self.state = self.local.state            # this rank's partition's state, as torch's holds it
         for mine, local in zip(self.param_groups, self.local.param_groups):
             for k, v in local.items():           # the optimizer's own defaults (betas, eps, ...)
                 mine.setdefault(k, v)
+
+    def add_param_group(self, param_group: dict) -> None:
+        """One group of the whole model's, with the defaults filled in (the local optimizer checks
+        the hyper-parameters). torch's own is wrapped by ``torch._disable_dynamo``, whose first
+        call imports ``torch._dynamo`` (~1 s, ~35 MB a rank): notebook 06's ZeRO-1, the capstone
+        and ``check_plan`` step this class with the written-out ``AdamUpdate`` and never need it."""
+        params = param_group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        self.param_groups.append({**self.defaults, **param_group, "params": params})
 
     def partition(self) -> list[list[int]]:
         """For each rank, the indices (in ``param_groups`` order) of the parameters it steps."""
@@ -91,9 +104,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 own = torch.cat([p.reshape(-1) for p in per_rank[self.rank]])
                 mine[:own.numel()] = own
             out = mine.new_empty(self.world_size * width)                     # [world_size * max partition]
-            all_gather_async(out, mine, self.process_group).wait()
-            note("all_gather", mine, out, "zero1-params", "updated partitions", "step",
-                 self.world_size)
+            if self.world_size > 1:   # a group of one: nothing to send, the record still names it
+                all_gather_async(out, mine, self.process_group).wait()
+            note("all_gather", mine, out, "zero_param_all_gather", "", "step", self.world_size)
             for r, ps in enumerate(per_rank):
                 if r != self.rank and ps:
                     vals = out[r * width:r * width + sum(p.numel() for p in ps)]
@@ -136,3 +149,4 @@ class ShardedOptimizer(torch.optim.Optimizer):
             mine.update(hyper)
             local_groups.append({**hyper, "params": [local_index[p] for p in local["params"]]})
         self.local.load_state_dict({"state": local_state, "param_groups": local_groups})
+        self.state = self.local.state            # torch's load_state_dict made a new dict

@@ -27,6 +27,7 @@ second step would use ``g1 + g2`` (the reduced ``g1`` still sits in the bucket).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -35,8 +36,8 @@ from torch import nn
 
 from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.comm.records import note
-from mtb_helpers.comm.regions import _ALL_GATHER, _REDUCE_SCATTER   # torch 2.13's names, or older torch's
-from mtb_helpers.dp.adam import Adam
+from mtb_helpers.comm.regions import _REDUCE_SCATTER   # torch 2.13's name, or older torch's
+from mtb_helpers.dp.adam import Adam, AdamUpdate
 
 __all__ = ["STRATEGIES", "SHARDED", "Adam", "make_mlp", "flat", "as_views", "padded_numel", "FlatShards",
            "held_bytes", "Strategy", "FlatStep", "ZeRO1", "ZeRO2"]
@@ -167,8 +168,8 @@ class FlatStep(Strategy):
     shard_optimizer = False   # ZeRO-1 and ZeRO-2: Adam updates only this rank's shard
     keep_full_grads = True    # ZeRO-2 frees the full gradient once it is reduce-scattered
 
-    def __init__(self, wrapper: type | None, model: nn.Module, start: dict, adam: Adam = Adam(),
-                 group=None, copy_model: bool = True):
+    def __init__(self, wrapper: type, model: nn.Module, start: dict, adam: Adam = Adam(), group=None,
+                 copy_model: bool = True):
         self.group, self.p, self.rank = group, group_size(group), group_rank(group)
         # copy_model=False: the caller's module itself gets the flat buffer (its layers may hold
         # process groups, which cannot be deep-copied)
@@ -178,13 +179,17 @@ class FlatStep(Strategy):
         self.layout = FlatShards((sum(param.numel() for param in params),), self.p, self.shard_optimizer)
         self.flat = self.layout.piece(start["params"], 0, sharded=False)   # [Ψ_pad]
         as_views(params, self.flat)
-        # every rank starts from the same ``start``: nothing to broadcast
-        self.ddp = None if wrapper is None else wrapper(self.model, process_group=group,
-                                                        overlap=False, init_sync=False)
-        lo, hi = self.layout.shard(0, self.rank) if self.shard_optimizer else (0, len(self.flat))
-        self.own = (lo, hi)
-        self.master = nn.Parameter(self.flat[lo:hi])   # shares the flat buffer's storage
-        self.optimizer = adam.make([self.master])
+        if self.shard_optimizer:   # ZeRO-1/2: ``wrapper`` is ShardedOptimizer, over the p shards
+            self.ddp = None
+            shards = [nn.Parameter(self.flat[slice(*self.layout.shard(0, r))]) for r in range(self.p)]
+            # equal sizes: partition_by_size gives shard r to rank r
+            self.optimizer = wrapper(shards, AdamUpdate, group, **dataclasses.asdict(adam))
+            self.master = shards[self.rank]
+        else:   # DDP: ``wrapper`` is OverlappedDDP; every rank starts from ``start``, no broadcast
+            self.ddp = wrapper(self.model, process_group=group, overlap=False, init_sync=False)
+            self.master = nn.Parameter(self.flat)          # shares the flat buffer's storage
+            self.optimizer = adam.make([self.master])
+        self.own = self.layout.shard(0, self.rank) if self.shard_optimizer else (0, len(self.flat))
         self.load(start)
 
     def load(self, start: dict) -> None:
@@ -253,13 +258,10 @@ class FlatStep(Strategy):
 class ZeRO1(FlatStep):
     """ZeRO stage 1 (P_os): Adam's state sharded. Gradients are reduce-scattered (each rank needs
     the averaged gradient of its shard only) into the rank's slice of the full local gradient
-    buffer, which stays allocated; after the sharded step the parameters are all-gathered."""
+    buffer, which stays allocated; ``ShardedOptimizer`` (notebook 14's) steps the shard and
+    all-gathers the updated parameters."""
     name = "zero1"
     shard_optimizer = True
-
-    def __init__(self, model: nn.Module, start: dict, adam: Adam = Adam(), group=None,
-                 copy_model: bool = True):
-        super().__init__(None, model, start, adam, group, copy_model)
 
     def reduce_gradients(self) -> None:
         buffer = self._full_grads()                       # [Ψ_pad]
@@ -276,19 +278,6 @@ class ZeRO1(FlatStep):
             self.master.grad = shard.clone()   # its own storage, so the full buffer is freed
             for param in self._params:
                 param.grad = None
-
-    def step(self) -> None:
-        self.optimizer.step()
-        self._share_partitions()
-
-    def _share_partitions(self) -> None:   # ShardedOptimizer's all-gather has the same name
-        """Every rank's updated shard to every rank: ``[Ψ_pad/p] -> [Ψ_pad]`` into the flat buffer."""
-        mine = self.master.detach()                       # [Ψ_pad/p], a view of the flat buffer
-        if self.p > 1:
-            full = torch.empty_like(self.flat)            # not in place: mine is a slice of flat
-            getattr(dist, _ALL_GATHER)(full, mine, group=self.group)   # all-gather: [Ψ_pad/p] -> [Ψ_pad]
-            self.flat.copy_(full)
-        note("all_gather", mine, self.flat, "zero_param_all_gather", "", "step", self.p)
 
 
 class ZeRO2(ZeRO1):
