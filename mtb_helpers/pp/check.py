@@ -21,9 +21,8 @@ from torch import nn
 
 from mtb_helpers.checking.report import Report, compare
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
-from mtb_helpers.pp.runtime import op_durations, pipeline_step, split_model
+from mtb_helpers.pp.runtime import op_durations, pipeline_step, simulated_for, split_model
 from mtb_helpers.pp.schedules import schedule as make_schedule
-from mtb_helpers.pp.simulator import simulate
 from mtb_helpers.runtime.ranks import resolve_world_size
 
 __all__ = ["INTERLEAVED_CHUNKS", "check_pipeline", "make_pipeline_model", "reference_step",
@@ -69,16 +68,6 @@ def _problem(blocks: int, width: int, dtype: torch.dtype, seed: int, microbatche
     ref = reference_step(model, x, target)
     ref64 = reference_step(copy.deepcopy(model).double(), x.double(), target.double())
     return model, x, target, ref, ref64
-
-
-def simulated_for(schedule: str, stages: int, microbatches: int, chunks: int, op_time=None,
-                  recompute: bool = False, latency: float = 0.0):
-    """``simulate()`` of the same schedule with the same op times (F=1, B=2 when none; a
-    recomputing backward pays F + B); ``latency``: seconds each message between ranks takes
-    (e.g. ``PipelineResult.hop_latency``, this machine's measured hop)."""
-    ops = make_schedule(schedule, stages, microbatches, chunks)
-    d = op_durations(op_time, 1, recompute) or {"F": 1.0, "I": 1.0, "W": 1.0}
-    return simulate(ops, d["F"], d["I"] + d["W"], input=d["I"], weight=d["W"], latency=latency)
 
 
 def check_pipeline(schedule: str = "1f1b", stages: int = 4, microbatches: int = 8,

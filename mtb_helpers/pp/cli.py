@@ -11,8 +11,18 @@ from __future__ import annotations
 import argparse
 import math
 
-from mtb_helpers.checking.command import emit, emit_document, is_primary, print_failure_json
+from mtb_helpers.checking.command import (add_json_option, emit, emit_document, is_primary, naming,
+                                         print_failure_json)
 from mtb_helpers.pp.schedules import SCHEDULES, closed_form, schedule, simulate
+
+
+def _schedule_options(parser: argparse.ArgumentParser, stages_help: str) -> None:
+    """--schedule, --stages, --microbatches, --chunks: what both commands run."""
+    parser.add_argument("--schedule", choices=tuple(SCHEDULES), default="1f1b")
+    parser.add_argument("--stages", type=int, default=4, help=stages_help)
+    parser.add_argument("--microbatches", type=int, default=8, help="micro-batches m")
+    parser.add_argument("--chunks", type=int, default=None,
+                        help="model chunks per rank v (interleaved only; default 2)")
 
 
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
@@ -22,11 +32,7 @@ def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubPar
         description="Simulate a pipeline schedule on uniform stages and print each stage's op "
                     "order, the makespan, the bubble fraction next to its closed form, and the "
                     "peak activations per stage. No ranks start.")
-    parser.add_argument("--schedule", choices=tuple(SCHEDULES), default="1f1b")
-    parser.add_argument("--stages", type=int, default=4, help="pipeline stages p (one per rank)")
-    parser.add_argument("--microbatches", type=int, default=8, help="micro-batches m")
-    parser.add_argument("--chunks", type=int, default=None,
-                        help="model chunks per rank v (interleaved only; default 2)")
+    _schedule_options(parser, "pipeline stages p (one per rank)")
     parser.add_argument("--forward", type=float, default=1.0,
                         help="forward time of one micro-batch on one whole stage")
     parser.add_argument("--backward", type=float, default=2.0,
@@ -36,7 +42,7 @@ def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubPar
     parser.add_argument("--latency", type=float, default=0.0,
                         help="point-to-point latency added to every cross-stage dependency")
     parser.add_argument("--plot", metavar="OUT.png", default=None, help="write the Gantt chart")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_json_option(parser, "print the result as JSON")
     parser.set_defaults(func=bubble)
     register_run(groups)
 
@@ -121,12 +127,7 @@ def register_run(groups: dict[str, argparse._SubParsersAction]) -> None:
                     "grad against one process, and print the measured bubble next to the "
                     "simulated one. Exit 0 pass, 1 a check failed (or the step hung), 2 bad "
                     "arguments.")
-    parser.add_argument("--schedule", choices=tuple(SCHEDULES), default="1f1b")
-    parser.add_argument("--stages", type=int, default=4,
-                        help="pipeline stages p = ranks (under torchrun: the job's ranks)")
-    parser.add_argument("--microbatches", type=int, default=8, help="micro-batches m")
-    parser.add_argument("--chunks", type=int, default=None,
-                        help="model chunks per rank v (interleaved only; default 2)")
+    _schedule_options(parser, "pipeline stages p = ranks (under torchrun: the job's ranks)")
     parser.add_argument("--op-time", default=None, metavar="F,B",
                         help="pad every op to fixed seconds per micro-batch and stage, F,B or "
                              "F,I,W (e.g. 0.02,0.04), so the timeline shows the schedule rather "
@@ -142,29 +143,19 @@ def register_run(groups: dict[str, argparse._SubParsersAction]) -> None:
                         "is reported (default 60)")
     parser.add_argument("--plot", metavar="OUT.png", default=None,
                         help="write the measured Gantt chart beside the simulated one")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_json_option(parser, "print the report as JSON")
     parser.set_defaults(func=run_pipeline)
-
-
-def parse_op_time(text: str | None) -> tuple[float, ...] | None:
-    """``"0.02,0.04"`` -> (0.02, 0.04); refuses anything but 2 or 3 numbers >= 0."""
-    if text is None:
-        return None
-    try:
-        values = tuple(float(part) for part in text.split(","))
-    except ValueError:
-        values = ()
-    if len(values) not in (2, 3) or any(not 0 <= v < math.inf for v in values):
-        raise ValueError(f"--op-time must be F,B or F,I,W finite seconds >= 0, got {text!r}")
-    return values
 
 
 def run_pipeline(args: argparse.Namespace) -> int:
     """Handler of ``minitrainbench pp run``; returns the exit code."""
     from mtb_helpers.pp.check import check_pipeline
+    from mtb_helpers.pp.runtime import op_durations
     from mtb_helpers.runtime.errors import RankTimeoutError
 
-    op_time = parse_op_time(args.op_time)
+    with naming(args, "--op-time"):   # "0.02,0.04" -> (0.02, 0.04), refused as op_time would be
+        op_time = None if args.op_time is None else tuple(float(t) for t in args.op_time.split(","))
+        op_durations(op_time, 1, args.recompute)
     try:
         report = check_pipeline(args.schedule, args.stages, args.microbatches, args.chunks,
                                 args.dtype, args.seed, args.bug, args.recompute, op_time,
