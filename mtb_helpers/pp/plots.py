@@ -7,20 +7,26 @@ colour-blind safe) so they are never mistaken for ranks; idle time is grey and h
 """
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.collections import PathCollection, PolyCollection
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
+from matplotlib.path import Path
+from matplotlib.textpath import TextPath
+from matplotlib.transforms import Affine2D
 
 from mtb_helpers.plots.palette import EMPTY_COLOR, rank_color
 from mtb_helpers.plots.parts import figure_axes, label_size, legend_right
 from mtb_helpers.pp.schedules import SCHEDULES, closed_form, schedule, simulate
 from mtb_helpers.pp.simulator import Timeline
 
-__all__ = ["OP_COLORS", "plot_gantt", "plot_bubble_vs_microbatches", "plot_peak_memory",
+__all__ = ["OP_COLORS", "gantt_rows", "draw_ops", "plot_gantt", "plot_bubble_vs_microbatches", "plot_peak_memory",
            "plot_stage_layout"]
 
 OP_COLORS = {"F": "#77AADD", "B": "#EE8866", "I": "#EEDD88", "W": "#44BB99"}
@@ -33,7 +39,7 @@ SCHEDULE_HATCHES = {"gpipe": "", "1f1b": "//", "interleaved": "..", "zb-h1": "xx
 def _shade(color: str, chunk: int, chunks: int) -> tuple[float, float, float]:
     """Later model chunks get paler versions of the op colour (Megatron's figures do the same).
     The last chunk is mixed 75 % towards white, so two chunks are easy to tell apart, while
-    black labels stay readable on every shade (``measured_plots`` draws them black too)."""
+    black labels stay readable on every shade."""
     mix = 0.75 * chunk / max(chunks - 1, 1)
     return tuple(c + (1 - c) * mix for c in to_rgb(color))
 
@@ -57,6 +63,69 @@ def _gantt_handles(timeline: Timeline) -> list[Patch]:
     return handles
 
 
+def gantt_rows(ax: plt.Axes, p: int, chunks: int, band: float) -> None:
+    """A Gantt chart's rows: rank r's colour in a band ``band`` wide left of time 0, stage 0 on
+    top; interleaved rows name ranks (rank r holds virtual stages r, p + r, ...), not stages."""
+    for r in range(p):
+        ax.add_patch(Rectangle((-band * 1.6, p - 1 - r - 0.4), band, 0.8, color=rank_color(r)))
+    row = "rank" if chunks > 1 else "stage"
+    ax.set_yticks(range(p), [f"{row} {r}" for r in reversed(range(p))])
+    ax.set_ylim(-0.6, p - 0.4)
+    ax.set_ylabel("rank (chunk c = virtual stage c·p + r)" if chunks > 1 else "stage (= rank)")
+
+
+@functools.lru_cache(maxsize=512)
+def _label_path(text: str, size: float) -> Path:
+    """``text`` (lines centred on each other) as glyph outlines ``size`` points high, centred on
+    (0, 0), in points: a box's micro-batch number drawn as part of one collection."""
+    parts, y = [], 0.0
+    for line in text.split("\n"):
+        glyphs = TextPath((0, 0), line, size=size)
+        (x0, _), (x1, _) = glyphs.get_extents().get_points()
+        parts.append(glyphs.transformed(Affine2D().translate(-(x0 + x1) / 2, y)))
+        y -= size   # linespacing 1.0
+    path = Path.make_compound_path(*parts)
+    (_, y0), (_, y1) = path.get_extents().get_points()
+    return path.transformed(Affine2D().translate(0, -(y0 + y1) / 2))
+
+
+def boxes(spans: list[tuple[float, float, float]]) -> np.ndarray:
+    """``[n, 4, 2]`` rectangle corners of boxes ``(start, end, y)``, 0.8 high, for PolyCollection."""
+    a = np.asarray(spans, dtype=float).reshape(-1, 3)
+    x0, x1, y = a[:, 0], a[:, 1], a[:, 2]
+    return np.stack([np.stack([x0, y - 0.4], 1), np.stack([x0, y + 0.4], 1),
+                     np.stack([x1, y + 0.4], 1), np.stack([x1, y - 0.4], 1)], 1)
+
+
+def draw_ops(fig: Figure, ax: plt.Axes, timeline: Timeline) -> list:
+    """One box per op of ``timeline`` in its kind's colour (paler for later chunks), labelled
+    with its micro-batch (interleaved: and its chunk, shades alone are hard to tell apart) where
+    the label fits; set the x limits first. Boxes and labels are one collection each: ~150
+    artists drawn one by one cost more than an explorer's whole run on the ranks."""
+    p, chunks = timeline.ranks, timeline.chunks
+    lo, hi = ax.get_xlim()
+    axes_points = fig.get_figwidth() * ax.get_position().width * 72
+    spans, faces, labels, centres = [], [], [], []
+    for r in range(p):
+        for e in timeline.events[r]:
+            spans.append((e.start, e.end, p - 1 - r))
+            faces.append(_shade(OP_COLORS[e.op.kind], e.op.chunk, chunks))
+            text = str(e.op.microbatch) + (f"\nc{e.op.chunk}" if chunks > 1 else "")
+            size = label_size((e.end - e.start) / (hi - lo) * axes_points, text,
+                              9.0 if chunks == 1 else 7.5)
+            if size:
+                labels.append(_label_path(text, round(size * 4) / 4))
+                centres.append(((e.start + e.end) / 2, p - 1 - r))
+    drawn = [ax.add_collection(PolyCollection(boxes(spans), facecolor=faces, edgecolor="black",
+                                              linewidth=0.6), autolim=False)]
+    if labels:
+        drawn.append(ax.add_collection(PathCollection(
+            labels, offsets=centres, offset_transform=ax.transData, facecolor="black",
+            edgecolor="none", linewidth=0.0, zorder=3,
+            transform=Affine2D().scale(fig.dpi / 72)), autolim=False))
+    return drawn
+
+
 def plot_gantt(timeline: Timeline, name: str | None = None, ax: plt.Axes | None = None,
                width: float = 10.0) -> Figure:
     """One row per stage (stage 0 on top), one box per op labelled with its micro-batch.
@@ -68,34 +137,16 @@ def plot_gantt(timeline: Timeline, name: str | None = None, ax: plt.Axes | None 
     own_figure = ax is None
     fig, ax = figure_axes(ax, (width, 2.0 + 0.5 * p))
     band = span * 0.025  # the rank-colour band left of time 0
-    axes_inches = fig.get_figwidth() * ax.get_position().width
+    gantt_rows(ax, p, chunks, band)
     for r in range(p):
-        y = p - 1 - r
-        ax.add_patch(Rectangle((-band * 1.6, y - 0.4), band, 0.8, color=rank_color(r)))
         for lo, hi in timeline.idle_intervals(r):
-            ax.add_patch(Rectangle((lo, y - 0.4), hi - lo, 0.8, facecolor=EMPTY_COLOR,
+            ax.add_patch(Rectangle((lo, p - 1 - r - 0.4), hi - lo, 0.8, facecolor=EMPTY_COLOR,
                                    edgecolor="#999999", hatch=IDLE_HATCH, linewidth=0.0))
-        for e in timeline.events[r]:
-            face = _shade(OP_COLORS[e.op.kind], e.op.chunk, chunks)
-            ax.add_patch(Rectangle((e.start, y - 0.4), e.end - e.start, 0.8, facecolor=face,
-                                   edgecolor="black", linewidth=0.6))
-            # micro-batch number; interleaved adds the chunk on a second line (shades alone
-            # are hard to tell apart beyond two chunks)
-            text = str(e.op.microbatch) + (f"\nc{e.op.chunk}" if chunks > 1 else "")
-            box_points = (e.end - e.start) / (span + 2 * band) * axes_inches * 72
-            size = label_size(box_points, text, 9.0 if chunks == 1 else 7.5)
-            if size:
-                ax.text((e.start + e.end) / 2, y, text, ha="center", va="center", fontsize=size,
-                        linespacing=1.0)
     ax.set_xlim(-band * 2, span * 1.01)
-    ax.set_ylim(-0.6, p - 0.4)
-    # interleaved: rank r holds virtual stages r, p + r, ..., so its row is a rank, not a stage
-    row = "rank" if chunks > 1 else "stage"
-    ax.set_yticks(range(p), [f"{row} {r}" for r in reversed(range(p))])
+    draw_ops(fig, ax, timeline)
     forward = next((e.end - e.start) * chunks for e in timeline.events[0] if e.op.kind == "F")
     ax.set_xlabel("time (units of one forward F)" if abs(forward - 1.0) < 1e-12
                   else f"time (one forward F = {forward:g})")
-    ax.set_ylabel("rank (chunk c = virtual stage c·p + r)" if chunks > 1 else "stage (= rank)")
     ax.set_title(f"{_description(timeline, name)}\nmakespan {span:g}, bubble "
                  f"{timeline.bubble_fraction:.1%} of p x makespan (hatched = idle)")
     handles = _gantt_handles(timeline)
