@@ -16,7 +16,7 @@ from matplotlib.patches import Rectangle
 from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import EMPTY_COLOR, rank_color, rank_legend_handles
 from mtb_helpers.plots.parts import legend_right
-from mtb_helpers.pp.plots import IDLE_HATCH, boxes, draw_ops, gantt_rows, plot_gantt
+from mtb_helpers.pp.plots import IDLE_HATCH, boxes, draw_ops, gantt_rows, plot_gantt, plot_stashed
 from mtb_helpers.pp.simulator import Timeline
 
 __all__ = ["plot_measured_vs_simulated", "measured_vs_simulated_png", "plot_measured_bubble",
@@ -154,34 +154,6 @@ def plot_measured_bubble(microbatches: Sequence[int], measured: Sequence[float],
     ax.set_title(f"{name}, p={stages}: measured bubble against the simulator")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=9)
-    fig.tight_layout()
-    return fig
-
-
-def plot_stashed(series: dict[str, Sequence[int]], simulated: dict[str, Sequence[int]],
-                 ylabel: str = "peak micro-batch activations stashed") -> Figure:
-    """Bars: what each rank held at its peak, per schedule (rank colours); a black tick marks
-    the simulator's ``peak_activations`` for the same rank."""
-    names = list(series)
-    p = len(next(iter(series.values())))
-    fig, ax = plt.subplots(figsize=(8, 4))
-    width = 0.8 / p
-    for n, name in enumerate(names):
-        for r, value in enumerate(series[name]):
-            x = n + (r - (p - 1) / 2) * width
-            ax.bar(x, value, width * 0.9, color=rank_color(r), edgecolor="black")
-            if name in simulated:
-                ax.plot([x - width * 0.45, x + width * 0.45], [simulated[name][r]] * 2,
-                        color="black", linewidth=2.5)
-    ax.set_xticks(range(len(names)), names)
-    ax.set_xlabel("schedule (one bar per rank)")
-    ax.set_ylabel(ylabel)
-    ax.set_title("Activations held at the peak, measured on the ranks")
-    handles = rank_legend_handles(p)
-    if simulated:
-        handles.append(Line2D([], [], color="black", linewidth=2.5, label="simulator's peak"))
-    ax.legend(handles=handles, fontsize=8, ncol=min(len(handles), 5), loc="upper left")
-    ax.set_ylim(0, max(max(v) for v in series.values()) * 1.35 + 0.5)
     fig.tight_layout()
     return fig
 

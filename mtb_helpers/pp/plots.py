@@ -21,19 +21,18 @@ from matplotlib.path import Path
 from matplotlib.textpath import TextPath
 from matplotlib.transforms import Affine2D
 
-from mtb_helpers.plots.palette import EMPTY_COLOR, rank_color
+from mtb_helpers.plots.palette import EMPTY_COLOR, rank_color, rank_legend_handles
 from mtb_helpers.plots.parts import figure_axes, label_size, legend_right
 from mtb_helpers.pp.schedules import SCHEDULES, closed_form, schedule, simulate
 from mtb_helpers.pp.simulator import Timeline
 
-__all__ = ["OP_COLORS", "gantt_rows", "draw_ops", "plot_gantt", "plot_bubble_vs_microbatches", "plot_peak_memory",
-           "plot_stage_layout"]
+__all__ = ["OP_COLORS", "gantt_rows", "draw_ops", "plot_gantt", "plot_bubble_vs_microbatches",
+           "plot_peak_memory", "plot_stashed", "plot_stage_layout"]
 
 OP_COLORS = {"F": "#77AADD", "B": "#EE8866", "I": "#EEDD88", "W": "#44BB99"}
 OP_NAMES = {"F": "F forward", "B": "B backward (input and weight grads)", "I": "I input grad",
             "W": "W weight grad (dW)"}
 IDLE_HATCH = "///"
-SCHEDULE_HATCHES = {"gpipe": "", "1f1b": "//", "interleaved": "..", "zb-h1": "xx"}
 
 
 def _shade(color: str, chunk: int, chunks: int) -> tuple[float, float, float]:
@@ -195,38 +194,52 @@ def plot_bubble_vs_microbatches(stage_counts: Sequence[int] = (2, 4, 8), max_mic
 
 def plot_peak_memory(stages: int = 4, microbatches: int = 8, chunks: int = 2,
                      names: Sequence[str] = tuple(SCHEDULES)) -> Figure:
-    """Peak stashed activations per stage for each schedule, in whole-stage micro-batch units.
-
-    Bars take the rank colour of their stage; schedules differ by hatch. Interleaved chunk
-    activations count 1/chunks each (a chunk holds 1/v of the stage's layers).
-    """
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    width = 0.8 / len(names)
-    top = 0.0
-    for n, name in enumerate(names):
+    """Peak stashed activations per stage for each schedule, in whole-stage micro-batch units
+    (``plot_stashed``'s bars, rank colours); interleaved chunk activations count 1/chunks each (a
+    chunk holds 1/v of the stage's layers). A schedule these sizes do not fit (interleaved with m
+    not a multiple of p) is left out."""
+    peaks = {}
+    for name in names:
         try:
             ops = schedule(name, stages, microbatches, chunks if name == "interleaved" else None)
-        except ValueError:  # e.g. interleaved with m not divisible by p: leave its bars out
+        except ValueError:
             continue
-        peaks = simulate(ops).peak_memory
-        top = max(top, *peaks)
-        for r, peak in enumerate(peaks):
-            x = r + (n - (len(names) - 1) / 2) * width
-            ax.bar(x, peak, width * 0.95, color=rank_color(r), edgecolor="black",
-                   hatch=SCHEDULE_HATCHES.get(name, ""))
-            ax.text(x, peak + 0.1, f"{peak:g}", ha="center", va="bottom", fontsize=7)
-    ax.axhline(stages, color="black", linestyle=":", linewidth=1)
-    ax.set_xticks(range(stages), [f"stage {r}" for r in range(stages)])
-    ax.set_xlabel("pipeline stage (bar colour = its rank)")
-    ax.set_ylabel("peak activations held\n(micro-batches of one whole stage)")
-    ax.set_ylim(0, top * 1.25 + 0.5)
-    ax.set_title(f"Peak activation memory per stage: p={stages}, m={microbatches}, "
-                 f"interleaved v={chunks}")
-    handles = [Patch(facecolor="white", edgecolor="black", hatch=SCHEDULE_HATCHES.get(n, ""),
-                     label=n) for n in names]
-    handles.append(Line2D([], [], color="black", linestyle=":", label=f"p = {stages}"))
-    ax.legend(handles=handles, title="schedule (hatch)", fontsize=8, ncol=len(handles),
-              loc="upper right")
+        peaks[name] = simulate(ops).peak_memory
+    return plot_stashed(peaks, {}, "peak activations held\n(micro-batches of one whole stage)",
+                        f"Peak activation memory per stage: p={stages}, m={microbatches}, "
+                        f"interleaved v={chunks}", line=(stages, f"p = {stages}"))
+
+
+def plot_stashed(series: dict[str, Sequence[float]], simulated: dict[str, Sequence[int]],
+                 ylabel: str = "peak micro-batch activations stashed",
+                 title: str = "Activations held at the peak, measured on the ranks",
+                 line: tuple[float, str] | None = None) -> Figure:
+    """Bars: what each rank held at its peak, per schedule (rank colours); a black tick marks
+    the simulator's ``peak_activations`` for the same rank; ``line`` = (height, label) draws a
+    dotted reference line."""
+    names = list(series)
+    p = len(next(iter(series.values())))
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / p
+    for n, name in enumerate(names):
+        for r, value in enumerate(series[name]):
+            x = n + (r - (p - 1) / 2) * width
+            ax.bar(x, value, width * 0.9, color=rank_color(r), edgecolor="black")
+            if name in simulated:
+                ax.plot([x - width * 0.45, x + width * 0.45], [simulated[name][r]] * 2,
+                        color="black", linewidth=2.5)
+    ax.set_xticks(range(len(names)), names)
+    ax.set_xlabel("schedule (one bar per rank)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    handles = rank_legend_handles(p)
+    if simulated:
+        handles.append(Line2D([], [], color="black", linewidth=2.5, label="simulator's peak"))
+    if line:
+        ax.axhline(line[0], color="black", linestyle=":", linewidth=1)
+        handles.append(Line2D([], [], color="black", linestyle=":", label=line[1]))
+    ax.legend(handles=handles, fontsize=8, ncol=min(len(handles), 5), loc="upper left")
+    ax.set_ylim(0, max(max(v) for v in series.values()) * 1.35 + 0.5)
     fig.tight_layout()
     return fig
 
