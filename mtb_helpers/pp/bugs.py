@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from mtb_helpers.checking.bug import Bug, names_for
+from mtb_helpers.checking.bug import Bug
 from mtb_helpers.pp.p2p import P2P, Message
 from mtb_helpers.pp.stage import RankStage
 
@@ -93,4 +93,3 @@ BUGS: dict[str, Bug] = {
         "compared with, so the order of the ops differs", checks=("pytorch_pipeline",),
         replaces={TORCH_SCHEDULE: the_other_schedule}),
 }
-PP_BUGS = names_for(BUGS, "pipeline")

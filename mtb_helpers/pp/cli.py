@@ -26,7 +26,7 @@ def _schedule_options(parser: argparse.ArgumentParser, stages_help: str) -> None
 
 
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
-    """Add ``bubble`` to ``minitrainbench pp``."""
+    """Add ``bubble`` (simulated) and ``run`` (on real ranks) to ``minitrainbench pp``."""
     parser = groups["pp"].add_parser(
         "bubble", help="simulate a pipeline schedule: op order, bubble, peak activations",
         description="Simulate a pipeline schedule on uniform stages and print each stage's op "
@@ -44,7 +44,31 @@ def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubPar
     parser.add_argument("--plot", metavar="OUT.png", default=None, help="write the Gantt chart")
     add_json_option(parser, "print the result as JSON")
     parser.set_defaults(func=bubble)
-    register_run(groups)
+    parser = groups["pp"].add_parser(
+        "run", help="run one pipeline step on real gloo ranks and check it against one process",
+        description="Run one training step of a small Linear/GELU model as a pipeline on "
+                    "--stages gloo ranks (or the torchrun job's ranks), check the loss and every "
+                    "grad against one process, and print the measured bubble next to the "
+                    "simulated one. Exit 0 pass, 1 a check failed (or the step hung), 2 bad "
+                    "arguments.")
+    _schedule_options(parser, "pipeline stages p = ranks (under torchrun: the job's ranks)")
+    parser.add_argument("--op-time", default=None, metavar="F,B",
+                        help="pad every op to fixed seconds per micro-batch and stage, F,B or "
+                             "F,I,W (e.g. 0.02,0.04), so the timeline shows the schedule rather "
+                             "than this machine's cores")
+    parser.add_argument("--recompute", action="store_true",
+                        help="keep only stage inputs and re-run the forward in backward")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bug", default=None, help="inject a deliberate pipeline bug "
+                        "(pp-loss-not-scaled, pp-input-grad-not-sent, pp-wrong-stash, "
+                        "pp-blocking-send); the check must then fail")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds before a hung step "
+                        "is reported (default 60)")
+    parser.add_argument("--plot", metavar="OUT.png", default=None,
+                        help="write the measured Gantt chart beside the simulated one")
+    add_json_option(parser, "print the report as JSON")
+    parser.set_defaults(func=run_pipeline)
 
 
 # What a Gantt chart can still show (and the simulator builds in well under a second).
@@ -86,14 +110,8 @@ def bubble(args: argparse.Namespace) -> int:
     ref = closed_form(args.schedule, ops.stages, ops.microbatches, ops.chunks, args.forward,
                       args.backward, args.input, args.weight)
     if args.plot and is_primary():   # under torchrun every rank computes the same: rank 0 draws
-        import matplotlib
-        matplotlib.use("Agg")  # headless: never open a window from the command line
-        import matplotlib.pyplot as plt
-
         from mtb_helpers.pp.plots import plot_gantt
-        fig = plot_gantt(timeline, args.schedule)
-        fig.savefig(args.plot, dpi=100, bbox_inches="tight")
-        plt.close(fig)
+        _save_figure(lambda: plot_gantt(timeline, args.schedule), args.plot)
     wide = ops.chunks > 1
 
     def text() -> str:
@@ -116,35 +134,6 @@ def bubble(args: argparse.Namespace) -> int:
         **timeline.to_dict(), "closed_form": ref, "plot": args.plot}, args.json, text)
 
 
-# ---- ``minitrainbench pp run``: the pipeline on real ranks -----------------------------------
-
-def register_run(groups: dict[str, argparse._SubParsersAction]) -> None:
-    """Add ``run`` to ``minitrainbench pp``."""
-    parser = groups["pp"].add_parser(
-        "run", help="run one pipeline step on real gloo ranks and check it against one process",
-        description="Run one training step of a small Linear/GELU model as a pipeline on "
-                    "--stages gloo ranks (or the torchrun job's ranks), check the loss and every "
-                    "grad against one process, and print the measured bubble next to the "
-                    "simulated one. Exit 0 pass, 1 a check failed (or the step hung), 2 bad "
-                    "arguments.")
-    _schedule_options(parser, "pipeline stages p = ranks (under torchrun: the job's ranks)")
-    parser.add_argument("--op-time", default=None, metavar="F,B",
-                        help="pad every op to fixed seconds per micro-batch and stage, F,B or "
-                             "F,I,W (e.g. 0.02,0.04), so the timeline shows the schedule rather "
-                             "than this machine's cores")
-    parser.add_argument("--recompute", action="store_true",
-                        help="keep only stage inputs and re-run the forward in backward")
-    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--bug", default=None, help="inject a deliberate pipeline bug "
-                        "(pp-loss-not-scaled, pp-input-grad-not-sent, pp-wrong-stash, "
-                        "pp-blocking-send); the check must then fail")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds before a hung step "
-                        "is reported (default 60)")
-    parser.add_argument("--plot", metavar="OUT.png", default=None,
-                        help="write the measured Gantt chart beside the simulated one")
-    add_json_option(parser, "print the report as JSON")
-    parser.set_defaults(func=run_pipeline)
 
 
 def run_pipeline(args: argparse.Namespace) -> int:
@@ -168,7 +157,13 @@ def run_pipeline(args: argparse.Namespace) -> int:
         return 1
     pipe = report.extra["pipeline"]
     if args.plot and is_primary():   # under torchrun only rank 0 reports
-        _plot_run(report, op_time, args.plot)
+        from mtb_helpers.pp.measured_plots import plot_measured_vs_simulated
+        from mtb_helpers.pp.runtime import simulated_for
+        cfg = report.config
+        sim = simulated_for(cfg["schedule"], cfg["stages"], cfg["microbatches"], cfg["chunks"],
+                            op_time, cfg["recompute"])
+        _save_figure(lambda: plot_measured_vs_simulated(report.result.measured(), sim, cfg["schedule"],
+                                                        unit="s" if op_time else "units"), args.plot)
 
     def details(report) -> str:
         units = "seconds" if op_time else "units of F=1, B=2 (no --op-time: real compute is measured)"
@@ -184,17 +179,12 @@ def run_pipeline(args: argparse.Namespace) -> int:
     return emit([report], args.json, details)
 
 
-def _plot_run(report, op_time, path: str) -> None:
+def _save_figure(draw, path: str) -> None:
+    """Write ``draw()``'s figure to ``path``, headless: never open a window from the command line."""
     import matplotlib
-    matplotlib.use("Agg")  # headless: never open a window from the command line
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from mtb_helpers.pp.check import simulated_for
-    from mtb_helpers.pp.measured_plots import plot_measured_vs_simulated
-    cfg = report.config
-    sim = simulated_for(cfg["schedule"], cfg["stages"], cfg["microbatches"], cfg["chunks"],
-                        op_time, cfg["recompute"])
-    fig = plot_measured_vs_simulated(report.result.measured(), sim, cfg["schedule"],
-                                     unit="s" if op_time else "units")
+    fig = draw()
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)

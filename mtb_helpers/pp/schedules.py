@@ -104,10 +104,6 @@ def warmup_count(name: str, stages: int, microbatches: int, stage: int, chunks: 
     return min(p - r - 1, m)
 
 
-def _gpipe(p: int, m: int) -> list[list[Op]]:
-    return [[Op("F", i) for i in range(m)] + [Op("B", i) for i in range(m)] for _ in range(p)]
-
-
 def _one_f_one_b(p: int, m: int, split_backward: bool) -> list[list[Op]]:
     stages = []
     for r in range(p):
@@ -177,8 +173,10 @@ def schedule(name: str, stages: int, microbatches: int, chunks: int | None = Non
         return Schedule(_interleaved(stages, microbatches, chunks), name, microbatches, chunks)
     if chunks not in (None, 1):
         raise ValueError(f"chunks={chunks} only applies to the interleaved schedule")
-    per_stage = (_gpipe(stages, microbatches) if name == "gpipe"
-                 else _one_f_one_b(stages, microbatches, split_backward=(name == "zb-h1")))
+    if name == "gpipe":   # all forwards, then all backwards in micro-batch order
+        per_stage = [[Op(k, i) for k in "FB" for i in range(microbatches)] for _ in range(stages)]
+    else:
+        per_stage = _one_f_one_b(stages, microbatches, split_backward=(name == "zb-h1"))
     return Schedule(per_stage, name, microbatches, 1)
 
 
