@@ -171,13 +171,12 @@ def plot_bubble_vs_microbatches(stage_counts: Sequence[int] = (2, 4, 8), max_mic
     """
     fig, ax = plt.subplots(figsize=(8, 4.5))
     cmap = plt.get_cmap("viridis")
+    v = chunks or (2 if name == "interleaved" else 1)   # the chunks schedule() takes by default
     for n, p in enumerate(stage_counts):
         color = cmap(n / max(len(stage_counts) - 1, 1) * 0.85)
         ms = [m for m in range(1, max_microbatches + 1) if name != "interleaved" or m % p == 0]
         sim = [simulate(schedule(name, p, m, chunks), forward, backward).bubble_fraction
                for m in ms]
-        v = 1 if chunks is None else chunks
-        v = 2 if name == "interleaved" and chunks is None else v
         ref = [closed_form(name, p, m, v, forward, backward)["bubble_fraction"] for m in ms]
         ax.plot(ms, ref, color=color, linewidth=1.5, label=f"p={p} formula")
         ax.plot(ms, sim, "o", color=color, markersize=4, label=f"p={p} simulated")

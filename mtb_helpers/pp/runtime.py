@@ -235,9 +235,7 @@ def pipeline_step(model: nn.Sequential, x: torch.Tensor, target: torch.Tensor,
                        for r, res in enumerate(results)
                        for kind, k, c, start, end, peer, tag in res["events"]),
                       key=lambda e: (e.start, e.rank))
-    grads = {}
-    for res in results:
-        grads.update(res["grads"])
+    grads = {name: g for res in results for name, g in res["grads"].items()}
     order = [name for name, _ in model.named_parameters()]
     config = {"schedule": schedule, "stages": stages, "microbatches": microbatches,
               "chunks": ops.chunks, "op_time": None if op_time is None else list(op_time),
