@@ -1,7 +1,8 @@
 """Figures of the pipeline run on real ranks (notebook 09): the measured Gantt chart beside the
-simulated one, the measured bubble against micro-batches, stashed activations per rank, and the
-point-to-point messages of one micro-batch's trip. Plain data in (a ``PipelineResult``, a
-simulator ``Timeline``, lists of numbers); rank r keeps rank_color(r) as everywhere else.
+simulated one (its boxes drawn by ``plots.draw_ops``, as the simulated chart's), the measured
+bubble against micro-batches, stashed activations per rank (``plots.plot_stashed``, notebook 05's
+simulated peaks too), and the point-to-point messages of one micro-batch's trip. Plain data in (a
+``PipelineResult``, a simulator ``Timeline``, lists of numbers); rank r keeps rank_color(r).
 """
 from __future__ import annotations
 

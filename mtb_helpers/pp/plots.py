@@ -1,5 +1,6 @@
 """Pipeline figures: the Gantt chart of a simulated schedule, bubble against micro-batch count, and
-peak activation memory per stage.
+peak activations per rank and schedule; the Gantt rows and op boxes (``gantt_rows``, ``draw_ops``)
+and the peak bars (``plot_stashed``) are notebook 09's measured figures' too.
 
 Colours: stage r runs on rank r, so its row carries rank_color(r) in a band on the left (as in
 every figure of the course). Op kinds use their own palette (Paul Tol's "light" scheme, also
