@@ -124,11 +124,10 @@ def pp_on_rank(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, name: str
     from torch.distributed.pipelining import PipelineStage
     r, p = dist.get_rank(), dist.get_world_size()
     full = copy.deepcopy(model)                  # the one-process reference: the whole model
-    ref = list(full)
     mb_losses = [F.mse_loss(full(xm), ym) for xm, ym in zip(x.chunk(microbatches),
                                                              y.chunk(microbatches))]
     torch.stack(mb_losses).mean().backward()
-    course = {"weight_grad": ref[r][0].weight.grad, "bias_grad": ref[r][0].bias.grad}
+    course = {"weight_grad": full[r][0].weight.grad, "bias_grad": full[r][0].bias.grad}
     if r == p - 1:
         course["losses"] = torch.stack([l.detach() for l in mb_losses])
 
