@@ -236,9 +236,10 @@ def test_gantt_draws_one_box_per_op_hatches_idle_and_titles_the_bubble():
     t = simulate(schedule("1f1b", 3, 4))
     fig = plot_gantt(t, "1f1b")
     ax = fig.axes[0]
-    faces = [patch.get_facecolor() for patch in ax.patches]
+    faces = [tuple(face) for face in ax.collections[0].get_facecolors()]   # the ops' boxes
     assert sum(f == to_rgba(OP_COLORS["F"]) for f in faces) == 3 * 4
     assert sum(f == to_rgba(OP_COLORS["B"]) for f in faces) == 3 * 4
+    assert len(faces) == 3 * 4 * 2 and len(ax.collections[1].get_paths()) == 3 * 4 * 2   # labels
     hatched = [patch for patch in ax.patches if patch.get_hatch() == IDLE_HATCH]
     assert len(hatched) == sum(len(t.idle_intervals(r)) for r in range(3))
     assert f"{t.bubble_fraction:.1%}" in ax.get_title()

@@ -45,7 +45,7 @@ def test_a_deadlock_exits_1_naming_the_blocked_sends(capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--op-time", "0.1"], "--op-time must be F,B or F,I,W"),
+    (["--op-time", "0.1"], "--op-time 0.1: op_time must be (F, B) or (F, I, W)"),
     (["--schedule", "interleaved", "--stages", "4", "--microbatches", "6"], "divisible by stages"),
     (["--chunks", "2"], "only applies to the interleaved"),
     (["--microbatches", "0"], "microbatches must be a positive integer"),

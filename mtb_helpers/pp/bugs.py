@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from mtb_helpers.checking.bug import Bug, names_for
+from mtb_helpers.checking.bug import Bug
 from mtb_helpers.pp.p2p import P2P, Message
 from mtb_helpers.pp.stage import RankStage
 
@@ -50,20 +50,16 @@ class BlockingSend(P2P):
 
 def schedule_without_scaling(name: str, stage, microbatches: int):
     """scale-grads-off."""
-    import torch.nn.functional as F
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
-    cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[name]
+    from mtb_helpers.pp.pytorch import torch_schedule
     # BUG: each micro-batch's loss is a mean already; unscaled, the grads are m times too large
-    return cls(stage, microbatches, loss_fn=F.mse_loss, scale_grads=False)
+    return torch_schedule(name, stage, microbatches, scale_grads=False)
 
 
 def the_other_schedule(name: str, stage, microbatches: int):
     """other-schedule."""
-    import torch.nn.functional as F
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+    from mtb_helpers.pp.pytorch import torch_schedule
     # BUG: 1F1B runs where GPipe is compared, or GPipe where 1F1B is: same grads, other order
-    cls = {"gpipe": Schedule1F1B, "1f1b": ScheduleGPipe}[name]
-    return cls(stage, microbatches, loss_fn=F.mse_loss, scale_grads=True)
+    return torch_schedule({"gpipe": "1f1b", "1f1b": "gpipe"}[name], stage, microbatches)
 
 
 TORCH_SCHEDULE = "mtb_helpers.pp.pytorch.torch_schedule"   # by name: see checking.bug.swap
@@ -97,4 +93,3 @@ BUGS: dict[str, Bug] = {
         "compared with, so the order of the ops differs", checks=("pytorch_pipeline",),
         replaces={TORCH_SCHEDULE: the_other_schedule}),
 }
-PP_BUGS = names_for(BUGS, "pipeline")

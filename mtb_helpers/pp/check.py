@@ -21,9 +21,7 @@ from torch import nn
 
 from mtb_helpers.checking.report import Report, compare
 from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
-from mtb_helpers.pp.runtime import op_durations, pipeline_step, split_model
-from mtb_helpers.pp.schedules import schedule as make_schedule
-from mtb_helpers.pp.simulator import simulate
+from mtb_helpers.pp.runtime import pipeline_step, simulated_for, split_model
 from mtb_helpers.runtime.ranks import resolve_world_size
 
 __all__ = ["INTERLEAVED_CHUNKS", "check_pipeline", "make_pipeline_model", "reference_step",
@@ -71,16 +69,6 @@ def _problem(blocks: int, width: int, dtype: torch.dtype, seed: int, microbatche
     return model, x, target, ref, ref64
 
 
-def simulated_for(schedule: str, stages: int, microbatches: int, chunks: int, op_time=None,
-                  recompute: bool = False, latency: float = 0.0):
-    """``simulate()`` of the same schedule with the same op times (F=1, B=2 when none; a
-    recomputing backward pays F + B); ``latency``: seconds each message between ranks takes
-    (e.g. ``PipelineResult.hop_latency``, this machine's measured hop)."""
-    ops = make_schedule(schedule, stages, microbatches, chunks)
-    d = op_durations(op_time, 1, recompute) or {"F": 1.0, "I": 1.0, "W": 1.0}
-    return simulate(ops, d["F"], d["I"] + d["W"], input=d["I"], weight=d["W"], latency=latency)
-
-
 def check_pipeline(schedule: str = "1f1b", stages: int = 4, microbatches: int = 8,
                    chunks: int | None = None, dtype=torch.float32, seed: int = 0, bug: str | None = None,
                    recompute: bool = False, op_time=None, width: int = 8,
@@ -96,24 +84,21 @@ def check_pipeline(schedule: str = "1f1b", stages: int = 4, microbatches: int = 
     positive_sizes(microbatches=microbatches, width=width,
                    rows_per_microbatch=rows_per_microbatch)
     chunks = (INTERLEAVED_CHUNKS if schedule == "interleaved" else 1) if chunks is None else chunks
-    make_schedule(schedule, p, microbatches, chunks)
-    op_durations(op_time, chunks, recompute)
+    # the prediction; also refuses a bad schedule, size or op_time before any rank starts
+    sim = simulated_for(schedule, p, microbatches, chunks, op_time, recompute)
     model, x, target, (ref_loss, ref_grads), (ref64_loss, ref64_grads) = _problem(
         p * chunks, width, dtype, seed, microbatches, rows_per_microbatch)
     res = pipeline_step(model, x, target, F.mse_loss, schedule, p, microbatches, chunks,
-                        op_time=op_time, recompute=recompute,
-                        bug=bug, timeout=timeout)
+                        op_time=op_time, recompute=recompute, bug=bug, timeout=timeout)
     rows = [compare("loss", p - 1, torch.tensor(res.loss, dtype=dtype), ref_loss, ref64_loss,
                     dtype)]
-    pieces = split_model(model, p * chunks)
-    for s, piece in enumerate(pieces):
+    for s, piece in enumerate(split_model(model, p * chunks)):
         for name, _ in piece.named_parameters():
             rows.append(compare(f"{name}.grad", s % p, res.grads.get(name), ref_grads[name],
                                 ref64_grads[name], dtype))
     config = check_config(p, dtype, seed, bug, schedule=schedule, stages=p,
                           microbatches=microbatches, chunks=chunks, recompute=recompute,
                           op_time=None if op_time is None else list(op_time))
-    sim = simulated_for(schedule, p, microbatches, chunks, op_time, recompute)
     measured = res.measured()
     extra = {"pipeline": {
         "ops_match_schedule": all(res.ops(r) == list(res.schedule[r]) for r in range(p)),

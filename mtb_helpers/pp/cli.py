@@ -11,22 +11,28 @@ from __future__ import annotations
 import argparse
 import math
 
-from mtb_helpers.checking.command import emit, emit_document, is_primary, print_failure_json
+from mtb_helpers.checking.command import (add_json_option, emit, emit_document, is_primary, naming,
+                                         print_failure_json)
 from mtb_helpers.pp.schedules import SCHEDULES, closed_form, schedule, simulate
 
 
+def _schedule_options(parser: argparse.ArgumentParser, stages_help: str) -> None:
+    """--schedule, --stages, --microbatches, --chunks: what both commands run."""
+    parser.add_argument("--schedule", choices=tuple(SCHEDULES), default="1f1b")
+    parser.add_argument("--stages", type=int, default=4, help=stages_help)
+    parser.add_argument("--microbatches", type=int, default=8, help="micro-batches m")
+    parser.add_argument("--chunks", type=int, default=None,
+                        help="model chunks per rank v (interleaved only; default 2)")
+
+
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
-    """Add ``bubble`` to ``minitrainbench pp``."""
+    """Add ``bubble`` (simulated) and ``run`` (on real ranks) to ``minitrainbench pp``."""
     parser = groups["pp"].add_parser(
         "bubble", help="simulate a pipeline schedule: op order, bubble, peak activations",
         description="Simulate a pipeline schedule on uniform stages and print each stage's op "
                     "order, the makespan, the bubble fraction next to its closed form, and the "
                     "peak activations per stage. No ranks start.")
-    parser.add_argument("--schedule", choices=tuple(SCHEDULES), default="1f1b")
-    parser.add_argument("--stages", type=int, default=4, help="pipeline stages p (one per rank)")
-    parser.add_argument("--microbatches", type=int, default=8, help="micro-batches m")
-    parser.add_argument("--chunks", type=int, default=None,
-                        help="model chunks per rank v (interleaved only; default 2)")
+    _schedule_options(parser, "pipeline stages p (one per rank)")
     parser.add_argument("--forward", type=float, default=1.0,
                         help="forward time of one micro-batch on one whole stage")
     parser.add_argument("--backward", type=float, default=2.0,
@@ -36,9 +42,33 @@ def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubPar
     parser.add_argument("--latency", type=float, default=0.0,
                         help="point-to-point latency added to every cross-stage dependency")
     parser.add_argument("--plot", metavar="OUT.png", default=None, help="write the Gantt chart")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_json_option(parser, "print the result as JSON")
     parser.set_defaults(func=bubble)
-    register_run(groups)
+    parser = groups["pp"].add_parser(
+        "run", help="run one pipeline step on real gloo ranks and check it against one process",
+        description="Run one training step of a small Linear/GELU model as a pipeline on "
+                    "--stages gloo ranks (or the torchrun job's ranks), check the loss and every "
+                    "grad against one process, and print the measured bubble next to the "
+                    "simulated one. Exit 0 pass, 1 a check failed (or the step hung), 2 bad "
+                    "arguments.")
+    _schedule_options(parser, "pipeline stages p = ranks (under torchrun: the job's ranks)")
+    parser.add_argument("--op-time", default=None, metavar="F,B",
+                        help="pad every op to fixed seconds per micro-batch and stage, F,B or "
+                             "F,I,W (e.g. 0.02,0.04), so the timeline shows the schedule rather "
+                             "than this machine's cores")
+    parser.add_argument("--recompute", action="store_true",
+                        help="keep only stage inputs and re-run the forward in backward")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bug", default=None, help="inject a deliberate pipeline bug "
+                        "(pp-loss-not-scaled, pp-input-grad-not-sent, pp-wrong-stash, "
+                        "pp-blocking-send); the check must then fail")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds before a hung step "
+                        "is reported (default 60)")
+    parser.add_argument("--plot", metavar="OUT.png", default=None,
+                        help="write the measured Gantt chart beside the simulated one")
+    add_json_option(parser, "print the report as JSON")
+    parser.set_defaults(func=run_pipeline)
 
 
 # What a Gantt chart can still show (and the simulator builds in well under a second).
@@ -80,14 +110,8 @@ def bubble(args: argparse.Namespace) -> int:
     ref = closed_form(args.schedule, ops.stages, ops.microbatches, ops.chunks, args.forward,
                       args.backward, args.input, args.weight)
     if args.plot and is_primary():   # under torchrun every rank computes the same: rank 0 draws
-        import matplotlib
-        matplotlib.use("Agg")  # headless: never open a window from the command line
-        import matplotlib.pyplot as plt
-
         from mtb_helpers.pp.plots import plot_gantt
-        fig = plot_gantt(timeline, args.schedule)
-        fig.savefig(args.plot, dpi=100, bbox_inches="tight")
-        plt.close(fig)
+        _save_figure(lambda: plot_gantt(timeline, args.schedule), args.plot)
     wide = ops.chunks > 1
 
     def text() -> str:
@@ -110,61 +134,17 @@ def bubble(args: argparse.Namespace) -> int:
         **timeline.to_dict(), "closed_form": ref, "plot": args.plot}, args.json, text)
 
 
-# ---- ``minitrainbench pp run``: the pipeline on real ranks -----------------------------------
-
-def register_run(groups: dict[str, argparse._SubParsersAction]) -> None:
-    """Add ``run`` to ``minitrainbench pp``."""
-    parser = groups["pp"].add_parser(
-        "run", help="run one pipeline step on real gloo ranks and check it against one process",
-        description="Run one training step of a small Linear/GELU model as a pipeline on "
-                    "--stages gloo ranks (or the torchrun job's ranks), check the loss and every "
-                    "grad against one process, and print the measured bubble next to the "
-                    "simulated one. Exit 0 pass, 1 a check failed (or the step hung), 2 bad "
-                    "arguments.")
-    parser.add_argument("--schedule", choices=tuple(SCHEDULES), default="1f1b")
-    parser.add_argument("--stages", type=int, default=4,
-                        help="pipeline stages p = ranks (under torchrun: the job's ranks)")
-    parser.add_argument("--microbatches", type=int, default=8, help="micro-batches m")
-    parser.add_argument("--chunks", type=int, default=None,
-                        help="model chunks per rank v (interleaved only; default 2)")
-    parser.add_argument("--op-time", default=None, metavar="F,B",
-                        help="pad every op to fixed seconds per micro-batch and stage, F,B or "
-                             "F,I,W (e.g. 0.02,0.04), so the timeline shows the schedule rather "
-                             "than this machine's cores")
-    parser.add_argument("--recompute", action="store_true",
-                        help="keep only stage inputs and re-run the forward in backward")
-    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--bug", default=None, help="inject a deliberate pipeline bug "
-                        "(pp-loss-not-scaled, pp-input-grad-not-sent, pp-wrong-stash, "
-                        "pp-blocking-send); the check must then fail")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds before a hung step "
-                        "is reported (default 60)")
-    parser.add_argument("--plot", metavar="OUT.png", default=None,
-                        help="write the measured Gantt chart beside the simulated one")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.set_defaults(func=run_pipeline)
-
-
-def parse_op_time(text: str | None) -> tuple[float, ...] | None:
-    """``"0.02,0.04"`` -> (0.02, 0.04); refuses anything but 2 or 3 numbers >= 0."""
-    if text is None:
-        return None
-    try:
-        values = tuple(float(part) for part in text.split(","))
-    except ValueError:
-        values = ()
-    if len(values) not in (2, 3) or any(not 0 <= v < math.inf for v in values):
-        raise ValueError(f"--op-time must be F,B or F,I,W finite seconds >= 0, got {text!r}")
-    return values
 
 
 def run_pipeline(args: argparse.Namespace) -> int:
     """Handler of ``minitrainbench pp run``; returns the exit code."""
     from mtb_helpers.pp.check import check_pipeline
+    from mtb_helpers.pp.runtime import op_durations
     from mtb_helpers.runtime.errors import RankTimeoutError
 
-    op_time = parse_op_time(args.op_time)
+    with naming(args, "--op-time"):   # "0.02,0.04" -> (0.02, 0.04), refused as op_time would be
+        op_time = None if args.op_time is None else tuple(float(t) for t in args.op_time.split(","))
+        op_durations(op_time, 1, args.recompute)
     try:
         report = check_pipeline(args.schedule, args.stages, args.microbatches, args.chunks,
                                 args.dtype, args.seed, args.bug, args.recompute, op_time,
@@ -177,7 +157,13 @@ def run_pipeline(args: argparse.Namespace) -> int:
         return 1
     pipe = report.extra["pipeline"]
     if args.plot and is_primary():   # under torchrun only rank 0 reports
-        _plot_run(report, op_time, args.plot)
+        from mtb_helpers.pp.measured_plots import plot_measured_vs_simulated
+        from mtb_helpers.pp.runtime import simulated_for
+        cfg = report.config
+        sim = simulated_for(cfg["schedule"], cfg["stages"], cfg["microbatches"], cfg["chunks"],
+                            op_time, cfg["recompute"])
+        _save_figure(lambda: plot_measured_vs_simulated(report.result.measured(), sim, cfg["schedule"],
+                                                        unit="s" if op_time else "units"), args.plot)
 
     def details(report) -> str:
         units = "seconds" if op_time else "units of F=1, B=2 (no --op-time: real compute is measured)"
@@ -193,17 +179,12 @@ def run_pipeline(args: argparse.Namespace) -> int:
     return emit([report], args.json, details)
 
 
-def _plot_run(report, op_time, path: str) -> None:
+def _save_figure(draw, path: str) -> None:
+    """Write ``draw()``'s figure to ``path``, headless: never open a window from the command line."""
     import matplotlib
-    matplotlib.use("Agg")  # headless: never open a window from the command line
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from mtb_helpers.pp.check import simulated_for
-    from mtb_helpers.pp.measured_plots import plot_measured_vs_simulated
-    cfg = report.config
-    sim = simulated_for(cfg["schedule"], cfg["stages"], cfg["microbatches"], cfg["chunks"],
-                        op_time, cfg["recompute"])
-    fig = plot_measured_vs_simulated(report.result.measured(), sim, cfg["schedule"],
-                                     unit="s" if op_time else "units")
+    fig = draw()
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)

@@ -1,27 +1,23 @@
 """Figures of the pipeline run on real ranks (notebook 09): the measured Gantt chart beside the
-simulated one, the measured bubble against micro-batches, stashed activations per rank, and the
-point-to-point messages of one micro-batch's trip. Plain data in (a ``PipelineResult``, a
-simulator ``Timeline``, lists of numbers); rank r keeps rank_color(r) as everywhere else.
+simulated one (its boxes drawn by ``plots.draw_ops``, as the simulated chart's), the measured
+bubble against micro-batches, stashed activations per rank (``plots.plot_stashed``, notebook 05's
+simulated peaks too), and the point-to-point messages of one micro-batch's trip. Plain data in (a
+``PipelineResult``, a simulator ``Timeline``, lists of numbers); rank r keeps rank_color(r).
 """
 from __future__ import annotations
 
-import functools
 from typing import Sequence
 
 import matplotlib.pyplot as plt
-import numpy as np
-from matplotlib.collections import PathCollection, PolyCollection
+from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
-from matplotlib.path import Path
-from matplotlib.textpath import TextPath
-from matplotlib.transforms import Affine2D
 
 from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import EMPTY_COLOR, rank_color, rank_legend_handles
-from mtb_helpers.plots.parts import label_size, legend_right
-from mtb_helpers.pp.plots import IDLE_HATCH, OP_COLORS, _shade, plot_gantt
+from mtb_helpers.plots.parts import legend_right
+from mtb_helpers.pp.plots import IDLE_HATCH, boxes, draw_ops, gantt_rows, plot_gantt, plot_stashed
 from mtb_helpers.pp.simulator import Timeline
 
 __all__ = ["plot_measured_vs_simulated", "measured_vs_simulated_png", "plot_measured_bubble",
@@ -100,18 +96,12 @@ def _build(new_figure, data: tuple):
                   f"{simulated.bubble_fraction:.1%}", fontsize=10)
     top.set_xlabel("")
     top.xaxis.set_tick_params(labelbottom=False)
-    band = simulated.makespan * 0.025           # the rank-colour bands, as on the chart above
     span = _span(measured, simulated)
     lo, hi = -span * 0.05, span * 1.01
-    for r in range(p):
-        bottom.add_patch(Rectangle((-band * 1.6, p - 1 - r - 0.4), band, 0.8, color=rank_color(r)))
-        # idle unless an op covers it: the measured boxes are drawn over this hatching
+    gantt_rows(bottom, p, v, simulated.makespan * 0.025)   # the rows as on the chart above
+    for r in range(p):   # idle unless an op covers it: the measured boxes are drawn over this
         bottom.add_patch(Rectangle((0, p - 1 - r - 0.4), _end(lo, hi), 0.8, facecolor=EMPTY_COLOR,
                                    edgecolor="#999999", hatch=IDLE_HATCH, linewidth=0.0))
-    row = "rank" if v > 1 else "stage"           # as the simulated chart above names its rows
-    bottom.set_yticks(range(p), [f"{row} {r}" for r in reversed(range(p))])
-    bottom.set_ylim(-0.6, p - 0.4)
-    bottom.set_ylabel(top.get_ylabel())
     bottom.set_xlabel(f"time ({unit} for the simulation, seconds on the ranks' clock)" + (
         f"\nsame time axis as whole stages: each box is one chunk of 1/{v} stage, so it lasts "
         f"F/{v} or B/{v}" if v > 1 else ""))
@@ -120,58 +110,15 @@ def _build(new_figure, data: tuple):
     return bottom
 
 
-@functools.lru_cache(maxsize=512)
-def _label_path(text: str, size: float) -> Path:
-    """``text`` (lines centred on each other) as glyph outlines ``size`` points high, centred on
-    (0, 0), in points: a box's micro-batch number drawn as part of one collection."""
-    parts, y = [], 0.0
-    for line in text.split("\n"):
-        glyphs = TextPath((0, 0), line, size=size)
-        (x0, _), (x1, _) = glyphs.get_extents().get_points()
-        parts.append(glyphs.transformed(Affine2D().translate(-(x0 + x1) / 2, y)))
-        y -= size   # linespacing 1.0, as the simulated chart's labels
-    path = Path.make_compound_path(*parts)
-    (_, y0), (_, y1) = path.get_extents().get_points()
-    return path.transformed(Affine2D().translate(0, -(y0 + y1) / 2))
-
-
-def _boxes(spans: list[tuple[float, float, float]]) -> np.ndarray:
-    """``[n, 4, 2]`` rectangle corners of boxes ``(start, end, y)``, 0.8 high, for PolyCollection."""
-    a = np.asarray(spans, dtype=float).reshape(-1, 3)
-    x0, x1, y = a[:, 0], a[:, 1], a[:, 2]
-    return np.stack([np.stack([x0, y - 0.4], 1), np.stack([x0, y + 0.4], 1),
-                     np.stack([x1, y + 0.4], 1), np.stack([x1, y - 0.4], 1)], 1)
-
-
 def _update(fig: Figure, ax, data: tuple) -> list:
-    """The measured run: one box per op with its micro-batch, idle gaps (the static layer's
-    hatching shows through; white covers it after the measured makespan), the title. Boxes and
-    labels are one collection each: ~150 artists drawn one by one cost more than the run."""
-    measured, simulated, name, unit, width, _ = data
-    p, chunks = measured.ranks, measured.chunks
+    """The measured run: its ops (``draw_ops``), idle gaps (the static layer's hatching shows
+    through; white covers it after the measured makespan), the title."""
+    measured, p = data[0], data[0].ranks
     lo, hi = ax.get_xlim()
-    axes_points = fig.get_figwidth() * ax.get_position().width * 72
-    spans, faces, labels, centres = [], [], [], []
-    for r in range(p):
-        y = p - 1 - r
-        for e in measured.events[r]:
-            spans.append((e.start, e.end, y))
-            faces.append(_shade(OP_COLORS[e.op.kind], e.op.chunk, chunks))
-            text = str(e.op.microbatch) + (f"\nc{e.op.chunk}" if chunks > 1 else "")
-            size = label_size((e.end - e.start) / (hi - lo) * axes_points, text, 9.0 if chunks == 1 else 7.5)
-            if size:
-                labels.append(_label_path(text, round(size * 4) / 4))
-                centres.append(((e.start + e.end) / 2, y))
     cover = [(measured.makespan, _end(lo, hi), p - 1 - r) for r in range(p)]
-    drawn = [ax.add_collection(PolyCollection(_boxes(cover), facecolor="white", edgecolor="none",
-                                              linewidth=0.0), autolim=False),
-             ax.add_collection(PolyCollection(_boxes(spans), facecolor=faces, edgecolor="black",
-                                              linewidth=0.6), autolim=False)]
-    if labels:
-        drawn.append(ax.add_collection(PathCollection(
-            labels, offsets=centres, offset_transform=ax.transData, facecolor="black",
-            edgecolor="none", linewidth=0.0, zorder=3,
-            transform=Affine2D().scale(fig.dpi / 72)), autolim=False))
+    drawn = [ax.add_collection(PolyCollection(boxes(cover), facecolor="white", edgecolor="none",
+                                              linewidth=0.0), autolim=False)]
+    drawn += draw_ops(fig, ax, measured)
     ax.set_title(f"measured on {p} gloo ranks: makespan {measured.makespan:.3g} s, bubble "
                  f"{measured.bubble_fraction:.1%} (idle / (p x makespan))", fontsize=10)
     return drawn + [ax.title]
@@ -208,34 +155,6 @@ def plot_measured_bubble(microbatches: Sequence[int], measured: Sequence[float],
     ax.set_title(f"{name}, p={stages}: measured bubble against the simulator")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=9)
-    fig.tight_layout()
-    return fig
-
-
-def plot_stashed(series: dict[str, Sequence[int]], simulated: dict[str, Sequence[int]],
-                 ylabel: str = "peak micro-batch activations stashed") -> Figure:
-    """Bars: what each rank held at its peak, per schedule (rank colours); a black tick marks
-    the simulator's ``peak_activations`` for the same rank."""
-    names = list(series)
-    p = len(next(iter(series.values())))
-    fig, ax = plt.subplots(figsize=(8, 4))
-    width = 0.8 / p
-    for n, name in enumerate(names):
-        for r, value in enumerate(series[name]):
-            x = n + (r - (p - 1) / 2) * width
-            ax.bar(x, value, width * 0.9, color=rank_color(r), edgecolor="black")
-            if name in simulated:
-                ax.plot([x - width * 0.45, x + width * 0.45], [simulated[name][r]] * 2,
-                        color="black", linewidth=2.5)
-    ax.set_xticks(range(len(names)), names)
-    ax.set_xlabel("schedule (one bar per rank)")
-    ax.set_ylabel(ylabel)
-    ax.set_title("Activations held at the peak, measured on the ranks")
-    handles = rank_legend_handles(p)
-    if simulated:
-        handles.append(Line2D([], [], color="black", linewidth=2.5, label="simulator's peak"))
-    ax.legend(handles=handles, fontsize=8, ncol=min(len(handles), 5), loc="upper left")
-    ax.set_ylim(0, max(max(v) for v in series.values()) * 1.35 + 0.5)
     fig.tight_layout()
     return fig
 

@@ -1,34 +1,30 @@
 """Point-to-point messages between pipeline stages: activations forward, input grads backward.
 
-Why no schedule can deadlock here: a stage never waits for its own sends. ``send`` posts an
-``isend`` and returns at once (gloo completes it when the peer posts the matching ``irecv``);
-``recv`` posts the ``irecv`` right before the op that needs the tensor and waits for it. So a
-rank only ever waits for data that an earlier op of another rank produces, exactly the
-dependencies the simulator follows: if ``simulate()`` finishes a schedule, so do the ranks.
+No schedule can deadlock here: a stage never waits for its own sends. ``send`` posts an ``isend``
+and returns (gloo completes it when the peer posts the matching ``irecv``); ``recv`` posts the
+``irecv`` right before the op that needs the tensor and waits for it. So a rank only waits for
+data an earlier op of another rank produces, the dependencies ``simulate()`` follows: if it
+finishes a schedule, so do the ranks.
 
 With fixed op times (``op_time``) a rank posts every receive of its step before the step starts
-(``expect``), as PyTorch's pipelining posts its receives ahead of the ops that need them: on one
-CPU, a receive posted while its message already waits at the sender wakes the sender's network
-thread, which sends the tensor back while this rank's thread, preempted, still holds the lock
-gloo's own network thread needs to read it, and that thread spins for its whole time slice
-(~3 ms, measured here): time the measured chart then showed as the schedule's. Posting earlier
-only removes waits, so no schedule can deadlock this way either (a blocking send, the deadlock
-of ``bugs.BlockingSend``, would find its receive posted: that bug needs ``op_time=None``).
+(``expect``), as PyTorch's pipelining does. On one CPU, a receive posted while its message already
+waits wakes the sender's network thread while this rank's thread, preempted, holds the lock gloo's
+reading thread needs, which then spins for its time slice (~3 ms, measured here): time the chart
+showed as the schedule's. Posting earlier only removes waits (a blocking send, the deadlock of
+``bugs.BlockingSend``, would find its receive posted: that bug needs ``op_time=None``).
 
-Every message carries its own tag, so two messages between the same pair of ranks (with
-interleaving, rank r sends rank r+1 activations of one chunk while it receives grads of another
-from it) can never be matched to the wrong receive, whatever order they are posted in::
+Every message has its own tag, so two messages between one pair of ranks (interleaved: rank r
+sends rank r+1 activations of one chunk while it receives grads of another) never match the
+wrong receive, whatever order they are posted in::
 
     tag = (kind * virtual_stages + sender's virtual stage) * microbatches + microbatch
 
 Each send and receive is noted in the rank's collective record (op "send" / "recv", bytes,
-``region`` naming what and which peer), and each wait for a receive is a "recv" event of the
+``region`` naming what and which peer); each wait for a receive is a "recv" event of the
 timeline. Before blocking, a rank writes what it waits for into ``status_file`` (when given), so
-that the owner can say which p2p op and peer each rank was stuck in if the step times out; once
-the op completes the file is emptied, so a rank stuck elsewhere (a stalled forward) is never
-reported as blocked in a receive it finished long ago. The file is opened once per step and
-rewritten in place: creating and removing a file around every wait cost ~0.5 ms a message on
-one CPU, time the ranks' clock then counted as the pipeline's.
+the owner can name each rank's p2p op and peer if the step times out. The file is emptied once
+the op completes (a rank stuck elsewhere is never reported in a receive it finished), and
+rewritten in place: a file created and removed per wait cost ~0.5 ms a message on one CPU.
 """
 from __future__ import annotations
 

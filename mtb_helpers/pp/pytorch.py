@@ -31,6 +31,7 @@ from torch import nn
 
 from mtb_helpers.checking.agreement import Agreement, agreement
 from mtb_helpers.checking.bug import Bug, resolve, swap
+from mtb_helpers.checking.tolerances import divisible, positive_sizes
 from mtb_helpers.pp.schedules import schedule as course_schedule
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
@@ -83,12 +84,12 @@ class _Logged(nn.Module):
         return _Tap.apply(self.block(x), self.log)
 
 
-def torch_schedule(name: str, stage, microbatches: int):
+def torch_schedule(name: str, stage, microbatches: int, scale_grads: bool = True):
     """PyTorch's schedule ``name`` ("gpipe" or "1f1b") for one ``PipelineStage``: a mean-squared
-    error per micro-batch, the grads divided by the micro-batch count (``scale_grads=True``)."""
+    error per micro-batch, the grads divided by the micro-batch count (``scale_grads``)."""
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
     cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[name]
-    return cls(stage, microbatches, loss_fn=F.mse_loss, scale_grads=True)
+    return cls(stage, microbatches, loss_fn=F.mse_loss, scale_grads=scale_grads)
 
 
 def _p2p_counter():
@@ -112,12 +113,7 @@ def _p2p_counter():
 
 def _numbered(kinds: list[str]) -> list[str]:
     """``["F", "F", "B"]`` -> ``["F0", "F1", "B0"]``: both schedules take micro-batches in order."""
-    seen: dict[str, int] = {}
-    out = []
-    for k in kinds:
-        out.append(f"{k}{seen.get(k, 0)}")
-        seen[k] = seen.get(k, 0) + 1
-    return out
+    return [f"{k}{kinds[:i].count(k)}" for i, k in enumerate(kinds)]
 
 
 def pp_on_rank(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, name: str,
@@ -128,11 +124,10 @@ def pp_on_rank(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, name: str
     from torch.distributed.pipelining import PipelineStage
     r, p = dist.get_rank(), dist.get_world_size()
     full = copy.deepcopy(model)                  # the one-process reference: the whole model
-    ref = list(full)
     mb_losses = [F.mse_loss(full(xm), ym) for xm, ym in zip(x.chunk(microbatches),
                                                              y.chunk(microbatches))]
     torch.stack(mb_losses).mean().backward()
-    course = {"weight_grad": ref[r][0].weight.grad, "bias_grad": ref[r][0].bias.grad}
+    course = {"weight_grad": full[r][0].weight.grad, "bias_grad": full[r][0].bias.grad}
     if r == p - 1:
         course["losses"] = torch.stack([l.detach() for l in mb_losses])
 
@@ -165,9 +160,7 @@ def pp_on_rank(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, name: str
     out_of_place = sum(a != b for a, b in zip(ran, planned)) + abs(len(ran) - len(planned))
     got["op order"], course["op order"] = torch.tensor([float(out_of_place)]), torch.zeros(1)
     sends = (r > 0) * microbatches, (r < p - 1) * microbatches   # grads back, activations on
-    counts = {"p2p": (p2p.counts,
-                                 {k: n for k, n in (("send", sum(sends)), ("recv", sum(sends)))
-                                  if n})}
+    counts = {"p2p": (p2p.counts, {k: sum(sends) for k in ("send", "recv") if sum(sends)})}
     return {"torch": got, "course": course, "counts": counts, "ran": ran, "planned": planned}
 
 
@@ -181,14 +174,11 @@ def pytorch_pipeline(world_size: int = 4, schedule: str = "1f1b", microbatches: 
         raise ValueError(f"unknown schedule {schedule!r}; PyTorch's single-stage schedules here "
                          f"are {PP_SCHEDULES}")
     wrong = resolve(bug, "pytorch_pipeline")
-    for n, v in (("microbatches", microbatches), ("batch", batch), ("hidden", hidden)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{n} must be a positive integer, got {v!r}")
+    positive_sizes(microbatches=microbatches, batch=batch, hidden=hidden)
     if p < 2:
         raise ValueError(f"a pipeline needs at least 2 stages (one per rank), got world_size={p}")
-    if batch % microbatches:
-        raise ValueError(f"batch={batch} is not divisible by microbatches={microbatches}: "
-                         f"every micro-batch must have the same size")
+    divisible("batch", batch, f"microbatches={microbatches}", microbatches,
+              "every micro-batch must have the same size")
     model = make_blocks(p, hidden, seed)
     gen = torch.Generator().manual_seed(seed + 1)
     x, y = (torch.randn(batch, hidden, generator=gen, dtype=torch.float64) for _ in range(2))

@@ -46,8 +46,7 @@ class PipelineResult:
 
     def ops(self, rank: int) -> list[Op]:
         """The compute ops ``rank`` ran, in the order it ran them."""
-        return [Op(e.kind, e.microbatch, e.chunk) for e in self.timeline
-                if e.rank == rank and e.kind in "FBIW"]
+        return [e.op for e in self.measured().events[rank]]
 
     def measured(self) -> Timeline:
         """The compute ops as a simulator ``Timeline``: same bubble definition, same Gantt."""

@@ -35,13 +35,14 @@ from mtb_helpers.checking.bug import resolve, swap
 from mtb_helpers.comm.records import record
 from mtb_helpers.pp.p2p import P2P
 from mtb_helpers.pp.result import PipelineResult, TimelineEvent
-from mtb_helpers.pp.schedules import SCHEDULES, schedule as make_schedule
+from mtb_helpers.pp.schedules import schedule as make_schedule
 from mtb_helpers.pp.simulator import simulate
 from mtb_helpers.pp.stage import RankStage, pad
 from mtb_helpers.runtime.errors import RankTimeoutError
 from mtb_helpers.runtime.ranks import in_launched_job, run
 
-__all__ = ["pipeline_step", "PipelineResult", "TimelineEvent", "split_model", "op_durations"]
+__all__ = ["pipeline_step", "PipelineResult", "TimelineEvent", "split_model", "op_durations",
+           "simulated_for"]
 
 
 def split_model(model: nn.Sequential, pieces: int) -> list[nn.Sequential]:
@@ -81,16 +82,26 @@ def op_durations(op_time, chunks: int, recompute: bool) -> dict[str, float] | No
             "W": w / chunks}
 
 
+def simulated_for(schedule: str, stages: int, microbatches: int, chunks: int, op_time=None,
+                  recompute: bool = False, latency: float = 0.0):
+    """``simulate()`` of the same schedule with the same op times (F=1, B=2 when none; a
+    recomputing backward pays F + B); ``latency``: seconds each message between ranks takes
+    (e.g. ``PipelineResult.hop_latency``, this machine's measured hop)."""
+    ops = make_schedule(schedule, stages, microbatches, chunks)
+    d = op_durations(op_time, 1, recompute) or {"F": 1.0, "I": 1.0, "W": 1.0}
+    return simulate(ops, d["F"], d["I"] + d["W"], input=d["I"], weight=d["W"], latency=latency)
+
+
 def _check_makespan(ops, op_time, recompute: bool, timeout: float) -> None:
     """ValueError unless padded ops can finish within ``timeout``: no step is shorter than its
     schedule's simulated makespan, and a longer one would only be reported as a hang."""
     if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
             or not 0 < timeout < math.inf):
         raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
-    d = op_durations(op_time, 1, recompute)
-    if d is None:
+    if op_time is None:
         return
-    makespan = simulate(ops, d["F"], d["I"] + d["W"], input=d["I"], weight=d["W"]).makespan
+    makespan = simulated_for(ops.name, ops.stages, ops.microbatches, ops.chunks, op_time,
+                             recompute).makespan
     if makespan >= timeout:
         raise ValueError(f"op_time={tuple(op_time)!r} cannot finish within timeout={timeout:g} s: "
                          f"padded ops alone take {makespan:g} s (the schedule's simulated "
@@ -98,15 +109,7 @@ def _check_makespan(ops, op_time, recompute: bool, timeout: float) -> None:
 
 
 def _validate(model, x, target, schedule, stages, microbatches, chunks) -> list:
-    for name, value in (("stages", stages), ("microbatches", microbatches), ("chunks", chunks)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
-    if schedule == "interleaved" and chunks < 2:
-        raise ValueError("the interleaved schedule needs chunks >= 2 (with one chunk per rank it "
-                         "is 1f1b)")
-    ops = make_schedule(schedule, stages, microbatches, chunks)
+    ops = make_schedule(schedule, stages, microbatches, chunks)   # refuses bad sizes and names
     pieces = split_model(model, stages * chunks)
     for name, value in (("x", x), ("target", target)):
         if not isinstance(value, torch.Tensor) or value.dim() < 1:
@@ -232,9 +235,7 @@ def pipeline_step(model: nn.Sequential, x: torch.Tensor, target: torch.Tensor,
                        for r, res in enumerate(results)
                        for kind, k, c, start, end, peer, tag in res["events"]),
                       key=lambda e: (e.start, e.rank))
-    grads = {}
-    for res in results:
-        grads.update(res["grads"])
+    grads = {name: g for res in results for name, g in res["grads"].items()}
     order = [name for name, _ in model.named_parameters()]
     config = {"schedule": schedule, "stages": stages, "microbatches": microbatches,
               "chunks": ops.chunks, "op_time": None if op_time is None else list(op_time),

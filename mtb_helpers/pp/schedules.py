@@ -75,9 +75,15 @@ class Schedule(list):
                          for r, ops in enumerate(self))
 
 
-def _positive(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+def _positive(**sizes: int) -> None:
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _known(name: str) -> None:
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
 
 
 def warmup_count(name: str, stages: int, microbatches: int, stage: int, chunks: int = 2) -> int:
@@ -89,24 +95,19 @@ def warmup_count(name: str, stages: int, microbatches: int, stage: int, chunks: 
     ``warmup_count + 1`` forwards before its first backward (I for zb-h1), or all of them when the
     warm-up already ran every forward.
     """
+    _known(name)
     p, m, r = stages, microbatches, stage
     if name == "gpipe":
         return m
-    if name in ("1f1b", "zb-h1"):
-        return min(p - r - 1, m)
     if name == "interleaved":
         return min(2 * (p - r - 1) + (chunks - 1) * p, chunks * m)
-    raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
-
-
-def _gpipe(p: int, m: int) -> list[list[Op]]:
-    return [[Op("F", i) for i in range(m)] + [Op("B", i) for i in range(m)] for _ in range(p)]
+    return min(p - r - 1, m)
 
 
 def _one_f_one_b(p: int, m: int, split_backward: bool) -> list[list[Op]]:
     stages = []
     for r in range(p):
-        warm = min(p - r - 1, m)
+        warm = warmup_count("1f1b", p, m, r)
         ops = [Op("F", i) for i in range(warm)]
         waiting_w: list[int] = []  # zb-h1: micro-batches whose I ran but whose W still waits
         for k in range(m):
@@ -138,7 +139,7 @@ def _interleaved(p: int, m: int, v: int) -> list[list[Op]]:
 
     stages = []
     for r in range(p):
-        warm = min(2 * (p - r - 1) + (v - 1) * p, total)
+        warm = warmup_count("interleaved", p, m, r, v)
         ops = [Op("F", *virtual(k, True)) for k in range(warm)]
         for k in range(total - warm):
             ops.append(Op("F", *virtual(k + warm, True)))
@@ -155,18 +156,14 @@ def schedule(name: str, stages: int, microbatches: int, chunks: int | None = Non
     2; v = 1 is plain 1f1b) and must stay 1 (or None) for the others. Interleaved needs the
     micro-batch count to be a multiple of ``stages``, as the original Megatron-LM code required for
     its groups of p micro-batches per chunk (current Megatron-LM and torch.distributed.pipelining's
-    ScheduleInterleaved1F1B relax it; this simulator keeps the classic rule) (older Megatron-LM
-    releases also ran all forwards first when m == p;
-    current megatron.core applies the warm-up formula there too, as here). Raises ValueError
-    naming the bad argument.
+    ScheduleInterleaved1F1B relax it; this simulator keeps the classic rule). When m == p, older
+    Megatron-LM releases ran all forwards first; current megatron.core applies the warm-up
+    formula there too, as here. Raises ValueError naming the bad argument.
     """
-    if name not in SCHEDULES:
-        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
-    _positive("stages", stages)
-    _positive("microbatches", microbatches)
+    _known(name)
+    _positive(stages=stages, microbatches=microbatches, chunks=1 if chunks is None else chunks)
     if name == "interleaved":
         chunks = 2 if chunks is None else chunks
-        _positive("chunks", chunks)
         if chunks < 2:
             raise ValueError("interleaved needs chunks >= 2 (with one chunk per rank it is 1f1b)")
         if microbatches % stages:
@@ -176,8 +173,10 @@ def schedule(name: str, stages: int, microbatches: int, chunks: int | None = Non
         return Schedule(_interleaved(stages, microbatches, chunks), name, microbatches, chunks)
     if chunks not in (None, 1):
         raise ValueError(f"chunks={chunks} only applies to the interleaved schedule")
-    per_stage = (_gpipe(stages, microbatches) if name == "gpipe"
-                 else _one_f_one_b(stages, microbatches, split_backward=(name == "zb-h1")))
+    if name == "gpipe":   # all forwards, then all backwards in micro-batch order
+        per_stage = [[Op(k, i) for k in "FB" for i in range(microbatches)] for _ in range(stages)]
+    else:
+        per_stage = _one_f_one_b(stages, microbatches, split_backward=(name == "zb-h1"))
     return Schedule(per_stage, name, microbatches, 1)
 
 
@@ -193,24 +192,21 @@ def closed_form(name: str, stages: int, microbatches: int, chunks: int = 1, forw
     (every deferred W then fits in a gap 1F1B would leave idle) and "exact" says so; outside that
     regime the simulated bubble is larger.
     """
-    _positive("stages", stages)
-    _positive("microbatches", microbatches)
-    _positive("chunks", chunks)
+    _known(name)
+    _positive(stages=stages, microbatches=microbatches, chunks=chunks)
     p, m, v = stages, microbatches, chunks
-    exact = True
-    if name in ("gpipe", "1f1b"):
-        idle, busy, source = (p - 1) * (forward + backward), m * (forward + backward), \
-            "Huang et al. 2019 (GPipe); Narayanan et al. ICML 2021"
-    elif name == "interleaved":
-        idle, busy, source = (p - 1) * (forward + backward) / v, m * (forward + backward), \
-            "Narayanan et al. SC 2021 (Megatron-LM, interleaved)"
-    elif name == "zb-h1":
-        i = backward / 2 if input is None else input
-        w = backward / 2 if weight is None else weight
-        idle, busy, source = (p - 1) * max(forward + i - w, 0.0), m * (forward + i + w), \
-            "Qi et al. 2023 (Zero Bubble, ZB-H1)"
-        exact = m >= p and w <= min(forward, i)
-    else:
-        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
+    i = backward / 2 if input is None else input
+    w = backward / 2 if weight is None else weight
+    if name == "zb-h1":
+        idle, busy = (p - 1) * max(forward + i - w, 0.0), m * (forward + i + w)
+    else:   # only the interleaved schedule's v chunks shorten the fill and the drain
+        idle = (p - 1) * (forward + backward) / (v if name == "interleaved" else 1)
+        busy = m * (forward + backward)
     return {"bubble_fraction": idle / (idle + busy), "bubble_ratio": idle / busy,
-            "source": source, "exact": exact}
+            "source": _SOURCES[name], "exact": name != "zb-h1" or (m >= p and w <= min(forward, i))}
+
+
+_SOURCES = {"gpipe": "Huang et al. 2019 (GPipe); Narayanan et al. ICML 2021",
+            "1f1b": "Huang et al. 2019 (GPipe); Narayanan et al. ICML 2021",
+            "interleaved": "Narayanan et al. SC 2021 (Megatron-LM, interleaved)",
+            "zb-h1": "Qi et al. 2023 (Zero Bubble, ZB-H1)"}

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from mtb_helpers.pp.p2p import ACTIVATION, GRAD, P2P, Message
+from mtb_helpers.pp.schedules import Op
 from mtb_helpers.runtime.link import active_time_scale
 
 __all__ = ["RankStage", "Stash", "held_bytes"]
@@ -159,8 +160,8 @@ class RankStage:
 
     def receive_activation(self, i: int, vs: int) -> torch.Tensor:
         """x_i from virtual stage vs-1, as a leaf that collects its input grad."""
-        x = self.p2p.recv(*self.inputs[vs], Message(ACTIVATION, vs - 1, i, self.owner(vs - 1), self.rank))
-        return x.requires_grad_()
+        [message] = self.receives(Op("F", i, vs // self.stages))
+        return self.p2p.recv(*message).requires_grad_()
 
     # ---- helpers ------------------------------------------------------------------------------
 
@@ -196,9 +197,8 @@ class RankStage:
             self.recomputed_bytes = max(self.recomputed_bytes, nbytes)
         if vs == self.last:
             return out, None
-        grad = self.p2p.recv(out.shape, out.dtype,
-                             Message(GRAD, vs + 1, i, self.owner(vs + 1), self.rank))
-        return out, grad
+        [message] = self.receives(Op("B", i, c))   # dy_i [b/m, h], shaped as y_i
+        return out, self.p2p.recv(*message)
 
     def push(self, i: int, c: int, st: Stash) -> None:
         self.stash[(i, c)] = st
