@@ -30,7 +30,7 @@ from mtb_helpers.checking.report import Report, compare
 from mtb_helpers.comm.sharding import shard_range
 from mtb_helpers.tp.reference import draw_inputs
 
-__all__ = ["check_grid", "GRID_BUGS", "GRID_QUANTITIES", "grid_reference", "group_traffic"]
+__all__ = ["check_grid", "validate_sizes", "GRID_BUGS", "GRID_QUANTITIES", "grid_reference", "group_traffic"]
 
 
 GRID_QUANTITIES = ("output", *(f"{n}_grad" for n in PARAMS), *(f"{n}_updated" for n in PARAMS))
@@ -85,6 +85,16 @@ def group_traffic(records: list[CollectiveRecord], event_groups: list[list]) -> 
     return traffic
 
 
+def validate_sizes(world_size: int, tp: int, dp: int, ffn_hidden: int, batch: int) -> None:
+    """``validate_grid``, then ValueError unless ``tp`` divides ``ffn_hidden`` and ``dp`` divides
+    ``batch`` (the course's check and PyTorch's comparison refuse the same sizes)."""
+    validate_grid(world_size, tp, dp)
+    divisible("ffn_hidden", ffn_hidden, f"tp={tp}", tp, f"tensor parallelism splits it into "
+              f"{tp} equal shards, one per TP-group rank")
+    divisible("batch", batch, f"dp={dp}", dp, f"data parallelism gives each of the {dp} replicas "
+              f"an equal slice of the batch")
+
+
 def check_grid(world_size: int = 4, tp: int = 2, dp: int = 2, hidden: int = 8,
                ffn_hidden: int = 16, batch: int = 8, lr: float = 0.1, dtype=torch.float32,
                seed: int = 0, bug: str | None = None, timeout: float = 30.0) -> Report:
@@ -97,14 +107,10 @@ def check_grid(world_size: int = 4, tp: int = 2, dp: int = 2, hidden: int = 8,
     """
 
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
-    validate_grid(t, tp, dp)
-    wrong = resolve(bug, "grid")
     positive_sizes(hidden=hidden, ffn_hidden=ffn_hidden, batch=batch)
+    validate_sizes(t, tp, dp, ffn_hidden, batch)
+    wrong = resolve(bug, "grid")
     number("lr", lr, lambda v: v > 0, "a positive number")
-    divisible("ffn_hidden", ffn_hidden, f"tp={tp}", tp, f"tensor parallelism splits it into "
-              f"{tp} equal shards, one per TP-group rank")
-    divisible("batch", batch, f"dp={dp}", dp, f"data parallelism gives each of the {dp} replicas "
-              f"an equal slice of the batch")
     (fc1, fc2), x, target = draw_inputs(seed, (batch,), dtype, (hidden, ffn_hidden),
                                         (ffn_hidden, hidden))
     results = run(grid_step_on_rank, fc1, fc2, x, target, tp, dp, lr,

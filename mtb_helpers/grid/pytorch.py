@@ -31,8 +31,9 @@ from mtb_helpers.checking.agreement import (Agreement, agreement, course_counts,
                                             torch_counts)
 from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.comm.records import CollectiveRecord
-from mtb_helpers.comm.sharding import check_divisible, shard_range
-from mtb_helpers.grid.layers import DP_REGION, PARAMS, grid_mesh, grid_step_on_rank, validate_grid
+from mtb_helpers.comm.sharding import shard_range
+from mtb_helpers.grid.check import validate_sizes
+from mtb_helpers.grid.layers import DP_REGION, PARAMS, grid_mesh, grid_step_on_rank
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.tp.reference import draw_inputs
 
@@ -118,12 +119,8 @@ def pytorch_grid(world_size: int = 4, tp: int = 2, dp: int = 2, batch: int = 12,
     """A ``(dp, tp)`` DeviceMesh, TP MLP on ``mesh["tp"]``, grad all-reduce on ``mesh["dp"]``,
     one SGD step, against the course's grid step on the same ranks."""
     t = resolve_world_size(world_size)
-    validate_grid(t, tp, dp)
+    validate_sizes(t, tp, dp, ffn_hidden, batch)
     wrong = resolve(bug, "pytorch_grid")
-    check_divisible("grid: ffn_hidden", ffn_hidden, tp)
-    if batch % dp:
-        raise ValueError(f"batch={batch} is not divisible by dp={dp}: every replica takes "
-                         f"batch/dp rows")
     (fc1, fc2), x, target = draw_inputs(seed, (batch,), torch.float64, (hidden, ffn_hidden),
                                         (ffn_hidden, hidden))
     results = run(grid_on_rank, fc1, fc2, x, target, tp, dp, lr, wrong, world_size=t,
