@@ -1,12 +1,9 @@
-"""The capstone's figures: the rank grid (who holds what), the loss curves of the parallel run and
-of one process, how two correct runs drift apart, and the bytes each rank sends per step by group
-against the formulas.
+"""The capstone's figures: who holds what, the loss curves against one process, how two correct
+runs drift apart, and the bytes each rank sends per step by group against the formulas.
 
-Plots draw plain data (a report's ``extra`` parts or the lists a check returns); every rank is
-drawn in ``rank_color(r)``, as everywhere in the course. The loss curves are a two-layer figure
-(``plots.live.LiveFigure``): ``plot_losses`` (the notebook's figure) and ``losses_png`` (the
-explorer's image) are the same build and update; only the parallel runs' points are drawn again
-when a slider moves (the title, a passing or a failing run's, is part of the static layer).
+They draw plain data (a report's ``extra`` parts); rank r in ``rank_color(r)``. The loss curves
+are one two-layer figure (``plots.live.LiveFigure``) for the notebook (``plot_losses``) and the
+explorer (``losses_png``): a move redraws only the parallel runs' points.
 """
 from __future__ import annotations
 
@@ -84,9 +81,8 @@ def _diff(a, b) -> float:
 
 
 def _limits(runs: tuple, reference: tuple) -> tuple:
-    """The static layer's y limits: the one-process curve's, widened in steps of 0.5 when a
-    parallel run leaves them; the error axis up to two decades above the largest error (room
-    for its legend above every point)."""
+    """The static layer's y limits: the one-process curve's (widened in steps of 0.5 when a run
+    leaves them); the error axis two decades above the largest error (room for its legend)."""
     lo, hi = min(reference), max(reference)
     pad = max(0.08 * (hi - lo), 0.05)
     top = (lo - pad, hi + pad)
@@ -109,9 +105,8 @@ def _losses_key(data: tuple) -> tuple:
 
 
 def _losses_build(new_figure, data: tuple):
-    """Axes at fixed places (no layout pass), the one-process curve, the tolerance line, labels,
-    legends and the title (one of two an explorer shows: it passes or the curves part; ~60
-    glyphs, ~5 ms to draw on every move): everything but the parallel runs' points."""
+    """Everything but the parallel runs' points: axes at fixed places (no layout pass), the
+    one-process curve, the tolerance line, labels, legends and the title."""
     runs, reference, title = data
     (top_lim, bottom_lim), steps = _limits(runs, reference), range(1, len(reference) + 1)
     fig = new_figure((7.5, 5.2))
@@ -152,9 +147,8 @@ LIVE_LOSSES = LiveFigure(_losses_key, _losses_build, _losses_update)
 
 def losses_data(parallel: list, reference: list, label: str = "parallel",
                 others: dict[str, list] | None = None, title: str = "") -> tuple:
-    """What ``LIVE_LOSSES`` draws: ``(((name, losses), ...), reference, title)``, every list a
-    tuple (a loss the run did not produce or that is not finite: None or nan, left out above,
-    drawn at the top below)."""
+    """What ``LIVE_LOSSES`` draws: ``(((name, losses), ...), reference, title)``, lists as tuples
+    (a missing or non-finite loss: left out above, drawn at the top below)."""
     runs = ((label, tuple(parallel)),) + tuple((k, tuple(v)) for k, v in (others or {}).items())
     return runs, tuple(reference), title or DEFAULT_TITLE
 
@@ -169,16 +163,13 @@ def plot_losses(parallel: list[float], reference: list[float], label: str = "par
 
 def losses_png(parallel: list[float], reference: list[float], label: str = "parallel",
                others: dict[str, list[float]] | None = None, title: str = "") -> Png:
-    """``plot_losses`` as PNG for an explorer: the axes, legends and one-process curve drawn once
-    per reference and run names, the parallel runs' points and the title on every call."""
+    """``plot_losses`` as PNG for an explorer (the static layer drawn once per reference)."""
     return LIVE_LOSSES.png(losses_data(parallel, reference, label, others, title))
 
 
 def prepare_losses(reference: list[float], label: str = "parallel") -> None:
-    """Render and keep the static layer ``losses_png`` draws a correct run ``label`` over (a
-    correct run's points lie on the one-process curve, so its axes are the reference's; the
-    title ``DEFAULT_TITLE``, a passing run's): an explorer makes it while its ranks start, and
-    its first redraw only adds the points."""
+    """Render and keep the static layer ``losses_png`` draws a correct run ``label`` over (its
+    points lie on the one-process curve): an explorer makes it while its ranks start."""
     LIVE_LOSSES.prepare(losses_data(reference, reference, label))
 
 

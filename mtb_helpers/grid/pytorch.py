@@ -3,20 +3,18 @@
     res = pytorch_grid(world_size=4, tp=2, dp=2)
     print(res); print(res.summary())
 
-The course builds the grid by hand (``grid.make_groups``: one ``new_group`` per row and per
-column, Megatron's order ``rank = dp_index * tp + tp_index``). PyTorch names the same grid
+The course builds the grid by hand (``grid.make_groups``); PyTorch names the same grid
 
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
     mesh["tp"].get_group()     # the row this rank sits in: its tensor-parallel group
     mesh["dp"].get_group()     # the column: its data-parallel group
 
-(the last mesh dim varies fastest, so the ``tp`` groups are neighbouring ranks, as in Megatron).
-On every rank one SGD step of ``MSE(mlp(x), target)`` runs twice: the course's
-``grid_step_on_rank``, and ``parallelize_module(mlp, mesh["tp"], {fc1: Colwise, fc2: Rowwise})``
-on this replica's rows, then each local grad shard all-reduced over ``mesh["dp"]`` and divided by
-``dp``. Compared per rank: output rows, loss, every grad shard and every parameter shard after
-the step; the collectives per group side by side. ``bug="mesh-dims-swapped"`` (grid/bugs.py) names
-the mesh dims the wrong way round: tensor parallelism then runs down a column.
+(the last mesh dim varies fastest: ``tp`` groups are neighbouring ranks, as in Megatron). On every
+rank one SGD step runs twice: ``grid_step_on_rank``, and ``parallelize_module(mlp, mesh["tp"],
+{fc1: Colwise, fc2: Rowwise})`` on this replica's rows with each grad shard all-reduced over
+``mesh["dp"]`` and divided by ``dp``. Compared per rank: output rows, loss, grad and parameter
+shards; the collectives per group side by side. ``bug="mesh-dims-swapped"`` names the dims the
+wrong way round: tensor parallelism then runs down a column.
 """
 from __future__ import annotations
 
