@@ -25,22 +25,16 @@ DP_STYLE = {"edgecolor": "#555555", "linestyle": ":", "linewidth": 2.2}
 GAP = 0.45   # space between cells, room for the two outlines
 
 
-def _groups_by_ranks(report) -> dict[tuple, dict]:
-    """Every (group ranks, kind) any rank communicated in, with the traffic of one member."""
-    seen: dict[tuple, dict] = {}
-    for rank_traffic in report.extra["traffic"]:
-        for entry in rank_traffic:
-            seen.setdefault((tuple(entry["ranks"]), entry["kind"]), entry)
-    return seen
-
-
 def group_lines(report) -> list[tuple[str, bool]]:
     """``(text, ok)`` lines for the figure's side panel: a header per group, then one line per
     kind of collective it ran, with calls and bytes per rank. ``ok`` is False for a gradient
     all-reduce outside a DP group, and for a missing one when dp > 1."""
     grid = report.extra["grid"]
     dp_groups = [tuple(g) for g in grid["dp_groups"]]
-    traffic = _groups_by_ranks(report)
+    traffic: dict[tuple, dict] = {}   # (group ranks, kind) -> the traffic of one member
+    for rank_traffic in report.extra["traffic"]:
+        for entry in rank_traffic:
+            traffic.setdefault((tuple(entry["ranks"]), entry["kind"]), entry)
     lines = []
     for kind, groups in (("tp", grid["tp_groups"]), ("dp", grid["dp_groups"])):
         for i, ranks in enumerate(groups):
