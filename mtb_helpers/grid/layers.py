@@ -44,9 +44,7 @@ PARAMS = ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
 
 def validate_grid(world_size: int, tp: int, dp: int) -> None:
     """ValueError unless ``tp`` and ``dp`` are positive integers with ``tp * dp == world_size``."""
-    for name, value in (("tp", tp), ("dp", dp)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    Mesh(tp=tp, dp=dp)   # refuses a size that is not a positive integer, naming it
     if tp * dp != world_size:
         raise ValueError(f"a grid of tp={tp} x dp={dp} = {tp * dp} ranks does not match the "
                          f"world size {world_size}: every rank must sit in exactly one cell")
