@@ -87,8 +87,7 @@ def grid_on_rank(fc1: nn.Linear, fc2: nn.Linear, x: torch.Tensor, target: torch.
                 loss = F.mse_loss(y, target[lo:hi])
             with CommDebugMode() as bwd:
                 loss.backward()
-            params = {n: p for n, p in zip(("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"),
-                                           (mlp[0].weight, mlp[0].bias, mlp[2].weight, mlp[2].bias))}
+            params = dict(zip(PARAMS, (mlp[0].weight, mlp[0].bias, mlp[2].weight, mlp[2].bias)))
             with CommDebugMode() as sync, torch.no_grad():
                 for p in params.values() if replicas > 1 else ():   # one replica: nothing to sum
                     grad = p.grad.to_local()            # this rank's shard, shared storage
