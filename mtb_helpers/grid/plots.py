@@ -16,9 +16,8 @@ from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
 from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import FAIL_COLOR, rank_color, rank_legend_handles
 from mtb_helpers.plots.parts import legend_right
-from mtb_helpers.plots.errors import plot_errors
 
-__all__ = ["plot_grid", "grid_png", "plot_grid_bytes", "plot_grid_errors", "group_lines"]
+__all__ = ["plot_grid", "grid_png", "plot_grid_bytes", "group_lines"]
 
 TP_STYLE = {"edgecolor": "black", "linestyle": "--", "linewidth": 1.8}
 DP_STYLE = {"edgecolor": "#555555", "linestyle": ":", "linewidth": 2.2}
@@ -171,8 +170,3 @@ def plot_grid_bytes(report) -> Figure:
     legend_right(ax, handles)
     fig.tight_layout()
     return fig
-
-
-def plot_grid_errors(report) -> Figure:
-    """Max abs error per quantity and rank against the tolerance (``plots.errors.plot_errors``, shared)."""
-    return plot_errors(report, by="quantity")
