@@ -1,5 +1,5 @@
 """The capstone's figures: who holds what, the loss curves against one process, how two correct
-runs drift apart, and the bytes each rank sends per step by group against the formulas.
+runs drift apart; the bytes each rank sends per step by group are notebook 08's ``plot_bytes``.
 
 They draw plain data (a report's ``extra`` parts); rank r in ``rank_color(r)``. The loss curves
 are one two-layer figure (``plots.live.LiveFigure``) for the notebook (``plot_losses``) and the
@@ -12,22 +12,16 @@ import math
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.patches import Patch, Rectangle
+from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import rank_color, rank_legend_handles
-from mtb_helpers.plots.parts import exact_log_axis, legend_right, stacked_bar
+from mtb_helpers.grid.plots import plot_bytes
+from mtb_helpers.plots.parts import exact_log_axis, legend_right
 
 __all__ = ["plot_rank_grid", "plot_losses", "losses_png", "prepare_losses", "LIVE_LOSSES", "plot_bytes",
-           "plot_drift", "GROUP_COLORS"]
-
-# Group colours are greys and hatches, so that colour keeps meaning "rank" in every figure.
-GROUP_COLORS = {"tp": "#4D4D4D", "sp": "#8C8C8C", "pp": "#BDBDBD", "cp": "#FFFFFF", "dp": "#E0E0E0"}
-GROUP_HATCH = {"tp": "", "sp": "", "pp": "//", "cp": "xx", "dp": ".."}
-GROUP_LABEL = {"tp": "TP (f, g, vocab CE)", "sp": "SP (gather / reduce-scatter, LN grads)",
-               "pp": "PP (point-to-point)", "cp": "CP (ring K/V)", "dp": "DP (gradients, dp x cp)"}
-
+           "plot_drift"]
 
 def plot_rank_grid(grid: list[dict], sizes: dict[str, int]) -> Figure:
     """One box per rank: columns are pipeline stages, rows the (dp, cp, tp) coordinates; each box
@@ -171,38 +165,6 @@ def prepare_losses(reference: list[float], label: str = "parallel") -> None:
     """Render and keep the static layer ``losses_png`` draws a correct run ``label`` over (its
     points lie on the one-process curve): an explorer makes it while its ranks start."""
     LIVE_LOSSES.prepare(losses_data(reference, reference, label))
-
-
-def plot_bytes(bytes_info: dict, title: str = "") -> Figure:
-    """Stacked bars: bytes each rank sent in one step, by group (measured); a black tick marks the
-    formulas' total. ``bytes_info`` is a capstone report's ``extra["bytes"]``."""
-    per_rank, formula = bytes_info["per_rank"], bytes_info["formula"]
-    groups = bytes_info["groups"]
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.8 * len(per_rank) + 3.5), 4.0))
-    for r, sent in enumerate(per_rank):
-        stacked_bar(ax, r, [(sent[g] / 1024, {"color": GROUP_COLORS[g], "hatch": GROUP_HATCH[g]})
-                            for g in groups], 0.7, edgecolor=rank_color(r), linewidth=1.5)
-        total = sum(formula[r].values()) / 1024
-        ax.plot([r - 0.4, r + 0.4], [total, total], color="black", linewidth=2)
-    highest = max(max(sum(sent.values()), sum(f.values())) for sent, f in zip(per_rank, formula))
-    if highest:
-        ax.set_ylim(0, highest / 1024 * 1.08)   # room above the tallest bar and formula tick
-    else:   # every group has one rank: nothing to send, and a (0, 0) axis would be singular
-        ax.set_ylim(0, 1)
-        ax.text(0.5, 0.5, "no bytes sent: every group holds a single rank", transform=ax.transAxes,
-                ha="center", va="center", fontsize=9)
-    ax.set_xticks(range(len(per_rank)), [f"rank {r}" for r in range(len(per_rank))])
-    for r, tick in enumerate(ax.get_xticklabels()):
-        tick.set_color(rank_color(r))
-    ax.set_xlabel("rank (bar outline in its colour)")
-    ax.set_ylabel("KiB sent per training step")
-    ax.set_title(title or "Bytes each rank sends per step, by process group")
-    handles = [Patch(facecolor=GROUP_COLORS[g], hatch=GROUP_HATCH[g], edgecolor="black",
-                     label=GROUP_LABEL[g]) for g in groups]
-    handles.append(Line2D([], [], color="black", linewidth=2, label="formulas' total"))
-    legend_right(ax, handles, x=1.0)
-    fig.tight_layout()
-    return fig
 
 
 def plot_drift(drift: dict, title: str = "") -> Figure:
