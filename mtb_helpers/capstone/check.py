@@ -34,7 +34,7 @@ from mtb_helpers.capstone.validate import validate
 from mtb_helpers.checking.report import Report, compare, json_safe
 from mtb_helpers.checking.tolerances import as_dtype
 
-__all__ = ["check_capstone", "StepComparison", "FreeRun", "free_run", "TOLERANCE", "grid_table"]
+__all__ = ["check_capstone", "StepComparison", "FreeRun", "free_run", "TOLERANCE", "grid_table", "LAYOUTS"]
 
 # fp32: AdamW scales every update to about lr whatever the gradient's size, so where a gradient
 # component is near zero a rounding difference in it (another summation order over micro-batches
@@ -44,6 +44,9 @@ __all__ = ["check_capstone", "StepComparison", "FreeRun", "free_run", "TOLERANCE
 # deliberate bug (losses 5e-3 apart, parameters 6e-2).
 TOLERANCE = {torch.float64: {"loss": 1e-10, "step": 1e-10, "params": 1e-10},
              torch.float32: {"loss": 1e-5, "step": 1e-3, "params": 1e-3}}
+LAYOUTS = [GridLayout(1, 1, 1, 1), GridLayout(2, 1, 1, 1), GridLayout(1, 2, 1, 1), GridLayout(1, 1, 2, 1),
+           GridLayout(2, 2, 1, 1), GridLayout(2, 1, 2, 1), GridLayout(1, 2, 2, 1), GridLayout(2, 2, 2, 1),
+           GridLayout(2, 1, 1, 2)]
 
 
 def _row(quantity, rank, got, ref, ref64, dtype, note):
