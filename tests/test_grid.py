@@ -14,7 +14,8 @@ from mtb_helpers.grid.check import check_grid  # noqa: E402
 from mtb_helpers.comm.mesh import Mesh  # noqa: E402
 from mtb_helpers.grid.layers import (DP_REGION, dp_group_ranks, expected_bytes, make_groups,  # noqa: E402
                               param_piece, tp_group_ranks, validate_grid, destroy_groups)
-from mtb_helpers.grid.plots import group_lines, plot_grid, plot_grid_bytes, plot_grid_errors  # noqa: E402
+from mtb_helpers.grid.plots import grid_bytes, group_lines, plot_grid, plot_grid_bytes  # noqa: E402
+from mtb_helpers.plots.errors import plot_errors  # noqa: E402
 from mtb_helpers.grid.widget import grid_choices, grid_explorer, grid_summary  # noqa: E402
 
 
@@ -93,8 +94,12 @@ def test_grid_figure_names_each_group_and_flags_the_wrong_one():
     assert len(bad) == 4 and sum("WRONG GROUP" in t for t in bad) == 2   # 2 TP groups + 2 empty DP
     missing = check_grid(bug="grid-no-dp-allreduce")
     assert [t for t, ok in group_lines(missing) if not ok] == ["  nothing", "  nothing"]
+    drawn = grid_bytes(good)   # what plot_grid_bytes stacks: measured equals the formula per rank
+    assert drawn["per_rank"] == drawn["formula"] == [{"tp": 256, "dp": 576}] * 4
+    assert grid_bytes(missing)["per_rank"][0] == {"tp": 256, "dp": 0}
     for report in (good, wrong):
-        for fig in (plot_grid(report), plot_grid_bytes(report), plot_grid_errors(report)):
+        for fig in (plot_grid(report), plot_grid_bytes(report),
+                    plot_errors(report, by="quantity")):
             titles = [ax.get_title() for ax in fig.axes] + [fig._suptitle.get_text()
                                                             if fig._suptitle else ""]
             assert any("dp=2" in t or "tp_x_dp" in t for t in titles), titles

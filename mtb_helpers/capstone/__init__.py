@@ -1,10 +1,5 @@
-"""The capstone (notebook 12): a tiny GPT trained under tp x pp x dp x cp, equal to one process.
-
-model.py (the single-process GPT), data.py (the shipped text), reference.py (AdamW on one
-process), grid.py (the 4D rank grid and its groups), layers.py (the model rebuilt from the
-course's parallel layers), finalize.py (SP's LayerNorm / bias grads, one all-reduce a step),
-parallel.py (``train_parallel``), validate.py, bugs.py, check.py (``check_capstone``), plots.py,
-widget.py, cli.py (``minitrainbench train``)."""
+"""The capstone (notebook 12): a tiny GPT trained under tp x pp x dp x cp, equal to one process
+(``train_parallel``, checked by ``check.check_capstone``, ``minitrainbench train``)."""
 from mtb_helpers.capstone.data import VOCAB, batch_for_step, corpus, decode, encode
 from mtb_helpers.capstone.grid import Grid, GridLayout, group_ranks
 from mtb_helpers.capstone.model import GPTConfig, TinyGPT, make_model

@@ -3,24 +3,16 @@
     report = check_capstone(tp=2, pp=2, dp=2, steps=3)
     report.passed, report.rows, report.extra["losses"], report.extra["drift"], report.extra["bytes"]
 
-Every step is compared on its own: the reference is re-anchored on the parallel run's own state
-(parameters and AdamW moments) before the step, takes that one step, and is compared with the
-parallel run's loss of the step and its parameters after it. A wrong step shows at the step it
-breaks, and rounding differences cannot compound: two correct free-running runs drift apart
-through AdamW (~1e-14 after one step, ~2e-8 after 200 in fp64), which is shown, not judged.
+Every step is judged on its own: the reference is re-anchored on the parallel run's own state
+(parameters and AdamW moments) before the step and takes that one step. A wrong step shows at the
+step it breaks, and rounding cannot compound: two correct free-running runs drift apart through
+AdamW (~1e-14 after one step, ~2e-8 after 200 in fp64), which is shown, not judged.
 
-Rows: ``loss`` once per step (the whole batch's mean, from the last pipeline stage, against the
-re-anchored reference's loss from the same parameters; ``note`` says which step), ``step`` once
-per step (all parameters after the step against the re-anchored step), and ``params`` once per
-rank after the last step (everything the rank holds, against the same shards cut from the
-re-anchored reference's last step). Tolerance: float64 ``1e-10`` absolute (measured errors are
-around 1e-14, from summing micro-batch and rank partials in another order, then AdamW's division
-by ``sqrt(v)``); float32 ``1e-5`` for the loss and ``1e-3`` for parameters (see ``TOLERANCE``).
-``extra``: ``losses`` (the parallel and the free-running one-process curves), ``drift``
-(``StepComparison.drift``: per step the loss and parameter errors re-anchored and free-running),
-``bytes`` (sent per rank per step by group, measured and by formula), ``grid`` (which rank holds
-which blocks, heads, positions, sequences), ``held_params`` (parameters each rank holds),
-``param_errors`` (the gathered final parameters against the free-running run, by name).
+Rows: ``loss`` and ``step`` (all parameters after it) once per step, ``params`` once per rank after
+the last step (its shards against the same shards of the re-anchored reference). ``extra``:
+``losses`` (parallel and free-running curves), ``drift`` (``StepComparison.drift``), ``bytes`` (per
+rank per step by group, measured and by formula), ``grid`` (``grid_table``), ``held_params``,
+``param_errors`` (gathered final parameters against the free-running run, by name).
 """
 from __future__ import annotations
 
@@ -97,9 +89,8 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def starts_like(state: dict, free: FreeRun) -> bool:
-    """Is ``state`` (``full_state`` of a parallel run) bit for bit the state the free run took
-    its first step from: its parameters, AdamW's moments all +0.0, no step taken? The
-    re-anchored reference's step from it is then the free run's first step, already taken."""
+    """Is ``state`` (``full_state`` of a parallel run) bit for bit the free run's start (its
+    parameters, AdamW's moments +0.0, step 0)? Its re-anchored step is then the free run's first."""
     return (state["step"] == 0 and _same_bits(state["params"], free.start)
             and all(_same_bits(state[k], torch.zeros_like(free.start))
                     for k in ("exp_avg", "exp_avg_sq")))
@@ -107,10 +98,8 @@ def starts_like(state: dict, free: FreeRun) -> bool:
 
 @functools.lru_cache(maxsize=2)
 def free_run(cfg: GPTConfig, run_cfg: TrainConfig, dtype: torch.dtype) -> FreeRun:
-    """``run_cfg.steps`` steps of the one-process run. It depends on neither the layout, the
-    strategy nor the bug, so an explorer moving those reuses it (the last two runs are kept,
-    ~0.3 MB per step; nothing here is modified after it is made); the re-anchored reference,
-    which starts from the parallel run's own state, is stepped again every time."""
+    """``run_cfg.steps`` steps of the one-process run: the same for every layout, strategy and bug,
+    so an explorer reuses it (the last two kept, ~0.3 MB per step, never modified)."""
     ref = Reference(cfg, run_cfg, dtype)
     start = ref.flat.clone()
     losses, flats = [], []
@@ -122,15 +111,11 @@ def free_run(cfg: GPTConfig, run_cfg: TrainConfig, dtype: torch.dtype) -> FreeRu
 
 
 class _References:
-    """Re-anchored references kept between checks, by setting (building one is ~8 ms of model and
-    corpus on an idle CPU, ~25 ms on a loaded one, per check and dtype: a capstone explorer's
-    redraw would pay it). Reusing one is safe because ``StepComparison`` steps it only from a
-    state (``Reference.step(k, state)`` loads every parameter and all of AdamW's state first),
-    so nothing of an earlier check survives into the next. A check ``take``s its references and
-    ``give``s them back when it is done: while it steps one, no other thread can (the capstone
-    explorer prepares in a background thread while a cell may run a check), and two checks at
-    once each get their own. At most ``keep`` idle references are kept (~1.2 MiB each, the
-    model, its gradients and AdamW's moments), least recently given back dropped first."""
+    """Re-anchored references kept between checks, by setting (building one costs ~8-25 ms, an
+    explorer's redraw would pay it). Safe because ``StepComparison`` steps one only from a state it
+    loads whole. A check ``take``s its references and ``give``s them back: no other thread steps
+    one meanwhile (the explorer prepares in a background thread). At most ``keep`` idle ones
+    (~1.2 MiB each), least recently given back dropped first."""
 
     def __init__(self, keep: int = 2):
         self.keep = keep

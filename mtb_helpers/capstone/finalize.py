@@ -1,18 +1,13 @@
 """Sequence parallelism's replicated-parameter grads, all-reduced once per step.
 
-Under sequence parallelism every LayerNorm's weight and bias ``[h]`` and the row-parallel layers'
-biases (attention's Wo, the MLP's fc2) are whole on every tensor rank, but each rank only feeds
-them its own sequence rows ``[s/(c t), b, h]``: its grad is a partial sum over those rows. Notebook
-04's layers all-reduce each one inside backward (``allreduce_sequence_parallel_grad``), one
-``[h]`` all-reduce per parameter and micro-batch: 6 per block plus the final LayerNorm's 2, times
-``m``. On a slow shared CPU each is a round trip of a few processes (~1 ms), so the capstone does
-what Megatron-LM does in ``finalize_model_grads`` (``_allreduce_non_tensor_model_parallel_grads``,
-earlier ``_allreduce_layernorm_grads``): the same layers built with ``grad_sync="step"``
-(``sp/layers.py``) leave those grads partial, the micro-batches accumulate into them, and after
-the last backward the stage sums them over the tensor group in ONE all-reduce of their
-concatenation, ``[Ψ_rep] = [(6 L_p + 2 (last stage)) h]``:
+Under SP every LayerNorm's weight and bias ``[h]`` and Wo's and fc2's biases are whole on every
+tensor rank, but each rank feeds them only its sequence rows: their grads are partial. Notebook
+04's layers all-reduce each one inside backward, per parameter and micro-batch (6 per block, ~1 ms
+each on a shared CPU). The capstone does as Megatron-LM's ``finalize_model_grads``: the layers
+built with ``grad_sync="step"`` (``sp/layers.py``) leave them partial, the micro-batches
+accumulate, and after the last backward ONE all-reduce over the tensor group sums them all:
 
-    grads of the rep parameters -> cat -> [Ψ_rep] -> all-reduce (tp group) -> split back
+    grads of the rep parameters -> cat -> [Ψ_rep] = [(6 L_p + 2 (last stage)) h] -> all-reduce -> split
 
 Summing the micro-batches first and then the ranks is the same sum in another order.
 """

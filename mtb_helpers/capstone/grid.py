@@ -1,19 +1,13 @@
 """The 4D rank grid: tensor (tp) x context (cp) x data (dp) x pipeline (pp) parallel groups.
 
-Ranks are numbered the way Megatron-LM orders its groups (``tp-cp-dp-pp``): tensor-parallel ranks
-are neighbours (they talk inside every layer), then context, then data, then pipeline (which talks
-least, one activation per micro-batch and stage):
+``comm.mesh``'s ``Mesh(pp=pp, dp=dp, cp=cp, tp=tp)`` (``GridLayout.mesh()``): Megatron-LM's order,
+tensor-parallel ranks neighbours, the pipeline (which talks least) slowest,
 
     rank = ((pp_i * dp + dp_i) * cp + cp_i) * tp + tp_i
 
-A group of one dimension holds the ranks that differ only in that coordinate. Gradients of a
-parameter are averaged over every rank holding the same shard of it and seeing different tokens:
-that is the data-parallel **and** the context-parallel ranks, so the gradient reduction runs in
-the ``dp x cp`` group (Megatron calls it the data-parallel group "with context parallelism").
-The numbering, the groups and the flattened ``dp_cp`` group are ``comm.mesh``'s
-``Mesh(pp=pp, dp=dp, cp=cp, tp=tp)`` (``GridLayout.mesh()``), PyTorch's ``init_device_mesh`` with the
-same dims: a rank's coordinates are ``layout.mesh().coords(rank)``, the rank at a cell
-``layout.mesh().rank_of(pp=.., tp=..)``.
+A parameter's gradient is averaged over every rank holding the same shard of it and seeing other
+tokens: the data-parallel **and** the context-parallel ranks, the flattened ``dp_cp`` group
+(Megatron's data-parallel group "with context parallelism").
 """
 from __future__ import annotations
 
@@ -57,11 +51,8 @@ def group_ranks(layout: GridLayout, dims: tuple[str, ...]) -> list[list[int]]:
 
 @dataclass
 class Grid(MeshGroups):
-    """This rank's coordinates and its process groups: one per dim and the flattened ``dp_cp``
-    (call inside a rank; every rank creates every group, in the same order). The groups are kept
-    in the rank between calls (``MeshGroups.build(keep=True)``): an explorer moving back to a
-    layout, or the next call of a long run, does not create its ~16 groups again; ``destroy()``
-    leaves them to the keeper."""
+    """This rank's coordinates and process groups, one per dim and the flattened ``dp_cp`` (build
+    inside a rank). Kept in the rank between calls (``MeshGroups.build(keep=True)``)."""
     layout: GridLayout | None = None
 
     @classmethod

@@ -1,10 +1,6 @@
-"""This rank's stage of the capstone, kept between calls to the ranks.
-
-A capstone call (``parallel.train_on_rank``) trains one rank's stage: its layers cut from the
-full model (``layers.build_stage``), the DP strategy that owns their parameters (views of its flat
-buffer) and the SP grad sum. ``kept_stage`` builds that once per setting and keeps it in the rank
-process; each call then only puts its start state in (``resume``, ``FlatStep.load``).
-"""
+"""This rank's stage of the capstone (its layers, DP strategy and SP grad sum), built once per
+setting and kept in the rank process between calls; each call only puts its start state in
+(``resume``, ``FlatStep.load``)."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -38,10 +34,9 @@ def resume(params: torch.Tensor, state: dict | None) -> dict:
 
 @dataclass
 class Stage:
-    """This rank's built stage for one setting: its module, the DP strategy that owns the
-    module's parameters (views of its flat buffer), the SP grad sum, the stage's parameters
-    as built (flat ``[Ψ_stage]``: where a fresh run starts), and their names and shapes (in
-    ``named_parameters`` order, fixed once built: what a call reports without walking the module)."""
+    """This rank's built stage: its module, the DP strategy owning its parameters (views of its
+    flat buffer), the SP grad sum, the parameters as built (flat ``[Ψ_stage]``: a fresh run's
+    start), their names and shapes (``named_parameters`` order)."""
     module: torch.nn.Module
     opt: FlatStep   # the capstone composes DDP and ZeRO-1 (validate.DP_STRATEGIES), both FlatSteps
     sp_grads: SequenceParallelGrads | None
@@ -50,13 +45,9 @@ class Stage:
     shapes: tuple[torch.Size, ...] = ()
 
 
-# In a rank process: the stages built by earlier calls, by setting, least recently used first.
-# Building one (the layers from the full model, the strategy's flat buffer) costs ~3.5 ms a rank
-# on one CPU, ~14 ms of a capstone explorer's redraw at 4 ranks; every call puts its own start
-# state in (``opt.load``), so nothing of an earlier call survives but the layers' structure. The
-# key holds the grid's process groups themselves: groups made again (a new default group, or
-# their mesh evicted by ``comm.mesh``) are another key, and a stage never outlives its groups'
-# use. A call that fails drops its stage (it may be half-way through a step).
+# In a rank process: the stages built by earlier calls, least recently used first (building one
+# costs ~14 ms of an explorer's redraw at 4 ranks). The key holds the process groups themselves:
+# groups made again are another key, so a stage never outlives its groups.
 STAGES: OrderedDict = OrderedDict()
 KEEP_STAGES = 2   # an explorer moving between two layouts keeps both (a rank's pool serves both)
 

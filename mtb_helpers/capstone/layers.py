@@ -22,6 +22,7 @@ the plain tensor-parallel ones (one ``f`` and one ``g`` per attention and per ML
 """
 from __future__ import annotations
 
+import copy
 import functools
 from collections import OrderedDict
 
@@ -115,8 +116,7 @@ class ParallelBlock(nn.Module):
             mlp = SequenceParallelMLPBlock.from_full(block.ln2, block.mlp.fc1, block.mlp.fc2,
                                                      dropout_p=0.0, group=tp_group, grad_sync="step")
         else:
-            ln1 = nn.LayerNorm(block.ln1.normalized_shape, dtype=block.ln1.weight.dtype)
-            ln1.load_state_dict(block.ln1.state_dict())
+            ln1 = copy.deepcopy(block.ln1)   # replicated: every tensor rank holds all of it
             qkv = ColumnParallelLinear.from_full(qkv_full, group=tp_group)
             out = RowParallelLinear.from_full(attn.wo, input_is_parallel=True, group=tp_group)
             mlp = TensorParallelMLPBlock.from_full(block.ln2, block.mlp.fc1, block.mlp.fc2,
@@ -142,9 +142,8 @@ class ParallelHead(nn.Module):
         if sequence_parallel:   # the gather of the sequence happens inside the LM head
             return cls(SequenceParallelLayerNorm.from_full(head.ln_f, "ln_f", tp_group, grad_sync="step"),
                        SequenceParallelColumnLinear.from_full(head.lm_head, group=tp_group))
-        ln_f = nn.LayerNorm(head.ln_f.normalized_shape, dtype=head.ln_f.weight.dtype)
-        ln_f.load_state_dict(head.ln_f.state_dict())
-        return cls(ln_f, ColumnParallelLinear.from_full(head.lm_head, group=tp_group))
+        return cls(copy.deepcopy(head.ln_f), ColumnParallelLinear.from_full(head.lm_head,
+                                                                             group=tp_group))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # SP: [s/(cp·t), b, h] -> LN -> all-gather (seq) -> [s/cp, b, h] @ [h, vocab/t] -> [s/cp, b, vocab/t]

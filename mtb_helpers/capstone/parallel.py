@@ -77,10 +77,8 @@ class GridP2P(P2P):
 
 @functools.lru_cache(maxsize=2)
 def full_model(cfg: GPTConfig, seed: int, dtype: torch.dtype) -> TinyGPT:
-    """``make_model(cfg, seed, dtype)``, made once per process and setting: each rank makes the
-    same model from the same seed instead of unpickling the owner's (~25 ms a rank a call, and
-    ~30 ms to pickle it). Only read: ``build_stage`` copies from it, and the DP strategy moves the
-    stage's parameters into its own flat buffer before the first step."""
+    """``make_model(cfg, seed, dtype)``, made once per process and setting: cheaper than pickling
+    the owner's (~25 ms a rank a call). Only read: ``build_stage`` copies from it."""
     return make_model(cfg, seed, dtype)
 
 
@@ -97,17 +95,22 @@ def train_on_rank(model: tuple[GPTConfig, int, torch.dtype], layout: GridLayout,
     grid = swap(bug, Grid).build(layout)
     count = run_cfg.steps - first if count is None else count
     state = None if states is None else states[dist.get_rank() if dist.is_initialized() else 0]
+    key = None
     try:
-        return _train(grid, full_model(*model), model, layout, run_cfg, microbatches, schedule,
-                      sequence_parallel, strategy, bug, range(first, first + count), state)
+        key, built = kept_stage(grid, full_model(*model), model, layout, run_cfg, sequence_parallel,
+                                strategy, bug)
+        return _train_stage(grid, built, model[0], layout, run_cfg, microbatches, schedule,
+                            sequence_parallel, range(first, first + count), state)
+    except BaseException:
+        drop(key)   # it may be half-way through a step
+        raise
     finally:
         grid.destroy()
 
 
 @functools.lru_cache(maxsize=1)
 def _tokens() -> torch.Tensor:
-    """The corpus as token ids ``[n]``, made once per rank process: the same text on every call
-    (~10 ms of Python a call on every rank otherwise). Only ever sliced, never written."""
+    """The corpus as token ids ``[n]``, made once per rank process (~10 ms a call otherwise)."""
     return encode(corpus())
 
 
@@ -124,17 +127,6 @@ def snapshot(opt, out: torch.Tensor) -> dict:
         copy.copy_(t)
     return {"params": copies[0], "own": tuple(opt.own), "exp_avg": copies[1],
             "exp_avg_sq": copies[2], "step": int(state["step"])}
-
-
-def _train(grid, model, model_key, layout, run_cfg, m, schedule, sequence_parallel, strategy, bug,
-           steps, state) -> dict:
-    key, built = kept_stage(grid, model, model_key, layout, run_cfg, sequence_parallel, strategy, bug)
-    try:
-        return _train_stage(grid, built, model.cfg, layout, run_cfg, m, schedule,
-                            sequence_parallel, steps, state)
-    except BaseException:
-        drop(key)
-        raise
 
 
 def _train_stage(grid, built: Stage, cfg, layout, run_cfg, m, schedule, sequence_parallel, steps,

@@ -1,12 +1,9 @@
-"""The capstone's figures: the rank grid (who holds what), the loss curves of the parallel run and
-of one process, how two correct runs drift apart, and the bytes each rank sends per step by group
-against the formulas.
+"""The capstone's figures: who holds what, the loss curves against one process, how two correct
+runs drift apart; the bytes each rank sends per step by group are notebook 08's ``plot_bytes``.
 
-Plots draw plain data (a report's ``extra`` parts or the lists a check returns); every rank is
-drawn in ``rank_color(r)``, as everywhere in the course. The loss curves are a two-layer figure
-(``plots.live.LiveFigure``): ``plot_losses`` (the notebook's figure) and ``losses_png`` (the
-explorer's image) are the same build and update; only the parallel runs' points are drawn again
-when a slider moves (the title, a passing or a failing run's, is part of the static layer).
+They draw plain data (a report's ``extra`` parts); rank r in ``rank_color(r)``. The loss curves
+are one two-layer figure (``plots.live.LiveFigure``) for the notebook (``plot_losses``) and the
+explorer (``losses_png``): a move redraws only the parallel runs' points.
 """
 from __future__ import annotations
 
@@ -15,22 +12,16 @@ import math
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.patches import Patch, Rectangle
+from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import rank_color, rank_legend_handles
-from mtb_helpers.plots.parts import exact_log_axis, legend_right, stacked_bar
+from mtb_helpers.grid.plots import plot_bytes
+from mtb_helpers.plots.parts import exact_log_axis, legend_right
 
 __all__ = ["plot_rank_grid", "plot_losses", "losses_png", "prepare_losses", "LIVE_LOSSES", "plot_bytes",
-           "plot_drift", "GROUP_COLORS"]
-
-# Group colours are greys and hatches, so that colour keeps meaning "rank" in every figure.
-GROUP_COLORS = {"tp": "#4D4D4D", "sp": "#8C8C8C", "pp": "#BDBDBD", "cp": "#FFFFFF", "dp": "#E0E0E0"}
-GROUP_HATCH = {"tp": "", "sp": "", "pp": "//", "cp": "xx", "dp": ".."}
-GROUP_LABEL = {"tp": "TP (f, g, vocab CE)", "sp": "SP (gather / reduce-scatter, LN grads)",
-               "pp": "PP (point-to-point)", "cp": "CP (ring K/V)", "dp": "DP (gradients, dp x cp)"}
-
+           "plot_drift"]
 
 def plot_rank_grid(grid: list[dict], sizes: dict[str, int]) -> Figure:
     """One box per rank: columns are pipeline stages, rows the (dp, cp, tp) coordinates; each box
@@ -84,9 +75,8 @@ def _diff(a, b) -> float:
 
 
 def _limits(runs: tuple, reference: tuple) -> tuple:
-    """The static layer's y limits: the one-process curve's, widened in steps of 0.5 when a
-    parallel run leaves them; the error axis up to two decades above the largest error (room
-    for its legend above every point)."""
+    """The static layer's y limits: the one-process curve's (widened in steps of 0.5 when a run
+    leaves them); the error axis two decades above the largest error (room for its legend)."""
     lo, hi = min(reference), max(reference)
     pad = max(0.08 * (hi - lo), 0.05)
     top = (lo - pad, hi + pad)
@@ -109,9 +99,8 @@ def _losses_key(data: tuple) -> tuple:
 
 
 def _losses_build(new_figure, data: tuple):
-    """Axes at fixed places (no layout pass), the one-process curve, the tolerance line, labels,
-    legends and the title (one of two an explorer shows: it passes or the curves part; ~60
-    glyphs, ~5 ms to draw on every move): everything but the parallel runs' points."""
+    """Everything but the parallel runs' points: axes at fixed places (no layout pass), the
+    one-process curve, the tolerance line, labels, legends and the title."""
     runs, reference, title = data
     (top_lim, bottom_lim), steps = _limits(runs, reference), range(1, len(reference) + 1)
     fig = new_figure((7.5, 5.2))
@@ -152,9 +141,8 @@ LIVE_LOSSES = LiveFigure(_losses_key, _losses_build, _losses_update)
 
 def losses_data(parallel: list, reference: list, label: str = "parallel",
                 others: dict[str, list] | None = None, title: str = "") -> tuple:
-    """What ``LIVE_LOSSES`` draws: ``(((name, losses), ...), reference, title)``, every list a
-    tuple (a loss the run did not produce or that is not finite: None or nan, left out above,
-    drawn at the top below)."""
+    """What ``LIVE_LOSSES`` draws: ``(((name, losses), ...), reference, title)``, lists as tuples
+    (a missing or non-finite loss: left out above, drawn at the top below)."""
     runs = ((label, tuple(parallel)),) + tuple((k, tuple(v)) for k, v in (others or {}).items())
     return runs, tuple(reference), title or DEFAULT_TITLE
 
@@ -169,49 +157,14 @@ def plot_losses(parallel: list[float], reference: list[float], label: str = "par
 
 def losses_png(parallel: list[float], reference: list[float], label: str = "parallel",
                others: dict[str, list[float]] | None = None, title: str = "") -> Png:
-    """``plot_losses`` as PNG for an explorer: the axes, legends and one-process curve drawn once
-    per reference and run names, the parallel runs' points and the title on every call."""
+    """``plot_losses`` as PNG for an explorer (the static layer drawn once per reference)."""
     return LIVE_LOSSES.png(losses_data(parallel, reference, label, others, title))
 
 
 def prepare_losses(reference: list[float], label: str = "parallel") -> None:
-    """Render and keep the static layer ``losses_png`` draws a correct run ``label`` over (a
-    correct run's points lie on the one-process curve, so its axes are the reference's; the
-    title ``DEFAULT_TITLE``, a passing run's): an explorer makes it while its ranks start, and
-    its first redraw only adds the points."""
+    """Render and keep the static layer ``losses_png`` draws a correct run ``label`` over (its
+    points lie on the one-process curve): an explorer makes it while its ranks start."""
     LIVE_LOSSES.prepare(losses_data(reference, reference, label))
-
-
-def plot_bytes(bytes_info: dict, title: str = "") -> Figure:
-    """Stacked bars: bytes each rank sent in one step, by group (measured); a black tick marks the
-    formulas' total. ``bytes_info`` is a capstone report's ``extra["bytes"]``."""
-    per_rank, formula = bytes_info["per_rank"], bytes_info["formula"]
-    groups = bytes_info["groups"]
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.8 * len(per_rank) + 3.5), 4.0))
-    for r, sent in enumerate(per_rank):
-        stacked_bar(ax, r, [(sent[g] / 1024, {"color": GROUP_COLORS[g], "hatch": GROUP_HATCH[g]})
-                            for g in groups], 0.7, edgecolor=rank_color(r), linewidth=1.5)
-        total = sum(formula[r].values()) / 1024
-        ax.plot([r - 0.4, r + 0.4], [total, total], color="black", linewidth=2)
-    highest = max(max(sum(sent.values()), sum(f.values())) for sent, f in zip(per_rank, formula))
-    if highest:
-        ax.set_ylim(0, highest / 1024 * 1.08)   # room above the tallest bar and formula tick
-    else:   # every group has one rank: nothing to send, and a (0, 0) axis would be singular
-        ax.set_ylim(0, 1)
-        ax.text(0.5, 0.5, "no bytes sent: every group holds a single rank", transform=ax.transAxes,
-                ha="center", va="center", fontsize=9)
-    ax.set_xticks(range(len(per_rank)), [f"rank {r}" for r in range(len(per_rank))])
-    for r, tick in enumerate(ax.get_xticklabels()):
-        tick.set_color(rank_color(r))
-    ax.set_xlabel("rank (bar outline in its colour)")
-    ax.set_ylabel("KiB sent per training step")
-    ax.set_title(title or "Bytes each rank sends per step, by process group")
-    handles = [Patch(facecolor=GROUP_COLORS[g], hatch=GROUP_HATCH[g], edgecolor="black",
-                     label=GROUP_LABEL[g]) for g in groups]
-    handles.append(Line2D([], [], color="black", linewidth=2, label="formulas' total"))
-    legend_right(ax, handles, x=1.0)
-    fig.tight_layout()
-    return fig
 
 
 def plot_drift(drift: dict, title: str = "") -> Figure:

@@ -1,14 +1,9 @@
 """The single-process run every parallel layout must reproduce: AdamW on the whole batch.
 
 Step k: ``ids, targets [s, B] = batch_for_step(k)``; loss = mean cross-entropy over all ``s * B``
-positions; backward; one ``torch.optim.AdamW`` step. The loss of step k is measured before its
-update, as a training loop prints it.
-
-``Reference`` takes the same steps one at a time. Free-running (``step(k)``) it is the run above;
-re-anchored (``step(k, state)``) it first takes the parallel run's own parameters and AdamW
-moments, so one step is compared on its own: a wrong step shows at once, and rounding
-differences (another summation order over ranks and micro-batches, ~1e-16 in fp64) cannot
-compound through AdamW over hundreds of steps as they do between two free-running runs.
+positions (measured before the update, as a training loop prints it); backward; one AdamW step.
+``Reference.step(k)`` takes it free-running; ``step(k, state)`` re-anchored, from the parallel
+run's own parameters and moments, so one step is compared on its own (``check.py``).
 """
 from __future__ import annotations
 
@@ -40,11 +35,9 @@ class TrainConfig:
 
 class Reference:
     """The one-process model and its AdamW, stepped one step at a time. Its parameters are views
-    of one flat vector ``[Ψ]`` (``named_parameters`` order, ``names``) and AdamW steps that vector,
-    as every rank's DP strategy steps its own (``dp.strategies``): loading a state and reading the
-    parameters after a step are one copy each, not one per tensor (the capstone explorer loads
-    and steps it at every redraw). AdamW is elementwise, so one vector or many tensors give the
-    same numbers."""
+    of one flat vector ``[Ψ]`` (``names`` order) that AdamW steps, as every rank's DP strategy
+    does: loading a state or reading the parameters is one copy (AdamW is elementwise: the same
+    numbers as per tensor)."""
 
     def __init__(self, cfg: GPTConfig = GPTConfig(), run: TrainConfig = TrainConfig(),
                  dtype: torch.dtype = torch.float64):

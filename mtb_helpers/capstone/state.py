@@ -1,12 +1,9 @@
 """The training state between the ranks and the owner: packed to travel, gathered to compare.
 
-A rank's result goes back to the owner pickled, and pickling costs ~0.1-0.2 ms per tensor on
-either side whatever its size (~45 tiny tensors per rank and call: ~30 ms a redraw at 4 ranks on
-one CPU). So each rank sends its parameters and its snapshots (``parallel.snapshot``: flat
-parameters and AdamW moments before each step and after the last) as one flat tensor each
-(``pack_snapshots``), and the owner cuts them back into views (``unpack``) before anything reads
-them. ``full_state`` then pieces snapshot ``i`` of every rank together into the one-process
-model's state, as ``layers.gather_param`` joins the tensor-parallel shards.
+Pickling costs ~0.1-0.2 ms per tensor whatever its size (~30 ms a redraw at 4 ranks), so a rank
+sends its snapshots (``parallel.snapshot``) as one flat tensor (``pack_snapshots``) that the owner
+cuts back into views (``unpack``). ``full_state`` pieces snapshot ``i`` of every rank together
+into the one-process model's state, as ``layers.gather_param`` joins the tensor-parallel shards.
 """
 from __future__ import annotations
 
@@ -24,8 +21,7 @@ _SNAP_KEYS = ("params", "exp_avg", "exp_avg_sq")
 
 
 def pack_snapshots(snapshots: list[dict], flat: torch.Tensor) -> dict:
-    """On a rank: its snapshots, which ``parallel.snapshot`` copied one after another into
-    ``flat``, as that tensor and the plain data to cut it back (``unpack``)."""
+    """On a rank: ``flat`` (its snapshots, one after another) and what ``unpack`` needs to cut it."""
     return {"flat": flat, "sizes": [len(snap[k]) for snap in snapshots for k in _SNAP_KEYS],
             "own": [snap["own"] for snap in snapshots], "step": [snap["step"] for snap in snapshots]}
 
@@ -55,11 +51,9 @@ def _cells(results: list[dict], layout: GridLayout) -> list[list[dict]]:
 
 @functools.lru_cache(maxsize=16)
 def _gather_index(layout: GridLayout, held: tuple, names: tuple[str, ...]) -> torch.Tensor:
-    """How the cells' flat vectors, concatenated stage-major, make the full model's flat vector:
-    ``cat(cell vectors)[index]`` is every full tensor flattened, concatenated in ``names`` order.
-    Found once per layout and model by running ``gather_param`` itself on the positions ``0, 1,
-    2, ..`` of the concatenation (exact in float64), so it cuts and joins exactly as
-    ``gather_param`` does. ``held``: per cell ``((stage name, shape), ..)``."""
+    """``index`` with ``cat(cell vectors, stage-major)[index]`` the full model's flat vector in
+    ``names`` order: ``gather_param`` run once on the positions ``0, 1, 2, ..`` (exact in float64).
+    ``held``: per cell ``((stage name, shape), ..)``."""
     found, start = {}, 0
     for stage in range(layout.pp):
         pieces = []
@@ -77,11 +71,8 @@ def _gather_index(layout: GridLayout, held: tuple, names: tuple[str, ...]) -> to
 
 def full_state(results: list[dict], layout: GridLayout, i: int, names: tuple[str, ...]) -> dict:
     """Snapshot ``i`` of one call (0: before its first step) as the one-process model's state,
-    ``{"params"|"exp_avg"|"exp_avg_sq": [Ψ], "step": int}``, each a flat vector of the full
-    tensors in ``names`` order (``Reference.names``): parameters from each (pp, tp) shard's first
-    replica, Adam's moments pieced together from every dp x cp rank's slice (ZeRO-1),
-    tensor-parallel shards gathered (as ``gather_param`` does, with one index for the whole
-    model: ``_gather_index``)."""
+    ``{"params"|"exp_avg"|"exp_avg_sq": [Ψ], "step": int}`` in ``names`` order: parameters from
+    each (pp, tp) cell's first replica, Adam's moments pieced from every dp x cp rank's slice."""
     cells = _cells(results, layout)
     held = tuple(tuple((n, p.shape) for n, p in cell[0]["params"].items()) for cell in cells)
     index = _gather_index(layout, held, tuple(names))

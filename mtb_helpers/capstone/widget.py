@@ -1,19 +1,11 @@
-"""Capstone explorer: choose tp / pp / dp / cp (only layouts whose sizes divide are offered), the
-steps, the DP strategy and a deliberate bug; see the loss curves, who holds what, or the bytes per
-group. Core ipywidgets only (Dropdown, IntSlider, Output via ``live_view``), 7.7 and 8 alike.
+"""Capstone explorer: choose tp / pp / dp / cp (only layouts whose sizes divide), the steps, the DP
+strategy and a deliberate bug; see the loss curves, who holds what, or the bytes per group. Core
+ipywidgets only (Dropdown, IntSlider, Output via ``live_view``), 7.7 and 8 alike.
 
-The loss curves are the notebook's ``plot_losses`` as a two-layer figure (``plots.losses_png``):
-the axes, the legends, the tolerance, the one-process curve (the same for every layout) and the
-title (a passing run's or a failing one's) are drawn once per number of steps; a move draws the
-parallel run's points over them.
-The figures read the report's ``extra`` as it is (``to_dict()`` would convert every rank's record
-of ~130 collectives a step to JSON, 0.1-0.2 s a move on one loaded CPU, for nothing shown).
-
-The first redraw waits for the ranks to start (~1.2 s for 4 on one CPU, much of it the ranks
-waiting for each other, not computing). So the explorer starts them in the background first
-(``warm_up``) and meanwhile makes what that redraw needs without them: the one-process run and the
-loss figure's static layer, the same for every correct run (``_prepare``). The redraw itself
-still trains on the ranks and runs the whole check.
+The loss curves are ``plots.losses_png``: their static layer is drawn once per number of steps, a
+move draws only the parallel run's points. The figures read the report's ``extra`` as it is (no
+``to_dict()``: 0.1-0.2 s a move for nothing shown). While the ranks start (~1.2 s for 4), the
+explorer makes the one-process run and the loss figure's static layer (``_prepare``).
 """
 from __future__ import annotations
 
@@ -68,19 +60,16 @@ def capstone_summary(report) -> str:
 
 
 def _prepare(option: str, steps: int) -> None:
-    """Start the ranks of ``option`` in the background; while they start, run the one-process
-    run of ``steps`` (``free_run``, cached: the check reuses it) and draw the loss figure's
-    static layer for a run on that curve (kept: the redraw draws only its points over it)."""
+    """Start the ranks of ``option`` in the background; meanwhile run the one-process run
+    (``free_run``, cached for the check) and draw the loss figure's static layer."""
     warm_up(math.prod(_parse(option).values()))
     reference = free_run(GPTConfig(), TrainConfig(steps=steps), torch.float64).losses
     prepare_losses(reference, option)
 
 
 def explore_capstone(layout: str = "tp=2 pp=2 dp=2 cp=1", steps: int = 2) -> widgets.VBox:
-    """The explorer; display it (the last expression of a cell). Each change trains again. It
-    opens at 2 steps: every bug of ``CAPSTONE_BUGS`` fails its step check from step 1 and parts
-    the loss curves by step 2, and each further step is one more step on the ranks and in one
-    process on every move (~40 % of a 2-step redraw)."""
+    """The explorer; display it. Each change trains again. It opens at 2 steps: every bug fails its
+    step check from step 1 and parts the loss curves by step 2 (a step more costs ~40 %)."""
     options = layout_options()
     choose = widgets.Dropdown(options=options, value=layout if layout in options else options[0],
                               description="layout")

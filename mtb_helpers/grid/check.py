@@ -3,12 +3,10 @@
     report = check_grid(world_size=4, tp=2, dp=2)
     report.passed, report.rows, report.records, report.extra["grid"], report.extra["collectives"]
 
-The caller draws both MLP layers, the batch ``X [b, h]`` and the target from ``seed`` and takes
-one SGD step on one process on the whole batch (in the run's dtype and in float64). The ranks run
-``grid.grid_step_on_rank``: rank ``(d, j)`` holds shard ``j`` of the MLP and rows ``d`` of the
-batch. Rows compare per rank: its output rows, then per parameter shard the gradient after the
-data-parallel average and the parameter after the step. ``bug=`` swaps the gradient
-synchronisation for a wrong one (below; ``grid/layers.py`` has none).
+The ranks run ``grid.grid_step_on_rank`` (rank ``(d, j)``: shard ``j`` of the MLP, rows ``d`` of
+the batch); one process takes the same step on the whole batch, in the run's dtype and float64.
+Rows per rank: its output rows, then per parameter shard the gradient after the data-parallel
+average and the parameter after the step. ``bug=`` swaps in a wrong gradient sync (grid/bugs.py).
 """
 from __future__ import annotations
 
@@ -18,19 +16,19 @@ import torch
 import torch.nn.functional as F
 
 from mtb_helpers.checking.bug import resolve, swap
-from mtb_helpers.grid.bugs import GRID_BUGS
-from mtb_helpers.comm.records import CollectiveRecord
-from mtb_helpers.grid.layers import (CONVENTION, DP_REGION, PARAMS, average_gradients,
-                              dp_group_ranks, expected_bytes, grid_step_on_rank, param_piece,
-                              tp_group_ranks, validate_grid)
-from mtb_helpers.runtime.ranks import resolve_world_size, run
+from mtb_helpers.checking.report import Report, compare
 from mtb_helpers.checking.tolerances import (as_dtype, check_config, divisible, number,
                                               positive_sizes)
-from mtb_helpers.checking.report import Report, compare
+from mtb_helpers.comm.records import CollectiveRecord
 from mtb_helpers.comm.sharding import shard_range
+from mtb_helpers.grid.bugs import GRID_BUGS
+from mtb_helpers.grid.layers import (CONVENTION, DP_REGION, PARAMS, average_gradients,
+                                     dp_group_ranks, expected_bytes, grid_step_on_rank,
+                                     param_piece, tp_group_ranks, validate_grid)
+from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.tp.reference import draw_inputs
 
-__all__ = ["check_grid", "GRID_BUGS", "GRID_QUANTITIES", "grid_reference", "group_traffic"]
+__all__ = ["check_grid", "validate_sizes", "GRID_BUGS", "GRID_QUANTITIES", "grid_reference", "group_traffic"]
 
 
 GRID_QUANTITIES = ("output", *(f"{n}_grad" for n in PARAMS), *(f"{n}_updated" for n in PARAMS))
@@ -85,26 +83,28 @@ def group_traffic(records: list[CollectiveRecord], event_groups: list[list]) -> 
     return traffic
 
 
-def check_grid(world_size: int = 4, tp: int = 2, dp: int = 2, hidden: int = 8,
-               ffn_hidden: int = 16, batch: int = 8, lr: float = 0.1, dtype=torch.float32,
-               seed: int = 0, bug: str | None = None, timeout: float = 30.0) -> Report:
-    """One SGD step of the TP MLP on a ``tp x dp`` grid against one process on the whole batch.
-
-    fc1 ``[h, ffn]`` is split on its columns and fc2 ``[ffn, h]`` on its rows inside each TP group
-    (``ffn/tp`` per rank); X ``[batch, h]`` is split by rows across the DP groups (``batch/dp`` per
-    replica). Refuses before any rank starts: ``tp * dp != world_size``, ``ffn_hidden`` not
-    divisible by ``tp``, ``batch`` not divisible by ``dp``, an unknown bug.
-    """
-
-    dtype, t = as_dtype(dtype), resolve_world_size(world_size)
-    validate_grid(t, tp, dp)
-    wrong = resolve(bug, "grid")
-    positive_sizes(hidden=hidden, ffn_hidden=ffn_hidden, batch=batch)
-    number("lr", lr, lambda v: v > 0, "a positive number")
+def validate_sizes(world_size: int, tp: int, dp: int, ffn_hidden: int, batch: int) -> None:
+    """``validate_grid``, then ValueError unless ``tp`` divides ``ffn_hidden`` and ``dp`` divides
+    ``batch`` (the course's check and PyTorch's comparison refuse the same sizes)."""
+    validate_grid(world_size, tp, dp)
     divisible("ffn_hidden", ffn_hidden, f"tp={tp}", tp, f"tensor parallelism splits it into "
               f"{tp} equal shards, one per TP-group rank")
     divisible("batch", batch, f"dp={dp}", dp, f"data parallelism gives each of the {dp} replicas "
               f"an equal slice of the batch")
+
+
+def check_grid(world_size: int = 4, tp: int = 2, dp: int = 2, hidden: int = 8,
+               ffn_hidden: int = 16, batch: int = 8, lr: float = 0.1, dtype=torch.float32,
+               seed: int = 0, bug: str | None = None, timeout: float = 30.0) -> Report:
+    """One SGD step of the TP MLP on a ``tp x dp`` grid against one process on the whole batch:
+    fc1 ``[h, ffn]`` split on its columns and fc2 ``[ffn, h]`` on its rows in each TP group, X
+    ``[batch, h]`` by rows across the DP groups. Bad sizes or an unknown bug: ValueError first."""
+
+    dtype, t = as_dtype(dtype), resolve_world_size(world_size)
+    positive_sizes(hidden=hidden, ffn_hidden=ffn_hidden, batch=batch)
+    validate_sizes(t, tp, dp, ffn_hidden, batch)
+    wrong = resolve(bug, "grid")
+    number("lr", lr, lambda v: v > 0, "a positive number")
     (fc1, fc2), x, target = draw_inputs(seed, (batch,), dtype, (hidden, ffn_hidden),
                                         (ffn_hidden, hidden))
     results = run(grid_step_on_rank, fc1, fc2, x, target, tp, dp, lr,

@@ -7,20 +7,16 @@ context dimension): **tensor-parallel ranks are neighbours**,
     rank = dp_index * tp + tp_index        e.g. tp = 2, dp = 2:   replica 0: ranks 0 1
                                                                   replica 1: ranks 2 3
 
-so a tensor-parallel group is a row ``[d*tp, ..., d*tp + tp-1]`` and a data-parallel group is a
-column ``[j, j + tp, j + 2tp, ...]``. Why that order: tensor parallelism communicates inside every
-layer, data parallelism once per step, so the chatty group gets the neighbouring ranks, which a
-launcher places on the same node (NVLink) (Shoeybi et al. 2019; Narayanan et al., SC 2021).
-It is ``comm.mesh``'s ``Mesh(dp=dp, tp=tp)``, as ``init_device_mesh("cpu", (dp, tp))`` numbers it: a
-rank's coordinates are ``Mesh(dp=dp, tp=tp).coords(rank)``, the rank at a cell ``.rank_of(dp=d, tp=j)``.
+so a tensor-parallel group is a row ``[d*tp, ..., d*tp + tp-1]`` and a data-parallel group a
+column ``[j, j + tp, j + 2tp, ...]``: tensor parallelism talks inside every layer, data parallelism
+once per step, so the chatty group gets the neighbouring ranks, which a launcher places on one node
+(Shoeybi et al. 2019; Narayanan et al., SC 2021). It is ``comm.mesh``'s ``Mesh(dp=dp, tp=tp)``,
+numbered as ``init_device_mesh("cpu", (dp, tp))`` does.
 
-The step (``grid_step_on_rank``, run on every rank): the TP MLP of notebook 03 built inside this
-rank's TP group from the full layers, the forward on this replica's rows of the batch
-``[b/dp, h]``, the mean-squared-error loss of those rows, backward (TP's ``g`` and ``f``
-all-reduce inside the TP group), then the gradient of every local parameter shard is all-reduced
-across the DP group and divided by ``dp`` (``average_gradients``), then one SGD step. Every
-collective is a plain ``torch.distributed`` call, so the record holds both kinds; each event is
-tagged with the ranks of the group it really ran in.
+The step (``grid_step_on_rank``): notebook 03's TP MLP in this rank's TP group on its replica's
+rows ``[b/dp, h]``, MSE loss, backward (``g`` and ``f`` all-reduce in the TP group), each grad shard
+averaged over the DP group (``average_gradients``), one SGD step. Each recorded event is tagged
+with the ranks of the group it ran in.
 """
 from __future__ import annotations
 
@@ -48,9 +44,7 @@ PARAMS = ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
 
 def validate_grid(world_size: int, tp: int, dp: int) -> None:
     """ValueError unless ``tp`` and ``dp`` are positive integers with ``tp * dp == world_size``."""
-    for name, value in (("tp", tp), ("dp", dp)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    Mesh(tp=tp, dp=dp)   # refuses a size that is not a positive integer, naming it
     if tp * dp != world_size:
         raise ValueError(f"a grid of tp={tp} x dp={dp} = {tp * dp} ranks does not match the "
                          f"world size {world_size}: every rank must sit in exactly one cell")

@@ -5,6 +5,7 @@ start ranks. The grid has one row per data-parallel replica and one column per t
 shard; rank r is drawn in its course colour. Tensor-parallel groups (rows) are outlined dashed,
 data-parallel groups (columns) dotted; the panel on the right lists every group's collectives as
 the ranks recorded them, and flags a gradient all-reduce that ran in the wrong group.
+``plot_bytes`` (bytes per rank by group against the formulas) also draws the capstone's groups.
 """
 from __future__ import annotations
 
@@ -15,23 +16,19 @@ from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
 
 from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import FAIL_COLOR, rank_color, rank_legend_handles
-from mtb_helpers.plots.parts import legend_right
-from mtb_helpers.plots.errors import plot_errors
+from mtb_helpers.plots.parts import legend_right, stacked_bar
 
-__all__ = ["plot_grid", "grid_png", "plot_grid_bytes", "plot_grid_errors", "group_lines"]
+__all__ = ["plot_grid", "grid_png", "plot_grid_bytes", "grid_bytes", "plot_bytes", "group_lines"]
 
+# The bytes figure's process groups (this grid's two, the capstone's five): greys and hatches, so
+# that colour keeps meaning "rank" in every figure.
+GROUP_COLORS = {"tp": "#4D4D4D", "sp": "#8C8C8C", "pp": "#BDBDBD", "cp": "#FFFFFF", "dp": "#E0E0E0"}
+GROUP_HATCH = {"tp": "", "sp": "", "pp": "//", "cp": "xx", "dp": ".."}
+GROUP_LABEL = {"tp": "TP (f, g, vocab CE)", "sp": "SP (gather / reduce-scatter, LN grads)",
+               "pp": "PP (point-to-point)", "cp": "CP (ring K/V)", "dp": "DP (gradients, dp x cp)"}
 TP_STYLE = {"edgecolor": "black", "linestyle": "--", "linewidth": 1.8}
 DP_STYLE = {"edgecolor": "#555555", "linestyle": ":", "linewidth": 2.2}
 GAP = 0.45   # space between cells, room for the two outlines
-
-
-def _groups_by_ranks(report) -> dict[tuple, dict]:
-    """Every (group ranks, kind) any rank communicated in, with the traffic of one member."""
-    seen: dict[tuple, dict] = {}
-    for rank_traffic in report.extra["traffic"]:
-        for entry in rank_traffic:
-            seen.setdefault((tuple(entry["ranks"]), entry["kind"]), entry)
-    return seen
 
 
 def group_lines(report) -> list[tuple[str, bool]]:
@@ -40,7 +37,10 @@ def group_lines(report) -> list[tuple[str, bool]]:
     all-reduce outside a DP group, and for a missing one when dp > 1."""
     grid = report.extra["grid"]
     dp_groups = [tuple(g) for g in grid["dp_groups"]]
-    traffic = _groups_by_ranks(report)
+    traffic: dict[tuple, dict] = {}   # (group ranks, kind) -> the traffic of one member
+    for rank_traffic in report.extra["traffic"]:
+        for entry in rank_traffic:
+            traffic.setdefault((tuple(entry["ranks"]), entry["kind"]), entry)
     lines = []
     for kind, groups in (("tp", grid["tp_groups"]), ("dp", grid["dp_groups"])):
         for i, ranks in enumerate(groups):
@@ -150,35 +150,53 @@ def grid_png(report) -> Png:
     return LIVE_GRID.png((report, None))
 
 
+def grid_bytes(report) -> dict:
+    """A ``check_grid`` report's bytes sent per rank in its TP and DP group, measured and by
+    ``grid.expected_bytes``, as ``plot_bytes`` draws them."""
+    expected, kinds = report.extra["expected_bytes"], ("tp", "dp")
+    sent = [{k: sum(e["sent"] for e in entries if e["kind"] == k) for k in kinds}
+            for entries in report.extra["traffic"]]
+    return {"groups": list(kinds), "per_rank": sent,
+            "formula": [{k: expected[k]["sent"] for k in kinds}] * len(sent)}
+
+
 def plot_grid_bytes(report) -> Figure:
-    """Bytes each rank sent per step, in its TP group (solid) and its DP group (hatched), against
-    the formula of ``grid.expected_bytes`` (black ticks)."""
-    expected = report.extra["expected_bytes"]
-    n = len(report.extra["traffic"])
-    fig, ax = plt.subplots(figsize=(8, 3.6))
-    for rank, entries in enumerate(report.extra["traffic"]):
-        for k, kind in enumerate(("tp", "dp")):
-            sent = sum(e["sent"] for e in entries if e["kind"] == kind)
-            x = rank + (k - 0.5) * 0.38
-            ax.bar(x, sent, width=0.36, color=rank_color(rank), edgecolor="black",
-                   hatch="//" if kind == "dp" else None, linewidth=0.6)
-            ax.plot([x - 0.18, x + 0.18], [expected[kind]["sent"]] * 2, color="black",
-                    linewidth=2)
-    ax.set_xticks(range(n), [f"rank {r}" for r in range(n)])
-    ax.set_ylabel("bytes sent per step (ring)")
-    ax.set_xlabel("rank (left bar: TP group, right bar: DP group)")
+    """Bytes each rank sent per step in its TP group and its DP group (stacked), against the
+    formula of ``grid.expected_bytes`` (black tick)."""
     cfg = report.config
-    ax.set_title(f"What each rank sends: tp={cfg['tp']} x dp={cfg['dp']}, h={cfg['hidden']}, "
-                 f"ffn={cfg['ffn_hidden']}, batch={cfg['batch']}, {cfg['dtype']}", fontsize=10)
-    handles = [*rank_legend_handles(n),
-               Patch(facecolor="white", edgecolor="black", label="TP: g + f all-reduce"),
-               Patch(facecolor="white", edgecolor="black", hatch="//", label="DP: grad all-reduce"),
-               Line2D([], [], color="black", linewidth=2, label="formula")]
-    legend_right(ax, handles)
+    return plot_bytes(grid_bytes(report), f"What each rank sends: tp={cfg['tp']} x dp={cfg['dp']}, "
+                      f"h={cfg['hidden']}, ffn={cfg['ffn_hidden']}, batch={cfg['batch']}, "
+                      f"{cfg['dtype']}", {"tp": "TP: g + f all-reduce", "dp": "DP: grad all-reduce"})
+
+
+def plot_bytes(bytes_info: dict, title: str = "", labels: dict[str, str] = GROUP_LABEL) -> Figure:
+    """Stacked bars: bytes each rank sent in one step, by group (measured); a black tick marks the
+    formulas' total. ``bytes_info``: ``{"groups": [..], "per_rank": [{group: bytes}], "formula":
+    [{group: bytes}]}``, a capstone report's ``extra["bytes"]`` or ``grid_bytes(report)``."""
+    per_rank, formula = bytes_info["per_rank"], bytes_info["formula"]
+    groups = bytes_info["groups"]
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.8 * len(per_rank) + 3.5), 4.0))
+    for r, sent in enumerate(per_rank):
+        stacked_bar(ax, r, [(sent[g] / 1024, {"color": GROUP_COLORS[g], "hatch": GROUP_HATCH[g]})
+                            for g in groups], 0.7, edgecolor=rank_color(r), linewidth=1.5)
+        total = sum(formula[r].values()) / 1024
+        ax.plot([r - 0.4, r + 0.4], [total, total], color="black", linewidth=2)
+    highest = max(max(sum(sent.values()), sum(f.values())) for sent, f in zip(per_rank, formula))
+    if highest:
+        ax.set_ylim(0, highest / 1024 * 1.08)   # room above the tallest bar and formula tick
+    else:   # every group has one rank: nothing to send, and a (0, 0) axis would be singular
+        ax.set_ylim(0, 1)
+        ax.text(0.5, 0.5, "no bytes sent: every group holds a single rank", transform=ax.transAxes,
+                ha="center", va="center", fontsize=9)
+    ax.set_xticks(range(len(per_rank)), [f"rank {r}" for r in range(len(per_rank))])
+    for r, tick in enumerate(ax.get_xticklabels()):
+        tick.set_color(rank_color(r))
+    ax.set_xlabel("rank (bar outline in its colour)")
+    ax.set_ylabel("KiB sent per training step")
+    ax.set_title(title or "Bytes each rank sends per step, by process group")
+    handles = [Patch(facecolor=GROUP_COLORS[g], hatch=GROUP_HATCH[g], edgecolor="black",
+                     label=labels[g]) for g in groups]
+    handles.append(Line2D([], [], color="black", linewidth=2, label="formulas' total"))
+    legend_right(ax, handles, x=1.0)
     fig.tight_layout()
     return fig
-
-
-def plot_grid_errors(report) -> Figure:
-    """Max abs error per quantity and rank against the tolerance (``plots.errors.plot_errors``, shared)."""
-    return plot_errors(report, by="quantity")

@@ -3,20 +3,18 @@
     res = pytorch_grid(world_size=4, tp=2, dp=2)
     print(res); print(res.summary())
 
-The course builds the grid by hand (``grid.make_groups``: one ``new_group`` per row and per
-column, Megatron's order ``rank = dp_index * tp + tp_index``). PyTorch names the same grid
+The course builds the grid by hand (``grid.make_groups``); PyTorch names the same grid
 
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
     mesh["tp"].get_group()     # the row this rank sits in: its tensor-parallel group
     mesh["dp"].get_group()     # the column: its data-parallel group
 
-(the last mesh dim varies fastest, so the ``tp`` groups are neighbouring ranks, as in Megatron).
-On every rank one SGD step of ``MSE(mlp(x), target)`` runs twice: the course's
-``grid_step_on_rank``, and ``parallelize_module(mlp, mesh["tp"], {fc1: Colwise, fc2: Rowwise})``
-on this replica's rows, then each local grad shard all-reduced over ``mesh["dp"]`` and divided by
-``dp``. Compared per rank: output rows, loss, every grad shard and every parameter shard after
-the step; the collectives per group side by side. ``bug="mesh-dims-swapped"`` (grid/bugs.py) names
-the mesh dims the wrong way round: tensor parallelism then runs down a column.
+(the last mesh dim varies fastest: ``tp`` groups are neighbouring ranks, as in Megatron). On every
+rank one SGD step runs twice: ``grid_step_on_rank``, and ``parallelize_module(mlp, mesh["tp"],
+{fc1: Colwise, fc2: Rowwise})`` on this replica's rows with each grad shard all-reduced over
+``mesh["dp"]`` and divided by ``dp``. Compared per rank: output rows, loss, grad and parameter
+shards; the collectives per group side by side. ``bug="mesh-dims-swapped"`` names the dims the
+wrong way round: tensor parallelism then runs down a column.
 """
 from __future__ import annotations
 
@@ -31,8 +29,9 @@ from mtb_helpers.checking.agreement import (Agreement, agreement, course_counts,
                                             torch_counts)
 from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.comm.records import CollectiveRecord
-from mtb_helpers.comm.sharding import check_divisible, shard_range
-from mtb_helpers.grid.layers import DP_REGION, PARAMS, grid_mesh, grid_step_on_rank, validate_grid
+from mtb_helpers.comm.sharding import shard_range
+from mtb_helpers.grid.check import validate_sizes
+from mtb_helpers.grid.layers import DP_REGION, PARAMS, grid_mesh, grid_step_on_rank
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.tp.reference import draw_inputs
 
@@ -88,8 +87,7 @@ def grid_on_rank(fc1: nn.Linear, fc2: nn.Linear, x: torch.Tensor, target: torch.
                 loss = F.mse_loss(y, target[lo:hi])
             with CommDebugMode() as bwd:
                 loss.backward()
-            params = {n: p for n, p in zip(("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"),
-                                           (mlp[0].weight, mlp[0].bias, mlp[2].weight, mlp[2].bias))}
+            params = dict(zip(PARAMS, (mlp[0].weight, mlp[0].bias, mlp[2].weight, mlp[2].bias)))
             with CommDebugMode() as sync, torch.no_grad():
                 for p in params.values() if replicas > 1 else ():   # one replica: nothing to sum
                     grad = p.grad.to_local()            # this rank's shard, shared storage
@@ -118,12 +116,8 @@ def pytorch_grid(world_size: int = 4, tp: int = 2, dp: int = 2, batch: int = 12,
     """A ``(dp, tp)`` DeviceMesh, TP MLP on ``mesh["tp"]``, grad all-reduce on ``mesh["dp"]``,
     one SGD step, against the course's grid step on the same ranks."""
     t = resolve_world_size(world_size)
-    validate_grid(t, tp, dp)
+    validate_sizes(t, tp, dp, ffn_hidden, batch)
     wrong = resolve(bug, "pytorch_grid")
-    check_divisible("grid: ffn_hidden", ffn_hidden, tp)
-    if batch % dp:
-        raise ValueError(f"batch={batch} is not divisible by dp={dp}: every replica takes "
-                         f"batch/dp rows")
     (fc1, fc2), x, target = draw_inputs(seed, (batch,), torch.float64, (hidden, ffn_hidden),
                                         (ffn_hidden, hidden))
     results = run(grid_on_rank, fc1, fc2, x, target, tp, dp, lr, wrong, world_size=t,
