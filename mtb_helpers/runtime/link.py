@@ -34,7 +34,7 @@ from mtb_helpers.runtime.errors import (LinkTimeout, RankError, RankTimeoutError
 from mtb_helpers.runtime.timeline import LinkEvent, RunResults, LinkTimeline
 
 __all__ = ["padded", "pad_backward", "validate_link", "measure_floor", "Floor", "run_linked", "LinkedCall",
-           "active_time_scale", "unmodelled", "comm_seconds", "stale_floor", "FLOOR_REFRESH"]
+           "active_time_scale", "unmodelled", "comm_seconds", "FLOOR_REFRESH"]
 
 OVERRUN_WARNING = 2e-3   # seconds beyond the model before the caller is told the machine lagged
 FLOOR_REFRESH = 10.0     # seconds: the floor is measured again after an overrun, at most this often
@@ -125,9 +125,7 @@ def padded(name: str, seconds: float) -> Iterator[None]:
     """Make the block take ``seconds`` (x the time scale under a link), like a GPU kernel of fixed
     duration; under a link it is recorded as a ``"compute"`` event named ``name``. A block that
     already took longer is not shortened (its event shows the overrun)."""
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or \
-            not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"padded({name!r}): seconds must be finite and >= 0, got {seconds!r}")
+    _check_seconds(f"padded({name!r})", seconds)
     em = _ACTIVE
     modelled = seconds * (em.scale if em is not None else 1.0)
     start = time.perf_counter()
@@ -155,10 +153,14 @@ class _PadBackward(torch.autograd.Function):
 def pad_backward(x: torch.Tensor, name: str, seconds: float) -> torch.Tensor:
     """``x`` unchanged; in backward, before the grad flows on to what produced ``x``, a padded
     compute block of ``seconds`` named ``name`` (put it after a layer: its backward's time)."""
+    _check_seconds(f"pad_backward({name!r})", seconds)
+    return _PadBackward.apply(x, name, seconds)
+
+
+def _check_seconds(what: str, seconds: object) -> None:
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or \
             not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"pad_backward({name!r}): seconds must be finite and >= 0, got {seconds!r}")
-    return _PadBackward.apply(x, name, seconds)
+        raise ValueError(f"{what}: seconds must be finite and >= 0, got {seconds!r}")
 
 
 class LinkedCall:
@@ -207,11 +209,14 @@ class Floor:
     bandwidth: float
     measured_at: float = 0.0
 
+    def need(self, link: Any) -> float:
+        """The time scale ``link`` needs here, with a 1.5x margin for a busier moment."""
+        return 1.5 * max(self.latency / link.alpha, link.bandwidth / self.bandwidth)
+
     def smallest_scale(self, link: Any) -> float:
         """The smallest scale of 1, 2, 5, 10, 20, ... honouring ``link`` with a 1.5x margin."""
-        need = 1.5 * max(self.latency / link.alpha, link.bandwidth / self.bandwidth)
         scale = 1.0
-        while scale < need:
+        while scale < self.need(link):
             scale *= 2.5 if str(int(scale)).startswith("2") else 2.0
         return scale
 
@@ -220,8 +225,7 @@ class Floor:
         alpha, beta = link.alpha * time_scale, link.bandwidth / time_scale
         if alpha >= self.latency and beta <= self.bandwidth:
             return None
-        need = max(self.latency / link.alpha, link.bandwidth / self.bandwidth)
-        need = float(f"{need * 1.5:.1g}")   # a margin for a busier moment, rounded
+        need = float(f"{self.need(link):.1g}")   # rounded
         return (f"link={link!r} cannot be emulated at time_scale={time_scale:g}: at that scale "
                 f"α = {alpha * 1e6:.3g} µs and β = {beta / 1e9:.3g} GB/s, but gloo on this "
                 f"machine needs {self.latency * 1e6:.0f} µs per collective and moves at most "
@@ -250,7 +254,7 @@ def _probe() -> tuple[float, float]:
 
 
 def measure_floor(pool: Any, timeout: float) -> Floor:
-    """The pool's floor, measured on its first linked call, kept until one overruns (stale_floor)."""
+    """The pool's floor, measured on its first linked call, kept until one overruns."""
     if pool.link_floor is None:
         p = pool.world_size
         replies = pool.call(_probe, (), {}, timeout)
@@ -259,14 +263,6 @@ def measure_floor(pool: Any, timeout: float) -> Floor:
         busbw = 2 * (p - 1) / p * 2**20 / max(big - latency / 2, 1e-6)
         pool.link_floor = Floor(latency, busbw, time.monotonic())
     return pool.link_floor
-
-
-def stale_floor(pool: Any) -> None:
-    """A linked call on ``pool`` overran its model (the machine may be busier): forget the floor,
-    unless measured under ``FLOOR_REFRESH`` s ago (a loop of overrunning calls probes that often)."""
-    floor = pool.link_floor
-    if floor is not None and time.monotonic() - floor.measured_at >= FLOOR_REFRESH:
-        pool.link_floor = None
 
 
 def run_linked(pool: Any, fn: Callable, args: tuple, kwargs: dict, timeout: float, link: Any,
@@ -290,8 +286,9 @@ def run_linked(pool: Any, fn: Callable, args: tuple, kwargs: dict, timeout: floa
               for e in r["events"]] for r in replies]
     timeline = LinkTimeline(ranks, link, float(time_scale))
     late = [e for e in timeline.events() if e.overrun > OVERRUN_WARNING]
-    if late:
-        stale_floor(pool)
+    if late:   # the machine may be busier: forget the floor (measured at most every FLOOR_REFRESH s)
+        if pool.link_floor and time.monotonic() - pool.link_floor.measured_at >= FLOOR_REFRESH:
+            pool.link_floor = None
         worst = max(late, key=lambda e: e.overrun)
         print(f"[mtb] emulated link: {len(late)} of {len(timeline.events())} operations took "
               f"longer than modelled (worst: {worst.name}, {worst.seconds * 1e3:.1f} ms for "

@@ -142,13 +142,10 @@ class Pool:
                 self.kill(remove_files=False)
             raise
         finally:
-            self._after_collect()
+            self.relay_output()
+            if self.broken:  # files were kept only so that the output of a failed call is shown
+                shutil.rmtree(self.workdir, ignore_errors=True)
             self.last_used = time.monotonic()
-
-    def _after_collect(self) -> None:
-        self.relay_output()
-        if self.broken:  # files were kept only so that the output of a failed call is shown
-            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _collect(self, timeout: float, what: str) -> list:
         """Wait for one reply per rank. Raises RankError / RankTimeoutError, killing the pool."""
@@ -248,17 +245,19 @@ class Pool:
             stream.flush()
 
     def stop(self) -> None:
-        """Ask ranks to leave the group and exit; kill whoever has not within two seconds."""
-        if not self.broken:
-            for conn in self.conns:
-                try:
-                    conn.send_bytes(pickle.dumps(("stop",)))
-                except OSError:
-                    pass
-            deadline = time.monotonic() + 2.0
-            for proc in self.procs:
-                proc.join(max(0.0, deadline - time.monotonic()))
-        self.kill()
+        """After the call in flight, if any: ask ranks to leave the group and exit; kill whoever
+        has not within two seconds."""
+        with self.lock:
+            if not self.broken:
+                for conn in self.conns:
+                    try:
+                        conn.send_bytes(pickle.dumps(("stop",)))
+                    except OSError:
+                        pass
+                deadline = time.monotonic() + 2.0
+                for proc in self.procs:
+                    proc.join(max(0.0, deadline - time.monotonic()))
+            self.kill()
 
     def kill(self, remove_files: bool = True) -> None:
         """Kill every rank now. A second Ctrl-C cannot cut this short (it is held back)."""

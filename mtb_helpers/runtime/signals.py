@@ -70,11 +70,3 @@ def install_sigterm_cleanup(cleanup: Callable[[], None]) -> None:
     except ValueError:
         return
     _installed = True
-
-
-def remove_multiprocessing_temp_dir() -> None:
-    """multiprocessing's ``pymp-*`` dir (it holds the forkserver's socket) is removed by an exit
-    finalizer that a signal death never runs: run its finalizers now."""
-    from mtb_helpers.runtime.mp_private import run_exit_finalizers
-
-    run_exit_finalizers()
