@@ -7,13 +7,11 @@ computation a modelled time too, so a timeline follows the model, not this machi
 Results are gloo's, unchanged: a link changes when things finish, never what they compute.
 
 ``time_scale=N`` multiplies every modelled time by N, keeping their ratios: a link faster than
-gloo on loopback (the floor, :func:`measure_floor`: the ranks' agreement plus a tiny op, and
-gloo's bandwidth) is refused naming the smallest N that works (``time_scale="auto"`` picks it).
-After a call that overran its model the floor is measured again (at most every
-``FLOOR_REFRESH`` s): refusals follow the machine as it is now. An operation the link would end
-after the call's timeout raises, at once, a RankTimeoutError naming the link. The caller gets
-``RunResults`` with ``.timeline`` (:mod:`mtb_helpers.runtime.timeline`). The link is duck-typed
-(``alpha``, ``bandwidth``, ``time(collective, nbytes, p)``): the runtime imports no topic.
+gloo here (the ``Floor``) is refused naming the smallest N that works (``time_scale="auto"``
+picks it). An operation the link would end after the call's timeout raises, at once, a
+RankTimeoutError naming the link. The caller gets ``RunResults`` with ``.timeline``
+(:mod:`mtb_helpers.runtime.timeline`). The link is duck-typed (``alpha``, ``bandwidth``,
+``time(collective, nbytes, p)``, ``describe()``): the runtime imports no topic.
 """
 from __future__ import annotations
 
@@ -29,7 +27,7 @@ import torch.distributed as dist
 
 from mtb_helpers.runtime import link_ops
 from mtb_helpers.runtime.comm_thread import CommStream
-from mtb_helpers.runtime.errors import (LinkTimeout, RankError, RankTimeoutError, link_timeout,
+from mtb_helpers.runtime.errors import (LinkTimeout, RankError, RankTimeoutError,
                                         link_timeout_message, too_slow)
 from mtb_helpers.runtime.timeline import LinkEvent, RunResults, LinkTimeline
 
@@ -60,7 +58,9 @@ class Emulation:
         seconds = self.link.time(collective, nbytes, p) * self.scale
         # past the owner's deadline: say so now (sleeping into its timeout would look like a hang)
         if max(time.perf_counter(), self.free_at) + seconds > self.deadline:
-            raise link_timeout(self.link, seconds, self.scale, f"{collective} of {nbytes} B on {p} ranks")
+            raise LinkTimeout(f"{collective} of {nbytes} B on {p} ranks takes {seconds / self.scale:.3g}"
+                              f" s of modelled time on the emulated link ({self.link.describe()}),"
+                              f" x time_scale {self.scale:g}")
         return seconds
 
     def bypass(self) -> bool:
@@ -190,7 +190,7 @@ class LinkedCall:
 def validate_link(link: Any, time_scale: object) -> None:
     """ValueError before any rank starts: not a link, a time scale that is neither "auto" nor
     a finite number > 0, or one that stretches a message (α) or a byte (1/β) past a year."""
-    if not all(hasattr(link, a) for a in ("alpha", "bandwidth", "time")):
+    if not all(hasattr(link, a) for a in ("alpha", "bandwidth", "time", "describe")):
         raise ValueError(f"link must be a Link(alpha, bandwidth) from mtb_helpers.cost, got {link!r}")
     if time_scale == "auto":
         return
@@ -254,7 +254,8 @@ def _probe() -> tuple[float, float]:
 
 
 def measure_floor(pool: Any, timeout: float) -> Floor:
-    """The pool's floor, measured on its first linked call, kept until one overruns."""
+    """The pool's floor, measured on its first linked call and again after a call that overran
+    its model (at most every FLOOR_REFRESH s): refusals follow the machine as it is now."""
     if pool.link_floor is None:
         p = pool.world_size
         replies = pool.call(_probe, (), {}, timeout)
@@ -286,7 +287,7 @@ def run_linked(pool: Any, fn: Callable, args: tuple, kwargs: dict, timeout: floa
               for e in r["events"]] for r in replies]
     timeline = LinkTimeline(ranks, link, float(time_scale))
     late = [e for e in timeline.events() if e.overrun > OVERRUN_WARNING]
-    if late:   # the machine may be busier: forget the floor (measured at most every FLOOR_REFRESH s)
+    if late:   # the machine may be busier than when the floor was measured
         if pool.link_floor and time.monotonic() - pool.link_floor.measured_at >= FLOOR_REFRESH:
             pool.link_floor = None
         worst = max(late, key=lambda e: e.overrun)

@@ -9,23 +9,12 @@ functions are torch's own. A lesson's ``dist.all_reduce`` and a student's are ob
 the runtime's own traffic calls ``ORIG``, torch's functions as imported, and is neither.
 
 Under an emulated link each call runs on the rank's comm stream (``comm_thread.CommStream``), in
-issue order:
-
-* a collective: the group's ranks first agree, with a two-number all-reduce (MAX) of their
-  ready times and modelled times: the transfer starts when the last rank was ready, and its
-  modelled time is the slowest rank's (an uneven all-to-all takes its largest send buffer's time). Then
-  the real gloo op runs (the result is gloo's, exactly as without a link) and the stream sleeps
-  until start + modelled. ``async_op=True`` returns at once with a handle; the rank computes
-  meanwhile. ``reduce`` costs what ``broadcast`` does (its mirror image); ``gather`` and
-  ``scatter`` what the ring all-gather does (the root's link carries (p-1)/p of S in p-1
-  messages); ``barrier`` is an all-reduce of 0 bytes.
-* a message (``send``/``isend``/``recv``/``irecv``): posted on the stream without blocking it
-  (a link is full-duplex, and gloo's isend/irecv pairs must not wait on each other). The sender
-  sends a 3-number header ``[start, modelled, sender]`` before the payload; the receiver's
-  ``wait()`` returns at the sender's start + modelled, on the clock every rank of this machine
-  shares (CLOCK_MONOTONIC). Each rank has one outgoing and one incoming link: its sends leave
-  one after another, and messages arriving together are received one after another (in the
-  order the rank waits for them), so a root that talks to p-1 ranks pays p-1 messages.
+issue order. A collective's ranks agree on its start and modelled time (``_run_collective``), gloo
+runs it (the result is gloo's, exactly as without a link) and the stream sleeps to the modelled
+end; ``async_op=True`` returns a handle at once. ``reduce`` costs what ``broadcast`` does (its
+mirror image); ``gather`` and ``scatter`` what the ring all-gather does; ``barrier`` is an
+all-reduce of 0 bytes. A message is posted without blocking the stream (a link is full-duplex)
+and arrives at the sender's start + its modelled time (``P2PHandle``).
 
 What a rank issues without them (DDP, DTensor and FSDP2 call C++) is neither emulated nor recorded.
 """
@@ -183,7 +172,8 @@ def _collective(em: Any, name: str) -> Callable:
 
 class P2PHandle(Handle):
     """An emulated isend/irecv: posted on the stream, completed by ``wait()`` at the modelled
-    arrival (the sender's start + its modelled time). ``source_rank()`` after a receive."""
+    arrival (the sender's start + its modelled time, sent ahead in a 3-number header, on the clock
+    every rank of this machine shares). ``source_rank()`` after a receive."""
 
     def __init__(self, em: Any, sending: bool, arguments: dict):
         super().__init__()

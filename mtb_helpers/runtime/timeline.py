@@ -75,8 +75,7 @@ class LinkTimeline:
     def label(self) -> str:
         """For figure titles: ``'emulated link α = 5 µs, β = 50 GB/s, 100× slower than real
         time'`` (the last part only when time_scale != 1)."""
-        text = f"emulated link {self.link.describe()}" if hasattr(self.link, "describe") \
-            else f"emulated link {self.link!r}"
+        text = f"emulated link {self.link.describe()}"
         if self.time_scale != 1:
             text += f", {self.time_scale:g}× slower than real time"
         return text
