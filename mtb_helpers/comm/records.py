@@ -252,8 +252,6 @@ def _observe(name: str, args: tuple, kwargs: dict) -> Callable[[Any], None] | No
             sent = (t - 1) * _bytes(out if op == "scatter" else x) if me == a.get("src", 0) else 0
         elif op in ("reduce", "gather"):
             sent = nbytes if me != a.get("dst", 0) else 0
-        elif op in ("send", "recv"):
-            sent = nbytes if op == "send" else 0
         tensors = (before, _flat(out).detach().clone()) if before is not None else None
         _append(CollectiveEvent(op, *label[:2], label[2], _shape(x), _shape(out),
                                 str(_flat(x).dtype).replace("torch.", ""), nbytes, sent, t, seconds),
@@ -277,20 +275,20 @@ def _sent_bytes(op: str, nbytes: int, out_bytes: int, t: int) -> int:
         # t-1 ring steps, each passing one chunk the size of this rank's output: exact, where
         # (t-1) * nbytes // t would round down whenever nbytes is not a multiple of t
         return (t - 1) * out_bytes
-    return 0
+    return nbytes if op == "send" else 0
 
 
 def note(op: str, x: torch.Tensor, out: torch.Tensor, region: str, operator: str,
          direction: str, t: int, sent: int | None = None, seconds: float | None = None,
-         issued: str | None = None, issued_bytes: int | None = None) -> None:
+         issued_bytes: int | None = None) -> None:
     """Name the collective this code just issued outside a registered region: the latest unnamed
-    event of ``issued`` (torch's op; ``op``) on ``issued_bytes`` (``x``'s) moves to the end as this
-    description (one that never reached torch.distributed, e.g. a message to itself, is added)."""
-    nbytes, issued = x.numel() * x.element_size(), issued or op
+    event of ``op`` on ``issued_bytes`` (``x``'s) moves to the end as this description (one that
+    never reached torch.distributed, e.g. a message to itself, is added)."""
+    nbytes = x.numel() * x.element_size()
     match = nbytes if issued_bytes is None else issued_bytes
     for rec in _ACTIVE:
         found = next((i for i in range(len(rec.events) - 1, -1, -1) if rec.events[i].region == ""
-                      and rec.events[i].op == issued and rec.events[i].bytes == match), None)
+                      and rec.events[i].op == op and rec.events[i].bytes == match), None)
         took = None if found is None else (rec.events.pop(found).seconds, rec.tensors.pop(found))[0]
         rec.events.append(CollectiveEvent(
             op, region, operator, direction, tuple(x.shape), tuple(out.shape),

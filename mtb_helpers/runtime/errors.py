@@ -286,8 +286,6 @@ def _short(filename: str) -> str:
     if filename == "<dynamic-code>":
         return "<shipped function>"
     # Package files by their package path, not this machine's absolute path.
-    for marker in ("/mtb_helpers/", "/site-packages/"):
-        if marker in filename:
-            return filename.split(marker, 1)[1] if marker == "/site-packages/" else \
-                "mtb_helpers/" + filename.split(marker, 1)[1]
-    return filename
+    if "/mtb_helpers/" in filename:
+        return "mtb_helpers/" + filename.split("/mtb_helpers/", 1)[1]
+    return filename.split("/site-packages/", 1)[-1]

@@ -261,10 +261,8 @@ def _stop_idle_pools() -> None:
 
 def _evict(keep_room_for: int) -> None:
     """Stop least recently created pools until ``keep_room_for`` more ranks fit the budget."""
-    for size in list(_pools):
-        pool = _pools[size]
-        if pool.broken:
-            del _pools[size]
+    for size in [s for s, p in _pools.items() if p.broken]:
+        del _pools[size]
     while _pools and sum(_pools) + keep_room_for > MAX_POOLED_RANKS:
         size = next(iter(_pools))
         _pools.pop(size).stop()
