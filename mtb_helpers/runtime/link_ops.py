@@ -147,27 +147,20 @@ def _run_collective(em: Any, name: str, collective: str, nbytes: int, p: int, gr
     em.events.append(LinkEvent("comm", name, nbytes, start, time.perf_counter(), modelled))
 
 
-def _collective(em: Any, name: str) -> Callable:
+def _collective(em: Any, name: str, orig: Callable, bound: inspect.BoundArguments):
+    """The collective ``name`` queued on the stream; its handle if ``async_op``, else waited for."""
     collective, size_of = COLLECTIVE_OPS[name]
-
-    def op(orig: Callable, args: tuple, kwargs: dict):
-        bound = signature(name).bind(*args, **kwargs)
-        group = bound.arguments.get("group")
-        if rank_not_in_group(group):
-            return orig(*args, **kwargs)     # torch warns and returns, as without a link
-        async_op = bound.arguments.get("async_op", False)
-        bound.arguments["async_op"] = False
-        p = dist.get_world_size(group)
-        nbytes = size_of(bound.arguments, p)
-        handle = em.stream.submit(partial(_run_collective, em, name, collective, nbytes, p, group,
-                                          time.perf_counter(),
-                                          partial(orig, *bound.args, **bound.kwargs)))
-        if async_op:
-            return handle
-        handle.wait()
-        return None
-
-    return op
+    group = bound.arguments.get("group")
+    async_op = bound.arguments.get("async_op", False)
+    bound.arguments["async_op"] = False
+    p = dist.get_world_size(group)
+    handle = em.stream.submit(partial(_run_collective, em, name, collective,
+                                      size_of(bound.arguments, p), p, group, time.perf_counter(),
+                                      partial(orig, *bound.args, **bound.kwargs)))
+    if async_op:
+        return handle
+    handle.wait()
+    return None
 
 
 class P2PHandle(Handle):
@@ -252,39 +245,31 @@ class P2PHandle(Handle):
     _source_rank = source_rank
 
 
-def _p2p(em: Any, name: str) -> Callable:
-    sending, blocking = name in ("send", "isend"), name in ("send", "recv")
-
-    def op(orig: Callable, args: tuple, kwargs: dict):
-        bound = signature(name).bind(*args, **kwargs)
-        bound.apply_defaults()
-        if rank_not_in_group(bound.arguments.get("group")):
-            return orig(*args, **kwargs)
-        handle = P2PHandle(em, sending, dict(bound.arguments))
-        if not blocking:
-            return handle
-        handle.wait()
-        return None if sending else handle.source
-
-    return op
-
-
-def _drained(em: Any, name: str) -> Callable:
-    def op(orig: Callable, args: tuple, kwargs: dict):
-        em.stream.drain()
-        return orig(*args, **kwargs)
-
-    return op
+def _p2p(em: Any, name: str, bound: inspect.BoundArguments):
+    """The message ``name`` posted on the stream; its handle if ``isend``/``irecv``, else waited for
+    (``recv`` returns the sender)."""
+    bound.apply_defaults()
+    sending = name in ("send", "isend")
+    handle = P2PHandle(em, sending, dict(bound.arguments))
+    if name in ("isend", "irecv"):
+        return handle
+    handle.wait()
+    return None if sending else handle.source
 
 
 def install(em: Any) -> Callable[[], None]:
     """Emulate every torch.distributed call of this rank under ``em`` until ``restore()``."""
-    ops = {name: (_collective if name in COLLECTIVE_OPS else _p2p if name in P2P_OPS
-                  else _drained)(em, name) for name in ORIG}
-
     def hook(name: str, call: Callable, args: tuple, kwargs: dict):
         if em.bypass():    # the comm stream's own ops, or a block inside unmodelled()
             return call(*args, **kwargs)
-        return ops[name](call, args, kwargs)
+        if name in DRAINED:
+            em.stream.drain()
+            return call(*args, **kwargs)
+        bound = signature(name).bind(*args, **kwargs)
+        if rank_not_in_group(bound.arguments.get("group")):
+            return call(*args, **kwargs)     # torch warns and returns, as without a link
+        if name in P2P_OPS:
+            return _p2p(em, name, bound)
+        return _collective(em, name, call, bound)
 
     return _attach(hook, _HOOKS)
