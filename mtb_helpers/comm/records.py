@@ -24,10 +24,8 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from mtb_helpers.runtime.link_ops import add_observer, signature
-
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "split", "all_to_all", "send", "recv",
-       "broadcast", "reduce", "gather", "scatter", "barrier")
+from mtb_helpers.runtime.link_ops import OPS, add_observer, signature
+from mtb_helpers.runtime.link_ops import tensor_bytes as _bytes
 
 
 @dataclass(frozen=True)
@@ -171,17 +169,6 @@ def recorded(region: str, operator: str = "") -> Callable[[type], type]:
     return register
 
 
-# torch's function -> the record's op; -> the names of its (input, output) arguments
-_OP = {"all_gather_into_tensor": "all_gather", "all_gather_single": "all_gather",
-       "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_single": "reduce_scatter",
-       "all_to_all_single": "all_to_all", "isend": "send", "irecv": "recv"}
-_ARGS = {"all_gather": ("tensor", "tensor_list"), "all_gather_into_tensor": ("input_tensor", "output_tensor"),
-         "all_gather_single": ("input_tensor", "output_tensor"), "reduce_scatter": ("input_list", "output"),
-         "reduce_scatter_tensor": ("input", "output"), "reduce_scatter_single": ("input", "output"),
-         "all_to_all": ("input_tensor_list", "output_tensor_list"), "all_to_all_single": ("input", "output"),
-         "gather": ("tensor", "gather_list"), "scatter": ("scatter_list", "tensor"), "barrier": ("", "")}
-
-
 _params = functools.cache(lambda name: tuple(signature(name).parameters))   # argument names
 
 
@@ -212,10 +199,6 @@ def _shape(x: Any) -> tuple[int, ...]:
     return tuple(x.shape) if isinstance(x, torch.Tensor) else (len(x), *x[0].shape) if x else ()
 
 
-def _bytes(x: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in ([x] if isinstance(x, torch.Tensor) else x or ()))
-
-
 def local_split(x: torch.Tensor, out: torch.Tensor, t: int) -> None:
     """Record the local split ``x`` -> ``out`` of the region on the stack: no communication (0 bytes
     sent), recorded so that a step trace can show where the layout changed."""
@@ -232,7 +215,7 @@ def _observe(name: str, args: tuple, kwargs: dict) -> Callable[[Any], None] | No
     if label is None:
         return None
     a = {**dict(zip(_params(name), args)), **kwargs}   # the arguments by name (bind() is 5x slower)
-    src, dst = _ARGS.get(name, ("tensor", "tensor"))
+    op, src, dst, _ = OPS[name]
     x, out = a.get(src), a.get(dst)
     before = _flat(x).detach().clone() if any(r.keep_tensors for r in _ACTIVE) else None
     started = time.perf_counter()
@@ -240,7 +223,7 @@ def _observe(name: str, args: tuple, kwargs: dict) -> Callable[[Any], None] | No
     def done(result: Any) -> None:
         seconds = time.perf_counter() - started
         group = a.get("group")
-        op, nbytes, t = _OP.get(name, name), _bytes(x), dist.get_world_size(group)
+        nbytes, t = _bytes(x), dist.get_world_size(group)
         me = dist.get_rank(group) if op in ("all_to_all", "broadcast", "scatter", "reduce", "gather") else 0
         sent = _sent_bytes(op, nbytes, _bytes(out), t)
         if op == "all_to_all":   # all but the rows (or the tensor) this rank keeps

@@ -34,34 +34,47 @@ from mtb_helpers.runtime.comm_thread import Handle
 from mtb_helpers.runtime.compat import rank_not_in_group
 from mtb_helpers.runtime.timeline import LinkEvent
 
-__all__ = ["add_observer", "signature", "install", "COLLECTIVE_OPS", "P2P_OPS", "ORIG", "sleep_until"]
+__all__ = ["add_observer", "signature", "install", "OPS", "model_bytes", "tensor_bytes", "ORIG",
+           "sleep_until"]
 
 
-def _b(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+def tensor_bytes(x: Any) -> int:
+    """Bytes of a tensor argument: one tensor, a list of them (summed), or None (0)."""
+    return sum(t.numel() * t.element_size() for t in ([x] if isinstance(x, torch.Tensor) else x or ()))
 
 
-# name -> (the model's collective, nccl-tests' S from the bound arguments and the group size p)
-COLLECTIVE_OPS: dict[str, tuple[str, Callable[[dict, int], int]]] = {
-    "all_reduce": ("all-reduce", lambda a, p: _b(a["tensor"])),
-    "broadcast": ("broadcast", lambda a, p: _b(a["tensor"])),
-    "reduce": ("broadcast", lambda a, p: _b(a["tensor"])),
-    "all_gather": ("all-gather", lambda a, p: sum(map(_b, a["tensor_list"]))),
-    "all_gather_into_tensor": ("all-gather", lambda a, p: _b(a["output_tensor"])),
-    "all_gather_single": ("all-gather", lambda a, p: _b(a["output_tensor"])),
-    "reduce_scatter": ("reduce-scatter", lambda a, p: sum(map(_b, a["input_list"]))),
-    "reduce_scatter_tensor": ("reduce-scatter", lambda a, p: _b(a["input"])),
-    "reduce_scatter_single": ("reduce-scatter", lambda a, p: _b(a["input"])),
-    "all_to_all": ("all-to-all", lambda a, p: sum(map(_b, a["input_tensor_list"]))),
-    "all_to_all_single": ("all-to-all", lambda a, p: _b(a["input"])),
-    "gather": ("all-gather", lambda a, p: p * _b(a["tensor"])),
-    "scatter": ("all-gather", lambda a, p: p * _b(a["tensor"])),
-    "barrier": ("all-reduce", lambda a, p: 0),
+# torch's function -> (the record's op, its input and output arguments, the α-β model's collective)
+OPS: dict[str, tuple[str, str, str, str]] = {
+    "all_reduce": ("all_reduce", "tensor", "tensor", "all-reduce"),
+    "broadcast": ("broadcast", "tensor", "tensor", "broadcast"),
+    "reduce": ("reduce", "tensor", "tensor", "broadcast"),   # its mirror image
+    "all_gather": ("all_gather", "tensor", "tensor_list", "all-gather"),
+    "all_gather_into_tensor": ("all_gather", "input_tensor", "output_tensor", "all-gather"),
+    "all_gather_single": ("all_gather", "input_tensor", "output_tensor", "all-gather"),
+    "reduce_scatter": ("reduce_scatter", "input_list", "output", "reduce-scatter"),
+    "reduce_scatter_tensor": ("reduce_scatter", "input", "output", "reduce-scatter"),
+    "reduce_scatter_single": ("reduce_scatter", "input", "output", "reduce-scatter"),
+    "all_to_all": ("all_to_all", "input_tensor_list", "output_tensor_list", "all-to-all"),
+    "all_to_all_single": ("all_to_all", "input", "output", "all-to-all"),
+    "gather": ("gather", "tensor", "gather_list", "all-gather"),   # the root's link: a ring's
+    "scatter": ("scatter", "scatter_list", "tensor", "all-gather"),
+    "barrier": ("barrier", "", "", "all-reduce"),   # of 0 bytes
+    **{n: (n.removeprefix("i"), "tensor", "tensor", "send/recv") for n in ("send", "recv", "isend", "irecv")},
 }
+
+
+def model_bytes(name: str, arguments: dict, p: int) -> int:
+    """nccl-tests' size S of a call of ``name`` on ``p`` ranks: the all-gathers' gathered output
+    (gather and scatter: p times the one tensor), every other collective's input."""
+    op, src, dst, collective = OPS[name]
+    if op in ("gather", "scatter"):
+        return p * tensor_bytes(arguments["tensor"])
+    return tensor_bytes(arguments.get(dst if collective == "all-gather" else src))
+
+
 P2P_OPS = ("send", "recv", "isend", "irecv")
 DRAINED = ("monitored_barrier",)   # runs as it is, once the stream has drained
-ORIG: dict[str, Callable] = {n: getattr(c10d, n) for n in (*COLLECTIVE_OPS, *P2P_OPS, *DRAINED)
-                             if hasattr(c10d, n)}
+ORIG: dict[str, Callable] = {n: getattr(c10d, n) for n in (*OPS, *DRAINED) if hasattr(c10d, n)}
 _SIGNATURES: dict[str, inspect.Signature] = {}
 _HOOKS: list[Callable] = []       # around a call: the emulated link (it runs the call itself)
 _OBSERVERS: list[Callable] = []   # before a call, returning what to do after it: the records
@@ -149,14 +162,13 @@ def _run_collective(em: Any, name: str, collective: str, nbytes: int, p: int, gr
 
 def _collective(em: Any, name: str, orig: Callable, bound: inspect.BoundArguments):
     """The collective ``name`` queued on the stream; its handle if ``async_op``, else waited for."""
-    collective, size_of = COLLECTIVE_OPS[name]
     group = bound.arguments.get("group")
     async_op = bound.arguments.get("async_op", False)
     bound.arguments["async_op"] = False
     p = dist.get_world_size(group)
-    handle = em.stream.submit(partial(_run_collective, em, name, collective,
-                                      size_of(bound.arguments, p), p, group, time.perf_counter(),
-                                      partial(orig, *bound.args, **bound.kwargs)))
+    handle = em.stream.submit(partial(_run_collective, em, name, OPS[name][3],
+                                      model_bytes(name, bound.arguments, p), p, group,
+                                      time.perf_counter(), partial(orig, *bound.args, **bound.kwargs)))
     if async_op:
         return handle
     handle.wait()
@@ -190,7 +202,7 @@ class P2PHandle(Handle):
             # one outgoing link: a rank's messages leave one after another (a root sending to
             # p-1 ranks pays p-1 messages), while a send and a receive overlap (full duplex)
             self.start = max(self.posted_at, self.em.out_free)
-            self.modelled = self.em.modelled("send/recv", _b(self.tensor), 2)
+            self.modelled = self.em.modelled("send/recv", tensor_bytes(self.tensor), 2)
             self.em.out_free = self.start + self.modelled
             header = torch.tensor([self.start, self.modelled, dist.get_rank()], dtype=torch.float64)
             self.works = [ORIG["isend"](t, group=group, tag=tag, **self._peer())
@@ -225,7 +237,7 @@ class P2PHandle(Handle):
                 late = time.perf_counter() > arrival   # waited after it had arrived
                 sleep_until(arrival)
                 self.em.events.append(LinkEvent("comm", "send" if self.sending else "recv",
-                                            _b(self.tensor), self.start,
+                                            tensor_bytes(self.tensor), self.start,
                                             arrival if late else time.perf_counter(),
                                             self.modelled))
                 self.finished = True
