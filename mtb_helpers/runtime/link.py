@@ -125,7 +125,7 @@ def padded(name: str, seconds: float) -> Iterator[None]:
     """Make the block take ``seconds`` (x the time scale under a link), like a GPU kernel of fixed
     duration; under a link it is recorded as a ``"compute"`` event named ``name``. A block that
     already took longer is not shortened (its event shows the overrun)."""
-    _check_seconds(f"padded({name!r})", seconds)
+    check_number(seconds, f"padded({name!r}): seconds must be finite and >= 0", positive=False)
     em = _ACTIVE
     modelled = seconds * (em.scale if em is not None else 1.0)
     start = time.perf_counter()
@@ -153,14 +153,16 @@ class _PadBackward(torch.autograd.Function):
 def pad_backward(x: torch.Tensor, name: str, seconds: float) -> torch.Tensor:
     """``x`` unchanged; in backward, before the grad flows on to what produced ``x``, a padded
     compute block of ``seconds`` named ``name`` (put it after a layer: its backward's time)."""
-    _check_seconds(f"pad_backward({name!r})", seconds)
+    check_number(seconds, f"pad_backward({name!r}): seconds must be finite and >= 0", positive=False)
     return _PadBackward.apply(x, name, seconds)
 
 
-def _check_seconds(what: str, seconds: object) -> None:
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or \
-            not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"{what}: seconds must be finite and >= 0, got {seconds!r}")
+def check_number(value: object, must: str, positive: bool = True) -> None:
+    """ValueError ``"<must>, got <value>"`` unless ``value`` is a finite number >= 0 (> 0 if
+    ``positive``): the runtime's one check of a timeout, a time scale or a padded time."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0 or (positive and value == 0):
+        raise ValueError(f"{must}, got {value!r}")
 
 
 class LinkedCall:
@@ -194,9 +196,7 @@ def validate_link(link: Any, time_scale: object) -> None:
         raise ValueError(f"link must be a Link(alpha, bandwidth) from mtb_helpers.cost, got {link!r}")
     if time_scale == "auto":
         return
-    if isinstance(time_scale, bool) or not isinstance(time_scale, (int, float)) or \
-            not math.isfinite(time_scale) or time_scale <= 0:
-        raise ValueError(f"time_scale must be a finite number > 0, got {time_scale!r}")
+    check_number(time_scale, "time_scale must be a finite number > 0")
     if problem := too_slow(link.alpha, link.bandwidth, time_scale):
         raise ValueError(f"time_scale={time_scale:g} with {problem}")
 

@@ -14,7 +14,6 @@ Two runtimes sit behind ``run``:
 from __future__ import annotations
 
 import atexit
-import math
 import os
 import random
 import sys
@@ -26,7 +25,7 @@ from mtb_helpers.runtime import budget
 from mtb_helpers.runtime import worker as rank_worker
 from mtb_helpers.runtime.pool import Pool
 from mtb_helpers.runtime.errors import RankError, RankTimeoutError, WaitPoint
-from mtb_helpers.runtime.link import run_linked, validate_link
+from mtb_helpers.runtime.link import check_number, run_linked, validate_link
 from mtb_helpers.runtime.mp_private import run_exit_finalizers, stop_forkserver
 from mtb_helpers.runtime.signals import install_sigterm_cleanup
 from mtb_helpers.runtime.start import preload_missing, start_forkserver
@@ -84,9 +83,7 @@ def run(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float 
     """
     if not callable(fn):
         raise TypeError(f"run() needs a function to run on the ranks, got {type(fn).__name__}")
-    if (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
-            or not math.isfinite(timeout) or timeout <= 0):
-        raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
+    check_number(timeout, "timeout must be a positive, finite number of seconds")
     if link is not None:
         validate_link(link, time_scale)
         if in_launched_job():
