@@ -12,9 +12,10 @@ Under an emulated link each call runs on the rank's comm stream (``comm_thread.C
 issue order. A collective's ranks agree on its start and modelled time (``_run_collective``), gloo
 runs it (the result is gloo's, exactly as without a link) and the stream sleeps to the modelled
 end; ``async_op=True`` returns a handle at once. ``reduce`` costs what ``broadcast`` does (its
-mirror image); ``gather`` and ``scatter`` what the ring all-gather does; ``barrier`` is an
-all-reduce of 0 bytes. A message is posted without blocking the stream (a link is full-duplex)
-and arrives at the sender's start + its modelled time (``P2PHandle``).
+mirror image); ``gather`` and ``scatter`` what the ring all-gather does (the root's link carries
+(p-1)/p of S in p-1 messages); ``barrier`` is an all-reduce of 0 bytes. A message is posted
+without blocking the stream (a link is full-duplex, and gloo's isend/irecv pairs must not wait on
+each other) and arrives at the sender's start + its modelled time (``P2PHandle``).
 
 What a rank issues without them (DDP, DTensor and FSDP2 call C++) is neither emulated nor recorded.
 """
@@ -47,7 +48,7 @@ def tensor_bytes(x: Any) -> int:
 OPS: dict[str, tuple[str, str, str, str]] = {
     "all_reduce": ("all_reduce", "tensor", "tensor", "all-reduce"),
     "broadcast": ("broadcast", "tensor", "tensor", "broadcast"),
-    "reduce": ("reduce", "tensor", "tensor", "broadcast"),   # its mirror image
+    "reduce": ("reduce", "tensor", "tensor", "broadcast"),
     "all_gather": ("all_gather", "tensor", "tensor_list", "all-gather"),
     "all_gather_into_tensor": ("all_gather", "input_tensor", "output_tensor", "all-gather"),
     "all_gather_single": ("all_gather", "input_tensor", "output_tensor", "all-gather"),
@@ -56,9 +57,9 @@ OPS: dict[str, tuple[str, str, str, str]] = {
     "reduce_scatter_single": ("reduce_scatter", "input", "output", "reduce-scatter"),
     "all_to_all": ("all_to_all", "input_tensor_list", "output_tensor_list", "all-to-all"),
     "all_to_all_single": ("all_to_all", "input", "output", "all-to-all"),
-    "gather": ("gather", "tensor", "gather_list", "all-gather"),   # the root's link: a ring's
+    "gather": ("gather", "tensor", "gather_list", "all-gather"),
     "scatter": ("scatter", "scatter_list", "tensor", "all-gather"),
-    "barrier": ("barrier", "", "", "all-reduce"),   # of 0 bytes
+    "barrier": ("barrier", "", "", "all-reduce"),
     **{n: (n.removeprefix("i"), "tensor", "tensor", "send/recv") for n in ("send", "recv", "isend", "irecv")},
 }
 
