@@ -47,9 +47,15 @@ RANK_LAZY_IMPORTS = ("torch.fx.experimental.symbolic_shapes", "torch.utils.seria
 _DTENSOR_DEBUG = ("torch.distributed.tensor.debug",)
 _TORCH_OPTIM = ("torch._dynamo",)
 HEAVY_RANK_IMPORTS: dict[str, tuple[str, ...]] = {   # course module -> what its rank code imports
-    **{f"mtb_helpers.{topic}.pytorch": _DTENSOR_DEBUG for topic in ("tp", "sp", "grid", "dp")},
+    "mtb_helpers.tp.pytorch": _DTENSOR_DEBUG,
+    "mtb_helpers.sp.pytorch": _DTENSOR_DEBUG,
+    "mtb_helpers.grid.pytorch": _DTENSOR_DEBUG,
+    "mtb_helpers.dp.pytorch": _DTENSOR_DEBUG,
     "mtb_helpers.pp.pytorch": ("torch.distributed.pipelining",),
-    **{f"mtb_helpers.dp.overlap_{m}": _TORCH_OPTIM for m in ("pytorch", "check", "time", "precision")},
+    "mtb_helpers.dp.overlap_pytorch": _TORCH_OPTIM,
+    "mtb_helpers.dp.overlap_check": _TORCH_OPTIM,
+    "mtb_helpers.dp.overlap_time": _TORCH_OPTIM,
+    "mtb_helpers.dp.overlap_precision": _TORCH_OPTIM,
 }
 TRACKER_FLAGS = ("-S", "-I")   # see _spawn_in_own_session
 # Owner-side modules the ranks never need: drawing, widgets, the command line.
