@@ -1,35 +1,26 @@
-"""The rank mesh: named dims, a rank's coordinates, a process group per dim, as ``init_device_mesh``.
-
-A group can also span several dims flattened into one. Ranks are numbered as PyTorch's
-``init_device_mesh`` numbers them.
+"""The rank mesh: named dims, a rank's coordinates, a process group per dim (or per dims
+flattened into one), numbered as PyTorch's ``init_device_mesh`` numbers them.
 
 ``Mesh(pp=2, dp=2, cp=1, tp=2)`` names its dims slowest-varying first, like
-``init_device_mesh("cpu", (2, 2, 1, 2), mesh_dim_names=("pp", "dp", "cp", "tp"))``: ranks fill
-the mesh in row-major order, so the last dim varies fastest,
+``init_device_mesh("cpu", (2, 2, 1, 2), mesh_dim_names=("pp", "dp", "cp", "tp"))``:
 
     rank = ((pp_i * dp + dp_i) * cp + cp_i) * tp + tp_i
 
 which is also Megatron-LM's order (``tp-cp-dp-pp``): tensor-parallel ranks are neighbours because
 they talk inside every layer, the pipeline the least (Narayanan et al., SC 2021). A group of dim
 ``d`` holds the ranks that differ only in their ``d`` coordinate; a flattened group of dims
-``("dp", "cp")`` those that differ only in those two (``mesh["dp", "cp"]._flatten()`` in PyTorch),
-e.g. the ranks a gradient is averaged over under context parallelism.
-
-The tensor-x-data grid of notebook 08 is ``Mesh(dp=dp, tp=tp)``; the capstone's 4-D grid
-``Mesh(pp=pp, dp=dp, cp=cp, tp=tp)``; tests/test_mesh.py shows the groups equal to
-``init_device_mesh``'s on real ranks.
+``("dp", "cp")`` those that differ only in those two (``mesh["dp", "cp"]._flatten()`` in PyTorch).
+tests/test_mesh.py shows the groups equal to ``init_device_mesh``'s on real ranks.
 
 ``MeshGroups.build(mesh, keep=True)`` keeps the groups in the rank process between calls (the
-pool's ranks live on between ``run()`` calls, and so do their process groups): creating them is
-collective and each ``dist.new_group`` waits for every rank through the store, ~100 ms a call on a
-loaded machine. The kept groups belong to the default group they were made in: a new default group
-(a pool restarted is a new process; a group destroyed and initialised again in one process) drops
-them all, a mesh of another shape or world size is another entry, and at most ``KEEP_MESHES``
-meshes are kept, the least recently used destroyed first (every rank makes the same calls, so
-every rank keeps and destroys the same groups at the same point).
+pool's ranks and their process groups live on between ``run()`` calls): each ``dist.new_group``
+waits for every rank through the store, ~100 ms a call on a loaded machine. Kept groups belong to
+the default group they were made in (a new one drops them all); at most ``KEEP_MESHES`` meshes are
+kept, the least recently used destroyed first, at the same point on every rank.
 """
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import product
@@ -83,9 +74,7 @@ class Mesh:
         self.names: tuple[str, ...] = tuple(sizes)
         self.shape: tuple[int, ...] = tuple(sizes.values())
         self.sizes: dict[str, int] = dict(sizes)
-        self.size = 1
-        for n in self.shape:
-            self.size *= n
+        self.size = math.prod(self.shape)
 
     def __repr__(self) -> str:
         return "Mesh(" + ", ".join(f"{d}={n}" for d, n in self.sizes.items()) + ")"

@@ -24,10 +24,8 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from mtb_helpers.runtime.link_ops import add_observer, signature
-
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "split", "all_to_all", "send", "recv",
-       "broadcast", "reduce", "gather", "scatter", "barrier")
+from mtb_helpers.runtime.link_ops import OPS, add_observer, signature
+from mtb_helpers.runtime.link_ops import tensor_bytes as _bytes
 
 
 @dataclass(frozen=True)
@@ -171,17 +169,6 @@ def recorded(region: str, operator: str = "") -> Callable[[type], type]:
     return register
 
 
-# torch's function -> the record's op; -> the names of its (input, output) arguments
-_OP = {"all_gather_into_tensor": "all_gather", "all_gather_single": "all_gather",
-       "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_single": "reduce_scatter",
-       "all_to_all_single": "all_to_all", "isend": "send", "irecv": "recv"}
-_ARGS = {"all_gather": ("tensor", "tensor_list"), "all_gather_into_tensor": ("input_tensor", "output_tensor"),
-         "all_gather_single": ("input_tensor", "output_tensor"), "reduce_scatter": ("input_list", "output"),
-         "reduce_scatter_tensor": ("input", "output"), "reduce_scatter_single": ("input", "output"),
-         "all_to_all": ("input_tensor_list", "output_tensor_list"), "all_to_all_single": ("input", "output"),
-         "gather": ("tensor", "gather_list"), "scatter": ("scatter_list", "tensor"), "barrier": ("", "")}
-
-
 _params = functools.cache(lambda name: tuple(signature(name).parameters))   # argument names
 
 
@@ -212,10 +199,6 @@ def _shape(x: Any) -> tuple[int, ...]:
     return tuple(x.shape) if isinstance(x, torch.Tensor) else (len(x), *x[0].shape) if x else ()
 
 
-def _bytes(x: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in ([x] if isinstance(x, torch.Tensor) else x or ()))
-
-
 def local_split(x: torch.Tensor, out: torch.Tensor, t: int) -> None:
     """Record the local split ``x`` -> ``out`` of the region on the stack: no communication (0 bytes
     sent), recorded so that a step trace can show where the layout changed."""
@@ -232,7 +215,7 @@ def _observe(name: str, args: tuple, kwargs: dict) -> Callable[[Any], None] | No
     if label is None:
         return None
     a = {**dict(zip(_params(name), args)), **kwargs}   # the arguments by name (bind() is 5x slower)
-    src, dst = _ARGS.get(name, ("tensor", "tensor"))
+    op, src, dst, _ = OPS[name]
     x, out = a.get(src), a.get(dst)
     before = _flat(x).detach().clone() if any(r.keep_tensors for r in _ACTIVE) else None
     started = time.perf_counter()
@@ -240,7 +223,7 @@ def _observe(name: str, args: tuple, kwargs: dict) -> Callable[[Any], None] | No
     def done(result: Any) -> None:
         seconds = time.perf_counter() - started
         group = a.get("group")
-        op, nbytes, t = _OP.get(name, name), _bytes(x), dist.get_world_size(group)
+        nbytes, t = _bytes(x), dist.get_world_size(group)
         me = dist.get_rank(group) if op in ("all_to_all", "broadcast", "scatter", "reduce", "gather") else 0
         sent = _sent_bytes(op, nbytes, _bytes(out), t)
         if op == "all_to_all":   # all but the rows (or the tensor) this rank keeps
@@ -252,8 +235,6 @@ def _observe(name: str, args: tuple, kwargs: dict) -> Callable[[Any], None] | No
             sent = (t - 1) * _bytes(out if op == "scatter" else x) if me == a.get("src", 0) else 0
         elif op in ("reduce", "gather"):
             sent = nbytes if me != a.get("dst", 0) else 0
-        elif op in ("send", "recv"):
-            sent = nbytes if op == "send" else 0
         tensors = (before, _flat(out).detach().clone()) if before is not None else None
         _append(CollectiveEvent(op, *label[:2], label[2], _shape(x), _shape(out),
                                 str(_flat(x).dtype).replace("torch.", ""), nbytes, sent, t, seconds),
@@ -277,20 +258,20 @@ def _sent_bytes(op: str, nbytes: int, out_bytes: int, t: int) -> int:
         # t-1 ring steps, each passing one chunk the size of this rank's output: exact, where
         # (t-1) * nbytes // t would round down whenever nbytes is not a multiple of t
         return (t - 1) * out_bytes
-    return 0
+    return nbytes if op == "send" else 0
 
 
 def note(op: str, x: torch.Tensor, out: torch.Tensor, region: str, operator: str,
          direction: str, t: int, sent: int | None = None, seconds: float | None = None,
-         issued: str | None = None, issued_bytes: int | None = None) -> None:
+         issued_bytes: int | None = None) -> None:
     """Name the collective this code just issued outside a registered region: the latest unnamed
-    event of ``issued`` (torch's op; ``op``) on ``issued_bytes`` (``x``'s) moves to the end as this
-    description (one that never reached torch.distributed, e.g. a message to itself, is added)."""
-    nbytes, issued = x.numel() * x.element_size(), issued or op
+    event of ``op`` on ``issued_bytes`` (``x``'s) moves to the end as this description (one that
+    never reached torch.distributed, e.g. a message to itself, is added)."""
+    nbytes = x.numel() * x.element_size()
     match = nbytes if issued_bytes is None else issued_bytes
     for rec in _ACTIVE:
         found = next((i for i in range(len(rec.events) - 1, -1, -1) if rec.events[i].region == ""
-                      and rec.events[i].op == issued and rec.events[i].bytes == match), None)
+                      and rec.events[i].op == op and rec.events[i].bytes == match), None)
         took = None if found is None else (rec.events.pop(found).seconds, rec.tensors.pop(found))[0]
         rec.events.append(CollectiveEvent(
             op, region, operator, direction, tuple(x.shape), tuple(out.shape),

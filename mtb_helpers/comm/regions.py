@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from mtb_helpers.comm.mesh import group_size as _size   # ranks in the group (1 without torch.distributed)
 from mtb_helpers.comm.records import local_split, recorded
 from mtb_helpers.comm.sharding import Partial, Replicate, Shard
 
@@ -47,10 +48,6 @@ GRAD_ALLREDUCE_SP = "allreduce_sequence_parallel_grad"
 _ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
 _REDUCE_SCATTER = ("reduce_scatter_single" if hasattr(dist, "reduce_scatter_single")
                    else "reduce_scatter_tensor")
-
-
-def _size(group: dist.ProcessGroup | None) -> int:
-    return dist.get_world_size(group) if dist.is_initialized() else 1
 
 
 def _split(x: torch.Tensor, dim: int, group) -> torch.Tensor:

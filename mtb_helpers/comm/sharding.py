@@ -23,6 +23,7 @@ declared input and to read its declared output.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -146,8 +147,8 @@ def from_pieces(pieces: Mapping, placements, sizes) -> torch.Tensor:
                                  f"another tensor than coordinate 0 under {p}")
         return parts[0]
 
-    if len(pieces) != _count(shape):
-        raise ValueError(f"expected {_count(shape)} pieces, got {len(pieces)}")
+    if len(pieces) != math.prod(shape):
+        raise ValueError(f"expected {math.prod(shape)} pieces, got {len(pieces)}")
     return merge(0, ())
 
 
@@ -158,13 +159,6 @@ def _first(placements, sizes):
     if isinstance(placements, MeshPlacements) and isinstance(sizes, Mapping):
         return {d: 0 for d in placements.dims}, sizes
     return tuple(0 for _ in placements), tuple(sizes)
-
-
-def _count(shape: list[int]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def name(p: Placement) -> str:

@@ -1,20 +1,16 @@
 """What this process and every process it started hold in memory, for the pools' memory budget.
 
 Binder gives JupyterLab and every open kernel 2 GB together, and a notebook's tree (kernel,
-forkserver, ranks) is measured against ``MEMORY_BUDGET_MIB`` (issue 24: 560 MiB at peak). Memory
-pages are the proportional set size (PSS: a page shared by k processes counts 1/k in each, so the
-sum over the tree is what the tree costs, whatever the forks share), except the pages of files
-(libtorch's code, mapped by every process using torch): PSS would split those with every other
-process on the machine that maps them too, so the tree would look cheaper on a busy machine than
-in an idle Binder container. They count whole, once: the most any process of the tree maps. Linux
-only (it reads ``/proc``); elsewhere :func:`tree_mib` returns None and only the rank-count budget
-applies.
+forkserver, ranks) is measured against ``MEMORY_BUDGET_MIB`` (issue 24). Memory pages are the
+proportional set size (PSS: a page shared by k processes counts 1/k in each, so the tree's sum is
+what it costs, whatever the forks share), except file pages (libtorch's code): PSS would split
+those with other processes on the machine, so a tree would look cheaper on a busy machine than in
+Binder; they count whole, once (the most any process of the tree maps). Linux only (``/proc``);
+elsewhere :func:`tree_mib` returns None and only the rank-count budget applies.
 
-Reading it walks every page of every process (~15 ms for a notebook's tree on an idle CPU, up to
-~40 ms on a loaded one), so the runtime reads it only when a pool is about to start while another
-is warm and, while two or more pools are warm, from its watch thread (ranks.py) at most every
-``MEMORY_CHECK_SECONDS`` while or after calls (a ``run`` starting in those ~15 ms waits for the
-pools' lock), and only when a pool could be stopped.
+A reading walks every page of every process (~15-40 ms), so the runtime reads only when a pool is
+about to start while another is warm, and from its watch thread (ranks.py) at most every
+``MEMORY_CHECK_SECONDS`` while or after calls, when a pool could be stopped.
 """
 from __future__ import annotations
 
@@ -70,19 +66,15 @@ def answering_widget() -> bool:
     return parent.get("header", {}).get("msg_type") != "execute_request"
 
 
-def _rollup_kib(pid: int) -> dict[str, int]:
-    """``pid``'s memory totals in KiB ({"Rss": ..., "Pss_Anon": ...}; empty if it has gone)."""
+def _anon_and_file_kib(pid: int) -> tuple[int, int]:
+    """(PSS of ``pid``'s anonymous and shared-memory pages, its resident file pages) in KiB;
+    (0, 0) if it has gone."""
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
             lines = f.read().splitlines()[1:]
     except OSError:
-        return {}
-    return {line.split(":")[0]: int(line.split()[1]) for line in lines if line.endswith("kB")}
-
-
-def _anon_and_file_kib(pid: int) -> tuple[int, int]:
-    """(PSS of ``pid``'s anonymous and shared-memory pages, its resident file pages) in KiB."""
-    r = _rollup_kib(pid)
+        return 0, 0
+    r = {line.split(":")[0]: int(line.split()[1]) for line in lines if line.endswith("kB")}
     if "Pss_Anon" not in r:   # kernels before 5.x: no split; count PSS as anonymous
         return r.get("Pss", 0), 0
     return r["Pss_Anon"] + r.get("Pss_Shmem", 0), r["Rss"] - r.get("Anonymous", 0)

@@ -19,8 +19,8 @@ _STOP = object()
 
 class Handle:
     """What an emulated async operation returns (the part of ``torch.distributed.Work`` the
-    course and students use): ``wait()``, ``is_completed()``, ``is_success()``, ``exception()``.
-    ``wait()`` re-raises, in the caller's thread, whatever the job raised on the stream."""
+    course and students use): ``wait()``, which re-raises in the caller's thread whatever the job
+    raised on the stream, and ``is_completed()``."""
 
     def __init__(self) -> None:
         self._done = threading.Event()
@@ -40,12 +40,6 @@ class Handle:
 
     def is_completed(self) -> bool:
         return self._done.is_set()
-
-    def is_success(self) -> bool:
-        return self._done.is_set() and self._error is None
-
-    def exception(self) -> BaseException | None:
-        return self._error
 
 
 class CommStream:

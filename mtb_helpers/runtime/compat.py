@@ -5,15 +5,7 @@ the one a release removed). Where a public API gives the same answer it is the f
 none exists the function raises ``PrivateAPIMissing`` naming the private name, so a comparison
 says what moved instead of failing somewhere inside torch. Together with ``mp_private.py`` (the
 private parts of ``multiprocessing``) this is the one guarded place for private names.
-
-* ``c10d._rank_not_in_group``  -> :func:`rank_not_in_group` (fallback: ``GroupMember.NON_GROUP_MEMBER``)
-* ``c10d._get_default_group``  -> :func:`default_group` (fallback: ``dist.group.WORLD``)
-* ``ZeroRedundancyOptimizer._partition_parameters`` -> :func:`zero_partition` (fallback: each
-  rank's own ``optim.param_groups``, all-gathered)
-* ``tensor.experimental._context_parallel._attention``: ``_templated_ring_attention(_backward)``,
-  ``_cp_options``, ``_RotateMethod`` -> :func:`pytorch_ring` (no public equivalent on CPU)
-* ``torch.utils._python_dispatch.TorchDispatchMode`` -> :func:`dispatch_mode` (the documented
-  base class of a dispatch mode, in a private module; no public path)
+Each is named in ``PRIVATE_NAMES`` and read by one function below.
 """
 from __future__ import annotations
 

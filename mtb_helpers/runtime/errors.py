@@ -58,13 +58,6 @@ def too_slow(alpha: float, bandwidth: float, scale: float = 1.0) -> str | None:
     return None
 
 
-def link_timeout(link: object, seconds: float, scale: float, what: str) -> LinkTimeout:
-    """The LinkTimeout of ``what``, which takes ``seconds`` (x ``scale``) on ``link``."""
-    describe = getattr(link, "describe", lambda: f"α = {link.alpha:g} s, β = {link.bandwidth:g} B/s")
-    return LinkTimeout(f"{what} takes {seconds / scale:.3g} s of modelled time on the emulated "
-                       f"link ({describe()}), x time_scale {scale:g}")
-
-
 class RankTimeoutError(TimeoutError):
     """Ranks stopped answering. ``.finished`` lists ranks that answered; ``.waiting`` maps each
     rank still busy to where it was (a :class:`WaitPoint`, or None if it could not say)."""
@@ -293,8 +286,6 @@ def _short(filename: str) -> str:
     if filename == "<dynamic-code>":
         return "<shipped function>"
     # Package files by their package path, not this machine's absolute path.
-    for marker in ("/mtb_helpers/", "/site-packages/"):
-        if marker in filename:
-            return filename.split(marker, 1)[1] if marker == "/site-packages/" else \
-                "mtb_helpers/" + filename.split(marker, 1)[1]
-    return filename
+    if "/mtb_helpers/" in filename:
+        return "mtb_helpers/" + filename.split("/mtb_helpers/", 1)[1]
+    return filename.split("/site-packages/", 1)[-1]

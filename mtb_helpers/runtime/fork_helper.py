@@ -1,21 +1,18 @@
 """multiprocessing's forkserver as a fork of the owner, so that ranks share the owner's torch.
 
-multiprocessing starts its forkserver as a new interpreter that imports torch again: ~210 MB of
-memory the owner (a notebook's kernel) already holds, paid twice. Forked from the owner instead,
-the forkserver shares the owner's pages, and every rank it forks shares them too: one torch for
-the kernel, the forkserver and all ranks (on Binder's 2 GB, about 250 MB less per notebook).
+multiprocessing starts its forkserver as a new interpreter that imports torch again: ~210 MB the
+owner (a notebook's kernel) already holds. Forked from the owner, the forkserver and every rank it
+forks share the owner's pages: one torch for all (on Binder's 2 GB, about 250 MB less a notebook).
 
 Forking a process that has threads (ipykernel has several) is safe here because the child runs
-nothing of the owner's: it keeps only the file descriptors multiprocessing passes, resets the
-owner's signal handlers, writes to fresh stdio files, and runs the same code the new interpreter
-would have run. Ranks then set one intra-op thread before any computation (worker.py), which is
-what makes a fork after the owner used OpenMP safe (a larger OpenMP team would hang in the
-child). Only from the main thread: another thread of the owner could be inside torch, holding a
-lock the ranks would inherit locked (the student's code runs in the main thread, so while it
-forks nothing else computes). Linux only: on macOS forking is unsafe. Elsewhere, and with
-``MTB_FORK_FORKSERVER=0``, multiprocessing starts a new interpreter as before. (The resource
-tracker stays a new interpreter: it is small, and a fork would keep an old copy of every page the
-owner changes after it.)
+nothing of the owner's: it keeps only the descriptors multiprocessing passes, resets the signal
+handlers, writes to fresh stdio and runs the code the new interpreter would have run. Ranks set
+one intra-op thread before any computation (worker.py), which makes a fork after the owner used
+OpenMP safe (a larger OpenMP team would hang in the child). Only from the main thread (another
+thread could hold a torch lock the ranks would inherit locked) and only on Linux (forking is
+unsafe on macOS); elsewhere, and with ``MTB_FORK_FORKSERVER=0``, multiprocessing starts a new
+interpreter. The resource tracker stays one: it is small, and a fork would keep an old copy of
+every page the owner changes after it.
 """
 from __future__ import annotations
 

@@ -7,13 +7,11 @@ computation a modelled time too, so a timeline follows the model, not this machi
 Results are gloo's, unchanged: a link changes when things finish, never what they compute.
 
 ``time_scale=N`` multiplies every modelled time by N, keeping their ratios: a link faster than
-gloo on loopback (the floor, :func:`measure_floor`: the ranks' agreement plus a tiny op, and
-gloo's bandwidth) is refused naming the smallest N that works (``time_scale="auto"`` picks it).
-After a call that overran its model the floor is measured again (at most every
-``FLOOR_REFRESH`` s): refusals follow the machine as it is now. An operation the link would end
-after the call's timeout raises, at once, a RankTimeoutError naming the link. The caller gets
-``RunResults`` with ``.timeline`` (:mod:`mtb_helpers.runtime.timeline`). The link is duck-typed
-(``alpha``, ``bandwidth``, ``time(collective, nbytes, p)``): the runtime imports no topic.
+gloo here (the ``Floor``) is refused naming the smallest N that works (``time_scale="auto"``
+picks it). An operation the link would end after the call's timeout raises, at once, a
+RankTimeoutError naming the link. The caller gets ``RunResults`` with ``.timeline``
+(:mod:`mtb_helpers.runtime.timeline`). The link is duck-typed (``alpha``, ``bandwidth``,
+``time(collective, nbytes, p)``, ``describe()``): the runtime imports no topic.
 """
 from __future__ import annotations
 
@@ -29,12 +27,12 @@ import torch.distributed as dist
 
 from mtb_helpers.runtime import link_ops
 from mtb_helpers.runtime.comm_thread import CommStream
-from mtb_helpers.runtime.errors import (LinkTimeout, RankError, RankTimeoutError, link_timeout,
+from mtb_helpers.runtime.errors import (LinkTimeout, RankError, RankTimeoutError,
                                         link_timeout_message, too_slow)
 from mtb_helpers.runtime.timeline import LinkEvent, RunResults, LinkTimeline
 
 __all__ = ["padded", "pad_backward", "validate_link", "measure_floor", "Floor", "run_linked", "LinkedCall",
-           "active_time_scale", "unmodelled", "comm_seconds", "stale_floor", "FLOOR_REFRESH"]
+           "active_time_scale", "unmodelled", "comm_seconds", "FLOOR_REFRESH"]
 
 OVERRUN_WARNING = 2e-3   # seconds beyond the model before the caller is told the machine lagged
 FLOOR_REFRESH = 10.0     # seconds: the floor is measured again after an overrun, at most this often
@@ -60,7 +58,9 @@ class Emulation:
         seconds = self.link.time(collective, nbytes, p) * self.scale
         # past the owner's deadline: say so now (sleeping into its timeout would look like a hang)
         if max(time.perf_counter(), self.free_at) + seconds > self.deadline:
-            raise link_timeout(self.link, seconds, self.scale, f"{collective} of {nbytes} B on {p} ranks")
+            raise LinkTimeout(f"{collective} of {nbytes} B on {p} ranks takes {seconds / self.scale:.3g}"
+                              f" s of modelled time on the emulated link ({self.link.describe()}),"
+                              f" x time_scale {self.scale:g}")
         return seconds
 
     def bypass(self) -> bool:
@@ -125,9 +125,7 @@ def padded(name: str, seconds: float) -> Iterator[None]:
     """Make the block take ``seconds`` (x the time scale under a link), like a GPU kernel of fixed
     duration; under a link it is recorded as a ``"compute"`` event named ``name``. A block that
     already took longer is not shortened (its event shows the overrun)."""
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or \
-            not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"padded({name!r}): seconds must be finite and >= 0, got {seconds!r}")
+    check_number(seconds, f"padded({name!r}): seconds must be finite and >= 0", positive=False)
     em = _ACTIVE
     modelled = seconds * (em.scale if em is not None else 1.0)
     start = time.perf_counter()
@@ -155,10 +153,16 @@ class _PadBackward(torch.autograd.Function):
 def pad_backward(x: torch.Tensor, name: str, seconds: float) -> torch.Tensor:
     """``x`` unchanged; in backward, before the grad flows on to what produced ``x``, a padded
     compute block of ``seconds`` named ``name`` (put it after a layer: its backward's time)."""
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or \
-            not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"pad_backward({name!r}): seconds must be finite and >= 0, got {seconds!r}")
+    check_number(seconds, f"pad_backward({name!r}): seconds must be finite and >= 0", positive=False)
     return _PadBackward.apply(x, name, seconds)
+
+
+def check_number(value: object, must: str, positive: bool = True) -> None:
+    """ValueError ``"<must>, got <value>"`` unless ``value`` is a finite number >= 0 (> 0 if
+    ``positive``): the runtime's one check of a timeout, a time scale or a padded time."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0 or (positive and value == 0):
+        raise ValueError(f"{must}, got {value!r}")
 
 
 class LinkedCall:
@@ -188,13 +192,11 @@ class LinkedCall:
 def validate_link(link: Any, time_scale: object) -> None:
     """ValueError before any rank starts: not a link, a time scale that is neither "auto" nor
     a finite number > 0, or one that stretches a message (α) or a byte (1/β) past a year."""
-    if not all(hasattr(link, a) for a in ("alpha", "bandwidth", "time")):
+    if not all(hasattr(link, a) for a in ("alpha", "bandwidth", "time", "describe")):
         raise ValueError(f"link must be a Link(alpha, bandwidth) from mtb_helpers.cost, got {link!r}")
     if time_scale == "auto":
         return
-    if isinstance(time_scale, bool) or not isinstance(time_scale, (int, float)) or \
-            not math.isfinite(time_scale) or time_scale <= 0:
-        raise ValueError(f"time_scale must be a finite number > 0, got {time_scale!r}")
+    check_number(time_scale, "time_scale must be a finite number > 0")
     if problem := too_slow(link.alpha, link.bandwidth, time_scale):
         raise ValueError(f"time_scale={time_scale:g} with {problem}")
 
@@ -207,11 +209,14 @@ class Floor:
     bandwidth: float
     measured_at: float = 0.0
 
+    def need(self, link: Any) -> float:
+        """The time scale ``link`` needs here, with a 1.5x margin for a busier moment."""
+        return 1.5 * max(self.latency / link.alpha, link.bandwidth / self.bandwidth)
+
     def smallest_scale(self, link: Any) -> float:
         """The smallest scale of 1, 2, 5, 10, 20, ... honouring ``link`` with a 1.5x margin."""
-        need = 1.5 * max(self.latency / link.alpha, link.bandwidth / self.bandwidth)
         scale = 1.0
-        while scale < need:
+        while scale < self.need(link):
             scale *= 2.5 if str(int(scale)).startswith("2") else 2.0
         return scale
 
@@ -220,8 +225,7 @@ class Floor:
         alpha, beta = link.alpha * time_scale, link.bandwidth / time_scale
         if alpha >= self.latency and beta <= self.bandwidth:
             return None
-        need = max(self.latency / link.alpha, link.bandwidth / self.bandwidth)
-        need = float(f"{need * 1.5:.1g}")   # a margin for a busier moment, rounded
+        need = float(f"{self.need(link):.1g}")   # rounded
         return (f"link={link!r} cannot be emulated at time_scale={time_scale:g}: at that scale "
                 f"α = {alpha * 1e6:.3g} µs and β = {beta / 1e9:.3g} GB/s, but gloo on this "
                 f"machine needs {self.latency * 1e6:.0f} µs per collective and moves at most "
@@ -250,7 +254,8 @@ def _probe() -> tuple[float, float]:
 
 
 def measure_floor(pool: Any, timeout: float) -> Floor:
-    """The pool's floor, measured on its first linked call, kept until one overruns (stale_floor)."""
+    """The pool's floor, measured on its first linked call and again after a call that overran
+    its model (at most every FLOOR_REFRESH s): refusals follow the machine as it is now."""
     if pool.link_floor is None:
         p = pool.world_size
         replies = pool.call(_probe, (), {}, timeout)
@@ -259,14 +264,6 @@ def measure_floor(pool: Any, timeout: float) -> Floor:
         busbw = 2 * (p - 1) / p * 2**20 / max(big - latency / 2, 1e-6)
         pool.link_floor = Floor(latency, busbw, time.monotonic())
     return pool.link_floor
-
-
-def stale_floor(pool: Any) -> None:
-    """A linked call on ``pool`` overran its model (the machine may be busier): forget the floor,
-    unless measured under ``FLOOR_REFRESH`` s ago (a loop of overrunning calls probes that often)."""
-    floor = pool.link_floor
-    if floor is not None and time.monotonic() - floor.measured_at >= FLOOR_REFRESH:
-        pool.link_floor = None
 
 
 def run_linked(pool: Any, fn: Callable, args: tuple, kwargs: dict, timeout: float, link: Any,
@@ -290,8 +287,9 @@ def run_linked(pool: Any, fn: Callable, args: tuple, kwargs: dict, timeout: floa
               for e in r["events"]] for r in replies]
     timeline = LinkTimeline(ranks, link, float(time_scale))
     late = [e for e in timeline.events() if e.overrun > OVERRUN_WARNING]
-    if late:
-        stale_floor(pool)
+    if late:   # the machine may be busier than when the floor was measured
+        if pool.link_floor and time.monotonic() - pool.link_floor.measured_at >= FLOOR_REFRESH:
+            pool.link_floor = None
         worst = max(late, key=lambda e: e.overrun)
         print(f"[mtb] emulated link: {len(late)} of {len(timeline.events())} operations took "
               f"longer than modelled (worst: {worst.name}, {worst.seconds * 1e3:.1f} ms for "

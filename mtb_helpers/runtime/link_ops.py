@@ -9,23 +9,13 @@ functions are torch's own. A lesson's ``dist.all_reduce`` and a student's are ob
 the runtime's own traffic calls ``ORIG``, torch's functions as imported, and is neither.
 
 Under an emulated link each call runs on the rank's comm stream (``comm_thread.CommStream``), in
-issue order:
-
-* a collective: the group's ranks first agree, with a two-number all-reduce (MAX) of their
-  ready times and modelled times: the transfer starts when the last rank was ready, and its
-  modelled time is the slowest rank's (an uneven all-to-all takes its largest send buffer's time). Then
-  the real gloo op runs (the result is gloo's, exactly as without a link) and the stream sleeps
-  until start + modelled. ``async_op=True`` returns at once with a handle; the rank computes
-  meanwhile. ``reduce`` costs what ``broadcast`` does (its mirror image); ``gather`` and
-  ``scatter`` what the ring all-gather does (the root's link carries (p-1)/p of S in p-1
-  messages); ``barrier`` is an all-reduce of 0 bytes.
-* a message (``send``/``isend``/``recv``/``irecv``): posted on the stream without blocking it
-  (a link is full-duplex, and gloo's isend/irecv pairs must not wait on each other). The sender
-  sends a 3-number header ``[start, modelled, sender]`` before the payload; the receiver's
-  ``wait()`` returns at the sender's start + modelled, on the clock every rank of this machine
-  shares (CLOCK_MONOTONIC). Each rank has one outgoing and one incoming link: its sends leave
-  one after another, and messages arriving together are received one after another (in the
-  order the rank waits for them), so a root that talks to p-1 ranks pays p-1 messages.
+issue order. A collective's ranks agree on its start and modelled time (``_run_collective``), gloo
+runs it (the result is gloo's, exactly as without a link) and the stream sleeps to the modelled
+end; ``async_op=True`` returns a handle at once. ``reduce`` costs what ``broadcast`` does (its
+mirror image); ``gather`` and ``scatter`` what the ring all-gather does (the root's link carries
+(p-1)/p of S in p-1 messages); ``barrier`` is an all-reduce of 0 bytes. A message is posted
+without blocking the stream (a link is full-duplex, and gloo's isend/irecv pairs must not wait on
+each other) and arrives at the sender's start + its modelled time (``P2PHandle``).
 
 What a rank issues without them (DDP, DTensor and FSDP2 call C++) is neither emulated nor recorded.
 """
@@ -45,34 +35,47 @@ from mtb_helpers.runtime.comm_thread import Handle
 from mtb_helpers.runtime.compat import rank_not_in_group
 from mtb_helpers.runtime.timeline import LinkEvent
 
-__all__ = ["add_observer", "signature", "install", "COLLECTIVE_OPS", "P2P_OPS", "ORIG", "sleep_until"]
+__all__ = ["add_observer", "signature", "install", "OPS", "model_bytes", "tensor_bytes", "ORIG",
+           "sleep_until"]
 
 
-def _b(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+def tensor_bytes(x: Any) -> int:
+    """Bytes of a tensor argument: one tensor, a list of them (summed), or None (0)."""
+    return sum(t.numel() * t.element_size() for t in ([x] if isinstance(x, torch.Tensor) else x or ()))
 
 
-# name -> (the model's collective, nccl-tests' S from the bound arguments and the group size p)
-COLLECTIVE_OPS: dict[str, tuple[str, Callable[[dict, int], int]]] = {
-    "all_reduce": ("all-reduce", lambda a, p: _b(a["tensor"])),
-    "broadcast": ("broadcast", lambda a, p: _b(a["tensor"])),
-    "reduce": ("broadcast", lambda a, p: _b(a["tensor"])),
-    "all_gather": ("all-gather", lambda a, p: sum(map(_b, a["tensor_list"]))),
-    "all_gather_into_tensor": ("all-gather", lambda a, p: _b(a["output_tensor"])),
-    "all_gather_single": ("all-gather", lambda a, p: _b(a["output_tensor"])),
-    "reduce_scatter": ("reduce-scatter", lambda a, p: sum(map(_b, a["input_list"]))),
-    "reduce_scatter_tensor": ("reduce-scatter", lambda a, p: _b(a["input"])),
-    "reduce_scatter_single": ("reduce-scatter", lambda a, p: _b(a["input"])),
-    "all_to_all": ("all-to-all", lambda a, p: sum(map(_b, a["input_tensor_list"]))),
-    "all_to_all_single": ("all-to-all", lambda a, p: _b(a["input"])),
-    "gather": ("all-gather", lambda a, p: p * _b(a["tensor"])),
-    "scatter": ("all-gather", lambda a, p: p * _b(a["tensor"])),
-    "barrier": ("all-reduce", lambda a, p: 0),
+# torch's function -> (the record's op, its input and output arguments, the α-β model's collective)
+OPS: dict[str, tuple[str, str, str, str]] = {
+    "all_reduce": ("all_reduce", "tensor", "tensor", "all-reduce"),
+    "broadcast": ("broadcast", "tensor", "tensor", "broadcast"),
+    "reduce": ("reduce", "tensor", "tensor", "broadcast"),
+    "all_gather": ("all_gather", "tensor", "tensor_list", "all-gather"),
+    "all_gather_into_tensor": ("all_gather", "input_tensor", "output_tensor", "all-gather"),
+    "all_gather_single": ("all_gather", "input_tensor", "output_tensor", "all-gather"),
+    "reduce_scatter": ("reduce_scatter", "input_list", "output", "reduce-scatter"),
+    "reduce_scatter_tensor": ("reduce_scatter", "input", "output", "reduce-scatter"),
+    "reduce_scatter_single": ("reduce_scatter", "input", "output", "reduce-scatter"),
+    "all_to_all": ("all_to_all", "input_tensor_list", "output_tensor_list", "all-to-all"),
+    "all_to_all_single": ("all_to_all", "input", "output", "all-to-all"),
+    "gather": ("gather", "tensor", "gather_list", "all-gather"),
+    "scatter": ("scatter", "scatter_list", "tensor", "all-gather"),
+    "barrier": ("barrier", "", "", "all-reduce"),
+    **{n: (n.removeprefix("i"), "tensor", "tensor", "send/recv") for n in ("send", "recv", "isend", "irecv")},
 }
+
+
+def model_bytes(name: str, arguments: dict, p: int) -> int:
+    """nccl-tests' size S of a call of ``name`` on ``p`` ranks: the all-gathers' gathered output
+    (gather and scatter: p times the one tensor), every other collective's input."""
+    op, src, dst, collective = OPS[name]
+    if op in ("gather", "scatter"):
+        return p * tensor_bytes(arguments["tensor"])
+    return tensor_bytes(arguments.get(dst if collective == "all-gather" else src))
+
+
 P2P_OPS = ("send", "recv", "isend", "irecv")
 DRAINED = ("monitored_barrier",)   # runs as it is, once the stream has drained
-ORIG: dict[str, Callable] = {n: getattr(c10d, n) for n in (*COLLECTIVE_OPS, *P2P_OPS, *DRAINED)
-                             if hasattr(c10d, n)}
+ORIG: dict[str, Callable] = {n: getattr(c10d, n) for n in (*OPS, *DRAINED) if hasattr(c10d, n)}
 _SIGNATURES: dict[str, inspect.Signature] = {}
 _HOOKS: list[Callable] = []       # around a call: the emulated link (it runs the call itself)
 _OBSERVERS: list[Callable] = []   # before a call, returning what to do after it: the records
@@ -158,32 +161,25 @@ def _run_collective(em: Any, name: str, collective: str, nbytes: int, p: int, gr
     em.events.append(LinkEvent("comm", name, nbytes, start, time.perf_counter(), modelled))
 
 
-def _collective(em: Any, name: str) -> Callable:
-    collective, size_of = COLLECTIVE_OPS[name]
-
-    def op(orig: Callable, args: tuple, kwargs: dict):
-        bound = signature(name).bind(*args, **kwargs)
-        group = bound.arguments.get("group")
-        if rank_not_in_group(group):
-            return orig(*args, **kwargs)     # torch warns and returns, as without a link
-        async_op = bound.arguments.get("async_op", False)
-        bound.arguments["async_op"] = False
-        p = dist.get_world_size(group)
-        nbytes = size_of(bound.arguments, p)
-        handle = em.stream.submit(partial(_run_collective, em, name, collective, nbytes, p, group,
-                                          time.perf_counter(),
-                                          partial(orig, *bound.args, **bound.kwargs)))
-        if async_op:
-            return handle
-        handle.wait()
-        return None
-
-    return op
+def _collective(em: Any, name: str, orig: Callable, bound: inspect.BoundArguments):
+    """The collective ``name`` queued on the stream; its handle if ``async_op``, else waited for."""
+    group = bound.arguments.get("group")
+    async_op = bound.arguments.get("async_op", False)
+    bound.arguments["async_op"] = False
+    p = dist.get_world_size(group)
+    handle = em.stream.submit(partial(_run_collective, em, name, OPS[name][3],
+                                      model_bytes(name, bound.arguments, p), p, group,
+                                      time.perf_counter(), partial(orig, *bound.args, **bound.kwargs)))
+    if async_op:
+        return handle
+    handle.wait()
+    return None
 
 
 class P2PHandle(Handle):
     """An emulated isend/irecv: posted on the stream, completed by ``wait()`` at the modelled
-    arrival (the sender's start + its modelled time). ``source_rank()`` after a receive."""
+    arrival (the sender's start + its modelled time, sent ahead in a 3-number header, on the clock
+    every rank of this machine shares). ``source_rank()`` after a receive."""
 
     def __init__(self, em: Any, sending: bool, arguments: dict):
         super().__init__()
@@ -207,7 +203,7 @@ class P2PHandle(Handle):
             # one outgoing link: a rank's messages leave one after another (a root sending to
             # p-1 ranks pays p-1 messages), while a send and a receive overlap (full duplex)
             self.start = max(self.posted_at, self.em.out_free)
-            self.modelled = self.em.modelled("send/recv", _b(self.tensor), 2)
+            self.modelled = self.em.modelled("send/recv", tensor_bytes(self.tensor), 2)
             self.em.out_free = self.start + self.modelled
             header = torch.tensor([self.start, self.modelled, dist.get_rank()], dtype=torch.float64)
             self.works = [ORIG["isend"](t, group=group, tag=tag, **self._peer())
@@ -242,7 +238,7 @@ class P2PHandle(Handle):
                 late = time.perf_counter() > arrival   # waited after it had arrived
                 sleep_until(arrival)
                 self.em.events.append(LinkEvent("comm", "send" if self.sending else "recv",
-                                            _b(self.tensor), self.start,
+                                            tensor_bytes(self.tensor), self.start,
                                             arrival if late else time.perf_counter(),
                                             self.modelled))
                 self.finished = True
@@ -262,39 +258,31 @@ class P2PHandle(Handle):
     _source_rank = source_rank
 
 
-def _p2p(em: Any, name: str) -> Callable:
-    sending, blocking = name in ("send", "isend"), name in ("send", "recv")
-
-    def op(orig: Callable, args: tuple, kwargs: dict):
-        bound = signature(name).bind(*args, **kwargs)
-        bound.apply_defaults()
-        if rank_not_in_group(bound.arguments.get("group")):
-            return orig(*args, **kwargs)
-        handle = P2PHandle(em, sending, dict(bound.arguments))
-        if not blocking:
-            return handle
-        handle.wait()
-        return None if sending else handle.source
-
-    return op
-
-
-def _drained(em: Any, name: str) -> Callable:
-    def op(orig: Callable, args: tuple, kwargs: dict):
-        em.stream.drain()
-        return orig(*args, **kwargs)
-
-    return op
+def _p2p(em: Any, name: str, bound: inspect.BoundArguments):
+    """The message ``name`` posted on the stream; its handle if ``isend``/``irecv``, else waited for
+    (``recv`` returns the sender)."""
+    bound.apply_defaults()
+    sending = name in ("send", "isend")
+    handle = P2PHandle(em, sending, dict(bound.arguments))
+    if name in ("isend", "irecv"):
+        return handle
+    handle.wait()
+    return None if sending else handle.source
 
 
 def install(em: Any) -> Callable[[], None]:
     """Emulate every torch.distributed call of this rank under ``em`` until ``restore()``."""
-    ops = {name: (_collective if name in COLLECTIVE_OPS else _p2p if name in P2P_OPS
-                  else _drained)(em, name) for name in ORIG}
-
     def hook(name: str, call: Callable, args: tuple, kwargs: dict):
         if em.bypass():    # the comm stream's own ops, or a block inside unmodelled()
             return call(*args, **kwargs)
-        return ops[name](call, args, kwargs)
+        if name in DRAINED:
+            em.stream.drain()
+            return call(*args, **kwargs)
+        bound = signature(name).bind(*args, **kwargs)
+        if rank_not_in_group(bound.arguments.get("group")):
+            return call(*args, **kwargs)     # torch warns and returns, as without a link
+        if name in P2P_OPS:
+            return _p2p(em, name, bound)
+        return _collective(em, name, call, bound)
 
     return _attach(hook, _HOOKS)

@@ -1,19 +1,9 @@
 """The private parts of ``multiprocessing`` the runtime leans on, in one place, checked once.
 
 CPython does not promise these names. They exist, with the signatures used here, in the versions
-CI tests (3.11 and Colab's 3.13; ``TESTED``); tests/test_mp_private.py runs on both. When one is
-missing (a newer Python changed it), the runtime falls back to multiprocessing's public behaviour
-and says so once, with a warning naming what the fallback costs:
-
-* ``spawn.get_preparation_data``: dropping ``__main__`` from what a new process re-imports. Without
-  it, every rank re-runs the owner's main script (an unguarded script runs in every rank).
-* ``util.spawnv_passfds``: starting the forkserver ourselves, as a fork of the owner in a session
-  of its own (fork_helper.py). Without it, the forkserver is a new interpreter that imports torch
-  again (~200 MB more per notebook) and a Jupyter shutdown waits for it (~2 s).
-* ``forkserver._forkserver._stop``: stopping the idle forkserver when the last pool stops. Without
-  it, the forkserver lives until the owner exits (its memory is held meanwhile).
-* ``util._run_finalizers``: removing multiprocessing's temporary dir when a signal ends the owner.
-  Without it, a ``pymp-*`` dir may be left in the temporary directory after a kill.
+CI tests (``TESTED``); tests/test_mp_private.py runs on each. When one is missing (a newer Python
+changed it), the runtime falls back to multiprocessing's public behaviour and says so once, with a
+warning naming what the fallback costs (``COSTS``: what each name is for, in the student's terms).
 """
 from __future__ import annotations
 

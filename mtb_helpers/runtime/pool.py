@@ -83,11 +83,7 @@ class Pool:
         self._ready = True
 
     def call(self, fn, args: tuple, kwargs: dict, timeout: float) -> list:
-        """Run ``fn(*args, **kwargs)`` on every rank; relay output; return results by rank.
-
-        Any exception while the call is in flight (an interrupt while sending, a failure while
-        waiting) kills the pool: replies left in the pipes must never answer a later call.
-        """
+        """Run ``fn(*args, **kwargs)`` on every rank; relay output; return results by rank."""
         payload = cloudpickle.dumps((fn, args, kwargs))
         self._fn = fn  # only to find the student's source lines if something goes wrong
         self.call_id += 1
@@ -98,7 +94,6 @@ class Pool:
                 try:
                     conn.send_bytes(message)
                 except OSError:  # the rank died just before the call reached it
-                    self.kill(remove_files=False)
                     raise self._death_error(rank, "before this call reached it") from None
             replies = self._collect(timeout, what="call")
         return [value for _, _, value in replies]
@@ -142,55 +137,46 @@ class Pool:
                 self.kill(remove_files=False)
             raise
         finally:
-            self._after_collect()
+            self.relay_output()
+            if self.broken:  # files were kept only so that the output of a failed call is shown
+                shutil.rmtree(self.workdir, ignore_errors=True)
             self.last_used = time.monotonic()
 
-    def _after_collect(self) -> None:
-        self.relay_output()
-        if self.broken:  # files were kept only so that the output of a failed call is shown
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
     def _collect(self, timeout: float, what: str) -> list:
-        """Wait for one reply per rank. Raises RankError / RankTimeoutError, killing the pool."""
+        """Wait for one reply per rank. Raises RankError / RankTimeoutError (the caller's
+        ``_in_flight`` then kills the pool, as on Ctrl-C: every rank goes, now)."""
         deadline = time.monotonic() + timeout
         replies: dict[int, tuple] = {}
         errors: dict[int, RankError] = {}
         died: list[int] = []  # in the order their deaths were seen
         first_error_at = None
-        try:
-            while len(replies) + len(errors) < self.world_size:
-                pending = [r for r in range(self.world_size) if r not in replies and r not in errors]
-                until = deadline if first_error_at is None else min(deadline,
-                                                                   first_error_at + ERROR_GRACE)
-                remaining = until - time.monotonic()
-                if remaining <= 0:
-                    break
-                waitables = {self.conns[r]: r for r in pending}
-                if not self.orphaned:  # a dead forkserver makes every sentinel readable
-                    waitables.update({self.procs[r].sentinel: r for r in pending})
-                ready = wait(list(waitables), timeout=min(remaining, MAX_WAIT_SLICE))
-                for obj in ready:
-                    rank = waitables[obj]
-                    if rank in replies or rank in errors:
-                        continue
-                    if obj is not self.conns[rank] and not self.conns[rank].poll():
-                        self.orphaned = True  # sentinel says "exited", its pipe says "alive"
-                        continue
-                    self._receive(rank, what, replies, errors, died)
-                if errors and first_error_at is None:
-                    first_error_at = time.monotonic()
-        except KeyboardInterrupt:
-            self.kill(remove_files=False)  # the student pressed stop: every rank goes, now
-            raise
+        while len(replies) + len(errors) < self.world_size:
+            pending = [r for r in range(self.world_size) if r not in replies and r not in errors]
+            until = deadline if first_error_at is None else min(deadline, first_error_at + ERROR_GRACE)
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                break
+            waitables = {self.conns[r]: r for r in pending}
+            if not self.orphaned:  # a dead forkserver makes every sentinel readable
+                waitables.update({self.procs[r].sentinel: r for r in pending})
+            ready = wait(list(waitables), timeout=min(remaining, MAX_WAIT_SLICE))
+            for obj in ready:
+                rank = waitables[obj]
+                if rank in replies or rank in errors:
+                    continue
+                if obj is not self.conns[rank] and not self.conns[rank].poll():
+                    self.orphaned = True  # sentinel says "exited", its pipe says "alive"
+                    continue
+                self._receive(rank, what, replies, errors, died)
+            if errors and first_error_at is None:
+                first_error_at = time.monotonic()
         pending = [r for r in range(self.world_size) if r not in replies and r not in errors]
         if errors:
-            self.kill(remove_files=False)
             raise blame(errors, died)
         if pending:
             pids = {r: self.procs[r].pid for r in pending}
             waiting = (ask_where_waiting(pids, self.workdir, self._fn)
                        if what == "call" else {r: None for r in pending})
-            self.kill(remove_files=False)
             message = timeout_message(timeout, sorted(replies), waiting)
             if what == "start":
                 message = f"the rank pool of {self.world_size} did not start.\n" + message
@@ -248,17 +234,19 @@ class Pool:
             stream.flush()
 
     def stop(self) -> None:
-        """Ask ranks to leave the group and exit; kill whoever has not within two seconds."""
-        if not self.broken:
-            for conn in self.conns:
-                try:
-                    conn.send_bytes(pickle.dumps(("stop",)))
-                except OSError:
-                    pass
-            deadline = time.monotonic() + 2.0
-            for proc in self.procs:
-                proc.join(max(0.0, deadline - time.monotonic()))
-        self.kill()
+        """After the call in flight, if any: ask ranks to leave the group and exit; kill whoever
+        has not within two seconds."""
+        with self.lock:
+            if not self.broken:
+                for conn in self.conns:
+                    try:
+                        conn.send_bytes(pickle.dumps(("stop",)))
+                    except OSError:
+                        pass
+                deadline = time.monotonic() + 2.0
+                for proc in self.procs:
+                    proc.join(max(0.0, deadline - time.monotonic()))
+            self.kill()
 
     def kill(self, remove_files: bool = True) -> None:
         """Kill every rank now. A second Ctrl-C cannot cut this short (it is held back)."""

@@ -14,7 +14,6 @@ Two runtimes sit behind ``run``:
 from __future__ import annotations
 
 import atexit
-import math
 import os
 import random
 import sys
@@ -26,9 +25,9 @@ from mtb_helpers.runtime import budget
 from mtb_helpers.runtime import worker as rank_worker
 from mtb_helpers.runtime.pool import Pool
 from mtb_helpers.runtime.errors import RankError, RankTimeoutError, WaitPoint
-from mtb_helpers.runtime.link import run_linked, validate_link
-from mtb_helpers.runtime.mp_private import stop_forkserver
-from mtb_helpers.runtime.signals import install_sigterm_cleanup, remove_multiprocessing_temp_dir
+from mtb_helpers.runtime.link import check_number, run_linked, validate_link
+from mtb_helpers.runtime.mp_private import run_exit_finalizers, stop_forkserver
+from mtb_helpers.runtime.signals import install_sigterm_cleanup
 from mtb_helpers.runtime.start import preload_missing, start_forkserver
 
 __all__ = ["run", "shutdown", "warm_up", "seed_all", "resolve_world_size", "in_launched_job",
@@ -84,9 +83,7 @@ def run(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float 
     """
     if not callable(fn):
         raise TypeError(f"run() needs a function to run on the ranks, got {type(fn).__name__}")
-    if (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
-            or not math.isfinite(timeout) or timeout <= 0):
-        raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
+    check_number(timeout, "timeout must be a positive, finite number of seconds")
     if link is not None:
         validate_link(link, time_scale)
         if in_launched_job():
@@ -146,13 +143,8 @@ def warm_up(*world_sizes: int, background: bool = True) -> None:
 
 def shutdown() -> None:
     """Stop every rank pool and its processes, and the forkserver. Also runs at interpreter exit."""
-    with _pools_lock:
-        pools = list(_pools.values())
-        _pools.clear()
-        budget.forget()
-    for pool in pools:
-        _stop(pool)
-    stop_forkserver()
+    budget.forget()
+    release()
 
 
 def release(*world_sizes: int) -> None:
@@ -176,12 +168,13 @@ def _restart_for_preload() -> None:
 
 def _kill_everything() -> None:
     """SIGTERM (a Jupyter shutdown or restart): no goodbyes, kill every rank, remove every
-    work dir, stop the forkserver and remove multiprocessing's temporary dir, in well under 1 s."""
+    work dir, stop the forkserver and remove multiprocessing's ``pymp-*`` dir (an exit finalizer
+    that a signal death never runs), in well under 1 s."""
     for pool in list(_pools.values()):
         pool.kill()
     _pools.clear()
     stop_forkserver()
-    remove_multiprocessing_temp_dir()
+    run_exit_finalizers()
 
 
 def seed_all(seed: int) -> None:
@@ -215,16 +208,10 @@ def _warm_pool(world_size: int) -> Pool:
         _evict(keep_room_for=world_size)
         # ``starting``: the pool about to start counts; pool_over_budget takes one out of _pools
         while (over := budget.pool_over_budget(_pools, starting=world_size)) is not None:
-            _stop(over)
+            over.stop()
         pool = _pools[world_size] = Pool(world_size)
         _start_idle_watch()
         return pool
-
-
-def _stop(pool: Pool) -> None:
-    """Stop one pool already taken out of ``_pools`` (after the call in flight on it, if any)."""
-    with pool.lock:
-        pool.stop()
 
 
 _idle_watch: threading.Thread | None = None
@@ -259,7 +246,7 @@ def _stop_idle_pools() -> None:
                 with _pools_lock:   # chosen under the lock, stopped without it: a call may start
                     over = budget.pool_over_budget(_pools)
                 if over is not None:
-                    _stop(over)
+                    over.stop()
         now = time.monotonic()
         with _pools_lock:
             idle = [s for s, p in _pools.items()
@@ -271,19 +258,17 @@ def _stop_idle_pools() -> None:
 
 def _evict(keep_room_for: int) -> None:
     """Stop least recently created pools until ``keep_room_for`` more ranks fit the budget."""
-    for size in list(_pools):
-        pool = _pools[size]
-        if pool.broken:
-            del _pools[size]
+    for size in [s for s, p in _pools.items() if p.broken]:
+        del _pools[size]
     while _pools and sum(_pools) + keep_room_for > MAX_POOLED_RANKS:
         size = next(iter(_pools))
-        _stop(_pools.pop(size))
+        _pools.pop(size).stop()
 
 
 def _stop_pools(pools: list[Pool]) -> None:
     """Stop these pools (taken out of ``_pools``), then the forkserver if no pool is left."""
     for pool in pools:
-        _stop(pool)
+        pool.stop()
     with _pools_lock:
         if not _pools:
             stop_forkserver()

@@ -1,12 +1,7 @@
-"""The owner's signals: a kill that a second Ctrl-C cannot cut short, and clean-up on SIGTERM.
-
-* A student who presses stop twice sends a second SIGINT while the pool is killing its ranks; a
-  KeyboardInterrupt raised half-way through the kill would leave ranks running the student's
-  function. :class:`interrupts_deferred` holds SIGINT back until the kill is complete.
-* A graceful Jupyter shutdown or restart sends SIGTERM to the kernel (and its process group).
-  Python's default action ends the process without running ``atexit``, so the ranks' work dir and
-  multiprocessing's ``pymp-*`` dir stayed in $TMPDIR. :func:`install_sigterm_cleanup` runs a fast
-  clean-up first, then lets SIGTERM end the process as it would have.
+"""The owner's signals: a kill that a second Ctrl-C cannot cut short (:class:`interrupts_deferred`),
+and clean-up on SIGTERM (:func:`install_sigterm_cleanup`): a graceful Jupyter shutdown or restart
+sends SIGTERM, whose default action ends the process without ``atexit``, so the ranks' work dir
+and multiprocessing's ``pymp-*`` dir stayed in $TMPDIR.
 """
 from __future__ import annotations
 
@@ -18,7 +13,9 @@ from typing import Callable
 
 class interrupts_deferred:  # noqa: N801  (used as a context manager, like a function)
     """Within the block, SIGINT is recorded instead of raising; on leaving, a recorded interrupt
-    is raised (unless an exception is already on its way out, e.g. the first interrupt)."""
+    is raised (unless an exception is already on its way out, e.g. the first interrupt). A student
+    who presses stop twice would otherwise interrupt the kill of the ranks half-way, leaving ranks
+    that run the student's function."""
 
     def __enter__(self) -> "interrupts_deferred":
         self._previous = None
@@ -70,11 +67,3 @@ def install_sigterm_cleanup(cleanup: Callable[[], None]) -> None:
     except ValueError:
         return
     _installed = True
-
-
-def remove_multiprocessing_temp_dir() -> None:
-    """multiprocessing's ``pymp-*`` dir (it holds the forkserver's socket) is removed by an exit
-    finalizer that a signal death never runs: run its finalizers now."""
-    from mtb_helpers.runtime.mp_private import run_exit_finalizers
-
-    run_exit_finalizers()

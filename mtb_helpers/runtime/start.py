@@ -25,29 +25,24 @@ from mtb_helpers.runtime.signals import interrupts_deferred
 
 _start_lock = threading.Lock()
 
-# The one policy for what ranks find imported before they start (issue 34: one runtime policy,
-# not a declaration in each topic). Every page a rank shares with the forkserver costs Binder's
-# memory once instead of once per rank, and a rank that imports a big module itself pays the time
-# in the student's first redraw; but a preload no rank of this notebook needs delays its first
-# ranks and holds memory for nothing. So:
+# The one policy for what ranks find imported before they start (issue 34). A page a rank shares
+# with the forkserver costs Binder's memory once instead of once per rank, and a rank importing a
+# big module itself pays the time in the student's first redraw; but a preload no rank of this
+# notebook needs delays its first ranks and holds memory for nothing. So:
 #
-# * RANK_LAZY_IMPORTS: what torch imports lazily inside a rank during every topic's checks (found
-#   by comparing a fresh rank's sys.modules with one after each check ran): sympy (symbolic
-#   shapes) is ~45 MB per rank when each rank imports it for itself. Always preloaded.
+# * RANK_LAZY_IMPORTS: what torch imports lazily inside a rank during every topic's checks (a
+#   fresh rank's sys.modules against one after each check): sympy (symbolic shapes) is ~45 MB per
+#   rank when each rank imports it. Always preloaded.
 # * HEAVY_RANK_IMPORTS: what the rank code of some course modules imports lazily, preloaded only
-#   when the owner has loaded that module, i.e. only in a notebook that uses it. The comparisons
-#   with PyTorch count DTensor's collectives with CommDebugMode (torch.distributed.tensor.debug,
-#   which imports torch._dynamo: ~0.8 s and ~35 MB a rank) or run torch.distributed.pipelining;
-#   notebook 14's modules step torch.optim optimizers on the ranks, whose first step imports
-#   torch._dynamo. The course's own strategies (dp/strategies.py, dp/fsdp.py) and the capstone
-#   step dp/adam.py's written-out Adam (bit-equal to torch.optim's on CPU) instead, so that a
-#   notebook that never compares with PyTorch never loads torch._dynamo on its ranks; and the bug
-#   registry, which every check imports, imports no comparison module (tp/plan.py keeps DTensor's
-#   plan apart from tp/pytorch.py for that reason). tests/test_rank_imports.py and
-#   tests/test_runtime_memory_and_drawing.py hold both sides.
-# A module loaded after the forkserver started (a cell importing a comparison module late) is
-# found by ``preload_missing``, and the next ``run`` restarts the pools from a forkserver that
-# preloads its imports (ranks.py).
+#   when the owner has loaded that module (a notebook that uses it). The PyTorch comparisons count
+#   DTensor's collectives with CommDebugMode (it imports torch._dynamo: ~0.8 s and ~35 MB a rank)
+#   or run torch.distributed.pipelining; notebook 14's modules step torch.optim optimizers, whose
+#   first step imports torch._dynamo. The course's own strategies and the capstone step
+#   dp/adam.py's Adam instead (bit-equal on CPU), and the bug registry imports no comparison module
+#   (tp/plan.py), so a notebook that never compares never loads torch._dynamo on its ranks;
+#   tests/test_rank_imports.py and tests/test_runtime_memory_and_drawing.py hold both sides.
+# A module loaded after the forkserver started is found by ``preload_missing``, and the next ``run``
+# restarts the pools from a forkserver that preloads its imports (ranks.py).
 RANK_LAZY_IMPORTS = ("torch.fx.experimental.symbolic_shapes", "torch.utils.serialization")
 _DTENSOR_DEBUG = ("torch.distributed.tensor.debug",)
 _TORCH_OPTIM = ("torch._dynamo",)

@@ -17,18 +17,12 @@ __all__ = ["LinkEvent", "LinkTimeline", "RunResults"]
 
 @dataclass(frozen=True)
 class LinkEvent:
-    """One interval on one rank.
-
-    ``kind``: ``"compute"`` (a ``padded`` block) or ``"comm"`` (a collective or a message).
-    ``name``: the padded block's name (``"fc1.fwd"``) or the torch.distributed function
-    (``"all_reduce"``, ``"all_gather_into_tensor"``, ``"send"``, ``"recv"``, ``"barrier"``).
-    ``bytes``: for comm, nccl-tests' size S of the operation (see ``mtb_helpers.cost.model``:
-    all-gather counts the gathered output, reduce-scatter the full input); 0 for compute.
-    ``start``/``end``: seconds from the call's zero. A collective starts when every rank of its
-    group has reached it (the ranks agree on it first); a receive starts when its message left the
-    sender (or when it was posted, if later). ``modelled``: the seconds the model asked for,
-    time scale included; ``end - start`` exceeds it only when the real work overran it.
-    """
+    """One interval on one rank: ``kind`` ``"compute"`` (a ``padded`` block, ``name`` its name) or
+    ``"comm"`` (``name`` the torch.distributed function, ``bytes`` nccl-tests' size S of it, see
+    ``mtb_helpers.cost.model``). ``start``/``end``: seconds from the call's zero; a collective
+    starts when every rank of its group has reached it, a receive when its message left the sender
+    (or was posted, if later). ``modelled``: the seconds the model asked for, time scale included;
+    ``end - start`` exceeds it only when the real work overran it."""
     kind: str
     name: str
     bytes: int
@@ -75,8 +69,7 @@ class LinkTimeline:
     def label(self) -> str:
         """For figure titles: ``'emulated link α = 5 µs, β = 50 GB/s, 100× slower than real
         time'`` (the last part only when time_scale != 1)."""
-        text = f"emulated link {self.link.describe()}" if hasattr(self.link, "describe") \
-            else f"emulated link {self.link!r}"
+        text = f"emulated link {self.link.describe()}"
         if self.time_scale != 1:
             text += f", {self.time_scale:g}× slower than real time"
         return text

@@ -18,6 +18,7 @@ import io
 import os
 import pickle
 import signal
+import socket
 import sys
 import threading
 import traceback
@@ -32,30 +33,18 @@ from mtb_helpers.runtime import allocator
 # Collectives the owner waits on are bounded by the call's own timeout; the process group's
 # timeout only has to stop a rank that somehow outlives its owner's watch.
 PROCESS_GROUP_TIMEOUT = timedelta(minutes=10)
-LOOPBACK_INTERFACES = ("lo", "lo0")
 IN_RANK = False  # True inside a rank process: run() refuses to start ranks from a rank
-
-
-def loopback_interface() -> str | None:
-    """The name of the loopback interface (Linux "lo", macOS "lo0"), or None if unknown."""
-    try:
-        names = {name for _, name in __import__("socket").if_nameindex()}
-    except (OSError, AttributeError):
-        return None
-    return next((n for n in LOOPBACK_INTERFACES if n in names), None)
 
 
 def batch_scheduling() -> None:
     """This thread, and every thread it starts from now on, under Linux's ``SCHED_BATCH``: a rank
     woken by a message no longer preempts the process that is running, it waits for its turn.
 
-    A collective is a ping-pong of wake-ups between the ranks' main threads and gloo's threads
-    (its work thread and its TCP loop). With all ranks on one CPU (Binder; ``taskset -c 0``) every
-    wake-up preempted whoever ran, so a step switched processes far more often than its messages
-    needed: the capstone's 3 steps at tp=2 pp=2 took 18 % less CPU under SCHED_BATCH
-    (benchmarks/explorer_redraw.py, BENCHMARKS.md). The notebook's kernel keeps the normal policy,
-    so it still preempts the ranks (a widget answers promptly). Where the policy does not exist
-    (macOS) or may not be set, nothing changes."""
+    A collective is a ping-pong of wake-ups between the ranks' threads and gloo's; with all ranks
+    on one CPU (Binder) every wake-up preempted whoever ran: the capstone's 3 steps at tp=2 pp=2
+    took 18 % less CPU under SCHED_BATCH (BENCHMARKS.md). The notebook's kernel keeps the normal
+    policy, so it still preempts the ranks (a widget answers promptly). Where the policy does not
+    exist (macOS) or may not be set, nothing changes."""
     if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_BATCH"):
         try:
             os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
@@ -79,9 +68,13 @@ def main(rank: int, world_size: int, workdir: str, conn: Connection, lifeline: C
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     allocator.tune()
-    iface = loopback_interface()
+    try:   # gloo listens on the loopback interface (Linux "lo", macOS "lo0"), never a public one
+        names = {name for _, name in socket.if_nameindex()}
+    except (OSError, AttributeError):
+        names = set()
+    iface = next((n for n in ("lo", "lo0") if n in names), None)
     if iface is not None:
-        os.environ["GLOO_SOCKET_IFNAME"] = iface  # never listen on a public interface
+        os.environ["GLOO_SOCKET_IFNAME"] = iface
     # PyTorch's flight recorder keeps every collective with its Python stack (for dumping a hung
     # NCCL job): ~0.01 ms an op here, ~8 % of a capstone redraw on one CPU. The course's own
     # timeout names a hang's waiting ranks and their stacks; a user's own setting is kept.
