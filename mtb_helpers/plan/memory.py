@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 
-from mtb_helpers.plan.specs import ATTENTION, NORMS, RECOMPUTE, positive_int
+from mtb_helpers.plan.specs import ATTENTION, NORMS, RECOMPUTE, positive_int, positive_number
 
 __all__ = ["MemoryModel", "model_state_bytes", "activation_bytes_per_layer", "ATTENTION_TERMS",
            "MLP_TERMS", "STATE_TERMS"]
@@ -57,13 +57,6 @@ ATTENTION_TERMS = ("ln1 input", "qkv input", "q and k", "v", "attention scores",
                    "projection input", "attention dropout mask")
 MLP_TERMS = ("ln2 input", "fc1 input", "mlp hidden", "mlp dropout mask")
 STATE_TERMS = ("parameters", "gradients", "optimizer states")
-
-
-def _count(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
 
 
 class MemoryModel:
@@ -95,13 +88,13 @@ class MemoryModel:
         """Bytes per rank ``{parameters, gradients, optimizer states}`` of ``num_params`` parameters
         over ``dp`` ranks at ZeRO ``zero_stage``; ``pad``: shards are ``ceil(Ψ/N)`` (and the
         unsharded flat buffers ``N ceil(Ψ/N)``), as implementations lay them out."""
-        psi = _count("num_params", num_params)
+        psi = positive_number("num_params", num_params)
         n = positive_int("dp", dp)
         if zero_stage not in (0, 1, 2, 3) or isinstance(zero_stage, bool):
             raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
         for name, v in (("optimizer_bytes_per_param", optimizer_bytes_per_param),
                         ("param_bytes", param_bytes), ("grad_bytes", grad_bytes)):
-            _count(name, v)
+            positive_number(name, v)
         shard = math.ceil(psi / n) if pad and zero_stage else psi / n
         full = shard * n if pad and zero_stage else psi
         return {"parameters": param_bytes * (shard if zero_stage >= 3 else full),
