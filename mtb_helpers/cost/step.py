@@ -15,13 +15,9 @@ passes both at once) runs beside it on the other direction of a full-duplex link
 
 A pipeline overlaps its ranks; its step is the simulator's makespan with every message taking
 its α-β time: :func:`predict_pipeline_step_time`. A step on a tp x pp x dp x cp grid (the
-capstone's) combines both: :func:`predict_grid_step_time`. Each F or B op of a stage costs its
-padded compute plus the α-β time of the collectives it issues (tensor and sequence parallelism's
-gathers and reductions, the cross-entropy's, context parallelism's ring hops); the simulator
-runs the schedule with one F and one B time per stage and the activation messages' α-β latency;
-after its own last op each stage sums its sequence-parallel LayerNorm and bias grads over its
-tensor group (one all-reduce, ``capstone/finalize.py``), reduces its gradients over its
-data-parallel group and steps its optimizer: the step ends when the last stage does.
+capstone's) combines both: :func:`predict_grid_step_time`. After its own last op each stage sums
+its sequence-parallel LayerNorm and bias grads over its tensor group (``capstone/finalize.py``),
+reduces its gradients over its data-parallel group and steps: the step ends when the last stage does.
 """
 from __future__ import annotations
 

@@ -131,23 +131,20 @@ def inflight(name: str, pp: int, microbatches: int, chunks: int = 1) -> tuple[fl
     return extrapolated(_peaks, name, pp, microbatches, chunks)
 
 
-def _activation_args(model: ModelSpec, layout: Layout, recompute: str) -> tuple:
-    return ((model.seq_len // layout.cp, layout.microbatch, model.hidden, model.heads, layout.tp,
-             layout.sequence_parallel, recompute),
-            dict(kv_heads=model.kv_heads, ffn_hidden=model.ffn_hidden, gated_mlp=model.gated_mlp,
-                 dropout=model.dropout, top_k=model.top_k, dtype_bytes=layout.dtype_bytes,
-                 attention=layout.attention, fused_swiglu=model.fused_swiglu))
-
-
 def memory_per_rank(model: ModelSpec, layout: Layout,
                     memory_model: MemoryModel | None = None) -> list[StageMemory]:
     """One ``StageMemory`` per pipeline stage (see the module docstring for every term)."""
     mm = memory_model or MemoryModel()
-    args, kw = _activation_args(model, layout, layout.recompute)
-    per_layer = sum(mm.activation_terms(*args, **kw).values())
-    full_args, _ = _activation_args(model, layout, "none")
-    working = (sum(mm.activation_terms(*full_args, **kw).values())
-               if layout.recompute == "full" else 0.0)
+
+    def one_layer(recompute: str) -> float:
+        return sum(mm.activation_terms(
+            model.seq_len // layout.cp, layout.microbatch, model.hidden, model.heads, layout.tp,
+            layout.sequence_parallel, recompute, kv_heads=model.kv_heads, ffn_hidden=model.ffn_hidden,
+            gated_mlp=model.gated_mlp, dropout=model.dropout, top_k=model.top_k,
+            dtype_bytes=layout.dtype_bytes, attention=layout.attention,
+            fused_swiglu=model.fused_swiglu).values())
+    per_layer = one_layer(layout.recompute)
+    working = one_layer("none") if layout.recompute == "full" else 0.0
     held = inflight(layout.schedule, layout.pp, layout.grad_accum, layout.chunks)
     layers = rank_layers(model, layout)
     d = layout.dtype_bytes

@@ -29,12 +29,12 @@ the same for every row (not fitted to any).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from mtb_helpers.plan.budget import memory_per_rank, total_params
 from mtb_helpers.plan.presets import cluster
 from mtb_helpers.plan.search import PlanResult, plan
-from mtb_helpers.plan.specs import ClusterSpec, Layout, ModelSpec, layout_problems, positive_int
+from mtb_helpers.plan.specs import ClusterSpec, Layout, ModelSpec, Spec, layout_problems, positive_int
 from mtb_helpers.plan.steptime import StepTime, stage_compute, step_time
 
 __all__ = ["PublishedRow", "NARAYANAN_2021_TABLE_1", "A100_MATMUL_EFFICIENCY", "A100_PEAK",
@@ -56,7 +56,7 @@ PLAN_SEARCH = dict(microbatches=(1, 2, 4, 8, 16), schedules=("1f1b", "interleave
 
 
 @dataclass(frozen=True)
-class PublishedRow:
+class PublishedRow(Spec):
     """One row of Table 1 and the run behind it (see the module docstring for the sources)."""
     name: str
     params_billion: float
@@ -81,9 +81,6 @@ class PublishedRow:
             positive_int("layers_per_virtual_stage", self.layers_per_virtual_stage)
         if self.ddp not in ("torch", "local"):
             raise ValueError(f"ddp must be 'torch' or 'local', got {self.ddp!r}")
-
-    def with_(self, **changes) -> "PublishedRow":
-        return replace(self, **changes)
 
 
 NARAYANAN_2021_TABLE_1 = (

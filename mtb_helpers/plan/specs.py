@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["ModelSpec", "ClusterSpec", "Layout", "DTYPE_BYTES", "RECOMPUTE", "SCHEDULES", "ATTENTION",
+__all__ = ["Spec", "ModelSpec", "ClusterSpec", "Layout", "DTYPE_BYTES", "RECOMPUTE", "SCHEDULES", "ATTENTION",
            "layout_problems", "check_layout", "stage_layers", "positive_int", "positive_number"]
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
@@ -22,6 +22,17 @@ RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("materialized", "flash")
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
 NORMS = {"layernorm": 2, "rmsnorm": 1}   # parameters per feature: LayerNorm has a weight and a bias
+
+
+S = TypeVar("S", bound="Spec")
+
+
+class Spec:
+    """A frozen dataclass whose ``__post_init__`` checks every field: ``with_`` copies it with
+    some fields changed, checked again."""
+
+    def with_(self: S, **changes) -> S:
+        return replace(self, **changes)
 
 
 def positive_int(name: str, value: Any) -> int:
@@ -38,7 +49,7 @@ def positive_number(name: str, value: Any) -> float:
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelSpec(Spec):
     """A decoder-only transformer: ``layers`` blocks of width ``hidden`` with ``heads`` query heads
     of ``hidden / heads`` features, ``kv_heads`` key/value heads (grouped-query attention when
     fewer), an MLP of width ``ffn_hidden`` (SwiGLU's three matrices when ``gated_mlp``), a
@@ -84,13 +95,9 @@ class ModelSpec:
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
-    def with_(self, **changes) -> "ModelSpec":
-        """A copy with some sizes changed (checked again)."""
-        return replace(self, **changes)
-
 
 @dataclass(frozen=True)
-class ClusterSpec:
+class ClusterSpec(Spec):
     """``nodes`` nodes of ``gpus_per_node`` GPUs, each with ``memory_bytes`` of memory and
     ``peak_flops`` dense 16-bit FLOP/s. ``intra_node`` and ``inter_node`` are
     ``mtb_helpers.cost.Link``s (α seconds per message, β bytes per second per GPU and direction):
@@ -123,12 +130,9 @@ class ClusterSpec:
     def gpus(self) -> int:
         return self.gpus_per_node * self.nodes
 
-    def with_(self, **changes) -> "ClusterSpec":
-        return replace(self, **changes)
-
 
 @dataclass(frozen=True)
-class Layout:
+class Layout(Spec):
     """How the model is split: ``tp`` (tensor), ``pp`` (pipeline), ``dp`` (data), ``cp``
     (context) and ``ep`` (expert; carved out of the data-parallel ranks, Megatron-LM's rule) ranks.
     Each data-parallel replica runs ``grad_accum`` micro-batches of ``microbatch`` sequences per
@@ -194,9 +198,6 @@ class Layout:
                 continue
             text += f" {dict(microbatch='mb', grad_accum='m', zero_stage='zero').get(f.name, f.name)}={v}"
         return text
-
-    def with_(self, **changes) -> "Layout":
-        return replace(self, **changes)
 
 
 def stage_layers(layers: int, stages: int) -> list[int] | None:
