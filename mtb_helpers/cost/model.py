@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from mtb_helpers.runtime.errors import too_slow, years
 
 __all__ = ["Link", "COLLECTIVES", "ALGORITHMS", "normalize", "coefficients", "predict",
-           "algbw", "busbw", "busbw_factor", "n_half"]
+           "algbw", "busbw", "busbw_factor", "n_half", "positive", "whole"]
 
 COLLECTIVES = ("broadcast", "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send/recv")
 ALGORITHMS: dict[str, tuple[str, ...]] = {
@@ -61,21 +61,22 @@ _ALIASES = {"allreduce": "all-reduce", "allgather": "all-gather", "reducescatter
             "sendrecv": "send/recv", "send-recv": "send/recv", "p2p": "send/recv"}
 
 
-def _positive(name: str, value: object, strict: bool = True) -> float:
+def positive(name: str, value: object, strict: bool = True) -> float:
     """``value`` as a finite float > 0 (>= 0 unless ``strict``): Python's and numpy's ints and
     floats are numbers; bools are not."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):   # numpy's bool is not Real
         raise ValueError(f"{name} must be a number, got {value!r}")
     number = float(value)
     if not math.isfinite(number) or number < 0 or (strict and number == 0):
-        raise ValueError(f"{name} must be finite and {'>' if strict else '>='} 0, got {value!r}")
+        raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} 0, got {value!r}")
     return number
 
 
 def whole(name: str, value: object, low: int = 1) -> int:
     """``value`` as an int >= ``low``: Python's or numpy's int; a bool is not one."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        raise ValueError(f"{name} must be {'a positive integer' if low == 1 else f'an int >= {low}'}, "
+                         f"got {value!r}")
     return int(value)
 
 
@@ -91,7 +92,7 @@ class Link:
     bandwidth: float
 
     def __post_init__(self) -> None:
-        alpha, bandwidth = _positive("alpha", self.alpha), _positive("bandwidth", self.bandwidth)
+        alpha, bandwidth = positive("alpha", self.alpha), positive("bandwidth", self.bandwidth)
         problem = too_slow(alpha, bandwidth)
         if problem:
             raise ValueError(problem)
@@ -173,7 +174,7 @@ def predict(collective: str, nbytes: int, world_size: int, link: Link,
     if not isinstance(link, Link):
         raise ValueError(f"link must be a Link(alpha, bandwidth), got {link!r}")
     a, b = coefficients(collective, world_size, algorithm)
-    seconds = a * link.alpha + b * _positive("nbytes", nbytes, strict=False) / link.bandwidth
+    seconds = a * link.alpha + b * positive("nbytes", nbytes, strict=False) / link.bandwidth
     if math.isinf(seconds):
         raise ValueError(f"{normalize(collective)} ({algorithm}) of {nbytes:g} B on {world_size} "
                          f"ranks: this link would take {years(seconds)}")
@@ -199,7 +200,7 @@ def busbw_factor(collective: str, world_size: int) -> float:
 
 def algbw(nbytes: int, seconds: float) -> float:
     """nccl-tests' algorithm bandwidth ``S / t`` in bytes per second."""
-    return _positive("nbytes", nbytes, strict=False) / _positive("seconds", seconds)
+    return positive("nbytes", nbytes, strict=False) / positive("seconds", seconds)
 
 
 def busbw(collective: str, nbytes: int, seconds: float, world_size: int) -> float:

@@ -46,7 +46,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from mtb_helpers.plan.specs import ATTENTION, ModelSpec, positive_int, positive_number
+from mtb_helpers.cost.model import positive, whole
+from mtb_helpers.plan.specs import ATTENTION, ModelSpec
 
 __all__ = ["GPUCompute", "fit_compute", "measured_rows", "h200_compute", "layer_breakdown",
            "layer_seconds", "FLASH_ATTENTION_H100", "MIN_MATMUL_SECONDS"]
@@ -98,7 +99,7 @@ class GPUCompute:
 
     def with_bandwidth(self, bandwidth: float, name: str = "") -> "GPUCompute":
         """The same matmuls and per-op passes on a GPU with another memory bandwidth."""
-        return replace(self, bandwidth=positive_number("bandwidth", bandwidth), name=name or self.name)
+        return replace(self, bandwidth=positive("bandwidth", bandwidth), name=name or self.name)
 
 
 def measured_rows(name: str) -> list[dict[str, Any]]:
@@ -115,7 +116,7 @@ def fit_compute(rows: list[dict[str, Any]], peak_flops: float, bandwidth: float,
     with K get one flat rate and k0 = 0), ``{"case": "memory-bound", op, tokens, h, us_fwd_bwd}``
     (each op's median passes) and, optional, ``{"case": "attention", s, heads, head_dim, batch,
     us_fwd, us_fwd_bwd}`` (FlashAttention's rates; else ``FLASH_ATTENTION_H100`` / peak)."""
-    peak, bw = positive_number("peak_flops", peak_flops), positive_number("bandwidth", bandwidth)
+    peak, bw = positive("peak_flops", peak_flops), positive("bandwidth", bandwidth)
     gemm = [r for r in rows if r.get("case") == "gemm" and r["us"] * 1e-6 >= MIN_MATMUL_SECONDS]
     if len(gemm) < 2:
         raise ValueError(f"need at least 2 matmul rows of >= {MIN_MATMUL_SECONDS * 1e6:.0f} us to "
@@ -186,7 +187,7 @@ def layer_breakdown(model: ModelSpec, gpu: Any, tp: int = 1, microbatch: int = 1
     if not isinstance(g, GPUCompute):
         raise ValueError(f"{getattr(gpu, 'name', None) or repr(gpu)} has no measured compute curve "
                          "(ClusterSpec.compute): give step_time an efficiency instead")
-    t, b, c = positive_int("tp", tp), positive_int("microbatch", microbatch), positive_int("cp", cp)
+    t, b, c = whole("tp", tp), whole("microbatch", microbatch), whole("cp", cp)
     if attention not in ATTENTION:
         raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
     for what, size in (("heads", model.heads), ("kv_heads", model.kv_heads),

@@ -60,7 +60,8 @@ from __future__ import annotations
 
 import math
 
-from mtb_helpers.plan.specs import ATTENTION, NORMS, RECOMPUTE, positive_int, positive_number
+from mtb_helpers.cost.model import positive, whole
+from mtb_helpers.plan.specs import ATTENTION, NORMS, RECOMPUTE
 
 __all__ = ["MemoryModel", "model_state_bytes", "activation_bytes_per_layer", "ATTENTION_TERMS",
            "MLP_TERMS", "STATE_TERMS", "RECORDED", "deepspeed_extras", "side_by_side",
@@ -101,13 +102,13 @@ class MemoryModel:
         """Bytes per rank ``{parameters, gradients, optimizer states}`` of ``num_params`` parameters
         over ``dp`` ranks at ZeRO ``zero_stage``; ``pad``: shards are ``ceil(Ψ/N)`` (and the
         unsharded flat buffers ``N ceil(Ψ/N)``), as implementations lay them out."""
-        psi = positive_number("num_params", num_params)
-        n = positive_int("dp", dp)
+        psi = positive("num_params", num_params)
+        n = whole("dp", dp)
         if zero_stage not in (0, 1, 2, 3) or isinstance(zero_stage, bool):
             raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
         for name, v in (("optimizer_bytes_per_param", optimizer_bytes_per_param),
                         ("param_bytes", param_bytes), ("grad_bytes", grad_bytes)):
-            positive_number(name, v)
+            positive(name, v)
         shard = math.ceil(psi / n) if pad and zero_stage else psi / n
         full = shard * n if pad and zero_stage else psi
         return {"parameters": param_bytes * (shard if zero_stage >= 3 else full),
@@ -124,13 +125,13 @@ class MemoryModel:
         (``ATTENTION_TERMS + MLP_TERMS``, or ``{"layer input"}`` under full recompute). Under
         ``attention="flash"`` the "attention scores" term holds the kernel's softmax statistics
         (fp32, one per query and head)."""
-        s, b, h, a, t = (positive_int(n, v) for n, v in (("seq", seq), ("batch", batch),
+        s, b, h, a, t = (whole(n, v) for n, v in (("seq", seq), ("batch", batch),
                                                           ("hidden", hidden), ("heads", heads),
                                                           ("tp", tp)))
-        kv = a if kv_heads is None else positive_int("kv_heads", kv_heads)
-        f = 4 * h if ffn_hidden is None else positive_int("ffn_hidden", ffn_hidden)
-        positive_int("top_k", top_k)
-        positive_int("dtype_bytes", dtype_bytes)
+        kv = a if kv_heads is None else whole("kv_heads", kv_heads)
+        f = 4 * h if ffn_hidden is None else whole("ffn_hidden", ffn_hidden)
+        whole("top_k", top_k)
+        whole("dtype_bytes", dtype_bytes)
         if recompute not in RECOMPUTE:
             raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
         if attention not in ATTENTION:
@@ -208,7 +209,7 @@ RECORDED: dict[tuple[int, int, int, int], tuple[int, int]] = {
 
 def deepspeed_extras(num_params: int, largest_layer: int, gpus: int) -> dict[int, dict[str, float]]:
     """{stage: {buffer: bytes}}: what DeepSpeed's estimator counts beyond the ZeRO paper."""
-    psi, n = num_params, positive_int("gpus", gpus)
+    psi, n = num_params, whole("gpus", gpus)
     return {2: {"fp32 gradient shard (4 bytes / N)": 4 * psi / n},
             3: {"fp32 instead of 16-bit gradient shard (+2 bytes / N)": 2 * psi / n,
                 "largest layer gathered: 16-bit parameters and gradients (4 L)": 4 * largest_layer}}
@@ -218,9 +219,9 @@ def side_by_side(num_params: int, largest_layer: int, gpus_per_node: int, nodes:
     """One row per ZeRO stage (2, 3): the paper's bytes per GPU (``model_state_bytes``), each
     buffer DeepSpeed adds, their sum rounded down as DeepSpeed rounds, and DeepSpeed's recorded
     answer when ``RECORDED`` has these inputs (else None)."""
-    positive_int("num_params", num_params)
-    positive_int("largest_layer", largest_layer)
-    n = positive_int("gpus_per_node", gpus_per_node) * positive_int("nodes", nodes)
+    whole("num_params", num_params)
+    whole("largest_layer", largest_layer)
+    n = whole("gpus_per_node", gpus_per_node) * whole("nodes", nodes)
     recorded = RECORDED.get((num_params, largest_layer, gpus_per_node, nodes))
     rows = []
     for i, (stage, extras) in enumerate(deepspeed_extras(num_params, largest_layer, n).items()):

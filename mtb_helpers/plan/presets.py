@@ -55,8 +55,9 @@ from pathlib import Path
 
 from mtb_helpers.capstone.model import GPTConfig
 from mtb_helpers.cost import Link
+from mtb_helpers.cost.model import positive, whole
 from mtb_helpers.plan.compute import fit_compute, h200_compute
-from mtb_helpers.plan.specs import ClusterSpec, ModelSpec, positive_int, positive_number
+from mtb_helpers.plan.specs import ClusterSpec, ModelSpec
 
 __all__ = ["MODELS", "CLUSTERS", "model", "cluster", "cluster_from_measurement", "tiny_gpt", "GIB"]
 
@@ -136,7 +137,7 @@ def cluster_from_measurement(path: str | Path, gpus: int = 8, memory_gib: float 
         doc = json.loads(p.read_text())
         compute = fit_compute(doc["rows"], doc["peak_flops"], doc["bandwidth"], doc["device"],
                               doc.get("dtype_bytes", 2))
-        memory = positive_number("memory_bytes", doc["memory_bytes"])
+        memory = positive("memory_bytes", doc["memory_bytes"])
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise ValueError(f"{str(path)!r} is not a measurement benchmarks/gpu_layer.py wrote: "
                          f"{type(e).__name__}: {e}") from None
@@ -146,10 +147,10 @@ def cluster_from_measurement(path: str | Path, gpus: int = 8, memory_gib: float 
 
 def _nodes(label: str, memory: float, flops: float, intra, inter, compute, gpus: int,
            memory_gib: float | None, gpus_per_node: int) -> ClusterSpec:
-    positive_int("gpus", gpus)
-    positive_int("gpus_per_node", gpus_per_node)
+    whole("gpus", gpus)
+    whole("gpus_per_node", gpus_per_node)
     if memory_gib is not None:
-        memory = positive_number("memory_gib", memory_gib) * GIB
+        memory = positive("memory_gib", memory_gib) * GIB
     per_node = min(gpus, gpus_per_node)
     if gpus % per_node:
         raise ValueError(f"gpus={gpus} is not a whole number of {per_node}-GPU nodes")

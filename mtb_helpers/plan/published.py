@@ -31,10 +31,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mtb_helpers.cost.model import whole
 from mtb_helpers.plan.budget import memory_per_rank, total_params
 from mtb_helpers.plan.presets import cluster
 from mtb_helpers.plan.search import PlanResult, plan
-from mtb_helpers.plan.specs import ClusterSpec, Layout, ModelSpec, Spec, layout_problems, positive_int
+from mtb_helpers.plan.specs import ClusterSpec, Layout, ModelSpec, Spec, layout_problems
 from mtb_helpers.plan.steptime import StepTime, stage_compute, step_time
 
 __all__ = ["PublishedRow", "NARAYANAN_2021_TABLE_1", "A100_MATMUL_EFFICIENCY", "A100_PEAK",
@@ -76,9 +77,9 @@ class PublishedRow(Spec):
 
     def __post_init__(self) -> None:
         for f in ("heads", "hidden", "layers", "tp", "pp", "gpus", "batch", "microbatch"):
-            positive_int(f, getattr(self, f))
+            whole(f, getattr(self, f))
         if self.layers_per_virtual_stage is not None:
-            positive_int("layers_per_virtual_stage", self.layers_per_virtual_stage)
+            whole("layers_per_virtual_stage", self.layers_per_virtual_stage)
         if self.ddp not in ("torch", "local"):
             raise ValueError(f"ddp must be 'torch' or 'local', got {self.ddp!r}")
 

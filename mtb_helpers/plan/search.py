@@ -23,10 +23,10 @@ import re
 from dataclasses import dataclass, field
 from itertools import product
 
+from mtb_helpers.cost.model import positive, whole
 from mtb_helpers.plan.budget import StageMemory, memory_per_rank
 from mtb_helpers.plan.presets import GIB
-from mtb_helpers.plan.specs import (ClusterSpec, Layout, ModelSpec, layout_problems, positive_int,
-                                    positive_number)
+from mtb_helpers.plan.specs import ClusterSpec, Layout, ModelSpec, layout_problems
 from mtb_helpers.plan.steptime import StepTime, step_time
 
 __all__ = ["Candidate", "PlanResult", "plan", "divisors", "prime_factors", "groupings",
@@ -165,12 +165,12 @@ def plan(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: int
     None). ``reserve``: bytes per GPU left for the CUDA context, NCCL and fragmentation. ``mfu``:
     the fraction of peak every matmul reaches, an assumption; None takes compute from the GPU's
     measured curve (``layer_seconds``; h100 and h200 have one, a100 needs a number)."""
-    positive_int("global_batch", global_batch)
+    whole("global_batch", global_batch)
     if mfu is not None:
-        positive_number("mfu", mfu)
+        positive("mfu", mfu)
     check_reserve(cluster, reserve)
     if seq_len is not None:
-        model = model.with_(seq_len=positive_int("seq_len", seq_len))
+        model = model.with_(seq_len=whole("seq_len", seq_len))
     budget = cluster.memory_bytes - reserve
     result = PlanResult(model, cluster, global_batch)
     n = cluster.gpus

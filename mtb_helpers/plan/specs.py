@@ -8,12 +8,13 @@ a cluster; ``check_layout`` raises a ValueError with them.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
 
+from mtb_helpers.cost.model import positive, whole
+
 __all__ = ["Spec", "ModelSpec", "ClusterSpec", "Layout", "DTYPE_BYTES", "RECOMPUTE", "SCHEDULES", "ATTENTION",
-           "layout_problems", "check_layout", "stage_layers", "positive_int", "positive_number"]
+           "layout_problems", "check_layout", "stage_layers"]
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
 RECOMPUTE = ("none", "selective", "full")
@@ -33,19 +34,6 @@ class Spec:
 
     def with_(self: S, **changes) -> S:
         return replace(self, **changes)
-
-
-def positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-def positive_number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True)
@@ -79,7 +67,7 @@ class ModelSpec(Spec):
     def __post_init__(self) -> None:
         for f in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
                   "experts", "top_k"):
-            positive_int(f, getattr(self, f))
+            whole(f, getattr(self, f))
         if self.hidden % self.heads:
             raise ValueError(f"hidden={self.hidden} is not divisible by heads={self.heads}: "
                              "each head has hidden/heads features")
@@ -115,10 +103,10 @@ class ClusterSpec(Spec):
     compute: Any = None
 
     def __post_init__(self) -> None:
-        positive_int("gpus_per_node", self.gpus_per_node)
-        positive_int("nodes", self.nodes)
-        positive_number("memory_bytes", self.memory_bytes)
-        positive_number("peak_flops", self.peak_flops)
+        whole("gpus_per_node", self.gpus_per_node)
+        whole("nodes", self.nodes)
+        positive("memory_bytes", self.memory_bytes)
+        positive("peak_flops", self.peak_flops)
         for f in ("intra_node", "inter_node"):
             link = getattr(self, f)
             if not (hasattr(link, "alpha") and hasattr(link, "bandwidth")):
@@ -160,7 +148,7 @@ class Layout(Spec):
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "dp", "cp", "ep", "microbatch", "grad_accum", "chunks"):
-            positive_int(f, getattr(self, f))
+            whole(f, getattr(self, f))
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if (self.schedule == "interleaved") != (self.chunks > 1):

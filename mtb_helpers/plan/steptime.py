@@ -60,9 +60,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from mtb_helpers.cost import predict
+from mtb_helpers.cost.model import positive
 from mtb_helpers.plan.budget import extrapolated, layer_params, rank_layers, stage_params
 from mtb_helpers.plan.compute import layer_breakdown
-from mtb_helpers.plan.specs import NORMS, ClusterSpec, Layout, ModelSpec, positive_number
+from mtb_helpers.plan.specs import NORMS, ClusterSpec, Layout, ModelSpec
 from mtb_helpers.pp.simulator import simulate
 
 __all__ = ["StepTime", "step_time", "stage_compute", "stage_seconds", "model_flops_per_token",
@@ -203,7 +204,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout,
     if efficiency is None:
         compute, attn_seconds = stage_seconds(model, cluster, layout)
     else:
-        efficiency = positive_number("efficiency", efficiency)
+        efficiency = positive("efficiency", efficiency)
         if efficiency > 1:
             raise ValueError(f"efficiency must be at most 1 (a fraction of peak), got {efficiency}")
         rate = cluster.peak_flops * efficiency
