@@ -44,12 +44,13 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from mtb_helpers.cost.model import positive, whole
 from mtb_helpers.plan.specs import ATTENTION, ModelSpec
 
-__all__ = ["GPUCompute", "fit_compute", "measured_rows", "h200_compute", "layer_breakdown",
+__all__ = ["GPUCompute", "fit_compute", "measured_rows", "measurement", "h200_compute", "layer_breakdown",
            "layer_seconds", "FLASH_ATTENTION_H100", "MIN_MATMUL_SECONDS"]
 
 # FlashAttention-2 on an H100 SXM5, head dim 128 (Shah et al. 2024, "FlashAttention-3", Figures 5
@@ -148,6 +149,21 @@ def fit_compute(rows: list[dict[str, Any]], peak_flops: float, bandwidth: float,
     attention = tuple(flash) or tuple((s, f / 989e12, b / 989e12)
                                       for s, f, b in FLASH_ATTENTION_H100)
     return GPUCompute(rate, overhead, bw, peak, tuple(passes.items()), attention, name)
+
+
+def measurement(path: str | Path) -> tuple[dict[str, Any], GPUCompute]:
+    """What ``benchmarks/gpu_layer.py --out path`` wrote, and the compute curve fitted to its rows;
+    ValueError naming ``path`` when there is no such file or it is not one."""
+    if not Path(path).is_file():
+        raise ValueError(f"no measurement file at {str(path)!r} (write one with "
+                         "python benchmarks/gpu_layer.py --out FILE)")
+    try:
+        doc = json.loads(Path(path).read_text())
+        return doc, fit_compute(doc["rows"], doc["peak_flops"], doc["bandwidth"], doc["device"],
+                                doc.get("dtype_bytes", 2))
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{str(path)!r} is not a measurement benchmarks/gpu_layer.py wrote: "
+                         f"{type(e).__name__}: {e}") from None
 
 
 @lru_cache(maxsize=1)

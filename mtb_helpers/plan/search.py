@@ -80,13 +80,11 @@ class PlanResult:
                          f"{c.time.tokens_per_second:>10.4g} {c.time.mfu:>5.1%} "
                          f"{c.peak_bytes / GIB:>6.1f}")
         if self.rejected:
-            lines += ["", "refused, e.g.:"]
-            seen = set()
+            first: dict[str, str] = {}      # one example of each kind of first reason
             for layout, why in self.rejected:
-                key = _kind(why[0])
-                if key not in seen:
-                    seen.add(key)
-                    lines.append(f"  {layout.short()}: {why[0]}")
+                if _kind(why[0]) not in first:
+                    first[_kind(why[0])] = f"  {layout.short()}: {why[0]}"
+            lines += ["", "refused, e.g.:", *first.values()]
         return "\n".join(lines)
 
     def to_dict(self, top: int | None = None) -> dict:
