@@ -25,7 +25,7 @@ import numbers
 from typing import Sequence
 
 from mtb_helpers.comm.records import CollectiveEvent, CollectiveRecord
-from mtb_helpers.cost.model import Link, predict
+from mtb_helpers.cost.model import Link, predict, whole
 from mtb_helpers.pp.schedules import schedule as make_schedule
 from mtb_helpers.pp.simulator import simulate
 
@@ -72,17 +72,13 @@ def predict_pipeline_step_time(schedule: str, stages: int, microbatches: int,
     """The makespan of ``schedule`` with ops of ``op_time = (F, B)`` seconds and every
     activation or gradient message of ``message_bytes`` taking its α-β time between stages.
     Counts may be numpy ints, times numpy floats (the simulator is given Python's)."""
-    stages, microbatches, chunks = (_whole(v) for v in (stages, microbatches, chunks))
+    stages, microbatches = whole("stages", stages), whole("microbatches", microbatches)
+    chunks = whole("chunks", chunks)
     op_time = tuple(float(t) if isinstance(t, numbers.Real) and not isinstance(t, bool) else t
                     for t in op_time)
     ops = make_schedule(schedule, stages, microbatches, chunks)
     latency = predict("send/recv", message_bytes, 2, link)
     return simulate(ops, forward=op_time[0], backward=op_time[1], latency=latency).makespan
-
-
-def _whole(value: object) -> object:
-    """A numpy int as Python's int; anything else unchanged (the simulator refuses what is bad)."""
-    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else value
 
 
 def op_comm_time(rec: CollectiveRecord, link: Link) -> float:
