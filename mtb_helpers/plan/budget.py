@@ -34,7 +34,7 @@ from mtb_helpers.pp.schedules import schedule as make_schedule
 from mtb_helpers.pp.simulator import simulate
 
 __all__ = ["StageMemory", "layer_params", "stage_params", "total_params", "memory_per_rank",
-           "inflight", "extrapolated", "OPTIMIZER_BYTES", "MEMORY_TERMS"]
+           "inflight", "extrapolated", "vocab_rows", "OPTIMIZER_BYTES", "MEMORY_TERMS"]
 
 # Optimizer bytes per parameter with Adam: mixed precision keeps fp32 master weights, momentum and
 # variance (K = 12, the ZeRO paper); one-dtype training keeps momentum and variance only.
@@ -62,7 +62,8 @@ def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1) -> dict[str, float]
     return MemoryModel().layer_params(model, tp, ep)
 
 
-def _vocab_rows(model: ModelSpec, tp: int) -> int:
+def vocab_rows(model: ModelSpec, tp: int) -> int:
+    """Rows of the embedding and output layer on one tensor-parallel rank."""
     return -(-model.vocab // tp)               # Megatron pads the vocabulary to split it evenly
 
 
@@ -73,7 +74,7 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int,
     n = rank_layers(model, layout)[stage]
     per = (memory_model or MemoryModel()).layer_params(model, layout.tp, layout.ep)
     out = {"dense": n * per["dense"], "experts": n * per["experts"]}
-    h, rows = model.hidden, _vocab_rows(model, layout.tp)
+    h, rows = model.hidden, vocab_rows(model, layout.tp)
     if stage == 0:
         out["dense"] += rows * h + (model.seq_len * h if model.learned_positions else 0)
     if stage == layout.pp - 1:
@@ -171,7 +172,7 @@ def memory_per_rank(model: ModelSpec, layout: Layout,
         if r == 0 and model.dropout:
             ends += s * b * model.hidden / rep               # embedding dropout mask
         if r == layout.pp - 1:                               # final norm + output layer inputs,
-            ends += 2 * d * s * b * model.hidden / rep + 4 * s * b * _vocab_rows(model, layout.tp)
+            ends += 2 * d * s * b * model.hidden / rep + 4 * s * b * vocab_rows(model, layout.tp)
         terms["embedding and output activations"] = held[r] * ends
         out.append(StageMemory(r, layers[r], params, held[r], terms))
     return out

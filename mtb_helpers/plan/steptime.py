@@ -61,7 +61,7 @@ from functools import lru_cache
 
 from mtb_helpers.cost import predict
 from mtb_helpers.cost.model import positive
-from mtb_helpers.plan.budget import extrapolated, layer_params, rank_layers, stage_params
+from mtb_helpers.plan.budget import extrapolated, layer_params, rank_layers, stage_params, vocab_rows
 from mtb_helpers.plan.compute import layer_breakdown
 from mtb_helpers.plan.specs import NORMS, ClusterSpec, Layout, ModelSpec
 from mtb_helpers.pp.simulator import simulate
@@ -185,7 +185,7 @@ def stage_seconds(model: ModelSpec, cluster: ClusterSpec,
     fwd, bwd = (sum(p[i] for p in parts.values()) for i in (0, 1))
     attn = parts["attention"][0]
     tokens = model.seq_len // layout.cp * layout.microbatch
-    rows = -(-model.vocab // layout.tp)
+    rows = vocab_rows(model, layout.tp)
     logits = (g.matmul_seconds(tokens, model.hidden, rows),     # the output layer, last stage
               g.matmul_seconds(tokens, rows, model.hidden) + g.matmul_seconds(model.hidden, tokens, rows))
     return _per_stage(model, layout, (fwd, bwd, attn), logits), attn
