@@ -131,10 +131,7 @@ def groupings(n: int) -> int:
 
 def check_reserve(cluster: ClusterSpec, reserve: float) -> None:
     """ValueError unless ``reserve`` bytes leave some of each GPU's memory: finite, >= 0, less."""
-    if isinstance(reserve, bool) or not isinstance(reserve, (int, float)) or \
-            not 0 <= reserve < math.inf:
-        raise ValueError(f"reserve must be a finite number of bytes >= 0, got {reserve!r}")
-    if reserve >= cluster.memory_bytes:
+    if positive("reserve (bytes)", reserve, strict=False) >= cluster.memory_bytes:
         raise ValueError(f"reserve {reserve / GIB:.4g} GiB leaves nothing of the "
                          f"{cluster.memory_bytes / GIB:.4g} GiB per GPU")
 
