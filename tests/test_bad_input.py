@@ -72,9 +72,10 @@ def test_2_divisors_come_from_prime_factors_and_match_the_definition(no_ranks):
     t0 = time.perf_counter()
     big = divisors(8_000_000_000)                 # 2^12 x 5^9: 13 x 10 divisors
     prime = divisors(2**31 - 1)                   # a Mersenne prime: only 1 and itself
+    largest = divisors(2**40 - 87)                # the largest prime below MAX_GPUS: 2**19 divisions
     assert time.perf_counter() - t0 < 0.5
     assert len(big) == 130 and big == sorted(big) and all(8_000_000_000 % d == 0 for d in big)
-    assert prime == [1, 2**31 - 1]
+    assert prime == [1, 2**31 - 1] and largest == [1, 2**40 - 87]
 
 
 def test_2_plan_answers_a_huge_gpu_count_quickly(no_ranks, capsys):
@@ -91,7 +92,7 @@ def test_2_plan_answers_a_huge_gpu_count_quickly(no_ranks, capsys):
 
 @pytest.mark.parametrize("gpus, why", [(8_000_000_000, "2^12 x 5^9 split into 100100"),
                                        (963761198400, "split into 120422400"),
-                                       (2**70, "below 2**64")])
+                                       (2**70, "below 2**40")])
 def test_2_a_gpu_count_with_too_many_layouts_is_refused_at_once(no_ranks, capsys, gpus, why):
     t0 = time.perf_counter()
     refused(PLAN[:3] + ["--gpus", str(gpus)] + PLAN[5:], capsys, f"--gpus {gpus}", why)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from mtb_helpers.plan.estimators import (RECORDED, deepspeed_estimates, deepspeed_extras,
-                                         side_by_side)
-from mtb_helpers.plan.memory import model_state_bytes
+from mtb_helpers.plan.memory import (RECORDED, deepspeed_estimates, deepspeed_extras, model_state_bytes,
+                                     side_by_side)
 
 
 @pytest.mark.parametrize("key", sorted(RECORDED))

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mtb_helpers.cost.model import COLLECTIVES, Link, busbw, coefficients, n_half, normalize, predict
+from mtb_helpers.cost.model import COLLECTIVES, Link, busbw, coefficients, n_half, normalize, predict, whole
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
 __all__ = ["calibrate", "Calibration", "Fit", "DEFAULT_SIZES"]
@@ -152,13 +152,6 @@ def _measured_bytes(collective: str, n: int, p: int) -> int:
     return 4 * (n * p if collective == "all-gather" else n)
 
 
-def _whole(name: str, value: object, low: int) -> int:
-    """An int (Python's or numpy's, not a bool) >= ``low``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return int(value)
-
-
 def _validate(world_size: int, sizes, collectives, k: int, warmup: int) -> tuple[list, list]:
     names = [normalize(c) for c in (collectives or COLLECTIVES)]
     if world_size < 2:   # one rank sends nothing: every row would be ~0 s and the fit made up
@@ -171,7 +164,7 @@ def _validate(world_size: int, sizes, collectives, k: int, warmup: int) -> tuple
     if any(s < 4 for s in sizes):
         raise ValueError(f"sizes {sizes} include {min(sizes)} bytes, less than one float32 "
                          "element (4 bytes): nothing would be sent")
-    k, warmup = _whole("k", k, 1), _whole("warmup", warmup, 0)
+    k, warmup = whole("k", k), whole("warmup", warmup, 0)
     for name in names:   # a fit of two unknowns needs two different sizes really measured
         kept = sorted({_measured_bytes(name, _elements(name, s, world_size), world_size)
                        for s in sizes})

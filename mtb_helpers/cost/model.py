@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from mtb_helpers.runtime.errors import too_slow, years
 
 __all__ = ["Link", "COLLECTIVES", "ALGORITHMS", "normalize", "coefficients", "predict",
-           "algbw", "busbw", "busbw_factor", "n_half"]
+           "algbw", "busbw", "busbw_factor", "n_half", "positive", "whole"]
 
 COLLECTIVES = ("broadcast", "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send/recv")
 ALGORITHMS: dict[str, tuple[str, ...]] = {
@@ -61,18 +61,23 @@ _ALIASES = {"allreduce": "all-reduce", "allgather": "all-gather", "reducescatter
             "sendrecv": "send/recv", "send-recv": "send/recv", "p2p": "send/recv"}
 
 
-def _number(name: str, value: object) -> float:
-    """``value`` as a float: Python's and numpy's ints and floats are numbers; bools are not."""
+def positive(name: str, value: object, strict: bool = True) -> float:
+    """``value`` as a finite float > 0 (>= 0 unless ``strict``): Python's and numpy's ints and
+    floats are numbers; bools are not."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):   # numpy's bool is not Real
         raise ValueError(f"{name} must be a number, got {value!r}")
-    return float(value)
-
-
-def _positive(name: str, value: object) -> float:
-    number = _number(name, value)
-    if not math.isfinite(number) or number <= 0:
-        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0 or (strict and number == 0):
+        raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} 0, got {value!r}")
     return number
+
+
+def whole(name: str, value: object, low: int = 1) -> int:
+    """``value`` as an int >= ``low``: Python's or numpy's int; a bool is not one."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{name} must be {'a positive integer' if low == 1 else f'an int >= {low}'}, "
+                         f"got {value!r}")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,7 @@ class Link:
     bandwidth: float
 
     def __post_init__(self) -> None:
-        alpha, bandwidth = _positive("alpha", self.alpha), _positive("bandwidth", self.bandwidth)
+        alpha, bandwidth = positive("alpha", self.alpha), positive("bandwidth", self.bandwidth)
         problem = too_slow(alpha, bandwidth)
         if problem:
             raise ValueError(problem)
@@ -129,16 +134,9 @@ def normalize(collective: str) -> str:
     return name
 
 
-def _world_size(world_size: object) -> int:
-    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or \
-            world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
-    return int(world_size)
-
-
 def coefficients(collective: str, world_size: int, algorithm: str = "ring") -> tuple[float, float]:
     """``(a, b)`` with ``T = a·α + b·n/β`` (the table in this module's docstring)."""
-    name, p = normalize(collective), _world_size(world_size)
+    name, p = normalize(collective), whole("world_size", world_size)
     if algorithm not in ALGORITHMS[name]:
         raise ValueError(f"unknown algorithm {algorithm!r} for {name}; expected one of "
                          f"{', '.join(ALGORITHMS[name])}")
@@ -169,13 +167,6 @@ def coefficients(collective: str, world_size: int, algorithm: str = "ring") -> t
     return float(a), float(b)
 
 
-def _nbytes(nbytes: object) -> float:
-    number = _number("nbytes", nbytes)
-    if not math.isfinite(number) or number < 0:
-        raise ValueError(f"nbytes must be finite and >= 0, got {nbytes!r}")
-    return number
-
-
 def predict(collective: str, nbytes: int, world_size: int, link: Link,
             algorithm: str = "ring") -> float:
     """Seconds ``collective`` takes on ``world_size`` ranks joined by ``link`` for size ``nbytes``
@@ -183,7 +174,7 @@ def predict(collective: str, nbytes: int, world_size: int, link: Link,
     if not isinstance(link, Link):
         raise ValueError(f"link must be a Link(alpha, bandwidth), got {link!r}")
     a, b = coefficients(collective, world_size, algorithm)
-    seconds = a * link.alpha + b * _nbytes(nbytes) / link.bandwidth
+    seconds = a * link.alpha + b * positive("nbytes", nbytes, strict=False) / link.bandwidth
     if math.isinf(seconds):
         raise ValueError(f"{normalize(collective)} ({algorithm}) of {nbytes:g} B on {world_size} "
                          f"ranks: this link would take {years(seconds)}")
@@ -199,7 +190,7 @@ def n_half(collective: str, world_size: int, link: Link, algorithm: str = "ring"
 
 def busbw_factor(collective: str, world_size: int) -> float:
     """nccl-tests' correction from algbw to busbw for ``collective`` on ``world_size`` ranks."""
-    name, p = normalize(collective), _world_size(world_size)
+    name, p = normalize(collective), whole("world_size", world_size)
     if name == "all-reduce":
         return 2 * (p - 1) / p
     if name in ("all-gather", "reduce-scatter", "all-to-all"):
@@ -209,7 +200,7 @@ def busbw_factor(collective: str, world_size: int) -> float:
 
 def algbw(nbytes: int, seconds: float) -> float:
     """nccl-tests' algorithm bandwidth ``S / t`` in bytes per second."""
-    return _nbytes(nbytes) / _positive("seconds", seconds)
+    return positive("nbytes", nbytes, strict=False) / positive("seconds", seconds)
 
 
 def busbw(collective: str, nbytes: int, seconds: float, world_size: int) -> float:

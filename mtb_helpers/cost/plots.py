@@ -11,17 +11,10 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from mtb_helpers.cost.calibrate import Calibration
-from mtb_helpers.cost.model import n_half, predict
+from mtb_helpers.cost.model import _si, n_half, predict
 from mtb_helpers.plots.palette import RANK_COLORS
 
 __all__ = ["plot_calibration", "plot_predicted_vs_measured"]
-
-
-def _bytes(n: float) -> str:
-    for factor, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
-        if n >= factor:
-            return f"{n / factor:.3g} {unit}"
-    return f"{n:.3g} B"
 
 
 def plot_calibration(cal: Calibration, collective: str = "all-reduce", title: str = "") -> Figure:
@@ -42,7 +35,7 @@ def plot_calibration(cal: Calibration, collective: str = "all-reduce", title: st
               label="measured (median of each size's runs)")
     if grid[0] < half < grid[-1]:
         ax.axvline(half, color=RANK_COLORS[5], linestyle="--",
-                   label=f"n½ = {_bytes(half)}: latency term = bandwidth term")
+                   label=f"n½ = {_si(half, 'B')}: latency term = bandwidth term")
     ax.set_xlabel("size n in bytes (nccl-tests' size)")
     ax.set_ylabel("time of one collective (s)")
     where = ("emulated link " + cal.link.describe()) if cal.link is not None else "this machine"

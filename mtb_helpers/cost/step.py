@@ -15,13 +15,9 @@ passes both at once) runs beside it on the other direction of a full-duplex link
 
 A pipeline overlaps its ranks; its step is the simulator's makespan with every message taking
 its α-β time: :func:`predict_pipeline_step_time`. A step on a tp x pp x dp x cp grid (the
-capstone's) combines both: :func:`predict_grid_step_time`. Each F or B op of a stage costs its
-padded compute plus the α-β time of the collectives it issues (tensor and sequence parallelism's
-gathers and reductions, the cross-entropy's, context parallelism's ring hops); the simulator
-runs the schedule with one F and one B time per stage and the activation messages' α-β latency;
-after its own last op each stage sums its sequence-parallel LayerNorm and bias grads over its
-tensor group (one all-reduce, ``capstone/finalize.py``), reduces its gradients over its
-data-parallel group and steps its optimizer: the step ends when the last stage does.
+capstone's) combines both: :func:`predict_grid_step_time`. After its own last op each stage sums
+its sequence-parallel LayerNorm and bias grads over its tensor group (``capstone/finalize.py``),
+reduces its gradients over its data-parallel group and steps: the step ends when the last stage does.
 """
 from __future__ import annotations
 
@@ -29,7 +25,7 @@ import numbers
 from typing import Sequence
 
 from mtb_helpers.comm.records import CollectiveEvent, CollectiveRecord
-from mtb_helpers.cost.model import Link, predict
+from mtb_helpers.cost.model import Link, predict, whole
 from mtb_helpers.pp.schedules import schedule as make_schedule
 from mtb_helpers.pp.simulator import simulate
 
@@ -76,17 +72,13 @@ def predict_pipeline_step_time(schedule: str, stages: int, microbatches: int,
     """The makespan of ``schedule`` with ops of ``op_time = (F, B)`` seconds and every
     activation or gradient message of ``message_bytes`` taking its α-β time between stages.
     Counts may be numpy ints, times numpy floats (the simulator is given Python's)."""
-    stages, microbatches, chunks = (_whole(v) for v in (stages, microbatches, chunks))
+    stages, microbatches = whole("stages", stages), whole("microbatches", microbatches)
+    chunks = whole("chunks", chunks)
     op_time = tuple(float(t) if isinstance(t, numbers.Real) and not isinstance(t, bool) else t
                     for t in op_time)
     ops = make_schedule(schedule, stages, microbatches, chunks)
     latency = predict("send/recv", message_bytes, 2, link)
     return simulate(ops, forward=op_time[0], backward=op_time[1], latency=latency).makespan
-
-
-def _whole(value: object) -> object:
-    """A numpy int as Python's int; anything else unchanged (the simulator refuses what is bad)."""
-    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else value
 
 
 def op_comm_time(rec: CollectiveRecord, link: Link) -> float:

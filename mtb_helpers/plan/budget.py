@@ -34,7 +34,7 @@ from mtb_helpers.pp.schedules import schedule as make_schedule
 from mtb_helpers.pp.simulator import simulate
 
 __all__ = ["StageMemory", "layer_params", "stage_params", "total_params", "memory_per_rank",
-           "inflight", "extrapolated", "OPTIMIZER_BYTES", "MEMORY_TERMS"]
+           "inflight", "extrapolated", "vocab_rows", "OPTIMIZER_BYTES", "MEMORY_TERMS"]
 
 # Optimizer bytes per parameter with Adam: mixed precision keeps fp32 master weights, momentum and
 # variance (K = 12, the ZeRO paper); one-dtype training keeps momentum and variance only.
@@ -62,7 +62,8 @@ def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1) -> dict[str, float]
     return MemoryModel().layer_params(model, tp, ep)
 
 
-def _vocab_rows(model: ModelSpec, tp: int) -> int:
+def vocab_rows(model: ModelSpec, tp: int) -> int:
+    """Rows of the embedding and output layer on one tensor-parallel rank."""
     return -(-model.vocab // tp)               # Megatron pads the vocabulary to split it evenly
 
 
@@ -73,7 +74,7 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int,
     n = rank_layers(model, layout)[stage]
     per = (memory_model or MemoryModel()).layer_params(model, layout.tp, layout.ep)
     out = {"dense": n * per["dense"], "experts": n * per["experts"]}
-    h, rows = model.hidden, _vocab_rows(model, layout.tp)
+    h, rows = model.hidden, vocab_rows(model, layout.tp)
     if stage == 0:
         out["dense"] += rows * h + (model.seq_len * h if model.learned_positions else 0)
     if stage == layout.pp - 1:
@@ -131,23 +132,20 @@ def inflight(name: str, pp: int, microbatches: int, chunks: int = 1) -> tuple[fl
     return extrapolated(_peaks, name, pp, microbatches, chunks)
 
 
-def _activation_args(model: ModelSpec, layout: Layout, recompute: str) -> tuple:
-    return ((model.seq_len // layout.cp, layout.microbatch, model.hidden, model.heads, layout.tp,
-             layout.sequence_parallel, recompute),
-            dict(kv_heads=model.kv_heads, ffn_hidden=model.ffn_hidden, gated_mlp=model.gated_mlp,
-                 dropout=model.dropout, top_k=model.top_k, dtype_bytes=layout.dtype_bytes,
-                 attention=layout.attention, fused_swiglu=model.fused_swiglu))
-
-
 def memory_per_rank(model: ModelSpec, layout: Layout,
                     memory_model: MemoryModel | None = None) -> list[StageMemory]:
     """One ``StageMemory`` per pipeline stage (see the module docstring for every term)."""
     mm = memory_model or MemoryModel()
-    args, kw = _activation_args(model, layout, layout.recompute)
-    per_layer = sum(mm.activation_terms(*args, **kw).values())
-    full_args, _ = _activation_args(model, layout, "none")
-    working = (sum(mm.activation_terms(*full_args, **kw).values())
-               if layout.recompute == "full" else 0.0)
+
+    def one_layer(recompute: str) -> float:
+        return sum(mm.activation_terms(
+            model.seq_len // layout.cp, layout.microbatch, model.hidden, model.heads, layout.tp,
+            layout.sequence_parallel, recompute, kv_heads=model.kv_heads, ffn_hidden=model.ffn_hidden,
+            gated_mlp=model.gated_mlp, dropout=model.dropout, top_k=model.top_k,
+            dtype_bytes=layout.dtype_bytes, attention=layout.attention,
+            fused_swiglu=model.fused_swiglu).values())
+    per_layer = one_layer(layout.recompute)
+    working = one_layer("none") if layout.recompute == "full" else 0.0
     held = inflight(layout.schedule, layout.pp, layout.grad_accum, layout.chunks)
     layers = rank_layers(model, layout)
     d = layout.dtype_bytes
@@ -174,7 +172,7 @@ def memory_per_rank(model: ModelSpec, layout: Layout,
         if r == 0 and model.dropout:
             ends += s * b * model.hidden / rep               # embedding dropout mask
         if r == layout.pp - 1:                               # final norm + output layer inputs,
-            ends += 2 * d * s * b * model.hidden / rep + 4 * s * b * _vocab_rows(model, layout.tp)
+            ends += 2 * d * s * b * model.hidden / rep + 4 * s * b * vocab_rows(model, layout.tp)
         terms["embedding and output activations"] = held[r] * ends
         out.append(StageMemory(r, layers[r], params, held[r], terms))
     return out

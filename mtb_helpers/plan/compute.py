@@ -19,15 +19,13 @@ its size (a roofline whose matmul ceiling falls with the matrix's size):
                 ("FlashAttention-3", Figures 5 and 6): forward, causal, 191 to 335 TFLOP/s from
                 s = 512 to 16k, backward 132 to 292 (``FLASH_ATTENTION_H100``); the same
                 fractions of peak on another GPU (or the rates ``benchmarks/gpu_layer.py``
-                measured on yours). A causal kernel's work is a triangle (query block i sees i + 1
-                key blocks); with few heads on a rank the longest blocks leave SMs idle at the
-                end: the time is scaled by ``(W/S + n/2) / (W/S)`` (W block-pairs, S = 132 SMs,
-                n blocks of 128 queries), relative to the benchmark's 16 heads x 16k tokens. A
-                first-principles term, not fitted; it moves Llama 3 8B's t = 8 share from 12 %
-                to 4 % below the measurement and every other measured row by at most 3 points. Materialized
-                attention instead runs its six products on the matmul curve (inner dimension d
-                or s) and three memory-bound passes over the [a, s, s] scores (mask, softmax,
-                dropout).
+                measured on yours). With few heads on a rank the causal triangle's longest blocks
+                leave SMs idle at the end (``_causal_tail``, relative to the benchmark's 16 heads x
+                16k tokens): first principles, not fitted; it moves Llama 3 8B's t = 8 share from
+                12 % to 4 % below the measurement, every other row by at most 3 points.
+                Materialized attention instead runs its six products on the matmul curve (inner
+                dimension d or s) and three memory-bound passes over the [a, s, s] scores (mask,
+                softmax, dropout).
   memory-bound  norms, the MLP's activation, dropout and residual adds cost what the H200 measured
                 for each, per element: its forward+backward in passes over the tensor at the
                 nominal bandwidth (RMSNorm 16, GeLU 11, SiLU·x 23, residual add 8, ...), taken at
@@ -43,14 +41,16 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
-from mtb_helpers.plan.specs import ATTENTION, ModelSpec, positive_int, positive_number
+from mtb_helpers.cost.model import positive, whole
+from mtb_helpers.plan.specs import ATTENTION, ModelSpec
 
-__all__ = ["GPUCompute", "fit_compute", "measured_rows", "h200_compute", "layer_breakdown",
+__all__ = ["GPUCompute", "fit_compute", "measured_rows", "measurement", "h200_compute", "layer_breakdown",
            "layer_seconds", "FLASH_ATTENTION_H100", "MIN_MATMUL_SECONDS"]
 
 # FlashAttention-2 on an H100 SXM5, head dim 128 (Shah et al. 2024, "FlashAttention-3", Figures 5
@@ -82,15 +82,12 @@ class GPUCompute:
         """Seconds of one (m x k) @ (k x n) product."""
         return 2 * m * n * (k + self.inner_overhead) / self.matmul_rate
 
-    def passes(self, op: str) -> float:
+    def op_seconds(self, op: str, elements: float, dtype_bytes: int = 2) -> float:
+        """Forward+backward seconds of memory-bound ``op`` on ``elements`` elements."""
         table = dict(self.op_passes)
         if op not in table:
             raise ValueError(f"no measured cost for op {op!r}; measured: {', '.join(table)}")
-        return table[op]
-
-    def op_seconds(self, op: str, elements: float, dtype_bytes: int = 2) -> float:
-        """Forward+backward seconds of memory-bound ``op`` on ``elements`` elements."""
-        return self.passes(op) * elements * dtype_bytes / self.bandwidth
+        return table[op] * elements * dtype_bytes / self.bandwidth
 
     def flash_rate(self, seq: int) -> tuple[float, float]:
         """FlashAttention's (forward, backward) FLOP/s at sequence length ``seq`` (interpolated
@@ -103,9 +100,7 @@ class GPUCompute:
 
     def with_bandwidth(self, bandwidth: float, name: str = "") -> "GPUCompute":
         """The same matmuls and per-op passes on a GPU with another memory bandwidth."""
-        return GPUCompute(self.matmul_rate, self.inner_overhead, positive_number(
-            "bandwidth", bandwidth), self.peak_flops, self.op_passes, self.attention,
-            name or self.name, self.sms)
+        return replace(self, bandwidth=positive("bandwidth", bandwidth), name=name or self.name)
 
 
 def measured_rows(name: str) -> list[dict[str, Any]]:
@@ -120,10 +115,9 @@ def fit_compute(rows: list[dict[str, Any]], peak_flops: float, bandwidth: float,
     """A ``GPUCompute`` from measured rows: ``{"case": "gemm", M, K, N, us}`` (R and k0 by least
     squares on relative error, products of at least ``MIN_MATMUL_SECONDS``; rows that do not grow
     with K get one flat rate and k0 = 0), ``{"case": "memory-bound", op, tokens, h, us_fwd_bwd}``
-    (each op's median passes) and,
-    optional, ``{"case": "attention", s, heads, head_dim, batch, us_fwd, us_fwd_bwd}``
-    (FlashAttention's rates; without them, ``FLASH_ATTENTION_H100`` as fractions of peak)."""
-    peak, bw = positive_number("peak_flops", peak_flops), positive_number("bandwidth", bandwidth)
+    (each op's median passes) and, optional, ``{"case": "attention", s, heads, head_dim, batch,
+    us_fwd, us_fwd_bwd}`` (FlashAttention's rates; else ``FLASH_ATTENTION_H100`` / peak)."""
+    peak, bw = positive("peak_flops", peak_flops), positive("bandwidth", bandwidth)
     gemm = [r for r in rows if r.get("case") == "gemm" and r["us"] * 1e-6 >= MIN_MATMUL_SECONDS]
     if len(gemm) < 2:
         raise ValueError(f"need at least 2 matmul rows of >= {MIN_MATMUL_SECONDS * 1e6:.0f} us to "
@@ -155,6 +149,21 @@ def fit_compute(rows: list[dict[str, Any]], peak_flops: float, bandwidth: float,
     attention = tuple(flash) or tuple((s, f / 989e12, b / 989e12)
                                       for s, f, b in FLASH_ATTENTION_H100)
     return GPUCompute(rate, overhead, bw, peak, tuple(passes.items()), attention, name)
+
+
+def measurement(path: str | Path) -> tuple[dict[str, Any], GPUCompute]:
+    """What ``benchmarks/gpu_layer.py --out path`` wrote, and the compute curve fitted to its rows;
+    ValueError naming ``path`` when there is no such file or it is not one."""
+    if not Path(path).is_file():
+        raise ValueError(f"no measurement file at {str(path)!r} (write one with "
+                         "python benchmarks/gpu_layer.py --out FILE)")
+    try:
+        doc = json.loads(Path(path).read_text())
+        return doc, fit_compute(doc["rows"], doc["peak_flops"], doc["bandwidth"], doc["device"],
+                                doc.get("dtype_bytes", 2))
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{str(path)!r} is not a measurement benchmarks/gpu_layer.py wrote: "
+                         f"{type(e).__name__}: {e}") from None
 
 
 @lru_cache(maxsize=1)
@@ -194,7 +203,7 @@ def layer_breakdown(model: ModelSpec, gpu: Any, tp: int = 1, microbatch: int = 1
     if not isinstance(g, GPUCompute):
         raise ValueError(f"{getattr(gpu, 'name', None) or repr(gpu)} has no measured compute curve "
                          "(ClusterSpec.compute): give step_time an efficiency instead")
-    t, b, c = positive_int("tp", tp), positive_int("microbatch", microbatch), positive_int("cp", cp)
+    t, b, c = whole("tp", tp), whole("microbatch", microbatch), whole("cp", cp)
     if attention not in ATTENTION:
         raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
     for what, size in (("heads", model.heads), ("kv_heads", model.kv_heads),

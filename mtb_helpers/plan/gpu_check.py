@@ -18,12 +18,11 @@ under full recompute with one more forward.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mtb_helpers.plan.compute import GPUCompute, fit_compute, h200_compute, layer_breakdown, measured_rows
+from mtb_helpers.plan.compute import GPUCompute, h200_compute, layer_breakdown, measured_rows, measurement
 from mtb_helpers.plan.memory import MemoryModel
 from mtb_helpers.plan.presets import model
 from mtb_helpers.plan.specs import ModelSpec
@@ -117,10 +116,8 @@ def against_measurements(source: str | Path | None = None, *, gpu: GPUCompute | 
                 + measured_rows("h200_tp_shard_time.jsonl"))
         curve = h200_compute()
     else:
-        doc = json.loads(Path(source).read_text())
+        doc, curve = measurement(source)
         rows = doc["rows"]
-        curve = fit_compute(rows, doc["peak_flops"], doc["bandwidth"], doc["device"],
-                            doc.get("dtype_bytes", 2))
     rows = [r for r in rows if "case" in r and "error" not in r]
     return memory_rows(rows, memory_model, materialized) + time_rows(rows, gpu or curve)
 

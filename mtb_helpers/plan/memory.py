@@ -43,27 +43,34 @@ up outputs, silu(gate), and their product, the down projection's input). A fused
 recomputes silu(gate) in backward: three with the product. One layer of Llama 3 8B keeps 41 sbh with
 FlashAttention (the H200 measurement in ``measured/``: 40.03 by its count, which sees each
 layer's input at half, see ``mtb_helpers.plan.compute``).
+**DeepSpeed's estimators** (``estimate_zero2_model_states_mem_needs`` in
+``deepspeed.runtime.zero.stage_1_and_2``, ``estimate_zero3_model_states_mem_needs`` in
+``deepspeed.runtime.zero.stage3``; pure arithmetic) answer ``2Ψ + int(18Ψ/N)`` (ZeRO-2; 18: 16-bit
+grads 2, fp32 grads 4, fp32 params 4, Adam 8) and ``4 L + int(18Ψ/N)`` (ZeRO-3, L the largest
+layer's parameter count) without offloading, where the
+paper says ``2Ψ + 14Ψ/N`` and ``16Ψ/N``: ZeRO-2 adds the averaged gradient shard kept in fp32 for
+the optimizer step (4Ψ/N), ZeRO-3 the same fp32 shard in place of the paper's 16-bit one (+2Ψ/N)
+and one layer gathered whole, its 16-bit parameters and gradients (4 L): ``side_by_side``.
+``RECORDED`` holds DeepSpeed 0.19.8's answers (``pip install deepspeed==0.19.8``, a pure Python
+sdist, then ``estimate_zero2_model_states_mem_needs(Ψ, 8, nodes, cpu_offload=False)`` and
+``estimate_zero3_model_states_mem_needs(Ψ, L, 8, nodes, cpu_offload=False)``), so the notebook
+shows them without DeepSpeed installed; ``tests/test_plan_deepspeed.py`` asks DeepSpeed itself.
 """
 from __future__ import annotations
 
 import math
 
-from mtb_helpers.plan.specs import ATTENTION, NORMS, RECOMPUTE, positive_int
+from mtb_helpers.cost.model import positive, whole
+from mtb_helpers.plan.specs import ATTENTION, NORMS, RECOMPUTE
 
 __all__ = ["MemoryModel", "model_state_bytes", "activation_bytes_per_layer", "ATTENTION_TERMS",
-           "MLP_TERMS", "STATE_TERMS"]
+           "MLP_TERMS", "STATE_TERMS", "RECORDED", "deepspeed_extras", "side_by_side",
+           "deepspeed_estimates"]
 
 ATTENTION_TERMS = ("ln1 input", "qkv input", "q and k", "v", "attention scores",
                    "projection input", "attention dropout mask")
 MLP_TERMS = ("ln2 input", "fc1 input", "mlp hidden", "mlp dropout mask")
 STATE_TERMS = ("parameters", "gradients", "optimizer states")
-
-
-def _count(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
 
 
 class MemoryModel:
@@ -95,13 +102,13 @@ class MemoryModel:
         """Bytes per rank ``{parameters, gradients, optimizer states}`` of ``num_params`` parameters
         over ``dp`` ranks at ZeRO ``zero_stage``; ``pad``: shards are ``ceil(Ψ/N)`` (and the
         unsharded flat buffers ``N ceil(Ψ/N)``), as implementations lay them out."""
-        psi = _count("num_params", num_params)
-        n = positive_int("dp", dp)
+        psi = positive("num_params", num_params)
+        n = whole("dp", dp)
         if zero_stage not in (0, 1, 2, 3) or isinstance(zero_stage, bool):
             raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
         for name, v in (("optimizer_bytes_per_param", optimizer_bytes_per_param),
                         ("param_bytes", param_bytes), ("grad_bytes", grad_bytes)):
-            _count(name, v)
+            positive(name, v)
         shard = math.ceil(psi / n) if pad and zero_stage else psi / n
         full = shard * n if pad and zero_stage else psi
         return {"parameters": param_bytes * (shard if zero_stage >= 3 else full),
@@ -118,13 +125,13 @@ class MemoryModel:
         (``ATTENTION_TERMS + MLP_TERMS``, or ``{"layer input"}`` under full recompute). Under
         ``attention="flash"`` the "attention scores" term holds the kernel's softmax statistics
         (fp32, one per query and head)."""
-        s, b, h, a, t = (positive_int(n, v) for n, v in (("seq", seq), ("batch", batch),
+        s, b, h, a, t = (whole(n, v) for n, v in (("seq", seq), ("batch", batch),
                                                           ("hidden", hidden), ("heads", heads),
                                                           ("tp", tp)))
-        kv = a if kv_heads is None else positive_int("kv_heads", kv_heads)
-        f = 4 * h if ffn_hidden is None else positive_int("ffn_hidden", ffn_hidden)
-        positive_int("top_k", top_k)
-        positive_int("dtype_bytes", dtype_bytes)
+        kv = a if kv_heads is None else whole("kv_heads", kv_heads)
+        f = 4 * h if ffn_hidden is None else whole("ffn_hidden", ffn_hidden)
+        whole("top_k", top_k)
+        whole("dtype_bytes", dtype_bytes)
         if recompute not in RECOMPUTE:
             raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
         if attention not in ATTENTION:
@@ -190,3 +197,49 @@ def activation_bytes_per_layer(seq: int, batch: int, hidden: int, heads: int, tp
     """
     return sum(MemoryModel().activation_terms(seq, batch, hidden, heads, tp, sequence_parallel,
                                               recompute, **details).values())
+
+
+# (Ψ, largest layer L, GPUs per node, nodes) -> (ZeRO-2 GPU bytes, ZeRO-3 GPU bytes), DeepSpeed 0.19.8
+RECORDED: dict[tuple[int, int, int, int], tuple[int, int]] = {
+    (7_500_000_000, 4 * 4096 * 4096, 8, 8): (17_109_375_000, 2_377_810_456),       # ZeRO's 7.5B, N = 64
+    (8_030_261_248, 128256 * 4096, 8, 1): (34_128_610_304, 20_169_434_112),        # Llama 3 8B, one node
+    (70_553_706_496, 128256 * 8192, 8, 4): (180_793_872_896, 43_889_152_512),      # Llama 3 70B, 32 GPUs
+}
+
+
+def deepspeed_extras(num_params: int, largest_layer: int, gpus: int) -> dict[int, dict[str, float]]:
+    """{stage: {buffer: bytes}}: what DeepSpeed's estimator counts beyond the ZeRO paper."""
+    psi, n = num_params, whole("gpus", gpus)
+    return {2: {"fp32 gradient shard (4 bytes / N)": 4 * psi / n},
+            3: {"fp32 instead of 16-bit gradient shard (+2 bytes / N)": 2 * psi / n,
+                "largest layer gathered: 16-bit parameters and gradients (4 L)": 4 * largest_layer}}
+
+
+def side_by_side(num_params: int, largest_layer: int, gpus_per_node: int, nodes: int) -> list[dict]:
+    """One row per ZeRO stage (2, 3): the paper's bytes per GPU (``model_state_bytes``), each
+    buffer DeepSpeed adds, their sum rounded down as DeepSpeed rounds, and DeepSpeed's recorded
+    answer when ``RECORDED`` has these inputs (else None)."""
+    whole("num_params", num_params)
+    whole("largest_layer", largest_layer)
+    n = whole("gpus_per_node", gpus_per_node) * whole("nodes", nodes)
+    recorded = RECORDED.get((num_params, largest_layer, gpus_per_node, nodes))
+    rows = []
+    for i, (stage, extras) in enumerate(deepspeed_extras(num_params, largest_layer, n).items()):
+        ours = model_state_bytes(num_params, n, stage)
+        rows.append({"stage": stage, "zero_paper": ours, "extras": extras,
+                     "explained": int(ours + sum(extras.values())),
+                     "deepspeed": None if recorded is None else recorded[i]})
+    return rows
+
+
+def deepspeed_estimates(num_params: int, largest_layer: int, gpus_per_node: int,
+                        nodes: int) -> tuple[int, int]:
+    """DeepSpeed's own answers, asked now: (ZeRO-2, ZeRO-3) GPU bytes without offloading.
+    Needs ``pip install deepspeed==0.19.8`` (the ``test`` extra installs it)."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    _, zero2 = estimate_zero2_model_states_mem_needs(num_params, gpus_per_node, nodes,
+                                                     cpu_offload=False)
+    _, zero3, _ = estimate_zero3_model_states_mem_needs(num_params, largest_layer, gpus_per_node,
+                                                        nodes, cpu_offload=False)
+    return int(zero2), int(zero3)

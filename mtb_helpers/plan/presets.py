@@ -50,13 +50,13 @@ GPU memory is counted in GiB (2**30 bytes), as the command line's ``--gpu-memory
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from mtb_helpers.capstone.model import GPTConfig
 from mtb_helpers.cost import Link
-from mtb_helpers.plan.compute import fit_compute, h200_compute
-from mtb_helpers.plan.specs import ClusterSpec, ModelSpec, positive_int, positive_number
+from mtb_helpers.cost.model import positive, whole
+from mtb_helpers.plan.compute import h200_compute, measurement
+from mtb_helpers.plan.specs import ClusterSpec, ModelSpec
 
 __all__ = ["MODELS", "CLUSTERS", "model", "cluster", "cluster_from_measurement", "tiny_gpt", "GIB"]
 
@@ -128,28 +128,18 @@ def cluster_from_measurement(path: str | Path, gpus: int = 8, memory_gib: float 
     """A cluster of the GPU measured in ``path`` (``benchmarks/gpu_layer.py --out path``): its
     memory, dense 16-bit peak and compute curve (``compute.fit_compute`` on its rows), in nodes
     linked as the H100 preset's (NVLink 4 inside, InfiniBand NDR across: an assumption)."""
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"no measurement file at {str(path)!r} (write one with "
-                         "python benchmarks/gpu_layer.py --out FILE)")
-    try:
-        doc = json.loads(p.read_text())
-        compute = fit_compute(doc["rows"], doc["peak_flops"], doc["bandwidth"], doc["device"],
-                              doc.get("dtype_bytes", 2))
-        memory = positive_number("memory_bytes", doc["memory_bytes"])
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{str(path)!r} is not a measurement benchmarks/gpu_layer.py wrote: "
-                         f"{type(e).__name__}: {e}") from None
+    doc, compute = measurement(path)
+    memory = positive(f"memory_bytes in {str(path)!r}", doc.get("memory_bytes"))
     return _nodes(str(doc["device"]), memory, doc["peak_flops"], _NVLINK4, _NDR, compute, gpus,
                   memory_gib, gpus_per_node)
 
 
 def _nodes(label: str, memory: float, flops: float, intra, inter, compute, gpus: int,
            memory_gib: float | None, gpus_per_node: int) -> ClusterSpec:
-    positive_int("gpus", gpus)
-    positive_int("gpus_per_node", gpus_per_node)
+    whole("gpus", gpus)
+    whole("gpus_per_node", gpus_per_node)
     if memory_gib is not None:
-        memory = positive_number("memory_gib", memory_gib) * GIB
+        memory = positive("memory_gib", memory_gib) * GIB
     per_node = min(gpus, gpus_per_node)
     if gpus % per_node:
         raise ValueError(f"gpus={gpus} is not a whole number of {per_node}-GPU nodes")

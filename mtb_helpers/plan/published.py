@@ -29,12 +29,13 @@ the same for every row (not fitted to any).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
+from mtb_helpers.cost.model import whole
 from mtb_helpers.plan.budget import memory_per_rank, total_params
 from mtb_helpers.plan.presets import cluster
 from mtb_helpers.plan.search import PlanResult, plan
-from mtb_helpers.plan.specs import ClusterSpec, Layout, ModelSpec, layout_problems, positive_int
+from mtb_helpers.plan.specs import ClusterSpec, Layout, ModelSpec, Spec, layout_problems
 from mtb_helpers.plan.steptime import StepTime, stage_compute, step_time
 
 __all__ = ["PublishedRow", "NARAYANAN_2021_TABLE_1", "A100_MATMUL_EFFICIENCY", "A100_PEAK",
@@ -56,7 +57,7 @@ PLAN_SEARCH = dict(microbatches=(1, 2, 4, 8, 16), schedules=("1f1b", "interleave
 
 
 @dataclass(frozen=True)
-class PublishedRow:
+class PublishedRow(Spec):
     """One row of Table 1 and the run behind it (see the module docstring for the sources)."""
     name: str
     params_billion: float
@@ -76,33 +77,24 @@ class PublishedRow:
 
     def __post_init__(self) -> None:
         for f in ("heads", "hidden", "layers", "tp", "pp", "gpus", "batch", "microbatch"):
-            positive_int(f, getattr(self, f))
+            whole(f, getattr(self, f))
         if self.layers_per_virtual_stage is not None:
-            positive_int("layers_per_virtual_stage", self.layers_per_virtual_stage)
+            whole("layers_per_virtual_stage", self.layers_per_virtual_stage)
         if self.ddp not in ("torch", "local"):
             raise ValueError(f"ddp must be 'torch' or 'local', got {self.ddp!r}")
 
-    def with_(self, **changes) -> "PublishedRow":
-        return replace(self, **changes)
-
-
-def _r(name, params, heads, hidden, layers, tp, pp, gpus, batch, tflops, pct, agg, mbs, vs=None,
-       ddp="local") -> PublishedRow:
-    return PublishedRow(name, params, heads, hidden, layers, tp, pp, gpus, batch, tflops, pct, agg,
-                        mbs, vs, ddp)
-
 
 NARAYANAN_2021_TABLE_1 = (
-    _r("1.7B", 1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 44, 4.4, 16, ddp="torch"),
-    _r("3.6B", 3.6, 32, 3072, 30, 2, 1, 64, 512, 138, 44, 8.8, 16, ddp="torch"),
-    _r("7.5B", 7.5, 32, 4096, 36, 4, 1, 128, 512, 142, 46, 18.2, 16, ddp="torch"),
-    _r("18B", 18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, 43, 34.6, 8, ddp="torch"),
-    _r("39B", 39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, 44, 70.8, 4),
-    _r("76B", 76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, 45, 143.8, 2, 5),
-    _r("145B", 145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, 47, 227.1, 2, 5),
-    _r("310B", 310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, 50, 297.4, 1, 3),
-    _r("530B", 529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 52, 410.2, 1, 1),
-    _r("1T", 1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 52, 502.0, 1),
+    PublishedRow("1.7B", 1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 44, 4.4, 16, ddp="torch"),
+    PublishedRow("3.6B", 3.6, 32, 3072, 30, 2, 1, 64, 512, 138, 44, 8.8, 16, ddp="torch"),
+    PublishedRow("7.5B", 7.5, 32, 4096, 36, 4, 1, 128, 512, 142, 46, 18.2, 16, ddp="torch"),
+    PublishedRow("18B", 18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, 43, 34.6, 8, ddp="torch"),
+    PublishedRow("39B", 39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, 44, 70.8, 4),
+    PublishedRow("76B", 76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, 45, 143.8, 2, 5),
+    PublishedRow("145B", 145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, 47, 227.1, 2, 5),
+    PublishedRow("310B", 310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, 50, 297.4, 1, 3),
+    PublishedRow("530B", 529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 52, 410.2, 1, 1),
+    PublishedRow("1T", 1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 52, 502.0, 1),
 )
 
 
@@ -113,16 +105,6 @@ def gpt_model(row: PublishedRow) -> ModelSpec:
                      ffn_hidden=4 * row.hidden, vocab=VOCAB, seq_len=SEQ, bias=True,
                      norm="layernorm", tied_embeddings=True, learned_positions=True,
                      dropout=True, name=f"GPT {row.name}")
-
-
-def _chunks(row: PublishedRow) -> int:
-    if row.layers_per_virtual_stage is None:
-        return 1
-    per_stage, rest = divmod(row.layers, row.pp)
-    if rest or per_stage % row.layers_per_virtual_stage:
-        raise ValueError(f"{row.name}: {row.layers} layers on pp={row.pp} stages do not make "
-                         f"virtual stages of {row.layers_per_virtual_stage} layers")
-    return per_stage // row.layers_per_virtual_stage
 
 
 def published_layout(row: PublishedRow) -> Layout:
@@ -139,7 +121,13 @@ def published_layout(row: PublishedRow) -> Layout:
     if rest or m == 0:
         raise ValueError(f"{row.name}: batch {row.batch} is not a multiple of dp*microbatch = "
                          f"{dp}*{row.microbatch}")
-    chunks = _chunks(row)
+    chunks, per = 1, row.layers_per_virtual_stage
+    if per is not None:
+        per_stage, rest = divmod(row.layers, row.pp)
+        if rest or per_stage % per:
+            raise ValueError(f"{row.name}: {row.layers} layers on pp={row.pp} stages do not make "
+                             f"virtual stages of {per} layers")
+        chunks = per_stage // per
     return Layout(tp=row.tp, pp=row.pp, dp=dp, microbatch=row.microbatch, grad_accum=m,
                   schedule="interleaved" if chunks > 1 else "1f1b", zero_stage=0,
                   recompute="full", dtype="fp16", sequence_parallel=False, chunks=chunks,

@@ -11,30 +11,29 @@ divide the experts, each micro-batch size in ``microbatches`` that divides the r
 each ZeRO stage, recompute mode and schedule asked for. A layout is refused when a size does not
 divide (``layout_problems``) or when its busiest rank needs more than ``cluster.memory_bytes`` -
 ``reserve`` ("needs 93 GiB > 80 GiB"). Divisors come from the GPU count's prime factors (trial
-division, then Pollard's rho), never from a loop up to the count. A count with more than
-``MAX_GROUPINGS`` tp x pp x cp groupings is refused at once (ValueError) rather than weighed:
-each grouping is dozens of layouts (micro-batch x ZeRO x recompute), and 8e9 GPUs' 100,100
-groupings would take minutes; real clusters have a few thousand (131072 GPUs: 1140).
+division up to its square root), never from a loop up to the count. A count of ``MAX_GPUS`` or
+more, or with more than ``MAX_GROUPINGS`` tp x pp x cp groupings, is refused at once (ValueError)
+rather than weighed: each grouping is dozens of layouts (micro-batch x ZeRO x recompute), and 8e9
+GPUs' 100,100 groupings would take minutes; real clusters have a few thousand (131072 GPUs: 1140).
 """
 from __future__ import annotations
 
 import math
 import re
 from dataclasses import dataclass, field
-from itertools import count, product
+from itertools import product
 
+from mtb_helpers.cost.model import positive, whole
 from mtb_helpers.plan.budget import StageMemory, memory_per_rank
 from mtb_helpers.plan.presets import GIB
-from mtb_helpers.plan.specs import (ClusterSpec, Layout, ModelSpec, layout_problems, positive_int,
-                                    positive_number)
+from mtb_helpers.plan.specs import ClusterSpec, Layout, ModelSpec, layout_problems
 from mtb_helpers.plan.steptime import StepTime, step_time
 
 __all__ = ["Candidate", "PlanResult", "plan", "divisors", "prime_factors", "groupings",
            "check_reserve", "check_gpus", "MAX_GPUS", "MAX_GROUPINGS"]
 
-MAX_GPUS = 2**64            # factorised at once below this (Pollard's rho on two 32-bit primes)
+MAX_GPUS = 2**40            # factorised at once below this (at most 2**19 trial divisions)
 MAX_GROUPINGS = 20_000      # tp x pp x cp groupings weighed at most (8e9 GPUs have 100,100)
-_SMALL_PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)
 
 
 @dataclass
@@ -67,14 +66,6 @@ class PlanResult:
     ranked: list[Candidate] = field(default_factory=list)
     rejected: list[tuple[Layout, list[str]]] = field(default_factory=list)
 
-    def reasons(self) -> dict[str, int]:
-        """How many layouts each kind of reason refused (its words, numbers as N)."""
-        out: dict[str, int] = {}
-        for _, why in self.rejected:
-            for w in why:
-                out[_kind(w)] = out.get(_kind(w), 0) + 1
-        return out
-
     def table(self, top: int = 10) -> str:
         """The ``top`` fastest layouts, one line each, then how many were refused and why."""
         lines = [f"{self.model.name or 'model'} on {self.cluster.name or 'cluster'}, global batch "
@@ -89,13 +80,11 @@ class PlanResult:
                          f"{c.time.tokens_per_second:>10.4g} {c.time.mfu:>5.1%} "
                          f"{c.peak_bytes / GIB:>6.1f}")
         if self.rejected:
-            lines += ["", "refused, e.g.:"]
-            seen = set()
+            first: dict[str, str] = {}      # one example of each kind of first reason
             for layout, why in self.rejected:
-                key = _kind(why[0])
-                if key not in seen:
-                    seen.add(key)
-                    lines.append(f"  {layout.short()}: {why[0]}")
+                if _kind(why[0]) not in first:
+                    first[_kind(why[0])] = f"  {layout.short()}: {why[0]}"
+            lines += ["", "refused, e.g.:", *first.values()]
         return "\n".join(lines)
 
     def to_dict(self, top: int | None = None) -> dict:
@@ -112,59 +101,18 @@ def _kind(reason: str) -> str:
     return re.sub(r"[0-9.]+", "N", reason.split(" (")[0])
 
 
-def _is_prime(n: int) -> bool:
-    """Miller-Rabin with the first 12 primes as bases: exact below 3.3e24."""
-    if n < 2:
-        return False
-    for p in _SMALL_PRIMES:
-        if n % p == 0:
-            return n == p
-    d, s = n - 1, 0
-    while d % 2 == 0:
-        d, s = d // 2, s + 1
-    for a in _SMALL_PRIMES:
-        x = pow(a, d, n)
-        if x in (1, n - 1):
-            continue
-        for _ in range(s - 1):
-            x = x * x % n
-            if x == n - 1:
-                break
-        else:
-            return False
-    return True
-
-
-def _factor(n: int) -> int:
-    """A factor of the odd composite ``n`` other than 1 and n (Pollard's rho, Floyd's cycle)."""
-    for c in count(1):
-        x = y = 2
-        d = 1
-        while d == 1:
-            x = (x * x + c) % n
-            y = ((y * y + c) ** 2 + c) % n
-            d = math.gcd(abs(x - y), n)
-        if d != n:
-            return d
-    raise AssertionError("unreachable")
-
-
 def prime_factors(n: int) -> dict[int, int]:
     """``{prime: exponent}`` of ``n`` >= 1 (n < ``MAX_GPUS``): 8e9 -> {2: 12, 5: 9}."""
     factors: dict[int, int] = {}
-    for p in range(2, 1000):            # small primes by trial division (composites never divide)
+    p = 2
+    while p * p <= n:                   # 2, then the odd numbers (composites never divide)
         while n % p == 0:
             factors[p] = factors.get(p, 0) + 1
             n //= p
-    stack = [n] if n > 1 else []
-    while stack:                        # what is left has only prime factors above 1000
-        m = stack.pop()
-        if _is_prime(m):
-            factors[m] = factors.get(m, 0) + 1
-        else:
-            d = _factor(m)
-            stack += [d, m // d]
-    return dict(sorted(factors.items()))
+        p += 1 if p == 2 else 2
+    if n > 1:                           # what is left is prime
+        factors[n] = factors.get(n, 0) + 1
+    return factors
 
 
 def divisors(n: int) -> list[int]:
@@ -183,10 +131,7 @@ def groupings(n: int) -> int:
 
 def check_reserve(cluster: ClusterSpec, reserve: float) -> None:
     """ValueError unless ``reserve`` bytes leave some of each GPU's memory: finite, >= 0, less."""
-    if isinstance(reserve, bool) or not isinstance(reserve, (int, float)) or \
-            not 0 <= reserve < math.inf:
-        raise ValueError(f"reserve must be a finite number of bytes >= 0, got {reserve!r}")
-    if reserve >= cluster.memory_bytes:
+    if positive("reserve (bytes)", reserve, strict=False) >= cluster.memory_bytes:
         raise ValueError(f"reserve {reserve / GIB:.4g} GiB leaves nothing of the "
                          f"{cluster.memory_bytes / GIB:.4g} GiB per GPU")
 
@@ -194,7 +139,7 @@ def check_reserve(cluster: ClusterSpec, reserve: float) -> None:
 def check_gpus(n: int) -> None:
     """ValueError when the layouts of ``n`` GPUs are too many to list (see ``MAX_GROUPINGS``)."""
     if n >= MAX_GPUS:
-        raise ValueError(f"gpus={n}: the planner factorises GPU counts below 2**64")
+        raise ValueError(f"gpus={n}: the planner factorises GPU counts below 2**40")
     ways = groupings(n)
     if ways > MAX_GROUPINGS:
         primes = " x ".join(f"{p}^{e}" if e > 1 else str(p) for p, e in prime_factors(n).items())
@@ -215,12 +160,12 @@ def plan(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: int
     None). ``reserve``: bytes per GPU left for the CUDA context, NCCL and fragmentation. ``mfu``:
     the fraction of peak every matmul reaches, an assumption; None takes compute from the GPU's
     measured curve (``layer_seconds``; h100 and h200 have one, a100 needs a number)."""
-    positive_int("global_batch", global_batch)
+    whole("global_batch", global_batch)
     if mfu is not None:
-        positive_number("mfu", mfu)
+        positive("mfu", mfu)
     check_reserve(cluster, reserve)
     if seq_len is not None:
-        model = model.with_(seq_len=positive_int("seq_len", seq_len))
+        model = model.with_(seq_len=whole("seq_len", seq_len))
     budget = cluster.memory_bytes - reserve
     result = PlanResult(model, cluster, global_batch)
     n = cluster.gpus
@@ -229,11 +174,6 @@ def plan(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: int
     for tp, pp, cp in _groupings(n, cp_sizes):
         dp = n // (tp * pp * cp)
         eps = [e for e in expert_sizes if dp % e == 0] if model.experts > 1 else [1]
-        if global_batch % dp:   # no micro-batch size can help: one refusal each, as below
-            result.rejected += [(Layout(tp, pp, dp, cp, ep, microbatches[0]), [
-                f"global batch {global_batch} is not divisible by dp*microbatch = "
-                f"{dp}*{microbatches[0]}"]) for ep in eps for _ in schedules]
-            continue
         for ep, mb, zero, rc, sched in product(eps, microbatches, zero_stages, recomputes,
                                                schedules):
             m, rest = divmod(global_batch, dp * mb)

@@ -8,12 +8,13 @@ a cluster; ``check_layout`` raises a ValueError with them.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["ModelSpec", "ClusterSpec", "Layout", "DTYPE_BYTES", "RECOMPUTE", "SCHEDULES", "ATTENTION",
-           "layout_problems", "check_layout", "stage_layers", "positive_int", "positive_number"]
+from mtb_helpers.cost.model import positive, whole
+
+__all__ = ["Spec", "ModelSpec", "ClusterSpec", "Layout", "DTYPE_BYTES", "RECOMPUTE", "SCHEDULES", "ATTENTION",
+           "layout_problems", "check_layout", "stage_layers"]
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
 RECOMPUTE = ("none", "selective", "full")
@@ -24,21 +25,19 @@ SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
 NORMS = {"layernorm": 2, "rmsnorm": 1}   # parameters per feature: LayerNorm has a weight and a bias
 
 
-def positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
+S = TypeVar("S", bound="Spec")
 
 
-def positive_number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
+class Spec:
+    """A frozen dataclass whose ``__post_init__`` checks every field: ``with_`` copies it with
+    some fields changed, checked again."""
+
+    def with_(self: S, **changes) -> S:
+        return replace(self, **changes)
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelSpec(Spec):
     """A decoder-only transformer: ``layers`` blocks of width ``hidden`` with ``heads`` query heads
     of ``hidden / heads`` features, ``kv_heads`` key/value heads (grouped-query attention when
     fewer), an MLP of width ``ffn_hidden`` (SwiGLU's three matrices when ``gated_mlp``), a
@@ -68,7 +67,7 @@ class ModelSpec:
     def __post_init__(self) -> None:
         for f in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
                   "experts", "top_k"):
-            positive_int(f, getattr(self, f))
+            whole(f, getattr(self, f))
         if self.hidden % self.heads:
             raise ValueError(f"hidden={self.hidden} is not divisible by heads={self.heads}: "
                              "each head has hidden/heads features")
@@ -84,13 +83,9 @@ class ModelSpec:
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
-    def with_(self, **changes) -> "ModelSpec":
-        """A copy with some sizes changed (checked again)."""
-        return replace(self, **changes)
-
 
 @dataclass(frozen=True)
-class ClusterSpec:
+class ClusterSpec(Spec):
     """``nodes`` nodes of ``gpus_per_node`` GPUs, each with ``memory_bytes`` of memory and
     ``peak_flops`` dense 16-bit FLOP/s. ``intra_node`` and ``inter_node`` are
     ``mtb_helpers.cost.Link``s (α seconds per message, β bytes per second per GPU and direction):
@@ -108,10 +103,10 @@ class ClusterSpec:
     compute: Any = None
 
     def __post_init__(self) -> None:
-        positive_int("gpus_per_node", self.gpus_per_node)
-        positive_int("nodes", self.nodes)
-        positive_number("memory_bytes", self.memory_bytes)
-        positive_number("peak_flops", self.peak_flops)
+        whole("gpus_per_node", self.gpus_per_node)
+        whole("nodes", self.nodes)
+        positive("memory_bytes", self.memory_bytes)
+        positive("peak_flops", self.peak_flops)
         for f in ("intra_node", "inter_node"):
             link = getattr(self, f)
             if not (hasattr(link, "alpha") and hasattr(link, "bandwidth")):
@@ -123,12 +118,9 @@ class ClusterSpec:
     def gpus(self) -> int:
         return self.gpus_per_node * self.nodes
 
-    def with_(self, **changes) -> "ClusterSpec":
-        return replace(self, **changes)
-
 
 @dataclass(frozen=True)
-class Layout:
+class Layout(Spec):
     """How the model is split: ``tp`` (tensor), ``pp`` (pipeline), ``dp`` (data), ``cp``
     (context) and ``ep`` (expert; carved out of the data-parallel ranks, Megatron-LM's rule) ranks.
     Each data-parallel replica runs ``grad_accum`` micro-batches of ``microbatch`` sequences per
@@ -156,7 +148,7 @@ class Layout:
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "dp", "cp", "ep", "microbatch", "grad_accum", "chunks"):
-            positive_int(f, getattr(self, f))
+            whole(f, getattr(self, f))
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if (self.schedule == "interleaved") != (self.chunks > 1):
@@ -194,9 +186,6 @@ class Layout:
                 continue
             text += f" {dict(microbatch='mb', grad_accum='m', zero_stage='zero').get(f.name, f.name)}={v}"
         return text
-
-    def with_(self, **changes) -> "Layout":
-        return replace(self, **changes)
 
 
 def stage_layers(layers: int, stages: int) -> list[int] | None:

@@ -60,9 +60,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from mtb_helpers.cost import predict
-from mtb_helpers.plan.budget import extrapolated, layer_params, rank_layers, stage_params
+from mtb_helpers.cost.model import positive
+from mtb_helpers.plan.budget import extrapolated, layer_params, rank_layers, stage_params, vocab_rows
 from mtb_helpers.plan.compute import layer_breakdown
-from mtb_helpers.plan.specs import NORMS, ClusterSpec, Layout, ModelSpec, positive_number
+from mtb_helpers.plan.specs import NORMS, ClusterSpec, Layout, ModelSpec
 from mtb_helpers.pp.simulator import simulate
 
 __all__ = ["StepTime", "step_time", "stage_compute", "stage_seconds", "model_flops_per_token",
@@ -148,6 +149,19 @@ def tp_small_collectives(model: ModelSpec, layout: Layout) -> list[dict[str, lis
     return out
 
 
+def _per_stage(model: ModelSpec, layout: Layout, layer: tuple[float, float, float],
+               logits: tuple[float, float]) -> list[tuple[float, float]]:
+    """Per pipeline stage (forward, backward) of one micro-batch, from one layer's (forward,
+    backward, attention's forward) and the output layer's (forward, backward) on the last stage,
+    recompute's extra forward added (selective: attention's, when its scores are stored)."""
+    fwd, bwd, attn = layer
+    selective = attn if layout.attention == "materialized" else 0.0   # flash: nothing stored
+    extra = {"none": 0.0, "selective": selective, "full": fwd}[layout.recompute]
+    last = layout.pp - 1
+    return [(n * fwd + (logits[0] if r == last else 0.0), n * (bwd + extra) + (logits[1] if r == last else 0.0))
+            for r, n in enumerate(rank_layers(model, layout))]
+
+
 def stage_compute(model: ModelSpec, layout: Layout, rate: float) -> list[tuple[float, float]]:
     """Per pipeline stage: seconds of computation of one micro-batch's forward and backward at
     ``rate`` FLOP/s (its layers, the output layer on the last stage, recompute's extra forward)."""
@@ -155,13 +169,9 @@ def stage_compute(model: ModelSpec, layout: Layout, rate: float) -> list[tuple[f
     tokens = model.seq_len // layout.cp * layout.microbatch
     attn_f = 4 * model.seq_len * h * tokens / t
     layer_f = 2 * tokens * matmul_params(model) / t + attn_f
-    selective = attn_f if layout.attention == "materialized" else 0.0   # flash: nothing stored
-    extra = {"none": 0.0, "selective": selective, "full": layer_f}[layout.recompute]
     logits = 2 * tokens * model.vocab * h / t               # the output layer, last stage
-    last = layout.pp - 1
-    return [((n * layer_f + (logits if r == last else 0)) / rate,
-             (n * (2 * layer_f + extra) + (2 * logits if r == last else 0)) / rate)
-            for r, n in enumerate(rank_layers(model, layout))]
+    return [(f / rate, b / rate)
+            for f, b in _per_stage(model, layout, (layer_f, 2 * layer_f, attn_f), (logits, 2 * logits))]
 
 
 def stage_seconds(model: ModelSpec, cluster: ClusterSpec,
@@ -174,15 +184,11 @@ def stage_seconds(model: ModelSpec, cluster: ClusterSpec,
                             attention=layout.attention, dtype_bytes=layout.dtype_bytes)
     fwd, bwd = (sum(p[i] for p in parts.values()) for i in (0, 1))
     attn = parts["attention"][0]
-    selective = attn if layout.attention == "materialized" else 0.0
-    extra = {"none": 0.0, "selective": selective, "full": fwd}[layout.recompute]
     tokens = model.seq_len // layout.cp * layout.microbatch
-    rows = -(-model.vocab // layout.tp)
-    logits = g.matmul_seconds(tokens, model.hidden, rows)     # the output layer, last stage
-    logits_b = g.matmul_seconds(tokens, rows, model.hidden) + g.matmul_seconds(model.hidden, tokens, rows)
-    last = layout.pp - 1
-    return ([(n * fwd + (logits if r == last else 0.0), n * (bwd + extra) + (logits_b if r == last else 0.0))
-             for r, n in enumerate(rank_layers(model, layout))], attn)
+    rows = vocab_rows(model, layout.tp)
+    logits = (g.matmul_seconds(tokens, model.hidden, rows),     # the output layer, last stage
+              g.matmul_seconds(tokens, rows, model.hidden) + g.matmul_seconds(model.hidden, tokens, rows))
+    return _per_stage(model, layout, (fwd, bwd, attn), logits), attn
 
 
 def step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout,
@@ -198,7 +204,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout,
     if efficiency is None:
         compute, attn_seconds = stage_seconds(model, cluster, layout)
     else:
-        efficiency = positive_number("efficiency", efficiency)
+        efficiency = positive("efficiency", efficiency)
         if efficiency > 1:
             raise ValueError(f"efficiency must be at most 1 (a fraction of peak), got {efficiency}")
         rate = cluster.peak_flops * efficiency
