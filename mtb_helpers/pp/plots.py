@@ -206,7 +206,7 @@ def plot_peak_memory(stages: int = 4, microbatches: int = 8, chunks: int = 2,
             continue
         peaks[name] = simulate(ops).peak_memory
     return plot_stashed(peaks, {}, "peak activations held\n(micro-batches of one whole stage)",
-                        f"Peak activation memory per stage: p={stages}, m={microbatches}, "
+                        f"Peak activation memory per rank: p={stages}, m={microbatches}, "
                         f"interleaved v={chunks}", line=(stages, f"p = {stages}"))
 
 
