@@ -237,9 +237,8 @@ def all_reduce_as_reduce_scatter_all_gather(world_size: int = 2, numel: int = 8,
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     return {"passed": all(r["max_abs_difference"] == 0 for r in ranks), "V_bytes": nbytes,
             "world_size": world_size, "ranks": ranks,
-            "formula": {"all-reduce": formula_bytes("all-reduce", world_size, nbytes)[0],
-                        "reduce-scatter": formula_bytes("reduce-scatter", world_size, nbytes)[0],
-                        "all-gather": formula_bytes("all-gather", world_size, nbytes)[0]}}
+            "formula": {name: formula_bytes(name, world_size, nbytes)[0]
+                        for name in ("all-reduce", "reduce-scatter", "all-gather")}}
 
 
 def skip_a_collective() -> torch.Tensor:

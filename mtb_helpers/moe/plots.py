@@ -237,7 +237,7 @@ def plot_all_to_all_bytes(moe: dict) -> Figure:
     return fig
 
 
-def _expert_group(quantity: str) -> str:
+def expert_group(quantity: str) -> str:
     """An expert's four grads share one column: ``experts.1.fc1.weight_grad`` -> ``experts.1 grads``."""
     return ".".join(quantity.split(".")[:2]) + " grads" if quantity.startswith("experts.") else quantity
 
@@ -246,7 +246,7 @@ def _moe_error_figure(report):
     t, bug = report.config["world_size"], report.config.get("bug")
     verdict = "passed" if report.passed else "FAILED"
     return error_figure(
-        report, "quantity", group=_expert_group,
+        report, "quantity", group=expert_group,
         title=f"MoE check ({report.config['dtype']}, {t} rank(s){', bug ' + bug if bug else ''})"
               f": {verdict}",
         xlabel="quantity (expert grads: fc1/fc2 weight and bias, on the owning rank)")
