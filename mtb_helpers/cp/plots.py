@@ -1,13 +1,5 @@
 """Context-parallel figures, drawn from ``check_context_parallel``'s ``report.extra["cp"]`` (plain
-data); no ranks started here.
-
-``plot_layout``: which sequence positions each rank holds (contiguous vs zigzag);
-``plot_ring_steps``: which rank's K/V block each rank holds at each ring step (hatched where the
-causal mask left nothing to compute) and the running max of one query row per rank;
-``plot_work``: attention scores computed per rank for several layouts, with the mean;
-``plot_cost``: bytes sent and K/V held per rank, ring vs all-gather, against the world size;
-``plot_cp_errors``: max error per quantity and rank (the course's error figure).
-"""
+data); no ranks started here."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt

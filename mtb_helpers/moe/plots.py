@@ -1,11 +1,4 @@
-"""Expert-parallel figures, drawn from ``check_moe``'s ``report.extra["moe"]``; no ranks started.
-
-``plot_routing``: tokens (in the colour of the rank that holds them) -> the expert each chose ->
-the rank that owns it; ``plot_tokens_per_expert``: kept and dropped choices per expert and source
-rank against the capacity; ``plot_all_to_all_bytes``: bytes each rank sends in each all-to-all,
-by destination, and the forward total against the all-gather alternative; ``plot_moe_errors``:
-max error per quantity (expert grads grouped by expert) on the rank that holds it.
-"""
+"""Expert-parallel figures, drawn from ``check_moe``'s ``report.extra["moe"]``; no ranks started."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
