@@ -10,9 +10,8 @@ from matplotlib.patches import Patch, Rectangle
 from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import EMPTY_COLOR, rank_color, rank_legend_handles
 from mtb_helpers.plots.parts import legend_right
-from mtb_helpers.plots.errors import plot_errors
 
-__all__ = ["plot_layout", "plot_ring_steps", "plot_work", "plot_cost", "plot_cp_errors"]
+__all__ = ["plot_layout", "plot_ring_steps", "plot_work", "plot_cost"]
 
 
 def plot_layout(positions: dict[str, list[list[int]]]) -> Figure:
@@ -170,8 +169,3 @@ def plot_cost(cost: dict[str, dict[str, list]], shard_label: str = "per rank") -
                  fontsize=12)
     fig.tight_layout()
     return fig
-
-
-def plot_cp_errors(report) -> Figure:
-    """Max abs error of output, dQ, dK, dV on every rank against the tolerance."""
-    return plot_errors(report, by="quantity")
