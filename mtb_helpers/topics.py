@@ -75,7 +75,7 @@ TOPICS: tuple[Topic, ...] = (
     Topic("cp", group="cp",
           group_help="context parallelism: ring and all-gather attention on sequence shards",
           checks=("check_context_parallel",),
-          layers=("sharding", "ring", "allgather", "online", "exchange", "base")),
+          layers=("sharding", "ring", "allgather", "online", "base")),
     Topic("capstone", checks=("check_capstone",), layers=("model", "layers", "grid", "data")),
     Topic("cost", group="cost",
           group_help="time: the α-β model's predictions and this machine's calibration",

@@ -12,7 +12,7 @@ def _two_rings():
     import torch.distributed as dist
 
     from mtb_helpers.comm.records import CollectiveRecord, record
-    from mtb_helpers.cp.exchange import Hop, drive
+    from mtb_helpers.cp.ring import Hop, drive
 
     r = dist.get_rank()
 

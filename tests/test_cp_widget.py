@@ -132,7 +132,8 @@ def test_every_figure_has_a_title_axis_labels_and_a_legend():
     import torch
 
     from mtb_helpers.check import check_context_parallel
-    from mtb_helpers.cp.plots import plot_cost, plot_cp_errors, plot_layout, plot_ring_steps, plot_work
+    from mtb_helpers.cp.plots import plot_cost, plot_layout, plot_ring_steps, plot_work
+    from mtb_helpers.plots.errors import plot_errors
     from mtb_helpers.plots.palette import rank_color
 
     report = check_context_parallel(world_size=3, seq=12, causal=True, dtype=torch.float64)
@@ -140,7 +141,7 @@ def test_every_figure_has_a_title_axis_labels_and_a_legend():
     figures = [plot_layout({"contiguous": cp["positions"]}), plot_ring_steps(cp),
                plot_work({"contiguous": cp["work"]["forward"]}),
                plot_cost({"ring": {"cp": [1, 2], "sent": [0, 1], "kv": [1, 2]}}),
-               plot_cp_errors(report)]
+               plot_errors(report, by="quantity")]
     for fig in figures:
         for ax in fig.axes:
             assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()

@@ -142,19 +142,15 @@ def print_document(document: object, **dumps_options) -> None:
     print(json.dumps(document, allow_nan=False, **dumps_options), file=stream, flush=True)
 
 
-def failure_document(exc: BaseException | None, diagnosis: str, message: str | None = None) -> dict:
-    """The --json document of a command that ended without a report: what happened and why."""
+def print_failure_json(exc: BaseException | None, diagnosis: str, message: str | None = None) -> None:
+    """The --json document of a command that ended without a report (what happened and why) on
+    stdout, from rank 0 only under torchrun."""
     if message is None:
         message = str(exc) if exc is not None else ""
-    return {"passed": False, "checks": [],
-            "error": {"type": type(exc).__name__ if exc is not None else None,
-                      "diagnosis": diagnosis, "message": message}}
-
-
-def print_failure_json(exc: BaseException | None, diagnosis: str, message: str | None = None) -> None:
-    """The failure document on stdout, from rank 0 only under torchrun."""
     if is_primary():
-        print_document(failure_document(exc, diagnosis, message))
+        print_document({"passed": False, "checks": [],
+                        "error": {"type": type(exc).__name__ if exc is not None else None,
+                                  "diagnosis": diagnosis, "message": message}})
 
 
 def run_command(func: Callable[[], object], as_json: bool):

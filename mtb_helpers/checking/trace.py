@@ -174,19 +174,14 @@ def trace_on_rank(build, layers: tuple, x: torch.Tensor, dy: torch.Tensor,
     for h in handles:
         h.remove()
     obs = {}
+    plain = {"input": x, "input_grad": x.grad, "output": y}
     for s in specs:
         kind = s.source[0]
-        got = None
+        got = plain.get(kind)
         if kind in ("param", "grad"):
             p = _find(module, s.source[1])
             got = p if kind == "param" else (p.grad if p is not None else None)
             got = got.T if got is not None and got.dim() == 2 else got   # W = weight.T [in, out]
-        elif kind == "input":
-            got = x
-        elif kind == "input_grad":
-            got = x.grad
-        elif kind == "output":
-            got = y
         elif kind == "hook":
             got = hooked.get(s.source)
         elif kind == "record":

@@ -7,16 +7,14 @@ gloo's 48-byte header per message.
 """
 from __future__ import annotations
 
-import math
-
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
 from mtb_helpers.checking.bug import Bug, resolve, swap
-from mtb_helpers.checking.report import Report, Row
-from mtb_helpers.checking.tolerances import as_dtype, check_config, number, ulp
+from mtb_helpers.checking.report import Report, compare
+from mtb_helpers.checking.tolerances import as_dtype, check_config, divisible, number
 from mtb_helpers.collectives.ops import (COLLECTIVES, FORMULAS, GLOO_HEADER_BYTES, MEASURED_NOTES,
                                          RANK_FUNCTIONS, all_gather, all_reduce, decode_sources,
                                          formula_bytes, rank_input, reduce_scatter, reference,
@@ -142,9 +140,8 @@ def _validate(world_size: int, numel: int, collectives: tuple[str, ...], bug: st
         if name not in COLLECTIVES:
             raise ValueError(f"unknown collective {name!r}; expected one of {COLLECTIVES}")
     number("numel", numel, lambda n: n >= 1, "a positive int", integral=True)
-    if numel % world_size:
-        raise ValueError(f"numel={numel} (the full tensor) must be divisible by the world size "
-                         f"{world_size}: each rank's chunk is numel/t elements")
+    divisible("numel", numel, f"the world size {world_size}", world_size,
+              "each rank's chunk of the full tensor is numel/t elements")
     number("seed", seed, lambda n: n >= 0, "a non-negative int", integral=True)
     return resolve(bug, "collectives", world_size=world_size, numel=numel,
                    collectives=tuple(collectives))
@@ -176,19 +173,14 @@ def check_collectives(world_size: int = 2, numel: int = 8, dtype: torch.dtype | 
         for r, (want, formula) in enumerate(zip(reference(name, inputs),
                                                 formula_bytes(name, world_size, nbytes))):
             got = results[r][name]
-            same_shape = got["after"].shape == want.shape
-            err = (got["after"] - want).abs().max().item() if same_shape and want.numel() else 0.0
-            err = err if same_shape else float("inf")
-            scale = want.abs().max().item() if want.numel() else 0.0
-            rel = err / scale if scale else (0.0 if err == 0 else math.inf)
-            report.rows.append(Row(name, r, err, rel, err / ulp(scale, dtype) if scale else err,
-                                   0.0, err == 0.0, err, 0.0))
+            row = compare(name, r, got["after"], want, want.double(), dtype, tol=0.0)
+            report.rows.append(row)
             report.extra["values"].append({
                 "collective": name, "rank": r, "V_bytes": nbytes,
                 "before": got["before"].tolist(), "after": got["after"].tolist(),
                 "expected": want.tolist(),
                 "sources": [decode_sources(v, world_size) for v in got["tags"].tolist()],
-                "max_abs_error": err, "tolerance": 0.0, "passed": err == 0.0,
+                "max_abs_error": row.max_abs_err, "tolerance": 0.0, "passed": row.passed,
                 "bytes_measured": got["bytes"], "bytes_formula": formula})
     report.extra["notes"] = report.notes
     return report
@@ -245,9 +237,8 @@ def all_reduce_as_reduce_scatter_all_gather(world_size: int = 2, numel: int = 8,
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     return {"passed": all(r["max_abs_difference"] == 0 for r in ranks), "V_bytes": nbytes,
             "world_size": world_size, "ranks": ranks,
-            "formula": {"all-reduce": formula_bytes("all-reduce", world_size, nbytes)[0],
-                        "reduce-scatter": formula_bytes("reduce-scatter", world_size, nbytes)[0],
-                        "all-gather": formula_bytes("all-gather", world_size, nbytes)[0]}}
+            "formula": {name: formula_bytes(name, world_size, nbytes)[0]
+                        for name in ("all-reduce", "reduce-scatter", "all-gather")}}
 
 
 def skip_a_collective() -> torch.Tensor:

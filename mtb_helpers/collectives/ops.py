@@ -14,8 +14,6 @@ Inputs are integer-valued (rank r holds ``10*r + d`` with a seeded digit d), so 
 exact in float32 and float64: the check's tolerance is 0 and any difference is a bug.
 
 The check, its report and the byte measurements live in :mod:`mtb_helpers.collectives.check`.
-Bytes sent are measured on Linux from the rank's own ``/proc/self/io`` (bytes its threads wrote to
-gloo's TCP sockets), minus gloo's 48-byte header per message, and compared with the ring formulas.
 """
 from __future__ import annotations
 

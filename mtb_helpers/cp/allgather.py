@@ -18,8 +18,7 @@ import torch.distributed as dist
 
 from mtb_helpers.comm.records import note
 from mtb_helpers.comm.regions import _REDUCE_SCATTER
-from mtb_helpers.cp.base import ContextParallelAttention
-from mtb_helpers.cp.exchange import kept_in
+from mtb_helpers.cp.base import ContextParallelAttention, kept_in
 from mtb_helpers.cp.sharding import shard_sequence, unshard_sequence
 
 __all__ = ["AllGatherAttention", "allgather_attention", "GATHER_KV"]

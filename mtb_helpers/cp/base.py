@@ -9,17 +9,19 @@ come after its queries is skipped: that skipping is where the causal imbalance c
 """
 from __future__ import annotations
 
+import contextlib
 import math
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
 
 from mtb_helpers.comm.mesh import agree, group_rank, group_size
-from mtb_helpers.comm.records import CollectiveRecord
+from mtb_helpers.comm.records import CollectiveRecord, record
 from mtb_helpers.comm.sharding import Shard
 from mtb_helpers.cp.sharding import check_layout, check_sequence, shard_positions
 
-__all__ = ["ContextParallelAttention"]
+__all__ = ["ContextParallelAttention", "kept_in"]
 
 
 class ContextParallelAttention:
@@ -149,3 +151,15 @@ def _shape_code(x: torch.Tensor) -> list[int]:
 def _shape_of(code: list[int]) -> list[int]:
     """The shape a ``_shape_code`` row stands for (its first 4 dims)."""
     return [size for size in code[1:] if size >= 0][:code[0]]
+
+
+@contextlib.contextmanager
+def kept_in(rec: CollectiveRecord | None) -> Iterator[None]:
+    """Events noted inside go to every active record as usual, and also to ``rec``."""
+    if rec is None:
+        yield
+        return
+    with record() as part:
+        yield
+    rec.events.extend(part.events)
+    rec.tensors.extend([None] * len(part.events))

@@ -8,14 +8,12 @@ The caller draws ``q, k, v, dO`` ``[b, heads, s, d]`` from ``seed`` and runs PyT
 ``scaled_dot_product_attention`` on the full sequence (in the run's dtype and in float64). Every
 rank draws the same tensors from the same seed, takes its shards (``shard_sequence(.., layout,
 dim=2)``), runs the layer forward and backward (the layer keeps the record of its messages) and
-returns its output and dQ, dK, dV shards, which are
-compared with the same shards of the reference. ``report.extra["cp"]`` holds, per rank, the work
-it did (scores computed) next to ``expected_work``, the bytes it sent next to the formulas, the
-most K/V it held, and (ring) which block it held at each step with its running max.
-``bug=`` swaps in a broken layer (``cp/bugs.py``), refused where it has nothing to break.
-``check_layouts(.., layouts=("contiguous", "zigzag"))`` gives both layouts' reports from one
-call to the ranks (the balance explorer's comparison): one shape agreement, and the ring variant's
-two rings in lockstep, one message per hop carrying both layouts' blocks.
+returns its output and dQ, dK, dV shards, compared with the same shards of the reference.
+``report.extra["cp"]`` holds, per rank, the work it did (scores computed) next to
+``expected_work``, the bytes it sent next to the formulas, the most K/V it held, and (ring) which
+block it held at each step with its running max. ``bug=`` swaps in a broken layer
+(``cp/bugs.py``), refused where it has nothing to break. ``check_layouts`` gives several layouts'
+reports from one call to the ranks (the balance explorer's comparison).
 """
 from __future__ import annotations
 
@@ -41,12 +39,10 @@ QUANTITIES = ("output", "q_grad", "k_grad", "v_grad")
 def _on_rank(layer_cls, sizes: tuple[int, int, int, int], dtype: torch.dtype, seed: int, causal: bool,
              layouts: tuple[str, ...]) -> list[dict]:
     """On every rank, one layer per layout on this rank's shards of that layout, forward and
-    backward, as one call (``together``): the ranks agree on the shard shapes once, and the ring
-    runs the layouts' rings in lockstep, both layouts' blocks in one message per hop (a sync
-    round of 4 ranks on one CPU costs milliseconds, what it carries next to nothing). Each layer
-    keeps its own messages, so each layout's record is the one a call of its own gives.
-    ``q, k, v, dO`` are drawn here from the caller's ``sizes``, dtype and seed, the very tensors
-    the caller drew (cheaper than shipping them to every rank)."""
+    backward, as one call (``together``: one shape agreement; the ring runs the layouts' rings in
+    lockstep, one message per hop). Each layer keeps its own messages, so each layout's record is
+    the one a call of its own gives. ``q, k, v, dO`` are drawn here from the caller's ``sizes``,
+    dtype and seed, the very tensors the caller drew (cheaper than shipping them to every rank)."""
     q, k, v, dout = make_cp_inputs(*sizes, dtype, seed)        # [b, heads, s, d] each
     cp, r = group_size(), group_rank()
     layers = [layer_cls(causal, layout) for layout in layouts]

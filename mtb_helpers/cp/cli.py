@@ -1,11 +1,8 @@
 """``minitrainbench cp check``: the context-parallel check, headless.
 
-Prints the report table (output, dQ, dK, dV per rank against scaled_dot_product_attention on the
-full sequence), then the work each rank did (attention scores computed, against the formula, and
-the imbalance max/mean), the bytes it sent (forward, backward, against the formulas) and the most
-K/V it held; or with ``--json`` ``{"passed": ..., "checks": [report.to_dict()]}`` (the dict
-carries ``"cp"``). Exit 0 when the check passes, 1 when it fails, 2 on bad arguments (refused
-before any rank starts). Under torchrun only rank 0 prints.
+Prints the report table, then :func:`details`; or with ``--json`` ``{"passed": ..., "checks":
+[report.to_dict()]}`` (the dict carries ``"cp"``). Exit status and torchrun as every check
+command (``checking/command.py``).
 """
 from __future__ import annotations
 

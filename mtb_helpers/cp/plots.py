@@ -1,13 +1,5 @@
 """Context-parallel figures, drawn from ``check_context_parallel``'s ``report.extra["cp"]`` (plain
-data); no ranks started here.
-
-``plot_layout``: which sequence positions each rank holds (contiguous vs zigzag);
-``plot_ring_steps``: which rank's K/V block each rank holds at each ring step (hatched where the
-causal mask left nothing to compute) and the running max of one query row per rank;
-``plot_work``: attention scores computed per rank for several layouts, with the mean;
-``plot_cost``: bytes sent and K/V held per rank, ring vs all-gather, against the world size;
-``plot_cp_errors``: max error per quantity and rank (the course's error figure).
-"""
+data); no ranks started here."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -18,9 +10,8 @@ from matplotlib.patches import Patch, Rectangle
 from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import EMPTY_COLOR, rank_color, rank_legend_handles
 from mtb_helpers.plots.parts import legend_right
-from mtb_helpers.plots.errors import plot_errors
 
-__all__ = ["plot_layout", "plot_ring_steps", "plot_work", "plot_cost", "plot_cp_errors"]
+__all__ = ["plot_layout", "plot_ring_steps", "plot_work", "plot_cost"]
 
 
 def plot_layout(positions: dict[str, list[list[int]]]) -> Figure:
@@ -178,8 +169,3 @@ def plot_cost(cost: dict[str, dict[str, list]], shard_label: str = "per rank") -
                  fontsize=12)
     fig.tight_layout()
     return fig
-
-
-def plot_cp_errors(report) -> Figure:
-    """Max abs error of output, dQ, dK, dV on every rank against the tolerance."""
-    return plot_errors(report, by="quantity")

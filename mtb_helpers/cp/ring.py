@@ -17,27 +17,115 @@ Bytes one rank sends, with n the bytes of its K (or V) shard ``[b, heads, s/cp, 
 forward ``2 (cp-1) n``; backward ``4 (cp-1) n`` (K, V, dK, dV together) ``+ 2 n`` (the last hop).
 
 Both passes are generators: ``yield Hop(block, ...)`` passes a block on and evaluates to the block
-received, and ``exchange.drive`` performs the hop. So several layers called together (the check's
-two layouts) run their rings in lockstep, one message per hop for all of them, and each layer's
-record still holds its own hops with its own bytes.
+rank r-1 passed on, and ``drive`` performs the hop. A value yielded that is not a ``Hop`` comes
+straight back: nothing passed on (a deliberate bug's missing hop). ``drive`` runs one ring, or
+several in lockstep (a check running two layouts at once): in every round the hops of all the
+rings travel as **one** message, so two rings cost the synchronising rounds of one (on one CPU a
+round of 4 ranks costs milliseconds, whatever the few KiB it carries).
+
+A hop is point-to-point (``isend`` / ``irecv``, which gloo runs on CPU tensors), both posted before
+either is waited on, so no rank blocks its neighbour. Every hop is noted in the collective record
+(``mtb_helpers.comm.records``) as two events, like the pipeline's point-to-point ops: ``"send"``
+(``sent_bytes`` = the hop's tensor's bytes) and ``"recv"`` (0 sent), each ring's own hop with its
+own bytes whether or not it shared the message. With one rank the hop is the identity and sends
+nothing (still noted, 0 bytes), so a record has the same shape at every size.
 """
 from __future__ import annotations
 
-import torch
+import time
+from typing import Generator, NamedTuple
 
-from mtb_helpers.cp.base import ContextParallelAttention
-from mtb_helpers.cp.exchange import Hop, drive
+import torch
+import torch.distributed as dist
+
+from mtb_helpers.comm.mesh import group_rank, group_size
+from mtb_helpers.comm.records import CollectiveRecord, note
+from mtb_helpers.cp.base import ContextParallelAttention, kept_in
 from mtb_helpers.cp.online import finish, online_update
 
-__all__ = ["RingAttention", "ring_attention", "KV", "KV_GRADS", "GRADS_HOME"]
+__all__ = ["RingAttention", "ring_attention", "Hop", "drive", "KV", "KV_GRADS", "GRADS_HOME"]
 
 KV, KV_GRADS, GRADS_HOME = "cp.kv", "cp.kv+grads", "cp.grads-home"
+
+
+class Hop(NamedTuple):
+    """What a ring yields to pass ``tensor`` to rank r+1 (it gets rank r-1's back)."""
+    tensor: torch.Tensor
+    region: str
+    direction: str
+
+
+def _global(group: dist.ProcessGroup | None, rank: int) -> int:
+    return rank if group is None else dist.get_global_rank(group, rank)
+
+
+def _exchange(message: torch.Tensor, cp: int, r: int,
+              group: dist.ProcessGroup | None) -> torch.Tensor:
+    """``message`` to rank r+1; returns what rank r-1 sent (same shape and dtype)."""
+    incoming = torch.empty_like(message)
+    requests = [dist.isend(message, dst=_global(group, (r + 1) % cp), group=group),    # [..] -> r+1
+                dist.irecv(incoming, src=_global(group, (r - 1) % cp), group=group)]  # [..] <- r-1
+    for request in requests:
+        request.wait()
+    return incoming
+
+
+def _pass_together(hops: list[Hop], group: dist.ProcessGroup | None,
+                   records: list[CollectiveRecord | None]) -> list[torch.Tensor]:
+    """Every hop's tensor to rank r+1 in one message; each returned tensor (same shape and dtype
+    as its hop's) came from rank r-1."""
+    cp, r = group_size(group), group_rank(group)
+    sent = [hop.tensor.contiguous() for hop in hops]
+    started = time.perf_counter()   # the hop's measured time, in every record
+    if cp == 1:
+        received = sent
+    elif len(sent) == 1:
+        received = [_exchange(sent[0], cp, r, group)]
+    else:
+        # the tensors' bytes end to end, one message [sum of their bytes] uint8; each piece is
+        # copied out so that it starts aligned for its dtype
+        incoming = _exchange(torch.cat([x.reshape(-1).view(torch.uint8) for x in sent]), cp, r, group)
+        pieces = incoming.split([x.numel() * x.element_size() for x in sent])
+        received = [piece.clone().view(x.dtype).view(x.shape) for piece, x in zip(pieces, sent)]
+    seconds = time.perf_counter() - started
+    message = sum(x.numel() * x.element_size() for x in sent)   # what dist.isend / irecv carried
+    for hop, x, out, rec in zip(hops, sent, received, records):
+        with kept_in(rec):   # each hop named with its own bytes; the shared message once
+            note("send", x, x, hop.region, "", hop.direction, cp, issued_bytes=message,
+                 sent=0 if cp == 1 else x.numel() * x.element_size(), seconds=seconds)
+            note("recv", out, out, hop.region, "", hop.direction, cp, sent=0, seconds=seconds,
+                 issued_bytes=message)
+    return received
+
+
+def drive(rings: list[Generator], group: dist.ProcessGroup | None = None,
+          records: list[CollectiveRecord | None] | None = None) -> list:
+    """Run ring generators in lockstep; return what each returned. Each round, every ring still
+    running has yielded one ``Hop``; they all travel in one message. ``records[i]`` (optional)
+    also gets ring i's own events (the check's per-layout record)."""
+    records = records or [None] * len(rings)
+    results: list = [None] * len(rings)
+    answers: dict[int, object] = dict.fromkeys(range(len(rings)))   # what each ring gets next
+    while answers:
+        hops: dict[int, Hop] = {}
+        for i, answer in answers.items():
+            try:
+                value = rings[i].send(answer)
+                while not isinstance(value, Hop):   # nothing to pass on: straight back
+                    value = rings[i].send(value)
+                hops[i] = value
+            except StopIteration as done:
+                results[i] = done.value
+        received = _pass_together(list(hops.values()), group, [records[i] for i in hops]) if hops else []
+        answers = dict(zip(hops, received))
+    return results
+
 
 
 class _Ring(torch.autograd.Function):
     """forward: the ring of K/V blocks with the online softmax; backward: the ring again,
     dK/dV travelling with K/V, then home. Several layers (a check's layouts) run their rings in
-    lockstep: one message per hop carries every layer's block (``exchange.drive``)."""
+    lockstep: one message per hop carries every layer's block (``drive``)."""
 
     @staticmethod
     def forward(ctx, layers, *qkv):
@@ -76,7 +164,7 @@ class RingAttention(ContextParallelAttention):
         return online_update(mx, l, acc, scores, v)
 
     def forward_ring(self, q, k, v):
-        """A generator (``exchange.drive`` runs it): it yields a ``Hop`` to pass a block on and
+        """A generator (``drive`` runs it): it yields a ``Hop`` to pass a block on and
         gets the block of rank r-1 back; it returns ``(O, lse)``."""
         b, heads, rows, d = q.shape
         q_pos = self.positions(self.rank, rows)

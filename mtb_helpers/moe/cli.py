@@ -1,11 +1,9 @@
 """``minitrainbench moe check``: the expert-parallel check, headless.
 
-Prints the report table (output, input grad, router grad per rank; every expert's grads on the
-rank that owns it), the routing in numbers (choices per expert, dropped) and the bytes each rank
-sent in each all-to-all next to the all-gather alternative; or with ``--json``
-``{"passed": ..., "checks": [report.to_dict()]}`` (the dict carries ``"moe"``). Exit 0 when the
-check passes, 1 when it fails; bad arguments raise ValueError before any rank starts (exit 2).
-Under torchrun only rank 0 prints.
+Prints the report table, then the routing in numbers (choices per expert, dropped) and the bytes
+each rank sent in each all-to-all next to the all-gather alternative; or with ``--json``
+``{"passed": ..., "checks": [report.to_dict()]}`` (the dict carries ``"moe"``). Exit status and
+torchrun as every check command (``checking/command.py``).
 """
 from __future__ import annotations
 

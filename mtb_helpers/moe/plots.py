@@ -1,11 +1,4 @@
-"""Expert-parallel figures, drawn from ``check_moe``'s ``report.extra["moe"]``; no ranks started.
-
-``plot_routing``: tokens (in the colour of the rank that holds them) -> the expert each chose ->
-the rank that owns it; ``plot_tokens_per_expert``: kept and dropped choices per expert and source
-rank against the capacity; ``plot_all_to_all_bytes``: bytes each rank sends in each all-to-all,
-by destination, and the forward total against the all-gather alternative; ``plot_moe_errors``:
-max error per quantity (expert grads grouped by expert) on the rank that holds it.
-"""
+"""Expert-parallel figures, drawn from ``check_moe``'s ``report.extra["moe"]``; no ranks started."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -237,7 +230,7 @@ def plot_all_to_all_bytes(moe: dict) -> Figure:
     return fig
 
 
-def _expert_group(quantity: str) -> str:
+def expert_group(quantity: str) -> str:
     """An expert's four grads share one column: ``experts.1.fc1.weight_grad`` -> ``experts.1 grads``."""
     return ".".join(quantity.split(".")[:2]) + " grads" if quantity.startswith("experts.") else quantity
 
@@ -246,7 +239,7 @@ def _moe_error_figure(report):
     t, bug = report.config["world_size"], report.config.get("bug")
     verdict = "passed" if report.passed else "FAILED"
     return error_figure(
-        report, "quantity", group=_expert_group,
+        report, "quantity", group=expert_group,
         title=f"MoE check ({report.config['dtype']}, {t} rank(s){', bug ' + bug if bug else ''})"
               f": {verdict}",
         xlabel="quantity (expert grads: fc1/fc2 weight and bias, on the owning rank)")

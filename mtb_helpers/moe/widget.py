@@ -11,7 +11,7 @@ import ipywidgets as widgets
 
 from mtb_helpers.moe.check import check_moe
 from mtb_helpers.moe.bugs import MOE_BUGS
-from mtb_helpers.moe.plots import moe_errors_png, routing_png, tokens_per_expert_png
+from mtb_helpers.moe.plots import expert_group, moe_errors_png, routing_png, tokens_per_expert_png
 from mtb_helpers.checking.report import Report
 from mtb_helpers.widgets.frame import live_view
 
@@ -23,9 +23,7 @@ CAPACITY_FACTORS = [("none (keep all)", None), ("0.5", 0.5), ("1.0", 1.0), ("1.2
 def summary(report: Report) -> str:
     """Verdict, failing quantities, what was dropped and what rank 0 sent."""
     moe = report.extra["moe"]
-    failed = sorted({".".join(r.quantity.split(".")[:2]) + " grads"
-                     if r.quantity.startswith("experts.") else r.quantity
-                     for r in report.failed()})
+    failed = sorted({expert_group(r.quantity) for r in report.failed()})
     verdict = "PASS" if report.passed else f"FAIL ({', '.join(failed)})"
     by = moe["bytes"]
     return (f"{verdict}: bug={report.config['bug']}; {sum(moe['dropped_per_expert'])} choice(s) "

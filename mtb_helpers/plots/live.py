@@ -1,8 +1,5 @@
-"""A figure an explorer keeps across redraws, drawn in two layers.
-
-Moving a slider used to build a new figure and draw every artist of it again, most of the time
-going to text (tick labels, legends, titles: ~1 ms each on a slow CPU) that had not changed. Here a
-figure is split in two:
+"""A figure an explorer keeps across redraws, drawn in two layers, so that a slider move does not
+draw again the text that did not change (tick labels, legends, titles: ~1 ms each on a slow CPU):
 
 * the static layer, ``build(figure, data)``: axes, limits, ticks, labels, legend, layout diagrams;
   everything that depends only on ``key`` (the shape of the picture: the world size, the names on

@@ -1,11 +1,10 @@
 """The frame every explorer shares: controls on top, below them one widget per item the explorer
 shows (a text, a table, a figure), updated in place whenever a control changes.
 
-In place, because a slider move used to clear an Output and display every figure again: the
-front end rebuilt the whole output area, and the kernel sent every PNG even when only one
-changed. Now a text is an ``HTML`` widget, a figure an ``Image`` widget, a table an ``HTML``
-widget, each keeping its place; a value equal to the last one is not sent again (traitlets only
-syncs changes). Core ipywidgets only (HTML, Image, Output, VBox, observe): 7.7 and 8 alike.
+A text is an ``HTML`` widget, a figure an ``Image`` widget, a table an ``HTML`` widget, each
+keeping its place, so the front end never rebuilds the output area and a value equal to the
+last one is not sent again (traitlets only syncs changes). Core ipywidgets only (HTML, Image,
+Output, VBox, observe): 7.7 and 8 alike.
 """
 from __future__ import annotations
 
