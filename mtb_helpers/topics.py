@@ -22,7 +22,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-from mtb_helpers.checking.bug import Bug, register
+from mtb_helpers.checking.bug import Bug
 
 __all__ = ["Topic", "TOPICS", "listed", "bug_registry", "check_functions", "cli_groups"]
 
@@ -106,12 +106,10 @@ def check_functions(topics: tuple[Topic, ...] | None = None) -> dict[str, Callab
 
 
 def bug_registry(topics: tuple[Topic, ...] | None = None) -> dict[str, Bug]:
-    """{name: Bug} of every topic's bug modules, each registered under its topic (a name two
-    topics declare is refused here, at import, naming both)."""
+    """{name: Bug} of every topic's bug modules, imported (each registers its bugs under its
+    topic at import, refusing a name another topic declared, naming both)."""
     found: dict[str, Bug] = {}
     for topic in listed(topics):
         for module in topic.bugs:
-            bugs = topic.module(module).BUGS
-            register(topic.name, bugs)
-            found.update(bugs)
+            found.update(topic.module(module).BUGS)
     return found
