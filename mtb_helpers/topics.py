@@ -12,7 +12,9 @@ widgets) imports a topic; the topics are found here by name, when the top of the
           bugs=("bugs",),                             # each module holds BUGS: dict[str, Bug]
           layers=("strategies", "fsdp"))              # modules that must not import upwards
 
-A topic with no deliberate bugs says ``bugs=()``; a topic that adds commands to another
+Each bug module registers its ``BUGS`` at import (``register("dp", BUGS)``, checking/bug.py)
+and the topic's ``__init__`` imports it; this list gathers them for ``mtb_helpers.BUGS``. A topic
+with no deliberate bugs says ``bugs=()``; a topic that adds commands to another
 topic's group (sp adds ``tp sequence``) or only top-level commands (``minitrainbench train``) says
 no ``group``.
 """
