@@ -12,7 +12,9 @@ widgets) imports a topic; the topics are found here by name, when the top of the
           bugs=("bugs",),                             # each module holds BUGS: dict[str, Bug]
           layers=("strategies", "fsdp"))              # modules that must not import upwards
 
-A topic with no deliberate bugs says ``bugs=()``; a topic that adds commands to another
+Each bug module registers its ``BUGS`` at import (``register("dp", BUGS)``, checking/bug.py)
+and the topic's ``__init__`` imports it; this list gathers them for ``mtb_helpers.BUGS``. A topic
+with no deliberate bugs says ``bugs=()``; a topic that adds commands to another
 topic's group (sp adds ``tp sequence``) or only top-level commands (``minitrainbench train``) says
 no ``group``.
 """
@@ -22,7 +24,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-from mtb_helpers.checking.bug import Bug, register
+from mtb_helpers.checking.bug import Bug
 
 __all__ = ["Topic", "TOPICS", "listed", "bug_registry", "check_functions", "cli_groups"]
 
@@ -106,12 +108,10 @@ def check_functions(topics: tuple[Topic, ...] | None = None) -> dict[str, Callab
 
 
 def bug_registry(topics: tuple[Topic, ...] | None = None) -> dict[str, Bug]:
-    """{name: Bug} of every topic's bug modules, each registered under its topic (a name two
-    topics declare is refused here, at import, naming both)."""
+    """{name: Bug} of every topic's bug modules, imported (each registers its bugs under its
+    topic at import, refusing a name another topic declared, naming both)."""
     found: dict[str, Bug] = {}
     for topic in listed(topics):
         for module in topic.bugs:
-            bugs = topic.module(module).BUGS
-            register(topic.name, bugs)
-            found.update(bugs)
+            found.update(topic.module(module).BUGS)
     return found

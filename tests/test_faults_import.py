@@ -1,6 +1,7 @@
 """Issue 25, item 3 at start-up: ``import mtb_helpers`` (and the command line's module) import no
 torch, so ``minitrainbench`` handles Ctrl-C before the seconds torch takes to import; the stable
-entry points still load on first use, and the bug registry is filled whenever a name is looked up.
+entry points still load on first use, and a check finds its own topic's bugs (its package
+registers them) without the manifest.
 
 Each case runs in a fresh interpreter: this test process has long imported everything."""
 from __future__ import annotations
@@ -85,7 +86,7 @@ def test_every_stable_name_imports_from_the_top_and_bugs_lists_every_topic():
 def test_a_check_resolves_a_bug_name_without_anyone_reading_bugs_first():
     got = fresh("""
     import json
-    from mtb_helpers.checking.bug import resolve
+    from mtb_helpers.checking.bug import registered, resolve
     from mtb_helpers.tp.check import check_row_parallel
     bug = resolve("row-missing-allreduce", "row")
     report = check_row_parallel(world_size=2, bug="row-missing-allreduce")
@@ -95,22 +96,59 @@ def test_a_check_resolves_a_bug_name_without_anyone_reading_bugs_first():
     except ValueError as exc:
         unknown = str(exc)
     print(json.dumps({"description": bug.description, "passed": report.passed,
-                      "unknown": unknown}))
+                      "unknown": unknown, "registered": sorted(registered())}))
     """)
     assert got["description"] == registered()["row-missing-allreduce"].description
     assert got["passed"] is False      # the bug was injected, and the check caught it
-    assert "unknown bug 'no-such-bug'; known bugs:" in got["unknown"]
-    assert "cp-no-rescale" in got["unknown"]   # the list names every topic's bugs
+    assert "unknown bug 'no-such-bug'; this check can inject: " in got["unknown"]
+    assert "row-missing-allreduce" in got["unknown"] and "cp-no-rescale" not in got["unknown"]
+    # the check's own topic registered its bugs; no other topic was imported for it
+    assert "row-missing-allreduce" in got["registered"] and "cp-no-rescale" not in got["registered"]
 
 
-def test_a_bug_pickled_here_unpickles_in_a_fresh_process():
-    """What a spawned rank or a torchrun process does with a Bug sent to it: find it by name,
-    though nothing there has read the registry yet."""
+def test_a_bug_pickled_here_unpickles_in_a_fresh_process_after_its_topic():
+    """What a spawned rank or a torchrun process does with a Bug sent to it: the function it runs
+    is unpickled first, imports its topic, whose package registers the bugs; then the Bug is found
+    by name. A Bug alone, its topic never imported there, is refused naming it."""
+    from mtb_helpers.tp.layers import RowParallelLinear
+
     name = "row-missing-allreduce"
-    data = pickle.dumps(registered()[name]).hex()
+    data = pickle.dumps((RowParallelLinear, registered()[name])).hex()
+    alone = pickle.dumps(registered()[name]).hex()
     got = fresh(f"""
     import json, pickle
-    bug = pickle.loads(bytes.fromhex("{data}"))
-    print(json.dumps({{"description": bug.description}}))
+    try:
+        pickle.loads(bytes.fromhex("{alone}"))
+        refused = "no error"
+    except LookupError as exc:
+        refused = str(exc)
+    layer, bug = pickle.loads(bytes.fromhex("{data}"))
+    print(json.dumps({{"description": bug.description, "refused": refused}}))
     """)
     assert got["description"] == registered()[name].description
+    assert got["refused"].startswith(f"bug {name!r} is not registered in this process")
+
+
+def test_a_bug_sent_to_ranks_started_before_its_topic_is_found_there():
+    """Ranks started before any topic was imported (their forkserver holds none): the rank
+    function ships by value, the correct layer it swaps by reference, so the rank imports tp,
+    registering its bugs, before it unpickles the Bug."""
+    from mtb_helpers.tp.layers import RowParallelLinear
+
+    got = fresh("""
+    import json, sys
+    from mtb_helpers import run
+    assert run(lambda: 7, world_size=2) == [7, 7]
+    started_without_tp = "mtb_helpers.tp" not in sys.modules
+    from mtb_helpers.checking.bug import resolve, swap
+    from mtb_helpers.tp.layers import RowParallelLinear
+    bug = resolve("row-missing-allreduce", "row")
+
+    def on_rank(bug):
+        return [swap(bug, RowParallelLinear).__name__, bug.description]
+
+    print(json.dumps({"ranks": run(on_rank, bug, world_size=2), "early": started_without_tp}))
+    """)
+    wrong = registered()["row-missing-allreduce"]
+    assert got["early"]
+    assert got["ranks"] == [[wrong.replaces[RowParallelLinear].__name__, wrong.description]] * 2

@@ -182,50 +182,9 @@ def test_the_cycle_finder_finds_a_planted_circle():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-# Edges that still close a circle, each imported lazily or by name and each with the change that
-# removes it (issue 34, item 5). Every other edge must close none: the test fails on a new circle,
-# and on an edge listed here that no longer closes one (then delete its line).
-KNOWN_CIRCLE_EDGES = {
-    ("mtb_helpers.checking.bug", "mtb_helpers.topics"):
-        "the registry's first lookup imports the manifest, which imports every bugs.py, which "
-        "imports checking.bug. Goes when each entry point imports the registry it resolves in "
-        "(its topic's bug modules). Blocked by: every entry point (the checks, pytorch.py, "
-        "pipeline_step) imports resolve from checking.bug, which may import no topic; the "
-        "checks tell another topic's bug ('does not apply') from an unknown name, which needs "
-        "every topic's bugs (a registry of all of them would reach pipeline_step back through "
-        "pp/__init__); and dp/bugs.py's wrong pieces import their comparison module "
-        "(dp.pytorch.torch_model), which it names by a dotted path",
-}
-
-
-def without_known(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    return {name: {m for m in edges if (name, m) not in KNOWN_CIRCLE_EDGES}
-            for name, edges in graph.items()}
-
-
-def reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
-    seen, todo = set(), [start]
-    while todo:
-        node = todo.pop()
-        if node == goal:
-            return True
-        if node not in seen:
-            seen.add(node)
-            todo.extend(graph.get(node, ()))
-    return False
-
-
 def test_no_import_circle_in_the_package():
-    cycle = find_cycle(without_known(GRAPH))
+    cycle = find_cycle(GRAPH)   # lazy imports and imports by name included
     assert cycle is None, "import circle: " + " -> ".join(cycle)
-
-
-@pytest.mark.parametrize("edge", sorted(KNOWN_CIRCLE_EDGES), ids=" -> ".join)
-def test_each_known_circle_is_still_there_and_seen(edge):
-    importer, imported = edge
-    assert imported in GRAPH[importer], f"{importer} no longer imports {imported}: delete the entry"
-    assert reaches(GRAPH, imported, importer), (
-        f"{importer} -> {imported} closes no circle any more: delete its KNOWN_CIRCLE_EDGES entry")
 
 
 def test_imports_by_name_lazy_tables_and_packages_run_first_are_edges(tmp_path):
@@ -254,7 +213,7 @@ def test_runtime_comm_and_layers_import_no_check_plot_widget_or_cli(name):
 
 @pytest.mark.parametrize("name", [n for n in MODULES if n.startswith(LOWER)])
 def test_nothing_below_the_topics_imports_a_topic(name):
-    found = topic_imports(name, without_known(GRAPH))
+    found = topic_imports(name, GRAPH)
     assert not found, f"{name} imports {found}: only the top of the package knows the topics"
 
 
@@ -313,12 +272,13 @@ def test_the_stable_import_paths_still_work(module):
 
 
 THROWAWAY = {   # a topic folder outside the package: what a new topic needs, and no more
-    "__init__.py": '"""A throwaway topic."""\n',
+    "__init__.py": '"""A throwaway topic."""\nfrom mtb_toy import bugs, more_bugs  # noqa: F401\n',
     "layers.py": '"""Its layer."""\n\n\ndef double(x):\n    return 2 * x\n',
-    "bugs.py": '"""Its first bug module."""\nfrom mtb_helpers.checking.bug import Bug\n\n'
-               'BUGS = {"toy-triple": Bug("toy: triples instead of doubling", checks=("toy",))}\n',
-    "more_bugs.py": '"""Its second bug module."""\nfrom mtb_helpers.checking.bug import Bug\n\n'
-                    'BUGS = {"toy-halve": Bug("toy: halves", checks=("toy",))}\n',
+    "bugs.py": '"""Its first bug module."""\nfrom mtb_helpers.checking.bug import Bug, register\n\n'
+               'BUGS = {"toy-triple": Bug("toy: triples instead of doubling", checks=("toy",))}\n'
+               'register("toy", BUGS)\n',
+    "more_bugs.py": '"""Its second bug module."""\nfrom mtb_helpers.checking.bug import Bug, register\n\n'
+                    'BUGS = {"toy-halve": Bug("toy: halves", checks=("toy",))}\nregister("toy", BUGS)\n',
     "check.py": '"""Its check."""\nfrom mtb_helpers.checking.bug import resolve\n'
                 '\n\ndef check_toy(bug=None):\n'
                 '    return resolve(bug, "toy")\n',
@@ -357,22 +317,23 @@ def test_a_throwaway_topic_needs_one_manifest_line(throwaway):
     parser = build_parser()                                             # the CLI
     assert "a throwaway topic" in parser.format_help()
     assert parser.parse_args(["toy", "check"]).func(None) == 0
-    assert {"toy-triple", "toy-halve"} <= set(manifest.bug_registry())  # the bug list, both modules
     check_toy = manifest.check_functions()["check_toy"]                 # mtb_helpers.check's source
-    assert check_toy("toy-triple").description.startswith("toy")
+    assert check_toy("toy-triple").description.startswith("toy")        # its package registered it
+    assert {"toy-triple", "toy-halve"} <= set(manifest.bug_registry())  # the bug list, both modules
     with pytest.raises(ValueError, match="does not apply"):
         check_toy("f-backward-identity")
     assert "mtb_toy.layers" in layer_modules()                           # the layering check
     graph = import_graph()
-    assert not upward_imports("mtb_toy.layers", graph) and find_cycle(without_known(graph)) is None
+    assert not upward_imports("mtb_toy.layers", graph) and find_cycle(graph) is None
     (throwaway / "layers.py").write_text("from mtb_toy.check import check_toy\n")
     assert upward_imports("mtb_toy.layers", import_graph()) == ["mtb_toy.check"]
 
 
 def test_a_bug_name_two_topics_declare_is_refused_naming_both(throwaway):
     (throwaway / "more_bugs.py").write_text(
-        "from mtb_helpers.checking.bug import Bug\n"
-        "BUGS = {'f-backward-identity': Bug('toy: the same name as a tp bug', checks=('toy',))}\n")
+        "from mtb_helpers.checking.bug import Bug, register\n"
+        "BUGS = {'f-backward-identity': Bug('toy: the same name as a tp bug', checks=('toy',))}\n"
+        "register('toy', BUGS)\n")
     with pytest.raises(ValueError, match="'f-backward-identity' is declared by two topics, 'tp' "
                                          "and 'toy'"):
         manifest.bug_registry()
@@ -381,6 +342,7 @@ def test_a_bug_name_two_topics_declare_is_refused_naming_both(throwaway):
 def test_a_topic_with_no_bugs_needs_no_bug_module(throwaway, monkeypatch):
     (throwaway / "bugs.py").unlink()
     (throwaway / "more_bugs.py").unlink()
+    (throwaway / "__init__.py").write_text('"""A throwaway topic."""\n')
     (throwaway / "check.py").write_text("def check_toy():\n    return 'ok'\n")
     quiet = manifest.Topic("toy", package="mtb_toy", checks=("check_toy",), bugs=())
     monkeypatch.setattr(manifest, "TOPICS", manifest.TOPICS[:-1] + (quiet,))

@@ -6,6 +6,7 @@ from mtb_helpers.capstone.model import GPTConfig, TinyGPT, make_model
 from mtb_helpers.capstone.parallel import ParallelRun, train_parallel
 from mtb_helpers.capstone.reference import TrainConfig, train_reference
 from mtb_helpers.capstone.validate import admissible_layouts, validate
+from mtb_helpers.capstone import bugs  # noqa: F401  registers the topic's bugs (checking/bug.py)
 
 __all__ = ["VOCAB", "batch_for_step", "corpus", "decode", "encode", "Grid", "GridLayout",
            "group_ranks", "GPTConfig", "TinyGPT", "make_model", "ParallelRun",

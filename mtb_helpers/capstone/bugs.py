@@ -11,7 +11,7 @@ import torch
 from mtb_helpers.capstone.finalize import SequenceParallelGrads
 from mtb_helpers.capstone.grid import Grid
 from mtb_helpers.capstone.layers import ParallelEmbedding
-from mtb_helpers.checking.bug import Bug
+from mtb_helpers.checking.bug import Bug, register
 
 __all__ = ["BUGS", "CAPSTONE_BUGS", "GradientsInTensorGroup", "GradientsWithoutContext",
            "LocalPositions", "SequenceParallelGradsLeftPartial"]
@@ -66,3 +66,5 @@ BUGS: dict[str, Bug] = {
         (CHECK,), {SequenceParallelGrads: SequenceParallelGradsLeftPartial}),
 }
 CAPSTONE_BUGS = tuple(BUGS)
+
+register("capstone", BUGS)   # at import: see checking/bug.py

@@ -3,13 +3,12 @@
 A bug is the correct piece with one thing wrong: usually a subclass of a correct layer that
 overrides one method (marked ``# BUG``), so the correct layers carry no test-only code path and a
 notebook can show the wrong code with ``inspect.getsource``. Each topic's bug modules hold
-``BUGS: dict[str, Bug]``; the manifest (:mod:`mtb_helpers.topics`) registers them here under the
-topic's name the first time a name is looked up (or ``mtb_helpers.BUGS`` is read), and a name two
-topics declare is refused then, naming both. The first lookup imports the manifest by name
-(``importlib``, below): that is an edge from here to every topic's bugs, and so a circle
-(bug -> topics -> each bugs.py -> bug) that tests/test_layering.py sees and lists; it lets a
-check resolve names without importing every topic, and a notebook that never names a bug never
-imports one.
+``BUGS: dict[str, Bug]`` and registers them here at import (``register("tp", BUGS)``, its
+last line), and each topic's package imports its bug modules (its ``__init__``): whatever module
+of a topic is loaded, its bugs are registered, and a name two topics declare is refused at the
+second import, naming both. This module imports no topic: a check resolves names in the registry
+its own topic filled, and ``mtb_helpers.BUGS`` (the manifest, :mod:`mtb_helpers.topics`) imports
+every topic's bugs to list them all.
 
     Bug("row layer: every rank adds the full bias before the all-reduce ...",   # what it breaks
         checks=("row", "mlp"),                                 # the checks that can inject it
@@ -23,41 +22,29 @@ there; a direct call with the argument off is still refused by ``needs``.
 
 An entry point (a check, ``pipeline_step``, a PyTorch comparison) takes the bug's name and
 resolves it once, before any rank starts: ``bug = resolve(name, "row", world_size=t)`` (a
-ValueError for an unknown name, one this check cannot inject, or arguments the bug cannot show
-under). It then builds ``swap(bug, RowParallelLinear)``. A ``Bug`` sent to the ranks travels as
-its name and is looked up again there, so its wrong pieces need not be picklable.
+ValueError for a name the registry does not hold, one this check cannot inject, or arguments the
+bug cannot show under). It then builds ``swap(bug, RowParallelLinear)``. A ``Bug`` sent to the
+ranks travels as its name and is looked up again there, so its wrong pieces need not be
+picklable: the rank function's module, unpickled first, is in a topic, so the rank has imported
+that topic's bugs before it reads the name.
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 __all__ = ["Bug", "swap", "names_for", "register", "resolve", "registered", "showing"]
 
-_REGISTRY: dict[str, "Bug"] = {}   # every registered name -> its Bug (filled by mtb_helpers.topics)
+_REGISTRY: dict[str, "Bug"] = {}   # every registered name -> its Bug (each bug module registers)
 _OWNERS: dict[str, str] = {}       # every registered name -> the topic that declared it
-_LOADED: list[bool] = []   # [True] once the manifest registered every topic's bugs
-
-
-def _loaded() -> dict[str, "Bug"]:
-    """The registry, every topic's bugs registered (by the manifest, on the first lookup). A
-    refusal (a bug name two topics declare) is raised again at the next lookup; a lookup while
-    the manifest is registering (a bug module reading the registry) sees what is there so far."""
-    if not _LOADED:
-        _LOADED.append(False)
-        try:
-            importlib.import_module("mtb_helpers.topics").bug_registry()
-            _LOADED[0] = True
-        finally:
-            if not _LOADED[0]:
-                _LOADED.clear()
-    return _REGISTRY
 
 
 def _registered_bug(name: str) -> "Bug":
     """A pickled ``Bug``, unpickled on a rank: the same registry entry there."""
-    return _loaded()[name]
+    if name not in _REGISTRY:
+        raise LookupError(f"bug {name!r} is not registered in this process: import its topic "
+                          "(e.g. the module of the function the ranks run) before unpickling it")
+    return _REGISTRY[name]
 
 
 @dataclass(frozen=True)
@@ -90,7 +77,7 @@ class Bug:
         return unmet
 
     def __reduce__(self):
-        name = next((n for n, b in _loaded().items() if b is self), None)
+        name = next((n for n, b in _REGISTRY.items() if b is self), None)
         if name is None:
             raise TypeError(f"only a registered Bug can be sent to the ranks: {self.description}")
         return _registered_bug, (name,)
@@ -100,9 +87,9 @@ def swap(bug: Bug | None, correct: Any) -> Any:
     """The piece to build: the wrong one if ``bug`` replaces ``correct``, else ``correct``.
 
     ``replaces`` names a correct piece by the object itself, or by its dotted path
-    (``"mtb_helpers.dp.pytorch.torch_model"``) where the bugs' module must not import it: the
-    registry imports every topic's bugs (``BUGS``, the first check), and a PyTorch comparison
-    module imported there would have every notebook's ranks preload DTensor or pipelining
+    (``"mtb_helpers.dp.pytorch.torch_model"``) where the bugs' module must not import it: any
+    import of a topic imports its bugs (its ``__init__``), and a PyTorch comparison module
+    imported there would have every notebook's ranks preload DTensor or pipelining
     (``HEAVY_RANK_IMPORTS``, runtime/start.py) whether or not that notebook compares with PyTorch."""
     if bug is None:
         return correct
@@ -129,8 +116,8 @@ def register(topic: str, bugs: dict[str, Bug]) -> None:
 
 
 def registered() -> dict[str, Bug]:
-    """{name: Bug} of every registered bug."""
-    return dict(_loaded())
+    """{name: Bug} of every bug registered so far (the topics imported in this process)."""
+    return dict(_REGISTRY)
 
 
 def resolve(name: str | None, check: str | tuple[str, ...], **args: Any) -> Bug | None:
@@ -140,13 +127,13 @@ def resolve(name: str | None, check: str | tuple[str, ...], **args: Any) -> Bug 
     if name is None:
         return None
     checks = (check,) if isinstance(check, str) else tuple(check)
-    bug = _loaded().get(name)
+    bug = _REGISTRY.get(name)
+    allowed = ", ".join(n for n, b in _REGISTRY.items() if set(checks) & set(b.checks))
     if bug is None:
-        raise ValueError(f"unknown bug {name!r}; known bugs: {', '.join(sorted(_REGISTRY))}")
+        raise ValueError(f"unknown bug {name!r}; this check can inject: {allowed or 'no bug'}")
     if not set(checks) & set(bug.checks):
-        allowed = [n for n, b in _REGISTRY.items() if set(checks) & set(b.checks)]
         raise ValueError(f"bug {name!r} does not apply to this check; it can inject: "
-                         f"{', '.join(allowed) or 'no bug'}")
+                         f"{allowed or 'no bug'}")
     if unmet := bug.unmet(**args):
         given = ", ".join(f"{k}={v!r}" for k, v in args.items())
         raise ValueError(f"bug {name!r} cannot show here: it needs {'; '.join(unmet)} "
@@ -157,5 +144,5 @@ def resolve(name: str | None, check: str | tuple[str, ...], **args: Any) -> Bug 
 def showing(name: str | None, args: dict[str, Any]) -> dict[str, Any]:
     """A front end's ``args`` for a check, with what bug ``name`` sets to show (``Bug.sets``) put
     in; unchanged for no bug or a name the check's ``resolve`` will refuse anyway."""
-    bug = _loaded().get(name) if name is not None else None
+    bug = _REGISTRY.get(name) if name is not None else None
     return {**args, **bug.sets} if bug is not None else dict(args)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from mtb_helpers.checking.bug import Bug
+from mtb_helpers.checking.bug import Bug, register
 from mtb_helpers.collectives.ops import (RANK_FUNCTIONS, all_gather, all_reduce, all_to_all,
                                          broadcast, reduce_scatter)
 
@@ -73,3 +73,5 @@ BUGS: dict[str, Bug] = {
 COLLECTIVE_BUGS: dict[str, str] = {
     name: next(c for c, fn in RANK_FUNCTIONS.items() if fn in bug.replaces)
     for name, bug in BUGS.items()}
+
+register("collectives", BUGS)   # at import: see checking/bug.py

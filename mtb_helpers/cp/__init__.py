@@ -8,6 +8,7 @@ from mtb_helpers.cp.online import finish, merge_partials, online_softmax_rows, o
 from mtb_helpers.cp.ring import RingAttention, ring_attention
 from mtb_helpers.cp.sharding import (LAYOUTS, check_sequence, chunk_ids, shard_positions,
                                      shard_sequence, unshard_sequence)
+from mtb_helpers.cp import bugs  # noqa: F401  registers the topic's bugs (checking/bug.py)
 
 __all__ = ["shard_sequence", "unshard_sequence", "shard_positions", "chunk_ids", "check_sequence",
            "LAYOUTS", "ring_attention", "allgather_attention", "RingAttention",

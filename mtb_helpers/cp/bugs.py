@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from mtb_helpers.checking.bug import Bug, names_for
+from mtb_helpers.checking.bug import Bug, names_for, register
 from mtb_helpers.cp.allgather import AllGatherAttention
 from mtb_helpers.cp.ring import RingAttention
 from mtb_helpers.cp.sharding import shard_sequence
@@ -110,3 +110,6 @@ def shown_by(variant: str, **args) -> tuple[str, ...]:
     """The bugs check ``cp-<variant>`` can inject that can show under the check's ``args``
     (``world_size``, ``causal``, ``layout``): those ``resolve`` does not refuse there."""
     return tuple(name for name in names_for(BUGS, f"cp-{variant}") if not BUGS[name].unmet(**args))
+
+
+register("cp", BUGS)   # at import: see checking/bug.py

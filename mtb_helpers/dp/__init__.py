@@ -9,6 +9,7 @@ from mtb_helpers.dp.fsdp import STRATEGY_CLASSES, ZeRO3Step, build_strategy
 from mtb_helpers.dp.overlap import OverlappedDDP
 from mtb_helpers.dp.sharded_optimizer import ShardedOptimizer
 from mtb_helpers.dp.fsdp_wrapper import FSDP
+from mtb_helpers.dp import bugs  # noqa: F401  registers the topic's bugs (checking/bug.py)
 
 __all__ = ["STRATEGIES", "SHARDED", "Adam", "make_mlp", "flat", "padded_numel", "FlatShards",
            "held_bytes", "Strategy", "FlatStep", "ZeRO1", "ZeRO2", "ZeRO3Step", "STRATEGY_CLASSES",

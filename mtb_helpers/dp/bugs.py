@@ -26,7 +26,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from mtb_helpers.checking.bug import Bug, names_for
+from mtb_helpers.checking.bug import Bug, names_for, register
 from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
 from mtb_helpers.dp.fsdp_units import FlatGroup
 from mtb_helpers.dp.fsdp_wrapper import FSDP
@@ -214,3 +214,6 @@ OVERLAP_BUGS = names_for(BUGS, OVERLAP)
 def bugs_for_wrapper(wrapper: str) -> tuple[str, ...]:
     """The bugs whose needs ``wrapper`` meets (the rule ``check_overlap`` asks)."""
     return tuple(n for n, b in BUGS.items() if not b.unmet(wrapper=wrapper))
+
+
+register("dp", BUGS)   # at import: see checking/bug.py

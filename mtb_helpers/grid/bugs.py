@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from mtb_helpers.checking.bug import Bug, names_for
+from mtb_helpers.checking.bug import Bug, names_for, register
 from mtb_helpers.comm.records import note
 from mtb_helpers.grid.layers import DP_REGION, GridGroups, average_gradients, grid_mesh
 
@@ -70,3 +70,5 @@ BUGS: dict[str, Bug] = {
         checks=("pytorch_grid",), replaces={grid_mesh: grid_mesh_dims_swapped}),
 }
 GRID_BUGS = names_for(BUGS, "grid")
+
+register("grid", BUGS)   # at import: see checking/bug.py

@@ -3,6 +3,7 @@ from mtb_helpers.moe.layers import (COMBINE, COUNTS, DISPATCH, ROUTER_GRAD, Expe
                                     ExpertParallelMoE, Routing, all_to_all_rows,
                                     allreduce_router_grad, expert_capacity, inverse_permutation,
                                     capacity_mask, moe_reference, route)
+from mtb_helpers.moe import bugs  # noqa: F401  registers the topic's bugs (checking/bug.py)
 
 __all__ = ["Expert", "route", "expert_capacity", "capacity_mask", "inverse_permutation",
            "all_to_all_rows", "allreduce_router_grad", "moe_reference", "ExpertParallelMoE",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mtb_helpers.checking.bug import Bug, names_for, swap
+from mtb_helpers.checking.bug import Bug, names_for, register, swap
 from mtb_helpers.moe.layers import Expert, ExpertParallelMoE
 
 
@@ -58,3 +58,6 @@ def build_moe(gate: nn.Linear, experts: list[Expert], top_k: int = 1,
     """``ExpertParallelMoE.from_full(...)``, or the class with ``bug`` (a ``Bug``) in it."""
     return swap(bug, ExpertParallelMoE).from_full(gate, experts, top_k, capacity_factor,
                                                           group)
+
+
+register("moe", BUGS)   # at import: see checking/bug.py

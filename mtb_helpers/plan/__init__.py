@@ -19,6 +19,7 @@ from mtb_helpers.plan.search import Candidate, PlanResult, plan
 from mtb_helpers.plan.specs import (ClusterSpec, Layout, ModelSpec, check_layout,
                                     layout_problems, stage_layers)
 from mtb_helpers.plan.steptime import StepTime, model_flops_per_token, step_time
+from mtb_helpers.plan import bugs  # noqa: F401  registers the topic's bugs (checking/bug.py)
 
 __all__ = ["ModelSpec", "ClusterSpec", "Layout", "MODELS", "CLUSTERS", "GIB", "model", "cluster",
            "tiny_gpt", "model_state_bytes", "activation_bytes_per_layer", "MemoryModel",

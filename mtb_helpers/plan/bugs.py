@@ -6,7 +6,7 @@ ranks, so each of these must turn some of its rows red.
 """
 from __future__ import annotations
 
-from mtb_helpers.checking.bug import Bug
+from mtb_helpers.checking.bug import Bug, register
 from mtb_helpers.plan.memory import MemoryModel
 
 __all__ = ["BUGS", "ZeRO1ShardsGradients", "NormsSplitByTensorParallel",
@@ -58,3 +58,5 @@ BUGS: dict[str, Bug] = {
         "instead of the rank's rows [s/t, b, h] (wrong whenever tp > 1)", (CHECK,),
         {MemoryModel: LayerNormInputNotSequenceSplit}),
 }
+
+register("plan", BUGS)   # at import: see checking/bug.py

@@ -4,6 +4,7 @@ from mtb_helpers.pp.schedules import SCHEDULES, Op, Schedule, closed_form, sched
 from mtb_helpers.pp.simulator import Event, Timeline, simulate
 from mtb_helpers.pp.runtime import PipelineResult, TimelineEvent, pipeline_step
 from mtb_helpers.pp.check import check_pipeline
+from mtb_helpers.pp import bugs  # noqa: F401  registers the topic's bugs (checking/bug.py)
 
 __all__ = ["Op", "Schedule", "SCHEDULES", "schedule", "simulate", "Timeline", "Event",
            "warmup_count", "closed_form", "pipeline_step", "PipelineResult", "TimelineEvent",

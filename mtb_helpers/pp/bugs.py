@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from mtb_helpers.checking.bug import Bug
+from mtb_helpers.checking.bug import Bug, register
 from mtb_helpers.pp.p2p import P2P, Message
 from mtb_helpers.pp.stage import RankStage
 
@@ -93,3 +93,5 @@ BUGS: dict[str, Bug] = {
         "compared with, so the order of the ops differs", checks=("pytorch_pipeline",),
         replaces={TORCH_SCHEDULE: the_other_schedule}),
 }
+
+register("pp", BUGS)   # at import: see checking/bug.py

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtb_helpers.checking.bug import Bug, names_for, swap
+from mtb_helpers.checking.bug import Bug, names_for, register, swap
 from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.comm.regions import reduce_from_tensor_model_parallel_region
 from mtb_helpers.comm.regions import allreduce_sequence_parallel_grad
@@ -89,3 +89,6 @@ def build_block(ln: nn.LayerNorm, fc1: nn.Linear, fc2: nn.Linear, dropout_p: flo
                                     SequenceParallelColumnLinear.from_full(fc1, group=group),
                                     row.from_full(fc2, group=group),
                                     drop(dropout_p, seed, sequence_parallel=True, group=group))
+
+
+register("sp", BUGS)   # at import: see checking/bug.py

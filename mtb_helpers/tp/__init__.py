@@ -7,6 +7,7 @@ from mtb_helpers.comm.sharding import check_divisible, shard_range
 from mtb_helpers.tp.attention import ParallelSelfAttention
 from mtb_helpers.tp.layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear
 from mtb_helpers.tp.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
+from mtb_helpers.tp import attention_bugs, bugs  # noqa: F401  registers the topic's bugs (checking/bug.py)
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "check_divisible",
            "shard_range", "ParallelSelfAttention", "VocabParallelEmbedding",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from mtb_helpers.checking.bug import Bug
+from mtb_helpers.checking.bug import Bug, register
 from mtb_helpers.tp.attention import LocalAttention
 from mtb_helpers.tp.bugs import ColumnWithoutF, RowBiasBeforeAllReduce
 from mtb_helpers.tp.layers import ColumnParallelLinear, RowParallelLinear
@@ -90,3 +90,5 @@ BUGS: dict[str, Bug] = {
         checks=("vocab_parallel",),
         replaces={VocabParallelCrossEntropy: TargetLogitNotAllReduced}),
 }
+
+register("tp", BUGS)   # at import: see checking/bug.py

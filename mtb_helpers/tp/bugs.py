@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from mtb_helpers.checking.bug import Bug, names_for, swap
+from mtb_helpers.checking.bug import Bug, names_for, register, swap
 from mtb_helpers.comm.records import recorded
 from mtb_helpers.comm.regions import (_CopyToModelParallelRegion, _GatherFromModelParallelRegion,
                                       _ReduceFromModelParallelRegion,
@@ -177,3 +177,6 @@ def build_mlp(fc1, fc2, bug: Bug | None = None, group=None) -> ParallelMLP:
     """``ParallelMLP.from_full(fc1, fc2)`` with ``bug`` injected into the sub-layer it concerns."""
     return ParallelMLP(swap(bug, ColumnParallelLinear).from_full(fc1, gather_output=False, group=group),
                        swap(bug, RowParallelLinear).from_full(fc2, input_is_parallel=True, group=group))
+
+
+register("tp", BUGS)   # at import: see checking/bug.py
