@@ -49,9 +49,10 @@ def group_heads(parts: list[torch.Tensor], world_size: int, dim: int) -> torch.T
 
 
 def grouped_qkv(wq: nn.Linear, wk: nn.Linear, wv: nn.Linear, world_size: int) -> nn.Linear:
-    """One ``nn.Linear(h, 3h)`` whose output rows are ``[Q_0, K_0, V_0, Q_1, K_1, V_1, ...]``, where
-    ``Q_r`` are the ``h/t`` rows of ``wq`` for rank r's heads: a contiguous column split of it gives
-    rank r exactly ``[Q_r; K_r; V_r]`` (``[3h/t, h]``)."""
+    """One ``nn.Linear(h, 3h)`` whose ``.weight`` rows are ``[Q_0, K_0, V_0, Q_1, K_1, V_1, ...]``
+    (``Q_r``: the ``h/t`` rows of ``wq.weight`` for rank r's heads, put in order by ``group_heads``):
+    a contiguous split of its rows (a column split of ``Wqkv``) gives rank r its ``.weight``
+    ``[Q_r; K_r; V_r]``, ``[3h/t, h]``."""
     fused = nn.Linear(wq.in_features, 3 * wq.out_features, dtype=wq.weight.dtype)
     with torch.no_grad():
         fused.weight.copy_(group_heads([wq.weight, wk.weight, wv.weight], world_size, 0))
