@@ -38,9 +38,10 @@ _start_lock = threading.Lock()
 #   DTensor's collectives with CommDebugMode (it imports torch._dynamo: ~0.8 s and ~35 MB a rank)
 #   or run torch.distributed.pipelining; notebook 14's modules step torch.optim optimizers, whose
 #   first step imports torch._dynamo. The course's own strategies and the capstone step
-#   dp/adam.py's Adam instead (bit-equal on CPU), and the bug registry imports no comparison module
-#   (tp/plan.py), so a notebook that never compares never loads torch._dynamo on its ranks;
-#   tests/test_rank_imports.py and tests/test_runtime_memory_and_drawing.py hold both sides.
+#   dp/adam.py's Adam instead (bit-equal on CPU; ZeRO-1/2's ShardedOptimizer steps it too), and
+#   no bug module imports a comparison module (DTensor's plan sits in tp/layers.py and imports
+#   DTensor only when built), so a notebook that never compares never loads torch._dynamo on its
+#   ranks; tests/test_rank_imports.py and tests/test_runtime_memory_and_drawing.py hold both sides.
 # A module loaded after the forkserver started is found by ``preload_missing``, and the next ``run``
 # restarts the pools from a forkserver that preloads its imports (ranks.py).
 RANK_LAZY_IMPORTS = ("torch.fx.experimental.symbolic_shapes", "torch.utils.serialization")
