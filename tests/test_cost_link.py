@@ -185,6 +185,21 @@ def test_records_gain_their_measured_time():
     assert run(job, world_size=2)[0][0].seconds < model   # without the link: this machine's time
 
 
+def test_an_async_call_is_not_timed_by_its_launch():
+    """``async_op=True`` returns at launch: its record says no time rather than the launch's
+    (which would pass for a collective faster than the link allows); a blocking one is timed."""
+    def job():
+        with record() as rec:
+            work = dist.all_reduce(torch.ones(500, dtype=torch.float64), async_op=True)
+            work.wait()
+            dist.all_reduce(torch.ones(500, dtype=torch.float64))
+        return [e.seconds for e in rec]
+    model = predict("all-reduce", 4000, 2, LINK)
+    for launched, blocking in run(job, world_size=2, link=LINK, timeout=60):
+        assert launched is None
+        assert blocking >= model - 5e-4
+
+
 def test_a_link_this_machine_cannot_honour_is_refused_before_fn_runs(tmp_path):
     marker = tmp_path / "ran"
 

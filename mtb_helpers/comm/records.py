@@ -52,7 +52,9 @@ class CollectiveEvent:
     bytes: int
     sent_bytes: int
     group_size: int
-    seconds: float | None = field(default=None, compare=False)   # a time, not what was sent
+    # how long the call took (a time, not what was sent); None for an ``async_op=True`` call,
+    # whose return is its launch, not its end (time it at its handle's ``wait()``)
+    seconds: float | None = field(default=None, compare=False)
 
     def describe(self) -> str:
         """E.g. ``'forward all_reduce (g) [6, 8] float32: 192 B in, 192 B sent'``."""
@@ -221,7 +223,7 @@ def _observe(name: str, args: tuple, kwargs: dict) -> Callable[[Any], None] | No
     started = time.perf_counter()
 
     def done(result: Any) -> None:
-        seconds = time.perf_counter() - started
+        seconds = None if a.get("async_op") else time.perf_counter() - started
         group = a.get("group")
         nbytes, t = _bytes(x), dist.get_world_size(group)
         me = dist.get_rank(group) if op in ("all_to_all", "broadcast", "scatter", "reduce", "gather") else 0
