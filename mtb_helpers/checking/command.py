@@ -259,14 +259,16 @@ def emit_document(document: Callable[[], object], as_json: bool, text: Callable[
     return status
 
 
-def emit(reports: list, as_json: bool, details: Callable[[object], str] | None = None) -> int:
+def emit(reports: list, as_json: bool, details: Callable[[object], str] | None = None,
+         footer: str = "") -> int:
     """Print the reports (:func:`emit_document`): one JSON document with ``--json``, else each
-    report's table followed by ``details(report)`` when given. Returns the exit status: 0 when
-    every report passed, 1 otherwise."""
+    report's table followed by ``details(report)`` when given, then ``footer``. Returns the exit
+    status: 0 when every report passed, 1 otherwise."""
+    passed = all(r.passed for r in reports)
     return emit_document(
-        lambda: {"passed": all(r.passed for r in reports), "checks": [r.to_dict() for r in reports]},
-        as_json, lambda: "\n\n".join(str(r) + (f"\n{details(r)}" if details else "") for r in reports),
-        0 if all(r.passed for r in reports) else 1)
+        lambda: {"passed": passed, "checks": [r.to_dict() for r in reports]}, as_json,
+        lambda: "\n\n".join([*(str(r) + (f"\n{details(r)}" if details else "") for r in reports),
+                              *([footer] if footer else [])]), 0 if passed else 1)
 
 
 def save_figure(draw: Callable[[], object], path: str | None) -> None:

@@ -5,14 +5,14 @@ the bytes each rank holds (measured vs our fp32 accounting and the ZeRO paper's 
 one) and the bytes it sent (from the record vs the formula); with ``--json``
 ``{"passed": ..., "checks": [report.to_dict(), ...]}`` (each dict carries ``"memory"`` and
 ``"communication"``). ``--strategy all`` (the default) runs the four; with ``--bug`` only the
-strategies the bug applies to get it. Exit 0 when every check passes, 1 when one fails; bad
-arguments raise ValueError before any rank starts (exit 2). Under torchrun only rank 0 prints.
+strategies the bug applies to get it. Exit status and torchrun as every check command
+(``checking/command.py``).
 """
 from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.checking.command import add_command, check_args, emit_document
+from mtb_helpers.checking.command import add_command, check_args, emit
 from mtb_helpers.dp.strategies import STRATEGIES
 
 
@@ -57,9 +57,6 @@ def run_check(args: argparse.Namespace) -> int:
     reports = check_all_strategies(**check_args(args), strategies=strategies, batch=args.batch,
                                    hidden=args.hidden, ffn_hidden=args.ffn_hidden, lr=args.lr,
                                    weight_decay=args.weight_decay, steps=args.steps)
-    passed = all(r.passed for r in reports)
-    verdict = "all passed" if passed else "FAILED: " + ", ".join(
-        r.config["strategy"] for r in reports if not r.passed)
-    return emit_document(lambda: {"passed": passed, "checks": [r.to_dict() for r in reports]},
-                         args.json, lambda: "\n\n".join(f"{r}\n{figures_text(r)}" for r in reports)
-                         + f"\n\n{verdict}", 0 if passed else 1)
+    failed = [r.config["strategy"] for r in reports if not r.passed]
+    return emit(reports, args.json, figures_text,
+                "FAILED: " + ", ".join(failed) if failed else "all passed")

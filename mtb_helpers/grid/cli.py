@@ -1,9 +1,9 @@
 """``minitrainbench grid check``: one SGD step of the TP MLP on a tp x dp grid, headless.
 
 Prints the report table (or, with ``--json``, ``{"passed": ..., "checks": [report.to_dict()]}``)
-and each group's traffic, and exits 0 when every row passes, 1 when one fails; a grid that does not
-match the world size or shapes that do not divide raise ValueError before any rank starts (exit 2).
-Under torchrun the world size is the launched job's and only rank 0 prints.
+and each group's traffic. A grid that does not match the world size (under torchrun the launched
+job's) or shapes that do not divide are bad arguments; exit status and torchrun as every check
+command (``checking/command.py``).
 """
 from __future__ import annotations
 

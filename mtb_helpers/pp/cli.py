@@ -1,10 +1,8 @@
 """``minitrainbench pp bubble`` (simulated) and ``pp run`` (one step on real ranks, checked).
 
 ``bubble`` is pure simulation: no ranks start; it prints a schedule's op order, makespan, bubble
-and peak memory. Exit 0 on success, 2 on bad arguments (a ValueError from
-``schedule``/``simulate`` escapes the handler and the top-level command turns it into 2).
-``run`` checks ``pipeline_step`` against one process: exit 0 pass, 1 a check failed or the step
-hung, 2 bad arguments.
+and peak memory. ``run`` checks ``pipeline_step`` against one process (a hung step is a failed
+check). Exit status and torchrun as every command (``checking/command.py``).
 """
 from __future__ import annotations
 
