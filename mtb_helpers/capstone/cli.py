@@ -13,7 +13,6 @@ on stderr), 130 interrupted.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from mtb_helpers.capstone.validate import DP_STRATEGIES, PP_SCHEDULES
@@ -115,9 +114,11 @@ def run_train(args: argparse.Namespace) -> int:
     """Handler of ``minitrainbench train``; returns the exit code."""
     from mtb_helpers.capstone.check import check_capstone
 
+    from mtb_helpers.runtime.ranks import in_launched_job, resolve_world_size
+
     world = args.tp * args.pp * args.dp * args.cp
-    if args.world_size is None and "WORLD_SIZE" in os.environ:   # inside torchrun: its size
-        args.world_size = int(os.environ["WORLD_SIZE"])
+    if args.world_size is None and in_launched_job():   # inside torchrun: its size
+        args.world_size = resolve_world_size(world)
     if args.world_size is not None and args.world_size != world:
         raise ValueError(f"tp*pp*dp*cp = {args.tp}*{args.pp}*{args.dp}*{args.cp} = {world} is not "
                          f"the world size {args.world_size}")
