@@ -13,11 +13,10 @@ on stderr), 130 interrupted.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from mtb_helpers.capstone.validate import DP_STRATEGIES, PP_SCHEDULES
-from mtb_helpers.checking.command import emit_document, is_primary
+from mtb_helpers.checking.command import add_command, emit_document, is_primary, save_figure
 
 __all__ = ["register", "run_train", "loss_table"]
 
@@ -30,34 +29,25 @@ def _bug_help() -> str:
 
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
     """Add ``minitrainbench train``."""
-    parser = top.add_parser(
-        "train", help="train the tiny GPT under tp x pp x dp x cp and compare with one process",
-        description="Train the capstone's tiny GPT with tensor (+sequence), pipeline, data and "
-                    "context parallelism on tp*pp*dp*cp real gloo ranks, and compare the loss of "
-                    "every step and the final parameters with one process.",
-        epilog=_bug_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    for dim in ("tp", "pp", "dp", "cp"):
-        parser.add_argument(f"--{dim}", type=int, default=1, help=f"{dim} size (1)")
-    parser.add_argument("--world-size", type=int, default=None,
-                        help="optional: must equal tp*pp*dp*cp")
-    parser.add_argument("--steps", type=int, default=20, help="AdamW steps (20)")
-    parser.add_argument("--microbatches", type=int, default=2, help="pipeline micro-batches (2)")
-    parser.add_argument("--schedule", choices=PP_SCHEDULES, default="1f1b")
-    parser.add_argument("--strategy", choices=DP_STRATEGIES, default="ddp")
-    parser.add_argument("--no-sequence-parallel", action="store_true",
-                        help="tensor parallelism without sequence parallelism")
-    parser.add_argument("--dtype", choices=("float32", "float64"), default="float64")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--bug", default=None, help="inject a deliberate bug (listed below)")
-    parser.add_argument("--plot", default=None, metavar="PNG", help="save the loss curves here")
-    parser.add_argument("--timeout", type=float, default=60.0,
-                        help="seconds before ranks that stopped answering are reported as hung; "
-                             "it guards each call of a few steps (a quarter of it at the measured "
-                             "pace), not the run, so a run may be as long as it needs (60)")
-    parser.add_argument("--quiet", action="store_true",
-                        help="no progress lines on stderr (steps done, loss, seconds per step)")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.set_defaults(func=run_train)
+    parser = add_command(
+        top, "train", "train the tiny GPT under tp x pp x dp x cp and compare with one process",
+        "Train the capstone's tiny GPT with tensor (+sequence), pipeline, data and context "
+        "parallelism on tp*pp*dp*cp real gloo ranks, and compare the loss of every step and the "
+        "final parameters with one process.", run_train, common=None,
+        **{dim: (1, f"{dim} size (1)") for dim in ("tp", "pp", "dp", "cp")},
+        world_size={"type": int, "default": None, "help": "optional: must equal tp*pp*dp*cp"},
+        steps=(20, "AdamW steps (20)"), microbatches=(2, "pipeline micro-batches (2)"),
+        schedule={"choices": PP_SCHEDULES, "default": "1f1b"},
+        strategy={"choices": DP_STRATEGIES, "default": "ddp"},
+        no_sequence_parallel=(False, "tensor parallelism without sequence parallelism"),
+        dtype={"choices": ("float32", "float64"), "default": "float64"}, seed=(0, None),
+        bug={"default": None, "help": "inject a deliberate bug (listed below)"},
+        plot={"default": None, "metavar": "PNG", "help": "save the loss curves here"},
+        timeout=(60.0, "seconds before ranks that stopped answering are reported as hung; it "
+                       "guards each call of a few steps (a quarter of it at the measured pace), "
+                       "not the run, so a run may be as long as it needs (60)"),
+        quiet=(False, "no progress lines on stderr (steps done, loss, seconds per step)"))
+    parser.epilog, parser.formatter_class = _bug_help(), argparse.RawDescriptionHelpFormatter
 
 
 def print_progress(done: int, steps: int, loss: float, seconds_per_step: float) -> None:
@@ -124,9 +114,11 @@ def run_train(args: argparse.Namespace) -> int:
     """Handler of ``minitrainbench train``; returns the exit code."""
     from mtb_helpers.capstone.check import check_capstone
 
+    from mtb_helpers.runtime.ranks import in_launched_job, resolve_world_size
+
     world = args.tp * args.pp * args.dp * args.cp
-    if args.world_size is None and "WORLD_SIZE" in os.environ:   # inside torchrun: its size
-        args.world_size = int(os.environ["WORLD_SIZE"])
+    if args.world_size is None and in_launched_job():   # inside torchrun: its size
+        args.world_size = resolve_world_size(world)
     if args.world_size is not None and args.world_size != world:
         raise ValueError(f"tp*pp*dp*cp = {args.tp}*{args.pp}*{args.dp}*{args.cp} = {world} is not "
                          f"the world size {args.world_size}")
@@ -136,11 +128,12 @@ def run_train(args: argparse.Namespace) -> int:
                             strategy=args.strategy, seed=args.seed, dtype=args.dtype, bug=args.bug,
                             timeout=args.timeout,
                             progress=None if args.quiet or not is_primary() else print_progress)
-    if args.plot and is_primary():
+    if args.plot:
         from mtb_helpers.capstone.plots import plot_losses
         losses = report.extra["losses"]
-        plot_losses(losses["parallel"], losses["reference"],
-                    f"tp={args.tp} pp={args.pp} dp={args.dp} cp={args.cp}").savefig(args.plot)
+        save_figure(lambda: plot_losses(losses["parallel"], losses["reference"],
+                                        f"tp={args.tp} pp={args.pp} dp={args.dp} cp={args.cp}"),
+                    args.plot)
     return emit_document(lambda: {"passed": report.passed, "checks": [report.to_dict()]}, args.json,
                          lambda: "\n".join([report.title(), loss_table(report), bytes_table(report),
                                             "every step matches one process" if report.passed

@@ -1,11 +1,12 @@
 """Options and output shared by the commands, and how a command ends whatever happens.
 
-Every command takes ``--json`` (:func:`add_json_option`); those that start ranks ``--world-size``
-(:func:`add_world_size_option`); the checks also ``--dtype``, ``--seed``, ``--bug``. A number
+Every command is made by :func:`add_command`: its common options (a check's ``--world-size``,
+``--dtype``, ``--seed``, ``--bug``: :func:`add_check_options`), its own, then ``--json``. A number
 option is checked when it is parsed (:func:`integer`, :func:`real`: argparse names the option and
 the text typed); a refusal that needs several options names each as typed (:func:`naming`). A
-command prints through :func:`emit_document` (or :func:`emit` for check reports): rank 0 only
-under torchrun, the JSON document with ``--json``, else text.
+command prints through :func:`emit_document` (or :func:`emit` for check reports) and draws
+through :func:`save_figure`: rank 0 only under torchrun, the JSON document with ``--json``, else
+text.
 
 Exit status: 0 every check passed, 1 a check failed (a rank raised or hung included), 2 bad
 arguments, 130 interrupted (Ctrl-C). With ``--json`` stdout holds exactly one JSON document in
@@ -25,11 +26,6 @@ import threading
 from typing import Callable, Iterator
 
 
-def add_json_option(parser: argparse.ArgumentParser, help_text: str = "print one JSON document") -> None:
-    """--json: stdout is then one JSON document whatever happens."""
-    parser.add_argument("--json", action="store_true", help=help_text)
-
-
 def add_world_size_option(parser: argparse.ArgumentParser, world_size: int = 2) -> None:
     """--world-size: gloo ranks on this machine (``run`` refuses a bad one before any rank
     starts, a check its own minimum); torchrun sets its own."""
@@ -40,14 +36,44 @@ def add_world_size_option(parser: argparse.ArgumentParser, world_size: int = 2) 
 
 
 def add_check_options(parser: argparse.ArgumentParser, world_size: int = 2) -> None:
-    """--world-size, --dtype, --seed, --bug, --json: the options every check command takes."""
+    """--world-size, --dtype, --seed, --bug: the options every check command takes."""
     add_world_size_option(parser, world_size)
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bug", default=None,
                         help="inject a deliberate bug (see `python -c 'import mtb_helpers; "
                              "print(mtb_helpers.BUGS)'`); the check must then fail")
-    add_json_option(parser, "print the report as JSON")
+
+
+def add_command(parent: argparse._SubParsersAction, name: str, help: str, description: str,
+                func: Callable[[argparse.Namespace], int], *,
+                common: Callable[[argparse.ArgumentParser], None] | None = add_check_options,
+                json_help: str = "print the report as JSON",
+                **options: tuple | dict) -> argparse.ArgumentParser:
+    """``minitrainbench [GROUP] NAME``, handled by ``func(args)`` (it returns the exit status):
+    ``common(parser)`` first (the check options; ``None``: none), then one option per keyword
+    (``hidden_dim`` is ``--hidden-dim``), then ``--json``. An option is ``(default, help)``, its
+    type that of the default (a list of whole numbers takes several, ``False`` makes a flag), or
+    a dict of ``add_argument``'s keywords."""
+    parser = parent.add_parser(name, help=help, description=description)
+    if common is not None:
+        common(parser)
+    for key, spec in options.items():
+        if isinstance(spec, tuple):
+            default, text = spec
+            spec = ({"action": "store_true"} if default is False else
+                    {"type": int, "nargs": "+", "metavar": "N"} if isinstance(default, list) else
+                    {"type": type(default)})
+            spec.update(default=default, help=text)
+        parser.add_argument("--" + key.replace("_", "-"), **spec)
+    parser.add_argument("--json", action="store_true", help=json_help)
+    parser.set_defaults(func=func)
+    return parser
+
+
+def check_args(args: argparse.Namespace) -> dict:
+    """What every check takes from its command line as typed: world_size, dtype, seed, bug."""
+    return {"world_size": args.world_size, "dtype": args.dtype, "seed": args.seed, "bug": args.bug}
 
 
 def integer(low: int = 1, high: int | None = None) -> Callable[[str], int]:
@@ -142,15 +168,19 @@ def print_document(document: object, **dumps_options) -> None:
     print(json.dumps(document, allow_nan=False, **dumps_options), file=stream, flush=True)
 
 
-def print_failure_json(exc: BaseException | None, diagnosis: str, message: str | None = None) -> None:
-    """The --json document of a command that ended without a report (what happened and why) on
-    stdout, from rank 0 only under torchrun."""
+def failure_document(exc: BaseException | None, diagnosis: str, message: str | None = None) -> dict:
+    """The --json document of a command that ended without a report: what happened and why."""
     if message is None:
         message = str(exc) if exc is not None else ""
+    return {"passed": False, "checks": [],
+            "error": {"type": type(exc).__name__ if exc is not None else None,
+                      "diagnosis": diagnosis, "message": message}}
+
+
+def print_failure_json(exc: BaseException | None, diagnosis: str, message: str | None = None) -> None:
+    """:func:`failure_document` on stdout, from rank 0 only under torchrun."""
     if is_primary():
-        print_document({"passed": False, "checks": [],
-                        "error": {"type": type(exc).__name__ if exc is not None else None,
-                                  "diagnosis": diagnosis, "message": message}})
+        print_document(failure_document(exc, diagnosis, message))
 
 
 def run_command(func: Callable[[], object], as_json: bool):
@@ -229,11 +259,27 @@ def emit_document(document: Callable[[], object], as_json: bool, text: Callable[
     return status
 
 
-def emit(reports: list, as_json: bool, details: Callable[[object], str] | None = None) -> int:
+def emit(reports: list, as_json: bool, details: Callable[[object], str] | None = None,
+         footer: str = "") -> int:
     """Print the reports (:func:`emit_document`): one JSON document with ``--json``, else each
-    report's table followed by ``details(report)`` when given. Returns the exit status: 0 when
-    every report passed, 1 otherwise."""
+    report's table followed by ``details(report)`` when given, then ``footer``. Returns the exit
+    status: 0 when every report passed, 1 otherwise."""
+    passed = all(r.passed for r in reports)
     return emit_document(
-        lambda: {"passed": all(r.passed for r in reports), "checks": [r.to_dict() for r in reports]},
-        as_json, lambda: "\n\n".join(str(r) + (f"\n{details(r)}" if details else "") for r in reports),
-        0 if all(r.passed for r in reports) else 1)
+        lambda: {"passed": passed, "checks": [r.to_dict() for r in reports]}, as_json,
+        lambda: "\n\n".join([*(str(r) + (f"\n{details(r)}" if details else "") for r in reports),
+                              *([footer] if footer else [])]), 0 if passed else 1)
+
+
+def save_figure(draw: Callable[[], object], path: str | None) -> None:
+    """Write ``draw()``'s matplotlib figure to ``path`` (nothing when ``None``), headless (never a
+    window from the command line), from rank 0 only under torchrun."""
+    if path is None or not is_primary():
+        return
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = draw()
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)

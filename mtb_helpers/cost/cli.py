@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.checking.command import (add_json_option, add_world_size_option, emit_document,
+from mtb_helpers.checking.command import (add_command, add_world_size_option, emit_document,
                                          integer, naming, real)
 from mtb_helpers.cost.calibrate import DEFAULT_SIZES, calibrate
 from mtb_helpers.cost.model import ALGORITHMS, COLLECTIVES, Link, busbw, n_half, normalize, predict
@@ -33,36 +33,33 @@ def byte_sizes(text: str) -> list[int]:
 
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
     """Add ``minitrainbench cost predict`` and ``minitrainbench cost calibrate``."""
-    parser = groups["cost"].add_parser(
-        "predict", help="seconds one collective takes on a link of latency α and bandwidth β",
-        description="Predict a collective's time with the α-β model (Thakur, Rabenseifner & "
-                    "Gropp 2005); --bytes is nccl-tests' size S (all-gather: the gathered output, "
-                    "reduce-scatter: the full input, all-to-all: one rank's send buffer).")
-    parser.add_argument("--collective", required=True, help=f"one of {', '.join(COLLECTIVES)}")
-    parser.add_argument("--bytes", required=True, type=real(0.0, strict=False),
-                        help="size S in bytes (1e8 accepted)")
-    parser.add_argument("--world-size", required=True, type=integer(1),
-                        help="ranks p of the modelled collective (any number: nothing runs)")
-    parser.add_argument("--alpha", required=True, type=real(), help="seconds per message")
-    parser.add_argument("--bandwidth", required=True, type=real(), help="bytes per second")
-    parser.add_argument("--algorithm", default="ring",
-                        help="ring (default), or another of the collective's: all-reduce "
-                             "halving-doubling or naive, broadcast tree or naive, all-gather "
-                             "doubling, reduce-scatter halving")
-    add_json_option(parser)
-    parser.set_defaults(func=predict_command)
-    cal = groups["cost"].add_parser(
-        "calibrate", help="time the collectives on this machine's ranks and fit α and β",
-        description="Time each collective over log-spaced sizes (warm-up, median of k, a barrier "
-                    "before each run) and fit α and β by least squares, per collective.")
-    add_world_size_option(cal)
-    cal.add_argument("--collective", action="append", choices=COLLECTIVES, default=None,
-                     help="calibrate only this collective (repeatable; default: all six)")
-    cal.add_argument("--sizes", default=None, type=byte_sizes,
-                     help=f"comma-separated sizes in bytes (default {','.join(map(str, DEFAULT_SIZES))})")
-    cal.add_argument("--k", type=integer(1), default=5, help="timed runs per size (median taken)")
-    add_json_option(cal, "print the table and fits as JSON")
-    cal.set_defaults(func=calibrate_command)
+    add_command(
+        groups["cost"], "predict",
+        "seconds one collective takes on a link of latency α and bandwidth β",
+        "Predict a collective's time with the α-β model (Thakur, Rabenseifner & Gropp 2005); "
+        "--bytes is nccl-tests' size S (all-gather: the gathered output, reduce-scatter: the full "
+        "input, all-to-all: one rank's send buffer).", predict_command, common=None,
+        json_help="print one JSON document",
+        collective={"required": True, "help": f"one of {', '.join(COLLECTIVES)}"},
+        bytes={"required": True, "type": real(0.0, strict=False),
+               "help": "size S in bytes (1e8 accepted)"},
+        world_size={"required": True, "type": integer(1),
+                    "help": "ranks p of the modelled collective (any number: nothing runs)"},
+        alpha={"required": True, "type": real(), "help": "seconds per message"},
+        bandwidth={"required": True, "type": real(), "help": "bytes per second"},
+        algorithm=("ring", "ring (default), or another of the collective's: all-reduce "
+                           "halving-doubling or naive, broadcast tree or naive, all-gather "
+                           "doubling, reduce-scatter halving"))
+    add_command(
+        groups["cost"], "calibrate", "time the collectives on this machine's ranks and fit α and β",
+        "Time each collective over log-spaced sizes (warm-up, median of k, a barrier before each "
+        "run) and fit α and β by least squares, per collective.", calibrate_command,
+        common=add_world_size_option, json_help="print the table and fits as JSON",
+        collective={"action": "append", "choices": COLLECTIVES, "default": None,
+                    "help": "calibrate only this collective (repeatable; default: all six)"},
+        sizes={"default": None, "type": byte_sizes, "help": "comma-separated sizes in bytes "
+               f"(default {','.join(map(str, DEFAULT_SIZES))})"},
+        k={"type": integer(1), "default": 5, "help": "timed runs per size (median taken)"})
 
 
 def predict_command(args: argparse.Namespace) -> int:

@@ -8,32 +8,27 @@ from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.checking.command import add_check_options, emit
+from mtb_helpers.checking.command import add_command, check_args, emit
 
 
 def register(top: argparse._SubParsersAction,
              groups: dict[str, argparse._SubParsersAction]) -> None:
     """Add ``check`` to ``minitrainbench cp``."""
-    parser = groups["cp"].add_parser(
-        "check", help="ring or all-gather attention on sequence shards against one process",
-        description="Split the sequence of q, k, v [b, heads, s, d] over real gloo ranks, run "
-                    "ring attention (K/V blocks passed around the ranks, online softmax, a "
-                    "hand-written backward ring) or all-gather attention (K/V gathered, dK/dV "
-                    "reduce-scattered), and compare output, dQ, dK and dV on every rank with "
-                    "scaled_dot_product_attention on the full sequence; then print the work per "
-                    "rank, the bytes sent and the K/V held against the formulas.")
-    add_check_options(parser)
-    parser.add_argument("--variant", choices=("ring", "allgather"), default="ring",
-                        help="ring attention or all-gather attention (ring)")
-    parser.add_argument("--layout", choices=("contiguous", "zigzag"), default="contiguous",
-                        help="which positions each rank holds (contiguous)")
-    parser.add_argument("--causal", action="store_true", help="causal mask (off)")
-    parser.add_argument("--seq", type=int, default=16,
-                        help="sequence length s, divisible by cp (2·cp for zigzag) (16)")
-    parser.add_argument("--heads", type=int, default=2, help="attention heads (2)")
-    parser.add_argument("--head-dim", type=int, default=4, help="head dimension d (4)")
-    parser.add_argument("--batch", type=int, default=1, help="batch size b (1)")
-    parser.set_defaults(func=run_check)
+    add_command(
+        groups["cp"], "check", "ring or all-gather attention on sequence shards against one process",
+        "Split the sequence of q, k, v [b, heads, s, d] over real gloo ranks, run ring attention "
+        "(K/V blocks passed around the ranks, online softmax, a hand-written backward ring) or "
+        "all-gather attention (K/V gathered, dK/dV reduce-scattered), and compare output, dQ, dK "
+        "and dV on every rank with scaled_dot_product_attention on the full sequence; then print "
+        "the work per rank, the bytes sent and the K/V held against the formulas.", run_check,
+        variant={"choices": ("ring", "allgather"), "default": "ring",
+                 "help": "ring attention or all-gather attention (ring)"},
+        layout={"choices": ("contiguous", "zigzag"), "default": "contiguous",
+                "help": "which positions each rank holds (contiguous)"},
+        causal=(False, "causal mask (off)"),
+        seq=(16, "sequence length s, divisible by cp (2·cp for zigzag) (16)"),
+        heads=(2, "attention heads (2)"), head_dim=(4, "head dimension d (4)"),
+        batch=(1, "batch size b (1)"))
 
 
 def details(report) -> str:
@@ -58,8 +53,7 @@ def run_check(args: argparse.Namespace) -> int:
     """Handler of ``minitrainbench cp check``; returns the exit code."""
     from mtb_helpers.cp.check import check_context_parallel
 
-    report = check_context_parallel(world_size=args.world_size, seq=args.seq, heads=args.heads,
+    report = check_context_parallel(**check_args(args), seq=args.seq, heads=args.heads,
                                     head_dim=args.head_dim, causal=args.causal,
-                                    variant=args.variant, layout=args.layout, dtype=args.dtype,
-                                    seed=args.seed, bug=args.bug, batch=args.batch)
+                                    variant=args.variant, layout=args.layout, batch=args.batch)
     return emit([report], args.json, details)

@@ -5,38 +5,33 @@ the bytes each rank holds (measured vs our fp32 accounting and the ZeRO paper's 
 one) and the bytes it sent (from the record vs the formula); with ``--json``
 ``{"passed": ..., "checks": [report.to_dict(), ...]}`` (each dict carries ``"memory"`` and
 ``"communication"``). ``--strategy all`` (the default) runs the four; with ``--bug`` only the
-strategies the bug applies to get it. Exit 0 when every check passes, 1 when one fails; bad
-arguments raise ValueError before any rank starts (exit 2). Under torchrun only rank 0 prints.
+strategies the bug applies to get it. Exit status and torchrun as every check command
+(``checking/command.py``).
 """
 from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.checking.command import add_check_options, emit_document
+from mtb_helpers.checking.command import add_command, check_args, emit
 from mtb_helpers.dp.strategies import STRATEGIES
 
 
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
     """Add ``check`` to ``minitrainbench dp``."""
-    parser = groups["dp"].add_parser(
-        "check", help="DDP / ZeRO-1 / ZeRO-2 / ZeRO-3: Adam steps against one process",
-        description="Run --steps Adam steps (3) of a small MLP with data parallelism (DDP, ZeRO-1, "
-                    "ZeRO-2, ZeRO-3/FSDP) on real gloo ranks, each rank on its slice of the batch, "
-                    "and compare parameters, gradients and Adam's state on every rank after every "
-                    "step with the single-process steps on the whole batch; then print the bytes "
-                    "each rank holds and sends next to the ZeRO paper's accounting.")
-    add_check_options(parser)
-    parser.add_argument("--strategy", choices=("all", *STRATEGIES), default="all",
-                        help="which strategy to check (default: all four)")
-    parser.add_argument("--batch", type=int, default=8, help="global batch B, split over ranks (8)")
-    parser.add_argument("--hidden", type=int, default=8, help="model width h (8)")
-    parser.add_argument("--ffn-hidden", type=int, default=32, help="MLP width f (32)")
-    parser.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate (0.01)")
-    parser.add_argument("--weight-decay", type=float, default=0.0, help="Adam L2 weight decay (0)")
-    parser.add_argument("--steps", type=int, default=3,
-                        help="training steps, each compared with one process (3: one step cannot "
-                             "show gradients that are never cleared)")
-    parser.set_defaults(func=run_check)
+    add_command(
+        groups["dp"], "check", "DDP / ZeRO-1 / ZeRO-2 / ZeRO-3: Adam steps against one process",
+        "Run --steps Adam steps (3) of a small MLP with data parallelism (DDP, ZeRO-1, ZeRO-2, "
+        "ZeRO-3/FSDP) on real gloo ranks, each rank on its slice of the batch, and compare "
+        "parameters, gradients and Adam's state on every rank after every step with the "
+        "single-process steps on the whole batch; then print the bytes each rank holds and sends "
+        "next to the ZeRO paper's accounting.", run_check,
+        strategy={"choices": ("all", *STRATEGIES), "default": "all",
+                  "help": "which strategy to check (default: all four)"},
+        batch=(8, "global batch B, split over ranks (8)"), hidden=(8, "model width h (8)"),
+        ffn_hidden=(32, "MLP width f (32)"), lr=(1e-2, "Adam learning rate (0.01)"),
+        weight_decay=(0.0, "Adam L2 weight decay (0)"),
+        steps=(3, "training steps, each compared with one process (3: one step cannot show "
+                  "gradients that are never cleared)"))
     from mtb_helpers.dp.overlap_cli import register as register_overlap
     register_overlap(top, groups)                 # minitrainbench dp overlap (notebook 14)
 
@@ -59,13 +54,9 @@ def run_check(args: argparse.Namespace) -> int:
     from mtb_helpers.dp.check import check_all_strategies
 
     strategies = STRATEGIES if args.strategy == "all" else (args.strategy,)
-    reports = check_all_strategies(world_size=args.world_size, strategies=strategies,
-                                   batch=args.batch, hidden=args.hidden, ffn_hidden=args.ffn_hidden,
-                                   lr=args.lr, weight_decay=args.weight_decay, steps=args.steps, dtype=args.dtype,
-                                   seed=args.seed, bug=args.bug)
-    passed = all(r.passed for r in reports)
-    verdict = "all passed" if passed else "FAILED: " + ", ".join(
-        r.config["strategy"] for r in reports if not r.passed)
-    return emit_document(lambda: {"passed": passed, "checks": [r.to_dict() for r in reports]},
-                         args.json, lambda: "\n\n".join(f"{r}\n{figures_text(r)}" for r in reports)
-                         + f"\n\n{verdict}", 0 if passed else 1)
+    reports = check_all_strategies(**check_args(args), strategies=strategies, batch=args.batch,
+                                   hidden=args.hidden, ffn_hidden=args.ffn_hidden, lr=args.lr,
+                                   weight_decay=args.weight_decay, steps=args.steps)
+    failed = [r.config["strategy"] for r in reports if not r.passed]
+    return emit(reports, args.json, figures_text,
+                "FAILED: " + ", ".join(failed) if failed else "all passed")

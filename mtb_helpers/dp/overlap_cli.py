@@ -14,32 +14,30 @@ from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.checking.command import (add_json_option, add_world_size_option, emit_document,
+from mtb_helpers.checking.command import (add_command, add_world_size_option, emit_document,
                                          integer, naming, real)
 
 
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
     """Add ``overlap`` to ``minitrainbench dp``."""
-    parser = groups["dp"].add_parser(
-        "overlap", help="hiding communication: step time without / with overlap, predicted and measured",
-        description="Check OverlappedDDP, ShardedOptimizer and FSDP against one process, then "
-                    "time a step of a padded 8-layer model under an emulated link: DDP without "
-                    "and with overlap, ZeRO-1, FSDP without and with prefetch, each next to its "
-                    "α-β prediction. Times are the modelled link's (compute is padded).")
-    add_world_size_option(parser)
-    parser.add_argument("--bucket-cap-mb", type=real(0.0, strict=False), default=0.5,
-                        help="DDP bucket cap in MiB (0.5: two layers per bucket, the predicted best here; "
-                             "0.25: one layer; 0: one per parameter)")
-    parser.add_argument("--alpha", type=real(), default=1e-3, help="link latency, seconds (1e-3)")
-    parser.add_argument("--bandwidth", type=real(), default=2.5e8, help="link bandwidth, B/s (2.5e8)")
-    parser.add_argument("--time-scale", type=real(), default=20.0,
-                        help="every modelled time stretched by this factor (20)")
-    parser.add_argument("--layers", type=integer(1), default=8, help="layers (8)")
-    parser.add_argument("--hidden", type=integer(1), default=256, help="layer width h (256)")
-    parser.add_argument("--steps", type=integer(1), default=3,
-                        help="timed steps per configuration (3)")
-    add_json_option(parser)
-    parser.set_defaults(func=run_overlap)
+    add_command(
+        groups["dp"], "overlap",
+        "hiding communication: step time without / with overlap, predicted and measured",
+        "Check OverlappedDDP, ShardedOptimizer and FSDP against one process, then time a step of "
+        "a padded 8-layer model under an emulated link: DDP without and with overlap, ZeRO-1, "
+        "FSDP without and with prefetch, each next to its α-β prediction. Times are the modelled "
+        "link's (compute is padded).", run_overlap, common=add_world_size_option,
+        json_help="print one JSON document",
+        bucket_cap_mb={"type": real(0.0, strict=False), "default": 0.5,
+                       "help": "DDP bucket cap in MiB (0.5: two layers per bucket, the predicted "
+                               "best here; 0.25: one layer; 0: one per parameter)"},
+        alpha={"type": real(), "default": 1e-3, "help": "link latency, seconds (1e-3)"},
+        bandwidth={"type": real(), "default": 2.5e8, "help": "link bandwidth, B/s (2.5e8)"},
+        time_scale={"type": real(), "default": 20.0,
+                    "help": "every modelled time stretched by this factor (20)"},
+        layers={"type": integer(1), "default": 8, "help": "layers (8)"},
+        hidden={"type": integer(1), "default": 256, "help": "layer width h (256)"},
+        steps={"type": integer(1), "default": 3, "help": "timed steps per configuration (3)"})
 
 
 def run_overlap(args: argparse.Namespace) -> int:

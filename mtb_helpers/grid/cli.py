@@ -1,44 +1,39 @@
 """``minitrainbench grid check``: one SGD step of the TP MLP on a tp x dp grid, headless.
 
 Prints the report table (or, with ``--json``, ``{"passed": ..., "checks": [report.to_dict()]}``)
-and each group's traffic, and exits 0 when every row passes, 1 when one fails; a grid that does not
-match the world size or shapes that do not divide raise ValueError before any rank starts (exit 2).
-Under torchrun the world size is the launched job's and only rank 0 prints.
+and each group's traffic. A grid that does not match the world size (under torchrun the launched
+job's) or shapes that do not divide are bad arguments; exit status and torchrun as every check
+command (``checking/command.py``).
 """
 from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.checking.command import add_check_options, emit
+from mtb_helpers.checking.command import add_check_options, add_command, check_args, emit
 
 
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
     """Add ``check`` to ``minitrainbench grid``."""
-    check = groups["grid"].add_parser(
-        "check", help="one SGD step of the TP MLP on a tp x dp grid against one process",
-        description="Split the ranks into tensor-parallel groups (rows of the grid, neighbouring "
-                    "ranks, Megatron's order) and data-parallel groups (columns); run the TP MLP "
-                    "in each TP group on its replica's slice of the batch, average the gradients "
-                    "across each DP group, take one SGD step, and compare every rank's output, "
-                    "gradient shards and updated parameter shards with one process.")
-    add_check_options(check, world_size=4)
-    check.add_argument("--tp", type=int, default=2, help="tensor-parallel size (default 2)")
-    check.add_argument("--dp", type=int, default=2, help="data-parallel size (default 2); "
-                                                         "tp x dp must equal the world size")
-    check.add_argument("--hidden", type=int, default=8, help="model width h (default 8)")
-    check.add_argument("--ffn-hidden", type=int, default=16, help="MLP width, split over tp (16)")
-    check.add_argument("--batch", type=int, default=8, help="batch rows, split over dp (8)")
-    check.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (0.1)")
-    check.set_defaults(func=run_check)
+    add_command(
+        groups["grid"], "check", "one SGD step of the TP MLP on a tp x dp grid against one process",
+        "Split the ranks into tensor-parallel groups (rows of the grid, neighbouring ranks, "
+        "Megatron's order) and data-parallel groups (columns); run the TP MLP in each TP group on "
+        "its replica's slice of the batch, average the gradients across each DP group, take one "
+        "SGD step, and compare every rank's output, gradient shards and updated parameter shards "
+        "with one process.", run_check,
+        common=lambda parser: add_check_options(parser, world_size=4),
+        tp=(2, "tensor-parallel size (default 2)"),
+        dp=(2, "data-parallel size (default 2); tp x dp must equal the world size"),
+        hidden=(8, "model width h (default 8)"), ffn_hidden=(16, "MLP width, split over tp (16)"),
+        batch=(8, "batch rows, split over dp (8)"), lr=(0.1, "SGD learning rate (0.1)"))
 
 
 def run_check(args: argparse.Namespace) -> int:
     """Handler of ``minitrainbench grid check``."""
     from mtb_helpers.grid.check import check_grid
 
-    report = check_grid(world_size=args.world_size, tp=args.tp, dp=args.dp, hidden=args.hidden,
-                        ffn_hidden=args.ffn_hidden, batch=args.batch, lr=args.lr,
-                        dtype=args.dtype, seed=args.seed, bug=args.bug)
+    report = check_grid(**check_args(args), tp=args.tp, dp=args.dp, hidden=args.hidden,
+                        ffn_hidden=args.ffn_hidden, batch=args.batch, lr=args.lr)
     return emit([report], args.json, _traffic)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.checking.command import add_check_options, emit
+from mtb_helpers.checking.command import add_command, check_args, emit
 
 
 def _capacity(text: str) -> float | None:
@@ -19,33 +19,28 @@ def _capacity(text: str) -> float | None:
 def register(top: argparse._SubParsersAction,
              groups: dict[str, argparse._SubParsersAction]) -> None:
     """Add ``check`` to ``minitrainbench moe``."""
-    parser = groups["moe"].add_parser(
-        "check", help="expert-parallel MoE (all-to-all dispatch and combine) against one process",
-        description="Run the expert-parallel MoE layer (replicated router, experts spread over "
-                    "the ranks, tokens dispatched and combined with all-to-all) on real gloo "
-                    "ranks and compare output, input grad, router grad and every expert's grads "
-                    "with the single-process MoE; then print the bytes of each all-to-all.")
-    add_check_options(parser)
-    parser.add_argument("--experts", type=int, default=4,
-                        help="number of experts E, divisible by the world size (4)")
-    parser.add_argument("--top-k", type=int, default=1, help="experts per token (1)")
-    parser.add_argument("--tokens", type=int, default=16,
-                        help="tokens n, divisible by the world size (16)")
-    parser.add_argument("--hidden", type=int, default=8, help="model width h (8)")
-    parser.add_argument("--ffn-hidden", type=int, default=16, help="expert MLP width (16)")
-    parser.add_argument("--capacity-factor", type=_capacity, default=None,
-                        help="capacity factor c > 0, or none for no limit (none)")
-    parser.set_defaults(func=run_check)
+    add_command(
+        groups["moe"], "check",
+        "expert-parallel MoE (all-to-all dispatch and combine) against one process",
+        "Run the expert-parallel MoE layer (replicated router, experts spread over the ranks, "
+        "tokens dispatched and combined with all-to-all) on real gloo ranks and compare output, "
+        "input grad, router grad and every expert's grads with the single-process MoE; then print "
+        "the bytes of each all-to-all.", run_check,
+        experts=(4, "number of experts E, divisible by the world size (4)"),
+        top_k=(1, "experts per token (1)"),
+        tokens=(16, "tokens n, divisible by the world size (16)"),
+        hidden=(8, "model width h (8)"), ffn_hidden=(16, "expert MLP width (16)"),
+        capacity_factor={"type": _capacity, "default": None,
+                         "help": "capacity factor c > 0, or none for no limit (none)"})
 
 
 def run_check(args: argparse.Namespace) -> int:
     """Handler of ``minitrainbench moe check``; returns the exit code."""
     from mtb_helpers.moe.check import check_moe
 
-    report = check_moe(world_size=args.world_size, num_experts=args.experts, top_k=args.top_k,
+    report = check_moe(**check_args(args), num_experts=args.experts, top_k=args.top_k,
                        tokens=args.tokens, hidden=args.hidden, ffn_hidden=args.ffn_hidden,
-                       capacity_factor=args.capacity_factor, dtype=args.dtype, seed=args.seed,
-                       bug=args.bug)
+                       capacity_factor=args.capacity_factor)
     return emit([report], args.json, _routing)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.checking.command import add_json_option, emit_document, integer, naming, real
+from mtb_helpers.checking.command import add_command, emit_document, integer, naming, real
 from mtb_helpers.plan.presets import CLUSTERS, GIB, MODELS, cluster, model
 from mtb_helpers.plan.search import check_gpus, check_reserve, plan
 
@@ -21,30 +21,30 @@ __all__ = ["register", "run_plan"]
 
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
     """Add ``minitrainbench plan``."""
-    parser = top.add_parser(
-        "plan", help="rank every tp x pp x dp x cp x ep layout of a model on a cluster",
-        description="Predict memory per rank and step time of every layout of a published model "
-                    "on a cluster of GPUs (ZeRO's and Korthikanti et al.'s formulas, the alpha-beta "
-                    "model, the course's pipeline simulator); list the ones that fit, fastest "
-                    "first, and why the others were refused. Nothing is run or allocated.")
-    parser.add_argument("--model", required=True, help=f"one of {', '.join(MODELS)}")
-    parser.add_argument("--gpus", type=integer(1), required=True, help="number of GPUs")
-    parser.add_argument("--gpu-memory", type=real(), default=None,
-                        help="GiB per GPU (default: the cluster preset's, 80)")
-    parser.add_argument("--global-batch", type=integer(1), required=True, help="sequences per step")
-    parser.add_argument("--seq-len", type=integer(1), default=None,
-                        help="tokens per sequence (default: the model's)")
-    parser.add_argument("--cluster", default="h100",
-                        help=f"one of {', '.join(CLUSTERS)} (h100), or a .json from benchmarks/gpu_layer.py")
-    parser.add_argument("--gpus-per-node", type=integer(1), default=8)
-    parser.add_argument("--mfu", type=real(0.0, 1.0), default=None,
-                        help="fraction of peak every matmul reaches, an assumption; default: the GPU's "
-                             "measured curve (h100, h200; a100 needs --mfu)")
-    parser.add_argument("--reserve", type=real(0.0, strict=False), default=0.0,
-                        help="GiB per GPU kept for the CUDA context, NCCL and fragmentation (0)")
-    parser.add_argument("--top", type=integer(1), default=10, help="layouts to list (10)")
-    add_json_option(parser)
-    parser.set_defaults(func=run_plan)
+    whole = {"type": integer(1), "required": True}
+    add_command(
+        top, "plan", "rank every tp x pp x dp x cp x ep layout of a model on a cluster",
+        "Predict memory per rank and step time of every layout of a published model on a cluster "
+        "of GPUs (ZeRO's and Korthikanti et al.'s formulas, the alpha-beta model, the course's "
+        "pipeline simulator); list the ones that fit, fastest first, and why the others were "
+        "refused. Nothing is run or allocated.", run_plan, common=None,
+        json_help="print one JSON document",
+        model={"required": True, "help": f"one of {', '.join(MODELS)}"},
+        gpus=dict(whole, help="number of GPUs"),
+        gpu_memory={"type": real(), "default": None,
+                    "help": "GiB per GPU (default: the cluster preset's, 80)"},
+        global_batch=dict(whole, help="sequences per step"),
+        seq_len={"type": integer(1), "default": None,
+                 "help": "tokens per sequence (default: the model's)"},
+        cluster=("h100", f"one of {', '.join(CLUSTERS)} (h100), or a .json from "
+                         "benchmarks/gpu_layer.py"),
+        gpus_per_node={"type": integer(1), "default": 8},
+        mfu={"type": real(0.0, 1.0), "default": None,
+             "help": "fraction of peak every matmul reaches, an assumption; default: the GPU's "
+                     "measured curve (h100, h200; a100 needs --mfu)"},
+        reserve={"type": real(0.0, strict=False), "default": 0.0,
+                 "help": "GiB per GPU kept for the CUDA context, NCCL and fragmentation (0)"},
+        top={"type": integer(1), "default": 10, "help": "layouts to list (10)"})
 
 
 def run_plan(args: argparse.Namespace) -> int:

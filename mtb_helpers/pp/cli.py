@@ -1,74 +1,61 @@
 """``minitrainbench pp bubble`` (simulated) and ``pp run`` (one step on real ranks, checked).
 
 ``bubble`` is pure simulation: no ranks start; it prints a schedule's op order, makespan, bubble
-and peak memory. Exit 0 on success, 2 on bad arguments (a ValueError from
-``schedule``/``simulate`` escapes the handler and the top-level command turns it into 2).
-``run`` checks ``pipeline_step`` against one process: exit 0 pass, 1 a check failed or the step
-hung, 2 bad arguments.
+and peak memory. ``run`` checks ``pipeline_step`` against one process (a hung step is a failed
+check). Exit status and torchrun as every command (``checking/command.py``).
 """
 from __future__ import annotations
 
 import argparse
 import math
 
-from mtb_helpers.checking.command import (add_json_option, emit, emit_document, is_primary, naming,
-                                         print_failure_json)
+from mtb_helpers.checking.command import (add_command, emit, emit_document, failure_document,
+                                         naming, save_figure)
 from mtb_helpers.pp.schedules import SCHEDULES, closed_form, schedule, simulate
 
 
-def _schedule_options(parser: argparse.ArgumentParser, stages_help: str) -> None:
+def _schedule_options(stages_help: str) -> dict:
     """--schedule, --stages, --microbatches, --chunks: what both commands run."""
-    parser.add_argument("--schedule", choices=tuple(SCHEDULES), default="1f1b")
-    parser.add_argument("--stages", type=int, default=4, help=stages_help)
-    parser.add_argument("--microbatches", type=int, default=8, help="micro-batches m")
-    parser.add_argument("--chunks", type=int, default=None,
-                        help="model chunks per rank v (interleaved only; default 2)")
+    return {"schedule": {"choices": tuple(SCHEDULES), "default": "1f1b"},
+            "stages": (4, stages_help), "microbatches": (8, "micro-batches m"),
+            "chunks": {"type": int, "default": None,
+                       "help": "model chunks per rank v (interleaved only; default 2)"}}
 
 
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
     """Add ``bubble`` (simulated) and ``run`` (on real ranks) to ``minitrainbench pp``."""
-    parser = groups["pp"].add_parser(
-        "bubble", help="simulate a pipeline schedule: op order, bubble, peak activations",
-        description="Simulate a pipeline schedule on uniform stages and print each stage's op "
-                    "order, the makespan, the bubble fraction next to its closed form, and the "
-                    "peak activations per stage. No ranks start.")
-    _schedule_options(parser, "pipeline stages p (one per rank)")
-    parser.add_argument("--forward", type=float, default=1.0,
-                        help="forward time of one micro-batch on one whole stage")
-    parser.add_argument("--backward", type=float, default=2.0,
-                        help="backward time (zb-h1 splits it evenly into I and W)")
-    parser.add_argument("--input", type=float, default=None, help="zb-h1: input-grad time I")
-    parser.add_argument("--weight", type=float, default=None, help="zb-h1: weight-grad time W")
-    parser.add_argument("--latency", type=float, default=0.0,
-                        help="point-to-point latency added to every cross-stage dependency")
-    parser.add_argument("--plot", metavar="OUT.png", default=None, help="write the Gantt chart")
-    add_json_option(parser, "print the result as JSON")
-    parser.set_defaults(func=bubble)
-    parser = groups["pp"].add_parser(
-        "run", help="run one pipeline step on real gloo ranks and check it against one process",
-        description="Run one training step of a small Linear/GELU model as a pipeline on "
-                    "--stages gloo ranks (or the torchrun job's ranks), check the loss and every "
-                    "grad against one process, and print the measured bubble next to the "
-                    "simulated one. Exit 0 pass, 1 a check failed (or the step hung), 2 bad "
-                    "arguments.")
-    _schedule_options(parser, "pipeline stages p = ranks (under torchrun: the job's ranks)")
-    parser.add_argument("--op-time", default=None, metavar="F,B",
-                        help="pad every op to fixed seconds per micro-batch and stage, F,B or "
-                             "F,I,W (e.g. 0.02,0.04), so the timeline shows the schedule rather "
-                             "than this machine's cores")
-    parser.add_argument("--recompute", action="store_true",
-                        help="keep only stage inputs and re-run the forward in backward")
-    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--bug", default=None, help="inject a deliberate pipeline bug "
-                        "(pp-loss-not-scaled, pp-input-grad-not-sent, pp-wrong-stash, "
-                        "pp-blocking-send); the check must then fail")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds before a hung step "
-                        "is reported (default 60)")
-    parser.add_argument("--plot", metavar="OUT.png", default=None,
-                        help="write the measured Gantt chart beside the simulated one")
-    add_json_option(parser, "print the report as JSON")
-    parser.set_defaults(func=run_pipeline)
+    time = {"type": float, "default": None}
+    add_command(
+        groups["pp"], "bubble", "simulate a pipeline schedule: op order, bubble, peak activations",
+        "Simulate a pipeline schedule on uniform stages and print each stage's op order, the "
+        "makespan, the bubble fraction next to its closed form, and the peak activations per "
+        "stage. No ranks start.", bubble, common=None, json_help="print the result as JSON",
+        **_schedule_options("pipeline stages p (one per rank)"),
+        forward=(1.0, "forward time of one micro-batch on one whole stage"),
+        backward=(2.0, "backward time (zb-h1 splits it evenly into I and W)"),
+        input=dict(time, help="zb-h1: input-grad time I"),
+        weight=dict(time, help="zb-h1: weight-grad time W"),
+        latency=(0.0, "point-to-point latency added to every cross-stage dependency"),
+        plot={"metavar": "OUT.png", "default": None, "help": "write the Gantt chart"})
+    add_command(
+        groups["pp"], "run",
+        "run one pipeline step on real gloo ranks and check it against one process",
+        "Run one training step of a small Linear/GELU model as a pipeline on --stages gloo ranks "
+        "(or the torchrun job's ranks), check the loss and every grad against one process, and "
+        "print the measured bubble next to the simulated one. Exit 0 pass, 1 a check failed (or "
+        "the step hung), 2 bad arguments.", run_pipeline, common=None,
+        **_schedule_options("pipeline stages p = ranks (under torchrun: the job's ranks)"),
+        op_time={"default": None, "metavar": "F,B",
+                 "help": "pad every op to fixed seconds per micro-batch and stage, F,B or F,I,W "
+                         "(e.g. 0.02,0.04), so the timeline shows the schedule rather than this "
+                         "machine's cores"},
+        recompute=(False, "keep only stage inputs and re-run the forward in backward"),
+        dtype={"choices": ("float32", "float64"), "default": "float32"}, seed=(0, None),
+        bug={"default": None, "help": "inject a deliberate pipeline bug (pp-loss-not-scaled, "
+             "pp-input-grad-not-sent, pp-wrong-stash, pp-blocking-send); the check must then fail"},
+        timeout=(60.0, "seconds before a hung step is reported (default 60)"),
+        plot={"metavar": "OUT.png", "default": None,
+              "help": "write the measured Gantt chart beside the simulated one"})
 
 
 # What a Gantt chart can still show (and the simulator builds in well under a second).
@@ -109,9 +96,9 @@ def bubble(args: argparse.Namespace) -> int:
                         latency=args.latency)
     ref = closed_form(args.schedule, ops.stages, ops.microbatches, ops.chunks, args.forward,
                       args.backward, args.input, args.weight)
-    if args.plot and is_primary():   # under torchrun every rank computes the same: rank 0 draws
+    if args.plot:
         from mtb_helpers.pp.plots import plot_gantt
-        _save_figure(lambda: plot_gantt(timeline, args.schedule), args.plot)
+        save_figure(lambda: plot_gantt(timeline, args.schedule), args.plot)
     wide = ops.chunks > 1
 
     def text() -> str:
@@ -134,8 +121,6 @@ def bubble(args: argparse.Namespace) -> int:
         **timeline.to_dict(), "closed_form": ref, "plot": args.plot}, args.json, text)
 
 
-
-
 def run_pipeline(args: argparse.Namespace) -> int:
     """Handler of ``minitrainbench pp run``; returns the exit code."""
     from mtb_helpers.pp.check import check_pipeline
@@ -150,20 +135,18 @@ def run_pipeline(args: argparse.Namespace) -> int:
                                 args.dtype, args.seed, args.bug, args.recompute, op_time,
                                 timeout=args.timeout)
     except RankTimeoutError as exc:   # a deadlock (e.g. --bug pp-blocking-send): a failed check
-        if is_primary() and args.json:
-            print_failure_json(exc, "the pipeline step hung")
-        elif is_primary():
-            print(f"FAILED: the pipeline step hung\n{exc}")
-        return 1
+        hung = failure_document(exc, "the pipeline step hung")
+        return emit_document(lambda: hung, args.json,
+                             lambda: f"FAILED: the pipeline step hung\n{hung['error']['message']}", 1)
     pipe = report.extra["pipeline"]
-    if args.plot and is_primary():   # under torchrun only rank 0 reports
+    if args.plot:
         from mtb_helpers.pp.measured_plots import plot_measured_vs_simulated
         from mtb_helpers.pp.runtime import simulated_for
         cfg = report.config
         sim = simulated_for(cfg["schedule"], cfg["stages"], cfg["microbatches"], cfg["chunks"],
                             op_time, cfg["recompute"])
-        _save_figure(lambda: plot_measured_vs_simulated(report.result.measured(), sim, cfg["schedule"],
-                                                        unit="s" if op_time else "units"), args.plot)
+        save_figure(lambda: plot_measured_vs_simulated(report.result.measured(), sim, cfg["schedule"],
+                                                       unit="s" if op_time else "units"), args.plot)
 
     def details(report) -> str:
         units = "seconds" if op_time else "units of F=1, B=2 (no --op-time: real compute is measured)"
@@ -178,13 +161,3 @@ def run_pipeline(args: argparse.Namespace) -> int:
             *([f"wrote {args.plot}"] if args.plot else [])])
     return emit([report], args.json, details)
 
-
-def _save_figure(draw, path: str) -> None:
-    """Write ``draw()``'s figure to ``path``, headless: never open a window from the command line."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig = draw()
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.checking.command import emit
-from mtb_helpers.tp.cli import add_check_command, common
+from mtb_helpers.checking.command import add_command, check_args, emit
 
 
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
     """Add ``sequence`` to ``minitrainbench tp``."""
-    parser = add_check_command(
+    add_command(
         groups["tp"], "sequence", "the sequence-parallel MLP block against one process, and its memory",
         "Run SequenceParallelMLPBlock (LayerNorm and dropout on sequence shards, all-gather / "
         "reduce-scatter around the tensor-parallel MLP) on real gloo ranks and compare output, "
@@ -22,17 +21,17 @@ def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubPar
         "reference; then print the bytes each rank saves for backward with TP only and with "
         "TP + SP.", run_sequence, seq_len=(8, "sequence length s, split over ranks (8)"),
         batch=(2, "batch size b (2)"), hidden=(8, "model width h (8)"),
-        ffn_hidden=(32, "MLP width, split over ranks (32)"))
-    parser.add_argument("--dropout", type=float, default=0.1, help="dropout probability p (0.1)")
+        ffn_hidden=(32, "MLP width, split over ranks (32)"),
+        dropout=(0.1, "dropout probability p (0.1)"))
 
 
 def run_sequence(args: argparse.Namespace) -> int:
     """Handler of ``minitrainbench tp sequence``; returns the exit code."""
     from mtb_helpers.sp.check import check_sequence_parallel
 
-    report = check_sequence_parallel(**common(args), bug=args.bug, seq_len=args.seq_len,
-                                     batch=args.batch, hidden=args.hidden,
-                                     ffn_hidden=args.ffn_hidden, dropout_p=args.dropout)
+    report = check_sequence_parallel(**check_args(args), seq_len=args.seq_len, batch=args.batch,
+                                     hidden=args.hidden, ffn_hidden=args.ffn_hidden,
+                                     dropout_p=args.dropout)
     return emit([report], args.json, _memory)
 
 

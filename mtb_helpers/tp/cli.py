@@ -8,43 +8,28 @@ from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.checking.command import add_check_options, emit
-
-
-def add_check_command(group: argparse._SubParsersAction, name: str, help: str, description: str,
-                      func, **sizes: tuple) -> argparse.ArgumentParser:
-    """``minitrainbench tp NAME``: the options every check takes, then its sizes
-    (``--size-name``: ``(default, help)``; a list default takes several numbers)."""
-    parser = group.add_parser(name, help=help, description=description)
-    add_check_options(parser)
-    for size, (default, text) in sizes.items():
-        many = {"nargs": "+", "metavar": "N"} if isinstance(default, list) else {}
-        parser.add_argument("--" + size.replace("_", "-"), type=int, default=default, help=text,
-                            **many)
-    parser.set_defaults(func=func)
-    return parser
+from mtb_helpers.checking.command import add_command, check_args, emit
 
 
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
     """Add ``check``, ``mlp``, ``attention`` and ``vocab`` (notebook 10) to ``minitrainbench tp``."""
     batch_shape = ([2, 3], "leading dims of X (default: 2 3)")
-    check = add_check_command(
+    add_command(
         groups["tp"], "check", "column- and row-parallel linear layers against one process",
         "Run ColumnParallelLinear and RowParallelLinear on real gloo ranks and compare forward "
         "output, input grad, weight grad and bias grad on every rank with a single-process "
         "reference. --bug injects a deliberate bug into the layer it concerns.", run_check,
         in_features=(12, "input features of both layers"),
-        out_features=(12, "output features of both layers"), batch_shape=batch_shape)
-    check.add_argument("--gather-output", action="store_true",
-                       help="column layer all-gathers its output (a --bug that needs it turns it on)")
-    check.add_argument("--full-input", action="store_true",
-                       help="row layer gets the full X and splits it (input_is_parallel=False)")
-    add_check_command(
+        out_features=(12, "output features of both layers"), batch_shape=batch_shape,
+        gather_output=(False, "column layer all-gathers its output (a --bug that needs it turns "
+                              "it on)"),
+        full_input=(False, "row layer gets the full X and splits it (input_is_parallel=False)"))
+    add_command(
         groups["tp"], "mlp", "the tensor-parallel MLP (column -> GeLU -> row) against one process",
         "Run ParallelMLP on real gloo ranks and compare its output and every grad on every rank "
         "with a single-process reference.", run_mlp, hidden=(6, "model width h (default 6)"),
         ffn_hidden=(24, "MLP width, split over ranks (24)"), batch_shape=batch_shape)
-    attention = add_check_command(
+    add_command(
         groups["tp"], "attention",
         "tensor-parallel self-attention (heads split over ranks) against one process",
         "Run ParallelSelfAttention (Q/K/V column-parallel by heads, Wo row-parallel: one f, one "
@@ -52,23 +37,17 @@ def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubPar
         "every rank with nn.Linear + scaled_dot_product_attention on one process.", run_attention,
         seq=(4, "sequence length s (default 4)"), batch=(2, "batch size b (default 2)"),
         heads=(4, "attention heads n, split over ranks (4)"),
-        head_dim=(4, "features per head d (default 4)"))
-    attention.add_argument("--no-causal", action="store_true", help="attend to every position")
-    vocab = add_check_command(
+        head_dim=(4, "features per head d (default 4)"),
+        no_causal=(False, "attend to every position"))
+    add_command(
         groups["tp"], "vocab", "vocab-parallel embedding and cross-entropy against one process",
         "Run VocabParallelEmbedding and vocab_parallel_cross_entropy on real gloo ranks (each "
         "rank owns V/t tokens) and compare the embedding, its grad, the three all-reduced "
         "numbers of the loss, the loss and the logits grad with nn.Embedding and "
         "F.cross_entropy on one process.", run_vocab,
         vocab=(12, "vocabulary size V (default 12)"), hidden=(4, "embedding width h (default 4)"),
-        tokens=([4, 2], "shape of the token ids (default: 4 2)"))
-    vocab.add_argument("--reduction", choices=("mean", "sum", "none"), default="mean")
-
-
-def common(args: argparse.Namespace) -> dict:
-    """The check arguments every command passes on as typed (``--bug`` aside: ``tp check``
-    gives it to one layer)."""
-    return {"world_size": args.world_size, "dtype": args.dtype, "seed": args.seed}
+        tokens=([4, 2], "shape of the token ids (default: 4 2)"),
+        reduction={"choices": ("mean", "sum", "none"), "default": "mean"})
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -84,12 +63,12 @@ def run_check(args: argparse.Namespace) -> int:
     t = resolve_world_size(args.world_size)
     check_divisible("out_features", args.out_features, t)
     check_divisible("in_features", args.in_features, t)
-    sizes = {**common(args), "in_features": args.in_features, "out_features": args.out_features,
-             "batch_shape": tuple(args.batch_shape)}
+    sizes = {**check_args(args), "in_features": args.in_features,
+             "out_features": args.out_features, "batch_shape": tuple(args.batch_shape)}
     column_bug = args.bug if args.bug in COLUMN_BUGS else None
-    column = check_column_parallel(**sizes, bug=column_bug, **showing(
+    column = check_column_parallel(**dict(sizes, bug=column_bug), **showing(
         column_bug, {"gather_output": args.gather_output}))
-    row = check_row_parallel(**sizes, bug=args.bug if args.bug in ROW_BUGS else None,
+    row = check_row_parallel(**dict(sizes, bug=args.bug if args.bug in ROW_BUGS else None),
                              input_is_parallel=not args.full_input)
     return emit([column, row], args.json)
 
@@ -98,7 +77,7 @@ def run_mlp(args: argparse.Namespace) -> int:
     """Handler of ``minitrainbench tp mlp``."""
     from mtb_helpers.tp.check import check_tp_mlp
 
-    return emit([check_tp_mlp(**common(args), bug=args.bug, hidden=args.hidden,
+    return emit([check_tp_mlp(**check_args(args), hidden=args.hidden,
                               ffn_hidden=args.ffn_hidden, batch_shape=tuple(args.batch_shape))],
                 args.json)
 
@@ -107,7 +86,7 @@ def run_attention(args: argparse.Namespace) -> int:
     """Handler of ``minitrainbench tp attention``."""
     from mtb_helpers.tp.attention_check import check_tp_attention
 
-    return emit([check_tp_attention(**common(args), bug=args.bug, seq=args.seq, batch=args.batch,
+    return emit([check_tp_attention(**check_args(args), seq=args.seq, batch=args.batch,
                                     n_heads=args.heads, head_dim=args.head_dim,
                                     causal=not args.no_causal)], args.json)
 
@@ -116,6 +95,6 @@ def run_vocab(args: argparse.Namespace) -> int:
     """Handler of ``minitrainbench tp vocab``."""
     from mtb_helpers.tp.vocab_check import check_vocab_parallel
 
-    return emit([check_vocab_parallel(**common(args), bug=args.bug, vocab=args.vocab,
+    return emit([check_vocab_parallel(**check_args(args), vocab=args.vocab,
                                       hidden=args.hidden, tokens=tuple(args.tokens),
                                       reduction=args.reduction)], args.json)
