@@ -27,7 +27,7 @@ from mtb_helpers.dp.overlap import assign_buckets
 from mtb_helpers.dp.sharded_optimizer import partition_by_size
 
 SCRIPT = Path(__file__).parent / "scripts" / "overlap_train.py"
-MODES = "ddp,zero1,fsdp,fsdp-bf16"
+MODES = "ddp,ddp-after,zero1,zero1-course-adam,fsdp,fsdp-bf16"
 
 
 def _script(*launcher: str, args: tuple[str, ...]) -> tuple[subprocess.CompletedProcess, float, int]:

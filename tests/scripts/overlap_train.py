@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtb_helpers.dp import FSDP, OverlappedDDP, ShardedOptimizer
+from mtb_helpers.dp.adam import AdamUpdate
 
 STEPS, BATCH, H = 4, 12, 6
 
@@ -99,10 +100,15 @@ def train(rank: int, world: int, mode: str) -> tuple[float, float]:
                        reduce_dtype=torch.float32 if low else None)
         opt = torch.optim.AdamW(wrapped.parameters(), lr=0.05)
     else:
-        wrapped = OverlappedDDP(model, bucket_cap_mb=0.0001, find_unused_parameters=True)
+        wrapped = OverlappedDDP(model, bucket_cap_mb=0.0001, find_unused_parameters=True,
+                                overlap=mode != "ddp-after")   # notebook 06's DDP: after backward
         params = wrapped.parameters()
-        opt = (ShardedOptimizer(params, torch.optim.AdamW, lr=0.05) if mode == "zero1"
-               else torch.optim.AdamW(params, lr=0.05))
+        if mode == "zero1-course-adam":   # notebook 06's ZeRO-1: the written-out AdamW inside
+            opt = ShardedOptimizer(params, AdamUpdate, lr=0.05, betas=(0.9, 0.999), eps=1e-8,
+                                   weight_decay=0.01, decoupled=True)
+        else:
+            opt = (ShardedOptimizer(params, torch.optim.AdamW, lr=0.05) if mode == "zero1"
+                   else torch.optim.AdamW(params, lr=0.05))
     n = BATCH // world
     for step, (x, y) in enumerate(data()):
         opt.zero_grad()
