@@ -21,7 +21,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-from mtb_helpers.checking.bug import Bug
+from mtb_helpers.checking.bug import Bug, registered
 
 __all__ = ["Topic", "TOPICS", "listed", "bug_registry", "check_functions", "cli_groups"]
 
@@ -104,10 +104,9 @@ def check_functions(topics: tuple[Topic, ...] | None = None) -> dict[str, Callab
 
 
 def bug_registry(topics: tuple[Topic, ...] | None = None) -> dict[str, Bug]:
-    """{name: Bug} of every topic's bug modules, imported (each registers its bugs under its
-    topic at import, refusing a name another topic declared, naming both)."""
-    found: dict[str, Bug] = {}
+    """The registry (``registered()``, checking/bug.py) once every topic's bug modules are imported:
+    each registers its bugs at import, refusing a name another topic declared, naming both."""
     for topic in listed(topics):
         for module in topic.bugs:
-            found.update(topic.module(module).BUGS)
-    return found
+            topic.module(module)
+    return registered()
