@@ -143,7 +143,7 @@ def resolve(name: str | None, check: str | tuple[str, ...], **args: Any) -> Bug 
 
 
 def showing(name: str | None, args: dict[str, Any]) -> dict[str, Any]:
-    """A front end's ``args`` for a check, with the arguments bug ``name`` needs set
-    (its ``Setting`` needs) put in; unchanged for no bug or a name ``resolve`` will refuse anyway."""
+    """A front end's ``args`` for a check, with the arguments bug ``name`` needs set (its
+    ``Setting`` needs) put in; unchanged for no bug or a name ``resolve`` will refuse anyway."""
     needs = _REGISTRY[name].needs.values() if name in _REGISTRY else ()
     return {**args, **{need.arg: need.value for need in needs if isinstance(need, Setting)}}

@@ -6,7 +6,8 @@ import torch
 import torch.distributed as dist
 
 from mtb_helpers.checking.bug import Bug, register
-from mtb_helpers.collectives.ops import RANK_FUNCTIONS, all_gather, all_to_all, broadcast, reduce_scatter
+from mtb_helpers.collectives.ops import (RANK_FUNCTIONS, all_gather, all_to_all, broadcast,
+                                         reduce_scatter)
 
 __all__ = ["BUGS", "COLLECTIVE_BUGS"]
 

@@ -26,8 +26,8 @@ from mtb_helpers.dp.overlap import OverlappedDDP
 from mtb_helpers.dp.sharded_optimizer import ShardedOptimizer
 
 __all__ = ["BUGS", "DP_BUGS", "BUGS_BY_STRATEGY", "DoubleAverage", "SumNotAverage",
-           "StaleParams", "GradsNotCleared", "strategy_bug", "wrapper_bug", "OVERLAP_BUGS", "WRAPPER_CLASSES",
-           "bugs_for_wrapper", "BucketTooEarly", "NoWait", "NoSyncCommunicates",
+           "StaleParams", "GradsNotCleared", "strategy_bug", "wrapper_bug", "OVERLAP_BUGS",
+           "WRAPPER_CLASSES", "bugs_for_wrapper", "BucketTooEarly", "NoWait", "NoSyncCommunicates",
            "PrefetchWrongModule", "ReduceInComputeDtype"]
 
 
