@@ -22,19 +22,16 @@ if TYPE_CHECKING:   # what the names below are, for readers and type checkers
 __all__ = ["run", "shutdown", "warm_up", "seed_all", "RankError", "RankTimeoutError", "BUGS",
            "MAX_WORLD_SIZE"]
 
-_FROM_RANKS = ("run", "shutdown", "warm_up", "seed_all", "RankError", "RankTimeoutError",
-               "MAX_WORLD_SIZE")
-
 
 def __getattr__(name: str) -> Any:
-    if name in _FROM_RANKS:
-        from mtb_helpers.runtime import ranks
-        value = getattr(ranks, name)
-    elif name == "BUGS":
+    if name == "BUGS":
         # {name: one-line description} of every deliberate bug a check's ``bug=`` can inject,
         # gathered by the manifest from every topic's bug modules
         from mtb_helpers.topics import bug_registry
         value = {bug_name: bug.description for bug_name, bug in bug_registry().items()}
+    elif name in __all__:   # the others are runtime.ranks's
+        from mtb_helpers.runtime import ranks
+        value = getattr(ranks, name)
     else:
         raise AttributeError(f"module 'mtb_helpers' has no attribute {name!r}")
     globals()[name] = value   # loaded once

@@ -2,21 +2,18 @@
 
 Adding a topic is its folder plus one line here. Everything that lists the topics reads this
 tuple: the ``minitrainbench`` command (each topic's ``cli.register``, and the command group a topic
-opens), the course's bug list (``mtb_helpers.BUGS``, gathered from each topic's bug modules),
-``mtb_helpers.check`` (every ``check_*`` from one import path) and ``tests/test_layering.py``
-(which modules are a topic's layers). Nothing below the topics (runtime, comm, checking, plots,
-widgets) imports a topic; the topics are found here by name, when the top of the package asks.
+opens), the course's bug list (``mtb_helpers.BUGS``), ``mtb_helpers.check`` (every ``check_*`` from
+one import path) and ``tests/test_layering.py`` (which modules are a topic's layers). Nothing below
+the topics (runtime, comm, checking, plots, widgets) imports a topic; the topics are found here by
+name, when the top of the package asks.
 
     Topic("dp", group="dp", group_help="data parallelism: ...",
           checks=("check_data_parallel",),            # in <package>.check; "module.func" elsewhere
-          bugs=("bugs",),                             # each module holds BUGS: dict[str, Bug]
+          bugs=("bugs",),                             # each registers BUGS: checking/bug.py
           layers=("strategies", "fsdp"))              # modules that must not import upwards
 
-Each bug module registers its ``BUGS`` at import (``register("dp", BUGS)``, checking/bug.py)
-and the topic's ``__init__`` imports it; this list gathers them for ``mtb_helpers.BUGS``. A topic
-with no deliberate bugs says ``bugs=()``; a topic that adds commands to another
-topic's group (sp adds ``tp sequence``) or only top-level commands (``minitrainbench train``) says
-no ``group``.
+A topic that adds commands to another topic's group (sp adds ``tp sequence``) or only top-level
+commands (``minitrainbench train``) says no ``group``.
 """
 from __future__ import annotations
 
@@ -24,7 +21,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-from mtb_helpers.checking.bug import Bug
+from mtb_helpers.checking.bug import Bug, registered
 
 __all__ = ["Topic", "TOPICS", "listed", "bug_registry", "check_functions", "cli_groups"]
 
@@ -69,7 +66,6 @@ TOPICS: tuple[Topic, ...] = (
     Topic("dp", group="dp",
           group_help="data parallelism: DDP, ZeRO-1/2, ZeRO-3/FSDP against one process, step by step",
           checks=("check_data_parallel", "overlap_check.check_overlap"),
-          bugs=("bugs",),
           layers=("strategies", "fsdp", "overlap", "sharded_optimizer", "fsdp_wrapper", "fsdp_units")),
     Topic("moe", group="moe",
           group_help="expert parallelism: token dispatch and combine with all-to-all",
@@ -108,10 +104,9 @@ def check_functions(topics: tuple[Topic, ...] | None = None) -> dict[str, Callab
 
 
 def bug_registry(topics: tuple[Topic, ...] | None = None) -> dict[str, Bug]:
-    """{name: Bug} of every topic's bug modules, imported (each registers its bugs under its
-    topic at import, refusing a name another topic declared, naming both)."""
-    found: dict[str, Bug] = {}
+    """The registry (``registered()``, checking/bug.py) once every topic's bug modules are imported:
+    each registers its bugs at import, refusing a name another topic declared, naming both."""
     for topic in listed(topics):
         for module in topic.bugs:
-            found.update(topic.module(module).BUGS)
-    return found
+            topic.module(module)
+    return registered()

@@ -45,25 +45,24 @@ class SequenceParallelGradsLeftPartial(SequenceParallelGrads):
         return None                # BUG: each copy keeps the grad of its own sequence rows only
 
 
-CHECK = "capstone"
 BUGS: dict[str, Bug] = {
     "capstone-dp-allreduce-in-tp-group": Bug(
         "capstone: the gradient all-reduce runs in the tensor-parallel group instead of the "
         "dp x cp group, so replicas never combine their grads and TP shards are summed together",
-        (CHECK,), {Grid: GradientsInTensorGroup}),
+        ("capstone",), {Grid: GradientsInTensorGroup}),
     "capstone-grads-not-averaged-over-cp": Bug(
         "capstone: gradients are averaged over dp only, forgetting the context-parallel ranks, "
         "so each sequence chunk steps with its own gradient (wrong whenever cp > 1)",
-        (CHECK,), {Grid: GradientsWithoutContext}),
+        ("capstone",), {Grid: GradientsWithoutContext}),
     "capstone-cp-local-positions": Bug(
         "capstone: each context-parallel rank adds the positions 0..s/cp-1 instead of its "
         "chunk's global positions (wrong whenever cp > 1)",
-        (CHECK,), {ParallelEmbedding: LocalPositions}),
+        ("capstone",), {ParallelEmbedding: LocalPositions}),
     "capstone-sp-grads-not-reduced": Bug(
         "capstone: under sequence parallelism the LayerNorm and bias grads are never summed over "
         "the tensor group, so each tensor rank steps its copy with the grad of its own sequence "
         "rows and the copies drift apart (wrong whenever tp > 1 with sequence parallelism)",
-        (CHECK,), {SequenceParallelGrads: SequenceParallelGradsLeftPartial}),
+        ("capstone",), {SequenceParallelGrads: SequenceParallelGradsLeftPartial}),
 }
 CAPSTONE_BUGS = tuple(BUGS)
 

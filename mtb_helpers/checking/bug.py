@@ -3,37 +3,28 @@
 A bug is the correct piece with one thing wrong: usually a subclass of a correct layer that
 overrides one method (marked ``# BUG``), so the correct layers carry no test-only code path and a
 notebook can show the wrong code with ``inspect.getsource``. Each topic's bug modules hold
-``BUGS: dict[str, Bug]`` and registers them here at import (``register("tp", BUGS)``, its
-last line), and each topic's package imports its bug modules (its ``__init__``): whatever module
-of a topic is loaded, its bugs are registered, and a name two topics declare is refused at the
-second import, naming both. This module imports no topic: a check resolves names in the registry
-its own topic filled, and ``mtb_helpers.BUGS`` (the manifest, :mod:`mtb_helpers.topics`) imports
-every topic's bugs to list them all.
+``BUGS: dict[str, Bug]`` and register them here at import (``register("tp", BUGS)``, their last
+line); each topic's package imports its bug modules, so whatever module of a topic is loaded, its
+bugs are registered. This module imports no topic: ``mtb_helpers.BUGS`` (the manifest,
+:mod:`mtb_helpers.topics`) imports every topic's bugs to list them all.
 
     Bug("row layer: every rank adds the full bias before the all-reduce ...",   # what it breaks
         checks=("row", "mlp"),                                 # the checks that can inject it
         replaces={RowParallelLinear: RowBiasBeforeAllReduce},  # correct piece -> wrong piece
         needs={"2 or more ranks": lambda a: a["world_size"] >= 2})   # else it cannot show
 
-A bug that shows only under an argument its check leaves off by default names it in ``sets``
-(``sets={"gather_output": True}``): a front end (a command, an explorer) passes the user's
-arguments through ``showing(name, args)``, which puts them in, so choosing the bug is enough
-there; a direct call with the argument off is still refused by ``needs``.
-
-An entry point (a check, ``pipeline_step``, a PyTorch comparison) takes the bug's name and
-resolves it once, before any rank starts: ``bug = resolve(name, "row", world_size=t)`` (a
-ValueError for a name the registry does not hold, one this check cannot inject, or arguments the
-bug cannot show under). It then builds ``swap(bug, RowParallelLinear)``. A ``Bug`` sent to the
-ranks travels as its name and is looked up again there, so its wrong pieces need not be
-picklable: the rank function's module, unpickled first, is in a topic, so the rank has imported
-that topic's bugs before it reads the name.
+An entry point (a check, ``pipeline_step``, a PyTorch comparison) resolves the bug's name once,
+before any rank starts: ``bug = resolve(name, "row", world_size=t)``, then builds
+``swap(bug, RowParallelLinear)``. A ``Bug`` sent to the ranks travels as its name and is looked up
+again there, so its wrong pieces need not be picklable: the rank function's module, unpickled
+first, is in a topic, so the rank has imported that topic's bugs before it reads the name.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-__all__ = ["Bug", "swap", "names_for", "register", "resolve", "registered", "showing"]
+__all__ = ["Bug", "Setting", "swap", "names_for", "register", "resolve", "registered", "showing"]
 
 _REGISTRY: dict[str, "Bug"] = {}   # every registered name -> its Bug (each bug module registers)
 _OWNERS: dict[str, str] = {}       # every registered name -> the topic that declared it
@@ -48,17 +39,27 @@ def _registered_bug(name: str) -> "Bug":
 
 
 @dataclass(frozen=True)
+class Setting:
+    """A need that the check's argument ``arg`` is ``value`` (``Bug.needs``), one a front end (a
+    command, an explorer) meets for the user by setting it (``showing``): choosing the bug is
+    enough there, and a direct call with another value is still refused."""
+    arg: str
+    value: Any
+
+    def __call__(self, args: dict) -> bool:
+        return args[self.arg] == self.value
+
+
+@dataclass(frozen=True)
 class Bug:
     """One deliberate bug: what it breaks (``description``), the checks that accept it
     (``checks``), the wrong piece that stands in for each correct one (``replaces``), and what it
-    needs to show at all (``needs``: {condition in words: test on the check's arguments}) and
-    the arguments a front end turns on for it (``sets``)."""
+    needs to show at all (``needs``: {condition in words: test on the check's arguments})."""
     description: str
     checks: tuple[str, ...]
     replaces: dict[Any, Any] = field(default_factory=dict, hash=False, compare=False)
     needs: dict[str, Callable[[dict], bool]] = field(default_factory=dict, hash=False,
                                                      compare=False)
-    sets: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.checks:
@@ -87,10 +88,9 @@ def swap(bug: Bug | None, correct: Any) -> Any:
     """The piece to build: the wrong one if ``bug`` replaces ``correct``, else ``correct``.
 
     ``replaces`` names a correct piece by the object itself, or by its dotted path
-    (``"mtb_helpers.dp.pytorch.torch_model"``) where the bugs' module must not import it: any
-    import of a topic imports its bugs (its ``__init__``), and a PyTorch comparison module
-    imported there would have every notebook's ranks preload DTensor or pipelining
-    (``HEAVY_RANK_IMPORTS``, runtime/start.py) whether or not that notebook compares with PyTorch."""
+    (``"mtb_helpers.dp.pytorch.torch_model"``) where the bugs' module must not import it: a PyTorch
+    comparison imported with a topic's bugs would have every notebook's ranks preload DTensor or
+    pipelining (``HEAVY_RANK_IMPORTS``, runtime/start.py)."""
     if bug is None:
         return correct
     if correct in bug.replaces:
@@ -98,9 +98,10 @@ def swap(bug: Bug | None, correct: Any) -> Any:
     return bug.replaces.get(f"{correct.__module__}.{correct.__qualname__}", correct)
 
 
-def names_for(registry: dict[str, Bug], check: str) -> tuple[str, ...]:
-    """The names in ``registry`` whose bug check ``check`` can inject."""
-    return tuple(name for name, bug in registry.items() if check in bug.checks)
+def names_for(registry: dict[str, Bug], check: str, **args: Any) -> tuple[str, ...]:
+    """The names in ``registry`` whose bug check ``check`` can inject and, given some of the
+    check's arguments ``args``, can show under them (those ``resolve`` would not refuse)."""
+    return tuple(n for n, bug in registry.items() if check in bug.checks and not bug.unmet(**args))
 
 
 def register(topic: str, bugs: dict[str, Bug]) -> None:
@@ -142,7 +143,7 @@ def resolve(name: str | None, check: str | tuple[str, ...], **args: Any) -> Bug 
 
 
 def showing(name: str | None, args: dict[str, Any]) -> dict[str, Any]:
-    """A front end's ``args`` for a check, with what bug ``name`` sets to show (``Bug.sets``) put
-    in; unchanged for no bug or a name the check's ``resolve`` will refuse anyway."""
-    bug = _REGISTRY.get(name) if name is not None else None
-    return {**args, **bug.sets} if bug is not None else dict(args)
+    """A front end's ``args`` for a check, with the arguments bug ``name`` needs set (its
+    ``Setting`` needs) put in; unchanged for no bug or a name ``resolve`` will refuse anyway."""
+    needs = _REGISTRY[name].needs.values() if name in _REGISTRY else ()
+    return {**args, **{need.arg: need.value for need in needs if isinstance(need, Setting)}}

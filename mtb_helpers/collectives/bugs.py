@@ -6,8 +6,8 @@ import torch
 import torch.distributed as dist
 
 from mtb_helpers.checking.bug import Bug, register
-from mtb_helpers.collectives.ops import (RANK_FUNCTIONS, all_gather, all_reduce, all_to_all,
-                                         broadcast, reduce_scatter)
+from mtb_helpers.collectives.ops import (RANK_FUNCTIONS, all_gather, all_to_all, broadcast,
+                                         reduce_scatter)
 
 __all__ = ["BUGS", "COLLECTIVE_BUGS"]
 
@@ -37,37 +37,32 @@ def _alltoall_wrong_split(x):
     return all_to_all(x.view(-1, p).t().reshape(-1))  # element i goes to rank i % p
 
 
-def _shows(collective: str) -> dict:
-    """What a bug in ``collective`` needs to show: a second rank, and that collective checked."""
-    return {"2 or more ranks": lambda a: a["world_size"] >= 2,
-            f"the {collective} it breaks among the collectives checked":
-                lambda a: collective in a["collectives"]}
+def _bug(description: str, collective: str, wrong, needs: dict | None = None) -> Bug:
+    """``wrong`` in place of ``collective``'s function (``RANK_FUNCTIONS``), needing a second rank,
+    that collective among those checked, and ``needs`` if given."""
+    return Bug(description, ("collectives",), {RANK_FUNCTIONS[collective]: wrong},
+               {"2 or more ranks": lambda a: a["world_size"] >= 2,
+                f"the {collective} it breaks among the collectives checked":
+                    lambda a: collective in a["collectives"], **(needs or {})})
 
 
 BUGS: dict[str, Bug] = {
-    "broadcast-wrong-root": Bug(
+    "broadcast-wrong-root": _bug(
         "broadcast: src is the last rank instead of rank 0, so every rank gets the last rank's buffer",
-        checks=("collectives",), replaces={broadcast: _broadcast_wrong_root},
-        needs=_shows("broadcast")),
-    "allreduce-lost-inplace": Bug(
+        "broadcast", _broadcast_wrong_root),
+    "allreduce-lost-inplace": _bug(
         "all-reduce: reduces a temporary copy (all_reduce works in place) and returns the untouched "
-        "input",
-        checks=("collectives",), replaces={all_reduce: _allreduce_lost_inplace},
-        needs=_shows("all-reduce")),
-    "allgather-rank-order": Bug(
+        "input", "all-reduce", _allreduce_lost_inplace),
+    "allgather-rank-order": _bug(
         "all-gather: shards concatenated in ring arrival order (own shard first) instead of by source "
-        "rank",
-        checks=("collectives",), replaces={all_gather: _allgather_rank_order},
-        needs=_shows("all-gather")),
-    "reduce-scatter-wrong-chunk": Bug('reduce-scatter: rank r keeps chunk r+1 of the sum (off by one)',
-        checks=("collectives",), replaces={reduce_scatter: _reduce_scatter_wrong_chunk},
-        needs=_shows("reduce-scatter")),
-    "alltoall-wrong-split": Bug(
+        "rank", "all-gather", _allgather_rank_order),
+    "reduce-scatter-wrong-chunk": _bug(
+        "reduce-scatter: rank r keeps chunk r+1 of the sum (off by one)", "reduce-scatter",
+        _reduce_scatter_wrong_chunk),
+    "alltoall-wrong-split": _bug(
         "all-to-all: splits along the wrong dimension, element i goes to rank i mod p instead of "
-        "rank i // (numel/p)",
-        checks=("collectives",), replaces={all_to_all: _alltoall_wrong_split},
-        needs={**_shows("all-to-all"), "2 or more elements per rank's chunk":
-               lambda a: a["numel"] // a["world_size"] >= 2}),
+        "rank i // (numel/p)", "all-to-all", _alltoall_wrong_split,
+        {"2 or more elements per rank's chunk": lambda a: a["numel"] // a["world_size"] >= 2}),
 }
 # Which collective each bug breaks (the check refuses a bug whose collective it does not run).
 COLLECTIVE_BUGS: dict[str, str] = {

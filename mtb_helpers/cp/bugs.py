@@ -1,10 +1,9 @@
 """Deliberately wrong context-parallel attention, for ``check_context_parallel(bug=...)``.
 
-Each is a subclass of a correct layer overriding one method (marked ``# BUG``), so a notebook can
-show it with ``inspect.getsource`` and the layers carry no test-only code. A bug's ``checks`` name
-the variants it concerns: ``"cp-ring"`` and/or ``"cp-allgather"``; its ``needs`` the settings
-(``world_size``, ``causal``, ``layout``) without which it has nothing to break, so the check
-refuses it there and the explorer does not offer it.
+Each is a subclass of a correct layer overriding one method (marked ``# BUG``; see
+checking/bug.py). A bug's ``checks`` name the variants it concerns (``"cp-ring"``,
+``"cp-allgather"``); its ``needs`` the settings (``world_size``, ``causal``, ``layout``) without
+which it has nothing to break, so the check refuses it there and the explorer does not offer it.
 """
 from __future__ import annotations
 
@@ -107,9 +106,8 @@ BUGS: dict[str, Bug] = {
 
 
 def shown_by(variant: str, **args) -> tuple[str, ...]:
-    """The bugs check ``cp-<variant>`` can inject that can show under the check's ``args``
-    (``world_size``, ``causal``, ``layout``): those ``resolve`` does not refuse there."""
-    return tuple(name for name in names_for(BUGS, f"cp-{variant}") if not BUGS[name].unmet(**args))
+    """The bugs check ``cp-<variant>`` can inject that can show under the check's ``args``."""
+    return names_for(BUGS, f"cp-{variant}", **args)
 
 
 register("cp", BUGS)   # at import: see checking/bug.py

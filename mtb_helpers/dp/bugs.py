@@ -3,30 +3,22 @@
 in ``dp/pytorch.py``'s comparison.
 
 Notebook 06's bugs are mixins overriding one method (marked ``# BUG``) that the strategies' classes
-share (``average``, ``zero_grad``: ``OverlappedDDP`` for DDP, ``ZeRO1/2`` in strategies.py, ``FSDP``
-for ZeRO-3; ``_share_partitions``: ``ShardedOptimizer``, which ZeRO-1/2 step);
-``strategy_bug(text, wrong, "ddp", "zero1", ...)`` puts it in front of every strategy that can
-make it, so the check can ``swap`` whichever class it is about to build (``Bug.replaces``: correct
-class -> wrong class), and declares the same strategies as the bug's need (``Bug.needs``): the one
-rule ``resolve`` applies, and ``BUGS_BY_STRATEGY`` shows.
-
-Notebook 14's bugs are subclasses of a correct wrapper, each a slip people make when they write
-these wrappers by hand; the check builds ``swap(bug, OverlappedDDP)`` (or ``ShardedOptimizer``,
-``FSDP``) where it would build the correct one. A bucket divided by p twice and ZeRO-1's updated
-partitions never all-gathered are notebook 06's own ``DoubleAverage`` and ``StaleParams`` in front
-of the wrapper: one slip, one class.
+share; ``strategy_bug`` puts one in front of each strategy class that can make the slip. Notebook
+14's bugs are subclasses of one wrapper, each a slip people make when they write it by hand
+(``wrapper_bug``); a bucket divided by p twice and ZeRO-1's partitions never all-gathered are
+notebook 06's own classes in front of the wrapper: one slip, one class. Either way the bug's needs
+(the strategy or wrapper that builds the class it replaces) are where it applies.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 from typing import Iterator
 
 import torch
 from torch import nn
 
-from mtb_helpers.checking.bug import Bug, names_for, register
+from mtb_helpers.checking.bug import Bug, Setting, names_for, register
 from mtb_helpers.dp.fsdp import STRATEGY_CLASSES
 from mtb_helpers.dp.fsdp_units import FlatGroup
 from mtb_helpers.dp.fsdp_wrapper import FSDP
@@ -34,8 +26,8 @@ from mtb_helpers.dp.overlap import OverlappedDDP
 from mtb_helpers.dp.sharded_optimizer import ShardedOptimizer
 
 __all__ = ["BUGS", "DP_BUGS", "BUGS_BY_STRATEGY", "DoubleAverage", "SumNotAverage",
-           "StaleParams", "GradsNotCleared", "strategy_bug", "OVERLAP_BUGS", "WRAPPER_CLASSES",
-           "bugs_for_wrapper", "BucketTooEarly", "NoWait", "NoSyncCommunicates",
+           "StaleParams", "GradsNotCleared", "strategy_bug", "wrapper_bug", "OVERLAP_BUGS",
+           "WRAPPER_CLASSES", "bugs_for_wrapper", "BucketTooEarly", "NoWait", "NoSyncCommunicates",
            "PrefetchWrongModule", "ReduceInComputeDtype"]
 
 
@@ -112,12 +104,18 @@ class ReduceInComputeDtype(FSDP):
 def strategy_bug(description: str, wrong: type, *strategies: str, on: type | None = None) -> Bug:
     """A bug of the data-parallel check that ``strategies`` (names of ``STRATEGY_CLASSES``) make:
     each one's class (or the one class ``on`` they all build, e.g. ``ShardedOptimizer``) with
-    ``wrong``'s one override in front of it (``class X(wrong, strategy)``), and the need
-    ``strategy in strategies``, which ``resolve`` asks before any rank starts."""
+    ``wrong``'s one override in front of it (``class X(wrong, strategy)``), needing one of them."""
     correct = [on] if on is not None else [STRATEGY_CLASSES[s] for s in strategies]
     replaces = {c: type(f"{wrong.__name__}{c.__name__}", (wrong, c), {}) for c in correct}
     return Bug(description, (CHECK,), replaces,
                needs={f"strategy in {strategies}": lambda a: a["strategy"] in strategies})
+
+
+def wrapper_bug(description: str, wrapper: str, wrong: type, needs: dict | None = None) -> Bug:
+    """A bug of ``check_overlap``: ``wrong`` in place of the class of ``wrapper`` (a name of
+    ``WRAPPER_CLASSES``), needing that wrapper, and ``needs`` if given."""
+    return Bug(description, (OVERLAP,), {WRAPPER_CLASSES[wrapper]: wrong},
+               {f"wrapper={wrapper!r}": Setting("wrapper", wrapper), **(needs or {})})
 
 
 def ddp_without_wrapper(strategy: str, model: nn.Sequential) -> nn.Module:
@@ -157,63 +155,48 @@ BUGS: dict[str, Bug] = {
         "PyTorch's DDP: the bare module, no DistributedDataParallel, so each rank steps on the "
         "gradient of its own rows", ("pytorch_data_parallel",),
         {TORCH_MODEL: ddp_without_wrapper},
-        needs={"strategy='ddp'": lambda a: a["strategy"] == "ddp"}),
+        needs={"strategy='ddp'": Setting("strategy", "ddp")}),
     "fsdp-sum-not-average": Bug(
         "PyTorch's FSDP2: set_gradient_divide_factor(1.0), so the reduce-scatter sums: p times "
         "the batch gradient", ("pytorch_data_parallel",), {TORCH_MODEL: fsdp_sum_not_average},
-        needs={"strategy='fsdp'": lambda a: a["strategy"] == "fsdp"}),
+        needs={"strategy='fsdp'": Setting("strategy", "fsdp")}),
 }
 DP_BUGS = names_for(BUGS, CHECK)
 # what the check's bugs need, strategy by strategy (for reading: the check asks Bug.needs itself)
-BUGS_BY_STRATEGY = {s: tuple(name for name in DP_BUGS if not BUGS[name].unmet(strategy=s))
-                    for s in STRATEGY_CLASSES}
-
+BUGS_BY_STRATEGY = {s: names_for(BUGS, CHECK, strategy=s) for s in STRATEGY_CLASSES}
 
 WRAPPER_CLASSES = {"ddp": OverlappedDDP, "zero1": ShardedOptimizer, "fsdp": FSDP}
-OVERLAP_REGISTRY: dict[str, Bug] = {
-    "ddp-bucket-too-early": Bug(
+BUGS.update({
+    "ddp-bucket-too-early": wrapper_bug(
         "OverlappedDDP: a bucket's all-reduce starts when its first gradient is ready, so the "
-        "gradients that arrive later are reduced as zeros", (OVERLAP,), {OverlappedDDP: BucketTooEarly}),
-    "ddp-no-wait": Bug(
+        "gradients that arrive later are reduced as zeros", "ddp", BucketTooEarly),
+    "ddp-no-wait": wrapper_bug(
         "OverlappedDDP: finish_gradient_synchronization does not wait for the handles, so a rank "
-        "ahead of the others reads its buckets before they are reduced", (OVERLAP,),
-        {OverlappedDDP: NoWait}),
-    "ddp-double-average": Bug(
-        "OverlappedDDP: every bucket divided by p twice, p times too small a gradient", (OVERLAP,),
-        {OverlappedDDP: BUGS["dp-double-average"].replaces[OverlappedDDP]}),   # the same class
-    "ddp-no-sync-communicates": Bug(
+        "ahead of the others reads its buckets before they are reduced", "ddp", NoWait),
+    "ddp-double-average": wrapper_bug(
+        "OverlappedDDP: every bucket divided by p twice, p times too small a gradient", "ddp",
+        BUGS["dp-double-average"].replaces[OverlappedDDP]),   # the same class
+    "ddp-no-sync-communicates": wrapper_bug(
         "OverlappedDDP: no_sync still all-reduces every micro-batch (the gradient comes out "
-        "right, the communication is repeated)", (OVERLAP,), {OverlappedDDP: NoSyncCommunicates}),
-    "fsdp-prefetch-wrong-module": Bug(
+        "right, the communication is repeated)", "ddp", NoSyncCommunicates),
+    "fsdp-prefetch-wrong-module": wrapper_bug(
         "FSDP: the prefetch gathers the unit on the wrong side, so the unit that runs next is "
-        "gathered on demand", (OVERLAP,), {FSDP: PrefetchWrongModule}),
-    "fsdp-fp16-reduce": Bug(
+        "gathered on demand", "fsdp", PrefetchWrongModule),
+    "fsdp-fp16-reduce": wrapper_bug(
         "FSDP: gradients reduce-scattered in float16 (the compute dtype) instead of reduce_dtype; "
-        "the sum over ranks overflows to inf", (OVERLAP,), {FSDP: ReduceInComputeDtype},
+        "the sum over ranks overflows to inf", "fsdp", ReduceInComputeDtype,
         {"compute_dtype=torch.float16 (only float16's sum overflows)":
-         lambda a: a["compute_dtype"] == torch.float16}),
-    "zero1-no-broadcast": Bug(
+         Setting("compute_dtype", torch.float16)}),
+    "zero1-no-broadcast": wrapper_bug(
         "ShardedOptimizer: each rank steps its partition and never shares it: the other ranks keep "
-        "stale parameters", (OVERLAP,),
-        {ShardedOptimizer: BUGS["zero-stale-params"].replaces[ShardedOptimizer]}),   # the same class
-}
-_WRAPPER_OF = {cls: name for name, cls in WRAPPER_CLASSES.items()}
-
-
-def _on_its_wrapper(bug: Bug) -> Bug:
-    """``bug`` with one more need: the check runs the wrapper whose class it replaces."""
-    wrapper = next(_WRAPPER_OF[c] for c in bug.replaces if c in _WRAPPER_OF)
-    return dataclasses.replace(bug, needs={f"wrapper={wrapper!r}": lambda a: a["wrapper"] == wrapper,
-                                           **bug.needs})
-
-
-BUGS.update({name: _on_its_wrapper(bug) for name, bug in OVERLAP_REGISTRY.items()})
+        "stale parameters", "zero1", BUGS["zero-stale-params"].replaces[ShardedOptimizer]),
+})
 OVERLAP_BUGS = names_for(BUGS, OVERLAP)
 
 
 def bugs_for_wrapper(wrapper: str) -> tuple[str, ...]:
-    """The bugs whose needs ``wrapper`` meets (the rule ``check_overlap`` asks)."""
-    return tuple(n for n, b in BUGS.items() if not b.unmet(wrapper=wrapper))
+    """The bugs of ``check_overlap`` whose needs ``wrapper`` meets."""
+    return names_for(BUGS, OVERLAP, wrapper=wrapper)
 
 
 register("dp", BUGS)   # at import: see checking/bug.py

@@ -1,8 +1,7 @@
 """Deliberately wrong expert-parallel MoE layers, for ``check_moe(bug=...)``.
 
-Like ``tp/bugs.py`` / ``sp/bugs.py``: each bug is a subclass of ``ExpertParallelMoE`` whose one
-overridden method differs by the bug (marked ``# BUG``), so a notebook can show it with
-``inspect.getsource`` and the correct layer carries no test-only code path.
+Like ``tp/bugs.py``: each bug is a subclass of ``ExpertParallelMoE`` whose one overridden method
+differs by the bug (marked ``# BUG``).
 """
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ from torch import nn
 
 from mtb_helpers.checking.bug import Bug, names_for, register, swap
 from mtb_helpers.moe.layers import Expert, ExpertParallelMoE
-
 
 
 class MoEWithoutInversePermutation(ExpertParallelMoE):

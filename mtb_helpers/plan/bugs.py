@@ -44,18 +44,17 @@ class LayerNormInputNotSequenceSplit(MemoryModel):
         return out
 
 
-CHECK = "plan"
 BUGS: dict[str, Bug] = {
     "plan-zero1-shards-gradients": Bug(
         "planner: ZeRO-1 is counted like ZeRO-2 (gradients divided by the data-parallel ranks), "
-        "but ZeRO-1 keeps the full gradient buffer", (CHECK,), {MemoryModel: ZeRO1ShardsGradients}),
+        "but ZeRO-1 keeps the full gradient buffer", ("plan",), {MemoryModel: ZeRO1ShardsGradients}),
     "plan-norms-split-by-tp": Bug(
         "planner: LayerNorm weights and biases are divided by tp, but every tensor-parallel rank "
-        "holds them whole (wrong whenever tp > 1)", (CHECK,),
+        "holds them whole (wrong whenever tp > 1)", ("plan",),
         {MemoryModel: NormsSplitByTensorParallel}),
     "plan-sp-layernorm-input-whole": Bug(
         "planner: under sequence parallelism the LayerNorm input is counted whole [s, b, h] "
-        "instead of the rank's rows [s/t, b, h] (wrong whenever tp > 1)", (CHECK,),
+        "instead of the rank's rows [s/t, b, h] (wrong whenever tp > 1)", ("plan",),
         {MemoryModel: LayerNormInputNotSequenceSplit}),
 }
 

@@ -1,9 +1,8 @@
 """Deliberately wrong sequence-parallel parts, for ``check_sequence_parallel(bug=...)``.
 
 Like ``tp/bugs.py``: each bug is a subclass of a correct part from ``sp/layers.py`` whose ``forward``
-differs by the one bug (marked ``# BUG``), so the notebook can show it with
-``inspect.getsource`` and the correct block carries no test-only code path. The last one reads
-PyTorch's result wrongly in the comparison of ``sp/pytorch.py``; the comparison must then disagree.
+differs by the one bug (marked ``# BUG``). The last one reads PyTorch's result wrongly in the
+comparison of ``sp/pytorch.py``.
 """
 from __future__ import annotations
 
@@ -13,11 +12,11 @@ from torch import nn
 
 from mtb_helpers.checking.bug import Bug, names_for, register, swap
 from mtb_helpers.comm.mesh import group_rank, group_size
-from mtb_helpers.comm.regions import reduce_from_tensor_model_parallel_region
-from mtb_helpers.comm.regions import allreduce_sequence_parallel_grad
+from mtb_helpers.comm.regions import (allreduce_sequence_parallel_grad,
+                                      reduce_from_tensor_model_parallel_region)
 from mtb_helpers.sp.layers import (PositionKeyedDropout, SequenceParallelColumnLinear,
-                            SequenceParallelLayerNorm, SequenceParallelMLPBlock,
-                            SequenceParallelRowLinear)
+                                   SequenceParallelLayerNorm, SequenceParallelMLPBlock,
+                                   SequenceParallelRowLinear)
 from mtb_helpers.checking.agreement import full_grad, local
 
 

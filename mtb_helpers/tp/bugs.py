@@ -1,12 +1,9 @@
 """Deliberately wrong tensor-parallel layers, for the checks' ``bug=`` argument.
 
 Each bug is a subclass of a correct layer from ``tp/layers.py`` whose ``forward`` differs by the one
-bug (marked ``# BUG``), so the correct layers carry no test-only code path and a notebook can
-show the wrong code with ``inspect.getsource``. The checks resolve the name once and build the
-layer with ``swap(bug, ColumnParallelLinear)`` / ``build_mlp`` (``bug`` the resolved ``Bug``);
-``from_full`` is a classmethod, so the subclass shards the full layer exactly like the
-correct one. The last two bugs set PyTorch up wrongly in the comparison of ``tp/pytorch.py``
-(a ``TensorParallelPlan`` with one placement wrong): the comparison must then disagree.
+bug (marked ``# BUG``; see checking/bug.py); ``from_full`` is a classmethod, so the subclass shards
+the full layer exactly like the correct one. The last two bugs set PyTorch up wrongly in the
+comparison of ``tp/pytorch.py`` (a ``TensorParallelPlan`` with one placement wrong).
 """
 from __future__ import annotations
 
@@ -14,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from mtb_helpers.checking.bug import Bug, names_for, register, swap
+from mtb_helpers.checking.bug import Bug, Setting, names_for, register, swap
 from mtb_helpers.comm.records import recorded
 from mtb_helpers.comm.regions import (_CopyToModelParallelRegion, _GatherFromModelParallelRegion,
                                       _ReduceFromModelParallelRegion,
@@ -24,7 +21,6 @@ from mtb_helpers.comm.regions import (_CopyToModelParallelRegion, _GatherFromMod
                                       scatter_to_tensor_model_parallel_region)
 from mtb_helpers.tp.layers import (ColumnParallelLinear, ParallelMLP, RowParallelLinear,
                                    TensorParallelPlan)
-
 
 
 @recorded("copy_to_tensor_model_parallel_region", "f")
@@ -147,7 +143,7 @@ BUGS: dict[str, Bug] = {
         'in reverse rank order',
         checks=('column',), replaces={ColumnParallelLinear: ColumnGatherWrongOrder},
         needs={"gather_output=True (without it there is no all-gather to get wrong)":
-               lambda a: a["gather_output"]}, sets={"gather_output": True}),
+               Setting("gather_output", True)}),
     "bias-before-allreduce": Bug(
         'row layer: every rank adds the full bias before the all-reduce, so the '
         'output carries t x bias',
