@@ -133,7 +133,23 @@ def held_bytes(tensors) -> int:
 class Strategy:
     """One data-parallel training step, whatever is sharded: forward and backward on this rank's
     slice of the batch, gradients reduced (how is the subclass's business), one Adam step.
-    Subclasses set ``p`` (the group size: the data-parallel world size) and ``optimizer``."""
+    Subclasses set ``p`` (the group size: the data-parallel world size), ``net`` (the module the
+    forward runs), ``owned`` (the parameters whose storage and gradients this rank holds) and
+    ``optimizer``."""
+
+    def forward_backward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Loss (mean squared error) of this rank's slice ``x, target [b/p, h]``, then backward."""
+        loss = nn.functional.mse_loss(self.net(x), target)
+        loss.backward()
+        return loss.detach()
+
+    def held(self) -> dict[str, int]:
+        """Bytes this rank holds for parameters, gradients and optimizer state (Adam's m and v;
+        the 4-byte step counter is left out, as the ZeRO paper does)."""
+        return {"params": held_bytes(self.owned),
+                "grads": held_bytes([param.grad for param in self.owned]),
+                "optimizer_state": held_bytes(v for s in self.optimizer.state.values()
+                                              for k, v in s.items() if k != "step")}
 
     def average(self, summed: torch.Tensor) -> torch.Tensor:
         """The sum over ranks -> the mean: each rank's loss is the mean over its b/p samples."""
@@ -190,6 +206,8 @@ class FlatStep(Strategy):
             self.master = nn.Parameter(self.flat)          # shares the flat buffer's storage
             self.optimizer = adam.make([self.master])
         self.own = self.layout.shard(0, self.rank) if self.shard_optimizer else (0, len(self.flat))
+        self.net = self.model if self.ddp is None else self.ddp
+        self.owned = [*params, self.master]
         self.load(start)
 
     def load(self, start: dict) -> None:
@@ -205,12 +223,6 @@ class FlatStep(Strategy):
             **{k: self.layout.piece(start[k], 0, sharded=False)[lo:hi].clone()
                for k in ("exp_avg", "exp_avg_sq")}}
         self.zero_grad()
-
-    def forward_backward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Loss (mean squared error) of this rank's slice ``x, target [b/p, h]``, then backward."""
-        loss = nn.functional.mse_loss((self.model if self.ddp is None else self.ddp)(x), target)
-        loss.backward()
-        return loss.detach()
 
     def _full_grads(self) -> torch.Tensor:
         """This rank's own (not yet reduced) gradient as one flat buffer ``[Ψ_pad]``; the module's
@@ -238,15 +250,6 @@ class FlatStep(Strategy):
         of them, one flat ``[Ψ]`` (the module's ``.grad`` become its views)."""
         self.ddp.finish_gradient_synchronization()
         self.master.grad = self._full_grads()
-
-    def held(self) -> dict[str, int]:
-        """Bytes this rank holds for parameters, gradients and optimizer state (Adam's m and v;
-        the 4-byte step counter is left out, as the ZeRO paper does)."""
-        params = [*self.model.parameters(), self.master]
-        return {"params": held_bytes(params),
-                "grads": held_bytes([param.grad for param in params]),
-                "optimizer_state": held_bytes(v for s in self.optimizer.state.values()
-                                              for k, v in s.items() if k != "step")}
 
     def pieces(self) -> dict[str, torch.Tensor]:
         """What this rank holds of each compared quantity (full ``[Ψ_pad]`` or its shard)."""

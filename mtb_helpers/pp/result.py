@@ -10,25 +10,9 @@ from dataclasses import dataclass, field
 import torch
 
 from mtb_helpers.comm.records import CollectiveRecord
-from mtb_helpers.pp.schedules import Op
-from mtb_helpers.pp.simulator import Event, Timeline
+from mtb_helpers.pp.simulator import Op, Timeline, TimelineEvent
 
-__all__ = ["PipelineResult", "TimelineEvent"]
-
-
-@dataclass(frozen=True)
-class TimelineEvent:
-    """What ``rank`` did from ``start`` to ``end`` (seconds, 0 = step start): an op ("F", "B",
-    "I", "W") or a message ("send", "recv": posting a send / waiting for a receive; ``tag``
-    names the message, the same on its send and its receive)."""
-    rank: int
-    kind: str
-    microbatch: int
-    chunk: int
-    start: float
-    end: float
-    peer: int | None = None
-    tag: int | None = None
+__all__ = ["PipelineResult"]
 
 
 @dataclass
@@ -50,9 +34,8 @@ class PipelineResult:
 
     def measured(self) -> Timeline:
         """The compute ops as a simulator ``Timeline``: same bubble definition, same Gantt."""
-        p = len(self.peak_stashed)
-        events = [[Event(Op(e.kind, e.microbatch, e.chunk), r, e.start, e.end)
-                   for e in self.timeline if e.rank == r and e.kind in "FBIW"] for r in range(p)]
+        events = [[e for e in self.timeline if e.rank == r and e.kind in "FBIW"]
+                  for r in range(len(self.peak_stashed))]
         makespan = max(e.end for evs in events for e in evs)
         busy = [sum(e.end - e.start for e in evs) for evs in events]
         return Timeline(events, makespan, self.config.get("chunks", 1), list(self.peak_stashed),

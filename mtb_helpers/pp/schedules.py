@@ -23,12 +23,10 @@ Orders follow the systems students can read next to this file:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from mtb_helpers.pp.simulator import Op, Timeline, simulate
 
-from mtb_helpers.pp.simulator import Event, Timeline, simulate
-
-__all__ = ["Op", "Schedule", "SCHEDULES", "schedule", "simulate", "Timeline", "Event",
-           "warmup_count", "closed_form"]
+__all__ = ["Op", "Schedule", "SCHEDULES", "schedule", "simulate", "Timeline", "warmup_count",
+           "closed_form"]
 
 SCHEDULES: dict[str, str] = {
     "gpipe": "GPipe (Huang et al. 2019): all forwards, then all backwards",
@@ -36,24 +34,6 @@ SCHEDULES: dict[str, str] = {
     "interleaved": "interleaved 1F1B (Narayanan et al., SC 2021, Megatron-LM): v chunks per rank",
     "zb-h1": "ZB-H1 (Qi et al. 2023): backward split into input grad I and weight grad W",
 }
-
-
-@dataclass(frozen=True)
-class Op:
-    """One unit of work on one stage: ``kind`` F/B/I/W of ``microbatch`` on model ``chunk``."""
-
-    kind: str
-    microbatch: int
-    chunk: int = 0
-
-    def label(self, with_chunk: bool = False) -> str:
-        """``F3``, or ``F3c1`` (micro-batch 3, chunk 1) when chunks matter."""
-        return f"{self.kind}{self.microbatch}" + (f"c{self.chunk}" if with_chunk else "")
-
-    def __str__(self) -> str:
-        return self.label(self.chunk != 0)
-
-    __repr__ = __str__
 
 
 class Schedule(list):

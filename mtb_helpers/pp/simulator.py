@@ -15,17 +15,45 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-__all__ = ["Event", "Timeline", "simulate"]
+__all__ = ["Op", "TimelineEvent", "Timeline", "simulate"]
 
 
 @dataclass(frozen=True)
-class Event:
-    """``op`` ran on ``rank`` from ``start`` to ``end``."""
+class Op:
+    """One unit of work on one stage: ``kind`` F/B/I/W of ``microbatch`` on model ``chunk``."""
 
-    op: Any
+    kind: str
+    microbatch: int
+    chunk: int = 0
+
+    def label(self, with_chunk: bool = False) -> str:
+        """``F3``, or ``F3c1`` (micro-batch 3, chunk 1) when chunks matter."""
+        return f"{self.kind}{self.microbatch}" + (f"c{self.chunk}" if with_chunk else "")
+
+    def __str__(self) -> str:
+        return self.label(self.chunk != 0)
+
+    __repr__ = __str__
+
+
+@dataclass(frozen=True)
+class TimelineEvent:
+    """What ``rank`` did from ``start`` to ``end`` (simulated time, or seconds from the step's
+    start on real ranks): an op ("F", "B", "I", "W") of ``microbatch`` on model ``chunk``, or, on
+    real ranks only, a message ("send", "recv": posting a send / waiting for a receive; ``tag``
+    names the message, the same on its send and its receive, ``peer`` the other rank)."""
     rank: int
+    kind: str
+    microbatch: int
+    chunk: int
     start: float
     end: float
+    peer: int | None = None
+    tag: int | None = None
+
+    @property
+    def op(self) -> Op:
+        return Op(self.kind, self.microbatch, self.chunk)
 
 
 @dataclass
@@ -38,7 +66,7 @@ class Timeline:
     counted in chunk activations; peak_memory[r] divides by chunks (whole-stage micro-batches).
     """
 
-    events: list[list[Event]]
+    events: list[list[TimelineEvent]]
     makespan: float
     chunks: int
     peak_activations: list[int]
@@ -146,7 +174,7 @@ def simulate(ops: Sequence[Sequence[Any]], forward: float | Sequence[float] = 1.
             return ("I", op.microbatch, stage)
         return (grad, op.microbatch, stage + 1) if stage < last else ("F", op.microbatch, stage)
 
-    events: list[list[Event]] = [[] for _ in range(p)]
+    events: list[list[TimelineEvent]] = [[] for _ in range(p)]
     free = [0.0] * p
     position = [0] * p
     remaining = sum(len(r) for r in ops)
@@ -168,7 +196,7 @@ def simulate(ops: Sequence[Sequence[Any]], forward: float | Sequence[float] = 1.
                 if key in done:
                     raise ValueError(f"stage {rank} runs {op} twice")
                 done[key] = (free[rank], rank)
-                events[rank].append(Event(op, rank, start, free[rank]))
+                events[rank].append(TimelineEvent(rank, op.kind, op.microbatch, op.chunk, start, free[rank]))
                 position[rank] += 1
                 remaining -= 1
                 progressed = True
