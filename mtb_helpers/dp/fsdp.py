@@ -2,13 +2,10 @@
 linear layer, stepped by the course's Adam; ``STRATEGY_CLASSES``, the class each strategy name
 selects, and ``build_strategy``, which builds it on a rank.
 
-The sharding is all ``FSDP``'s (``fsdp_wrapper.py``, ``fsdp_units.py``): each ``nn.Linear`` is a
-unit whose ``[weight, bias]`` are flattened and zero-padded to ``n_pad`` (a multiple of ``p``);
-rank r keeps ``[r*n_pad/p, (r+1)*n_pad/p)``. A unit's forward all-gathers the shards, computes and
-frees the gathered parameters; its backward gathers them again, and its flat ``[dW, dbias]`` is
-reduce-scattered and averaged into the shard's gradient. ``ZeRO3Step`` only puts the check's start
-state in place and runs the steps: Adam updates each shard with its gradient and state shards; no
-collective is needed after the step.
+The sharding is all ``FSDP``'s (``fsdp_wrapper.py``, ``fsdp_units.py``: each ``nn.Linear``'s flat
+``[weight, bias]`` padded to a multiple of ``p``, rank r keeping the r-th slice). ``ZeRO3Step`` only
+puts the check's start state in place and runs the steps: Adam updates each shard with its
+gradient and state shards; no collective is needed after the step.
 """
 from __future__ import annotations
 

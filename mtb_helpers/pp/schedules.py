@@ -136,9 +136,7 @@ def schedule(name: str, stages: int, microbatches: int, chunks: int | None = Non
     2; v = 1 is plain 1f1b) and must stay 1 (or None) for the others. Interleaved needs the
     micro-batch count to be a multiple of ``stages``, as the original Megatron-LM code required for
     its groups of p micro-batches per chunk (current Megatron-LM and torch.distributed.pipelining's
-    ScheduleInterleaved1F1B relax it; this simulator keeps the classic rule). When m == p, older
-    Megatron-LM releases ran all forwards first; current megatron.core applies the warm-up
-    formula there too, as here. Raises ValueError naming the bad argument.
+    ScheduleInterleaved1F1B relax it). Raises ValueError naming the bad argument.
     """
     _known(name)
     _positive(stages=stages, microbatches=microbatches, chunks=1 if chunks is None else chunks)
