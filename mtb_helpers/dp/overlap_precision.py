@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from mtb_helpers.checking.tolerances import divisible
 from mtb_helpers.comm.records import record
 from mtb_helpers.dp.fsdp_wrapper import FSDP
-from mtb_helpers.dp.overlap_pytorch import overlap_model, rank_rows
+from mtb_helpers.dp.overlap_pytorch import overlap_model
+from mtb_helpers.dp.strategies import rank_rows
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
 __all__ = ["mixed_precision"]

@@ -31,10 +31,11 @@ from mtb_helpers.dp.buckets import bucket_cap_bytes
 from mtb_helpers.dp.fsdp_wrapper import FSDP
 from mtb_helpers.dp.overlap import OverlappedDDP
 from mtb_helpers.dp.sharded_optimizer import ShardedOptimizer, state_bytes
+from mtb_helpers.dp.strategies import flat, rank_rows
 from mtb_helpers.runtime.compat import zero_partition
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
-__all__ = ["pytorch_overlap", "overlap_model", "full_flat", "rank_rows", "OPTIMIZERS", "WRAPPERS"]
+__all__ = ["pytorch_overlap", "overlap_model", "OPTIMIZERS", "WRAPPERS"]
 
 OPTIMIZERS = {"sgd": (torch.optim.SGD, {"lr": 0.1}), "adamw": (torch.optim.AdamW, {"lr": 0.01})}
 WRAPPERS = ("ddp", "zero1", "fsdp")
@@ -52,18 +53,6 @@ def overlap_model(hidden: int, dtype: torch.dtype, seed: int) -> nn.Sequential:
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=gen, dtype=dtype) * p.numel() ** -0.25)
     return model
-
-
-def full_flat(tensors) -> torch.Tensor:
-    """The tensors (a DTensor gathered whole) flattened and concatenated: ``[sum of numels]``."""
-    return torch.cat([(t.full_tensor() if hasattr(t, "full_tensor") else t).detach().reshape(-1)
-                      for t in tensors])
-
-
-def rank_rows(batches: list, t: int, r: int) -> list:
-    """Rank ``r`` of ``t``'s rows ``[B/t, ...]`` of each ``(x, y)`` batch ``[B, ...]``."""
-    return [(x[r * (len(x) // t):(r + 1) * (len(x) // t)], y[r * (len(y) // t):(r + 1) * (len(y) // t)])
-            for x, y in batches]
 
 
 def _ddp(model, bucket_cap_mb):
@@ -123,8 +112,8 @@ def _on_rank(wrapper, model, batches, optimizer, bucket_cap_mb, compute_dtype, r
                 if hasattr(net, "finish_gradient_synchronization"):
                     net.finish_gradient_synchronization()
                 opt.step()
-                out[name].append(full_flat(ours.gather_full_params().values())
-                                 if net is ours and wrapper == "fsdp" else full_flat(net.parameters()))
+                out[name].append(flat(ours.gather_full_params().values())
+                                 if net is ours and wrapper == "fsdp" else flat(net.parameters()))
             per_step.append(seen[before:])
         if wrapper != "fsdp":
             out["buckets"] = {"course": ours.buckets, "pytorch": per_step[-1],
@@ -150,7 +139,7 @@ def _one_process(model, batches, optimizer) -> list[torch.Tensor]:
         opt.zero_grad()
         F.mse_loss(model(x.double()), y.double()).backward()
         opt.step()
-        out.append(full_flat(model.parameters()))
+        out.append(flat(model.parameters()))
     return out
 
 

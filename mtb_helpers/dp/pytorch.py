@@ -36,8 +36,7 @@ from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.checking.tolerances import divisible, positive_sizes
 from mtb_helpers.comm.records import record
 from mtb_helpers.dp.fsdp import build_strategy
-from mtb_helpers.dp.overlap_pytorch import full_flat, rank_rows
-from mtb_helpers.dp.strategies import Adam, flat, make_mlp
+from mtb_helpers.dp.strategies import Adam, flat, make_mlp, rank_rows
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
 __all__ = ["pytorch_data_parallel", "dp_on_rank", "torch_model", "fully_shard_linears", "DP_PAIRS"]
@@ -109,8 +108,8 @@ def dp_on_rank(strategy: str, model: nn.Sequential, batches: list, adam: Adam,
                 loss.backward()
             with CommDebugMode() as step:
                 opt.step()
-        got = {"params": full_flat(theirs.parameters()),
-               "grads": full_flat(p.grad for p in theirs.parameters()),
+        got = {"params": flat(theirs.parameters()),
+               "grads": flat(p.grad for p in theirs.parameters()),
                "loss": loss.detach().reshape(1)}
     ours = {"params": _course_full(course, grads=False), "grads": _course_full(course, grads=True),
             "loss": course_loss.reshape(1)}

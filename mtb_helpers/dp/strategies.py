@@ -39,7 +39,7 @@ from mtb_helpers.comm.records import note
 from mtb_helpers.comm.regions import _REDUCE_SCATTER   # torch 2.13's name, or older torch's
 from mtb_helpers.dp.adam import Adam, AdamUpdate
 
-__all__ = ["STRATEGIES", "SHARDED", "Adam", "make_mlp", "flat", "as_views", "padded_numel", "FlatShards",
+__all__ = ["STRATEGIES", "SHARDED", "Adam", "make_mlp", "flat", "rank_rows", "as_views", "padded_numel", "FlatShards",
            "held_bytes", "Strategy", "FlatStep", "ZeRO1", "ZeRO2"]
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
@@ -66,8 +66,15 @@ def make_mlp(hidden: int, ffn_hidden: int, gen: torch.Generator, dtype: torch.dt
 
 
 def flat(tensors) -> torch.Tensor:
-    """The tensors flattened and concatenated, in order: ``[sum of numel]``."""
-    return torch.cat([t.detach().reshape(-1) for t in tensors])
+    """The tensors (a DTensor gathered whole) flattened and concatenated, in order: ``[sum of numel]``."""
+    return torch.cat([(t.full_tensor() if hasattr(t, "full_tensor") else t).detach().reshape(-1)
+                      for t in tensors])
+
+
+def rank_rows(batches: list, t: int, r: int) -> list:
+    """Rank ``r`` of ``t``'s rows ``X_r [b/t, ...]`` of each ``(x, y)`` batch ``[b, ...]``."""
+    return [(x[r * (len(x) // t):(r + 1) * (len(x) // t)], y[r * (len(y) // t):(r + 1) * (len(y) // t)])
+            for x, y in batches]
 
 
 def as_views(params, buffer: torch.Tensor) -> None:
