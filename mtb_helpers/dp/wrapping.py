@@ -21,7 +21,7 @@ from torch import nn
 
 
 __all__ = ["StepEvent", "StepClock", "check_module", "check_group", "broadcast_",
-           "all_gather_async", "reduce_scatter_async", "WRAPPED_ATTR"]
+           "flat_grads", "all_gather_async", "reduce_scatter_async", "WRAPPED_ATTR"]
 
 # Set on a module when a wrapper takes it: wrapping it again is refused (two wrappers would both
 # reduce its gradients, or one would shard what the other expects whole).
@@ -151,6 +151,16 @@ def broadcast_(tensors: list[torch.Tensor], process_group) -> None:
         with torch.no_grad():
             for t, v in zip(group, flat.split([t.numel() for t in group])):
                 t.copy_(v.view_as(t))
+
+
+def flat_grads(params: list[torch.Tensor], flags: bool) -> torch.Tensor:
+    """``params``' gradients in one flat tensor ``[sum of numels (+ flags)]``: a gradient this rank
+    never got counts as zeros; with ``flags`` one "used" flag per parameter rides along (summed over
+    ranks with the gradients, a 0 says no rank used it)."""
+    parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+    if flags:
+        parts.append(torch.tensor([float(p.grad is not None) for p in params], dtype=params[0].dtype))
+    return torch.cat(parts)
 
 
 def all_gather_async(out: torch.Tensor, shard: torch.Tensor, process_group):
