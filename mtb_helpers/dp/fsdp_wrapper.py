@@ -250,7 +250,7 @@ class FSDP(nn.Module):
         """Wait for every reduce-scatter and put ``sum / p`` into the shards' ``.grad`` (master
         dtype); all-reduce the whole parameters' gradients; free what a prefetch left gathered."""
         for g, work, out, key, _ in self._pending:
-            g.wait(work)
+            work.wait()
             self._clock.waited(key)
             grad = self.average(out).to(g.shard.dtype)
             g.shard.grad = grad if g.shard.grad is None else g.shard.grad + grad

@@ -10,8 +10,8 @@ for step, and one process on the whole batch.
     course FSDP(compute_dtype, reduce_dtype)     -> fully_shard(each nn.Linear), fully_shard(model)
                                                     under MixedPrecisionPolicy(param_dtype, reduce_dtype)
 
-The model is ``dp.make_mlp`` (fc1, GeLU, fc2) with a third linear layer, so that small caps make
-several buckets; every rank trains on its rows ``[B/p, h]`` of each batch (mean-squared error).
+The model is ``overlap_model`` (fc1, GeLU, fc2, GeLU, a third linear layer, so that small caps
+make several buckets); every rank trains on its rows ``[B/p, h]`` of each batch (mean-squared error).
 DDP's buckets are read from a communication hook (``GradBucket.parameters()``), in the order DDP
 reduces them; DDP rebuilds its buckets after the first step in the order gradients arrived, so the
 last step's are compared. ZeRO-1's optimizer state per rank is measured in bytes on each side.
