@@ -2,27 +2,23 @@
 linear layer, stepped by the course's Adam; ``STRATEGY_CLASSES``, the class each strategy name
 selects, and ``build_strategy``, which builds it on a rank.
 
-The sharding is all ``FSDP``'s (``fsdp_wrapper.py``, ``fsdp_units.py``): each ``nn.Linear`` is a
-unit whose ``[weight, bias]`` are flattened and zero-padded to ``n_pad`` (a multiple of ``p``);
-rank r keeps ``[r*n_pad/p, (r+1)*n_pad/p)``. A unit's forward all-gathers the shards, computes and
-frees the gathered parameters; its backward gathers them again, and its flat ``[dW, dbias]`` is
-reduce-scattered and averaged into the shard's gradient. ``ZeRO3Step`` only puts the check's start
-state in place and runs the steps: Adam updates each shard with its gradient and state shards; no
-collective is needed after the step.
+The sharding is all ``FSDP``'s (``fsdp_wrapper.py``, ``fsdp_units.py``: each ``nn.Linear``'s flat
+``[weight, bias]`` padded to a multiple of ``p``, rank r keeping the r-th slice). ``ZeRO3Step`` only
+puts the check's start state in place and runs the steps: Adam updates each shard with its
+gradient and state shards; no collective is needed after the step.
 """
 from __future__ import annotations
 
 import copy
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mtb_helpers.checking.bug import Bug, swap
 from mtb_helpers.dp.fsdp_wrapper import FSDP
 from mtb_helpers.dp.overlap import OverlappedDDP
 from mtb_helpers.dp.sharded_optimizer import ShardedOptimizer
-from mtb_helpers.dp.strategies import SHARDED, Adam, FlatShards, FlatStep, Strategy, ZeRO1, ZeRO2, held_bytes
+from mtb_helpers.dp.strategies import SHARDED, Adam, FlatShards, FlatStep, Strategy, ZeRO1, ZeRO2
 
 __all__ = ["ZeRO3Step", "STRATEGY_CLASSES", "build_strategy"]
 
@@ -40,7 +36,8 @@ class ZeRO3Step(Strategy):
             torch.nn.utils.vector_to_parameters(start["params"].clone(), model.parameters())
         self.fsdp = wrapper(model, prefetch=False, process_group=group)
         self.p, self.rank = self.fsdp.world_size, self.fsdp.rank
-        self.shards = list(self.fsdp.flat_shards)          # one [n_pad/p] per unit, layer order
+        self.net = self.fsdp
+        self.shards = self.owned = list(self.fsdp.flat_shards)   # one [n_pad/p] per unit, layer order
         self.layout = FlatShards(tuple(g.numel for gs in self.fsdp.units for g in gs), self.p, True)
         self.optimizer = adam.make(self.shards)
         for k in ("exp_avg", "exp_avg_sq"):
@@ -52,11 +49,6 @@ class ZeRO3Step(Strategy):
         # the largest unit gathered at once (its memory exists only while the unit computes)
         self.gathered_bytes = max(g.gather_bytes for gs in self.fsdp.units for g in gs)
 
-    def forward_backward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        loss = F.mse_loss(self.fsdp(x), target)
-        loss.backward()
-        return loss.detach()
-
     def zero_grad(self) -> None:
         """Each shard's grad: gone, so the next backward does not add to the reduced one."""
         self.fsdp.zero_grad()
@@ -64,12 +56,6 @@ class ZeRO3Step(Strategy):
     def reduce_gradients(self) -> None:
         """Wait for the units' reduce-scatters (issued during the backward) and average them."""
         self.fsdp.finish_gradient_synchronization()
-
-    def held(self) -> dict[str, int]:
-        return {"params": held_bytes(self.shards),
-                "grads": held_bytes(param.grad for param in self.shards),
-                "optimizer_state": held_bytes(v for s in self.optimizer.state.values()
-                                              for k, v in s.items() if k != "step")}
 
     def pieces(self) -> dict[str, torch.Tensor]:
         states = [self.optimizer.state[p] for p in self.shards]

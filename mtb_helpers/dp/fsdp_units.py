@@ -75,7 +75,7 @@ class FlatGroup:
         """Make ``full`` hold the gathered values; with ``set_views`` give the modules views of it
         (in the forward, under autograd, so their gradients flow into ``full``)."""
         if self.pending is not None:
-            self.wait(self.pending[0])
+            self.pending[0].wait()
             self.pending = None
         self.gathered = True
         if set_views:
@@ -84,13 +84,10 @@ class FlatGroup:
                 for module, attr in locs:
                     setattr(module, attr, view.view(shape))
 
-    def wait(self, work) -> None:
-        work.wait()
-
     def reshard(self) -> None:
         """Free the gathered parameters (the views stay, pointing at no memory until the next gather)."""
         if self.pending is not None:
-            self.wait(self.pending[0])
+            self.pending[0].wait()
             self.pending = None
         if self.gathered:
             self._free()

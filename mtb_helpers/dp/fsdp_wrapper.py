@@ -31,7 +31,8 @@ from torch import nn
 
 from mtb_helpers.comm.records import note
 from mtb_helpers.dp.fsdp_units import FlatGroup, find_units
-from mtb_helpers.dp.wrapping import WRAPPED_ATTR, StepClock, StepEvent, broadcast_, check_group, check_module
+from mtb_helpers.dp.wrapping import (WRAPPED_ATTR, StepClock, StepEvent, broadcast_, check_group, check_module,
+                                     flat_grads)
 
 __all__ = ["FSDP", "owns_parameters", "check_dtype"]
 
@@ -77,8 +78,6 @@ class FSDP(nn.Module):
         self.module, self.process_group, self.prefetch = module, process_group, bool(prefetch)
         self.compute_dtype, self.reduce_dtype = compute_dtype, reduce_dtype or compute_dtype
         units, owner = find_units(module, shard or owns_parameters)
-        if not any(any(True for _ in m.parameters()) for _, m in units):
-            raise ValueError("shard selects no module that owns parameters: nothing would be sharded")
         broadcast_(list(module.parameters()) + list(module.buffers()), process_group)
         names = list(module.named_parameters())                    # the original names (tied: once)
         places: dict[nn.Parameter, list[tuple[nn.Module, str]]] = {}
@@ -108,7 +107,7 @@ class FSDP(nn.Module):
             self.unit_names.append(name or "<root>")
             m.register_forward_pre_hook(self._make_pre_forward(v), with_kwargs=True)
             m.register_forward_hook(self._make_post_forward(v))
-        if not self.units:
+        if not self.units:       # no selected module owns a parameter that is not tied across units
             raise ValueError("shard selects no module that owns parameters: nothing would be sharded")
         self.flat_shards = nn.ParameterList([g.shard for gs in self.units for g in gs])
         # names -> (unit, group, index) for sharded parameters, the parameter itself if whole; the
@@ -251,7 +250,7 @@ class FSDP(nn.Module):
         """Wait for every reduce-scatter and put ``sum / p`` into the shards' ``.grad`` (master
         dtype); all-reduce the whole parameters' gradients; free what a prefetch left gathered."""
         for g, work, out, key, _ in self._pending:
-            g.wait(work)
+            work.wait()
             self._clock.waited(key)
             grad = self.average(out).to(g.shard.dtype)
             g.shard.grad = grad if g.shard.grad is None else g.shard.grad + grad
@@ -267,9 +266,7 @@ class FSDP(nn.Module):
 
     def _reduce_whole(self) -> None:
         ps = self._whole
-        used = torch.tensor([float(p.grad is not None) for p in ps], dtype=ps[0].dtype)
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in ps] + [used])             # [sum of numels + flags]
+        flat = flat_grads(ps, flags=True)                    # [sum of numels + flags]
         dist.all_reduce(flat, group=self.process_group)
         note("all_reduce", flat, flat, "fsdp-whole", "unsharded parameters", "backward", self.world_size)
         n = flat.numel() - len(ps)

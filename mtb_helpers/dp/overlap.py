@@ -40,7 +40,7 @@ from torch import nn
 from mtb_helpers.comm.records import note
 from mtb_helpers.dp.buckets import assign_buckets, bucket_cap_bytes
 from mtb_helpers.dp.wrapping import (WRAPPED_ATTR, StepClock, StepEvent, broadcast_, check_group,
-                                     check_module)
+                                     check_module, flat_grads)
 
 __all__ = ["OverlappedDDP", "assign_buckets"]   # assign_buckets: buckets.py's, notebook 14 imports it here
 
@@ -123,16 +123,8 @@ class OverlappedDDP(nn.Module):
         return all(param in self._ready for param in self._buckets[i])
 
     def _flat_bucket(self, i: int) -> torch.Tensor:
-        """Bucket ``i``'s gradients in one flat tensor ``[sum of numels (+ flags)]`` (a gradient this
-        rank never got counts as zeros; with ``find_unused_parameters`` one "used" flag per
-        parameter rides along, summed too)."""
-        bucket = self._buckets[i]
-        parts = [(param.grad if param.grad is not None else torch.zeros_like(param)).reshape(-1)
-                 for param in bucket]
-        if self.find_unused_parameters:
-            parts.append(torch.tensor([float(param.grad is not None) for param in bucket],
-                                      dtype=bucket[0].dtype))
-        return torch.cat(parts)
+        """Bucket ``i``'s gradients ``[sum of numels (+ flags)]`` (``wrapping.flat_grads``)."""
+        return flat_grads(self._buckets[i], self.find_unused_parameters)
 
     def _launch(self, i: int) -> None:
         clock = self._clock

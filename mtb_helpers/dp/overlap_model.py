@@ -116,15 +116,13 @@ def _all_reduce(k, bucket, flat, p, link, predict, after=()) -> LaneOp:
 
 
 def predict_fsdp(unit_bytes: list[int], t_fwd: float, t_bwd: float, link, world_size: int,
-                 prefetch: bool = True, gather_itemsize_ratio: float = 1.0) -> Prediction:
+                 prefetch: bool = True) -> Prediction:
     """Forward and backward of FSDP units (``unit_bytes``: each unit's full parameters in bytes,
-    padded; the all-gather fills that many, times ``gather_itemsize_ratio`` under a compute dtype
-    of other width; the reduce-scatter takes the full gradient in the master dtype)."""
+    padded: what its all-gather fills and its reduce-scatter takes)."""
     from mtb_helpers.cost import predict
     p, n = world_size, len(unit_bytes)
-    gather = lambda u, tag: LaneOp("comm", f"all-gather {u} {tag}", predict(
-        "all-gather", int(unit_bytes[u] * gather_itemsize_ratio), p, link), (),
-        int(unit_bytes[u] * gather_itemsize_ratio))
+    gather = lambda u, tag: LaneOp("comm", f"all-gather {u} {tag}",
+                                   predict("all-gather", unit_bytes[u], p, link), (), unit_bytes[u])
     ops = [gather(0, "fwd")]
     for u in range(n):
         if prefetch and u + 1 < n:

@@ -23,6 +23,7 @@ from mtb_helpers.checking.tolerances import divisible
 from mtb_helpers.comm.records import record
 from mtb_helpers.dp.fsdp_wrapper import FSDP
 from mtb_helpers.dp.overlap_pytorch import overlap_model
+from mtb_helpers.dp.strategies import rank_rows
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
 __all__ = ["mixed_precision"]
@@ -34,11 +35,10 @@ def _on_rank(model, batches, dtypes) -> dict:
     for d in (None, *dtypes):
         fsdp = FSDP(copy.deepcopy(model), compute_dtype=d, reduce_dtype=torch.float32 if d else None)
         opt = torch.optim.AdamW(fsdp.parameters(), lr=0.01)
-        for x, y in batches:
-            n = len(x) // t
+        for x, y in rank_rows(batches, t, r):
             opt.zero_grad()
             with record() as rec:
-                F.mse_loss(fsdp(x[r * n:(r + 1) * n]).float(), y[r * n:(r + 1) * n]).backward()
+                F.mse_loss(fsdp(x).float(), y).backward()
                 fsdp.finish_gradient_synchronization()
             opt.step()
         sent = {op: sum(e.sent_bytes for e in rec.events if e.op == op)

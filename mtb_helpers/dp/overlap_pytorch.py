@@ -10,8 +10,8 @@ for step, and one process on the whole batch.
     course FSDP(compute_dtype, reduce_dtype)     -> fully_shard(each nn.Linear), fully_shard(model)
                                                     under MixedPrecisionPolicy(param_dtype, reduce_dtype)
 
-The model is ``dp.make_mlp`` (fc1, GeLU, fc2) with a third linear layer, so that small caps make
-several buckets; every rank trains on its rows ``[B/p, h]`` of each batch (mean-squared error).
+The model is ``overlap_model`` (fc1, GeLU, fc2, GeLU, a third linear layer, so that small caps
+make several buckets); every rank trains on its rows ``[B/p, h]`` of each batch (mean-squared error).
 DDP's buckets are read from a communication hook (``GradBucket.parameters()``), in the order DDP
 reduces them; DDP rebuilds its buckets after the first step in the order gradients arrived, so the
 last step's are compared. ZeRO-1's optimizer state per rank is measured in bytes on each side.
@@ -30,7 +30,8 @@ from mtb_helpers.checking.tolerances import divisible
 from mtb_helpers.dp.buckets import bucket_cap_bytes
 from mtb_helpers.dp.fsdp_wrapper import FSDP
 from mtb_helpers.dp.overlap import OverlappedDDP
-from mtb_helpers.dp.sharded_optimizer import ShardedOptimizer
+from mtb_helpers.dp.sharded_optimizer import ShardedOptimizer, state_bytes
+from mtb_helpers.dp.strategies import flat, rank_rows
 from mtb_helpers.runtime.compat import zero_partition
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
@@ -54,11 +55,6 @@ def overlap_model(hidden: int, dtype: torch.dtype, seed: int) -> nn.Sequential:
     return model
 
 
-def _flat(params) -> torch.Tensor:
-    return torch.cat([(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().reshape(-1)
-                      for p in params])
-
-
 def _ddp(model, bucket_cap_mb):
     from torch.nn.parallel import DistributedDataParallel
     seen: list[list[str]] = []
@@ -77,9 +73,9 @@ def _ddp(model, bucket_cap_mb):
 def _on_rank(wrapper, model, batches, optimizer, bucket_cap_mb, compute_dtype, reduce_dtype):
     t, r = dist.get_world_size(), dist.get_rank()
     cls, kw = OPTIMIZERS[optimizer]
-    rows = [(x[r * (len(x) // t):(r + 1) * (len(x) // t)], y[r * (len(y) // t):(r + 1) * (len(y) // t)])
-            for x, y in batches]
+    rows = rank_rows(batches, t, r)
     out: dict = {"course": [], "pytorch": [], "unsharded": []}
+    seen: list[list[str]] = []           # DDP's buckets, as its comm hook saw them
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mine = copy.deepcopy(model)
@@ -109,37 +105,29 @@ def _on_rank(wrapper, model, batches, optimizer, bucket_cap_mb, compute_dtype, r
                          ("pytorch", theirs, cls(theirs.parameters(), **kw))]
         per_step = []
         for x, y in rows:
-            before = len(seen) if wrapper != "fsdp" else 0
+            before = len(seen)
             for name, net, opt in sides:
                 opt.zero_grad(set_to_none=True)
                 F.mse_loss(net(x).to(y.dtype), y).backward()
                 if hasattr(net, "finish_gradient_synchronization"):
                     net.finish_gradient_synchronization()
                 opt.step()
-                out[name].append(ours.gather_full_params() if net is ours and wrapper == "fsdp"
-                                 else _flat(net.parameters()))
-            if wrapper != "fsdp":
-                per_step.append(seen[before:])
-        if wrapper == "fsdp":
-            out["course"] = [torch.cat([v.reshape(-1) for v in d.values()]) for d in out["course"]]
-        else:
+                out[name].append(flat(ours.gather_full_params().values())
+                                 if net is ours and wrapper == "fsdp" else flat(net.parameters()))
+            per_step.append(seen[before:])
+        if wrapper != "fsdp":
             out["buckets"] = {"course": ours.buckets, "pytorch": per_step[-1],
                               "pytorch_first_step": per_step[0]}
         if wrapper == "zero1":
             unsharded = sides[2][2]
             out["state_bytes"] = {
                 "course": our_opt.local_state_bytes(),
-                "pytorch": _state_bytes(their_opt.optim.state),
-                "unsharded": _state_bytes(unsharded.state)}
+                "pytorch": state_bytes(their_opt.optim.state),
+                "unsharded": state_bytes(unsharded.state)}
             out["partition"] = {"course": our_opt.partition(),
                                 "pytorch": zero_partition(their_opt, {p: i for i, p in
                                                                       enumerate(theirs.parameters())})}
     return out
-
-
-def _state_bytes(state) -> int:
-    return sum(v.numel() * v.element_size() for s in state.values() for v in s.values()
-               if torch.is_tensor(v))
 
 
 def _one_process(model, batches, optimizer) -> list[torch.Tensor]:
@@ -151,7 +139,7 @@ def _one_process(model, batches, optimizer) -> list[torch.Tensor]:
         opt.zero_grad()
         F.mse_loss(model(x.double()), y.double()).backward()
         opt.step()
-        out.append(_flat(model.parameters()))
+        out.append(flat(model.parameters()))
     return out
 
 
@@ -178,12 +166,11 @@ def pytorch_overlap(world_size: int = 2, wrapper: str = "ddp", optimizer: str = 
                   reduce_dtype, world_size=t, timeout=timeout)
     ref = _one_process(model, batches, optimizer)
     sides = [s for s in ("course", "pytorch", "unsharded") if results[0][s]]
-    diff = lambda a, b: [max(float((ra[a][k].double() - (rb[b][k] if b in rb else ref[k]).double()).abs().max())
-                             for ra, rb in zip(results, results)) for k in range(steps)]
-    max_diff = {"course vs pytorch": diff("course", "pytorch")}
-    for s in sides:
-        max_diff[f"{s} vs one process"] = [max(float((res[s][k].double() - ref[k]).abs().max())
-                                              for res in results) for k in range(steps)]
+    # the largest over ranks of max|a - b| after each step (b None: the one process)
+    diff = lambda a, b: [max(float((res[a][k].double() - (ref[k] if b is None else res[b][k]).double())
+                                   .abs().max()) for res in results) for k in range(steps)]
+    max_diff = {"course vs pytorch": diff("course", "pytorch"),
+                **{f"{s} vs one process": diff(s, None) for s in sides}}
     if "unsharded" in sides:
         max_diff["course vs unsharded"] = diff("course", "unsharded")
     out = {"max_diff": max_diff, "world_size": t, "wrapper": wrapper, "optimizer": optimizer,

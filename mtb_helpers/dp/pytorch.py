@@ -18,10 +18,8 @@ show only from the second step). Compared on every rank after the last step: the
 and the averaged gradient of that step (FSDP2's sharded ones through ``.full_tensor()``, the
 course's ZeRO-3 shards all-gathered outside the record), and the loss of the rank's rows. The
 collectives of the last step are counted per direction: DDP's bucket all-reduce runs inside
-backward (autograd hooks); the course's runs right after it. (DDP's second step also broadcasts
-twice in forward: it rebuilds its buckets in the order the first step's grads arrived; from the
-third step on, forward sends nothing.) ``bug=`` (``no-ddp-wrapper``, ``fsdp-sum-not-average`` in
-dp/bugs.py) sets PyTorch up wrongly; the result must then disagree.
+backward (autograd hooks); the course's runs right after it. ``bug=`` (``no-ddp-wrapper``,
+``fsdp-sum-not-average`` in dp/bugs.py) sets PyTorch up wrongly; the result must then disagree.
 """
 from __future__ import annotations
 
@@ -38,7 +36,7 @@ from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.checking.tolerances import divisible, positive_sizes
 from mtb_helpers.comm.records import record
 from mtb_helpers.dp.fsdp import build_strategy
-from mtb_helpers.dp.strategies import Adam, flat, make_mlp
+from mtb_helpers.dp.strategies import Adam, flat, make_mlp, rank_rows
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
 __all__ = ["pytorch_data_parallel", "dp_on_rank", "torch_model", "fully_shard_linears", "DP_PAIRS"]
@@ -72,10 +70,6 @@ def fully_shard_linears(model: nn.Sequential, **kwargs) -> nn.Module:
     return fully_shard(model, mesh=mesh, **kwargs)
 
 
-def _full(x: torch.Tensor) -> torch.Tensor:
-    return (x.full_tensor() if hasattr(x, "full_tensor") else x).detach()
-
-
 def _course_full(course, grads: bool) -> torch.Tensor:
     """The course strategy's full flat ``[Ψ]`` parameters (or averaged grads), ZeRO-3's shards
     all-gathered unit by unit (outside any record: this is only for the comparison)."""
@@ -91,8 +85,7 @@ def dp_on_rank(strategy: str, model: nn.Sequential, batches: list, adam: Adam,
     import torch.distributed as dist
     from torch.distributed.tensor.debug import CommDebugMode
     t, r = dist.get_world_size(), dist.get_rank()
-    rows = [(x[r * (len(x) // t):(r + 1) * (len(x) // t)], y[r * (len(y) // t):(r + 1) * (len(y) // t)])
-            for x, y in batches]
+    rows = rank_rows(batches, t, r)
     params = list(model.parameters())
     start = {"params": flat(params), "exp_avg": torch.zeros(sum(p.numel() for p in params),
                                                              dtype=params[0].dtype),
@@ -115,8 +108,8 @@ def dp_on_rank(strategy: str, model: nn.Sequential, batches: list, adam: Adam,
                 loss.backward()
             with CommDebugMode() as step:
                 opt.step()
-        got = {"params": torch.cat([_full(p).reshape(-1) for p in theirs.parameters()]),
-               "grads": torch.cat([_full(p.grad).reshape(-1) for p in theirs.parameters()]),
+        got = {"params": flat(theirs.parameters()),
+               "grads": flat(p.grad for p in theirs.parameters()),
                "loss": loss.detach().reshape(1)}
     ours = {"params": _course_full(course, grads=False), "grads": _course_full(course, grads=True),
             "loss": course_loss.reshape(1)}

@@ -28,7 +28,7 @@ from mtb_helpers.comm.records import note
 from mtb_helpers.dp.adam import AdamUpdate
 from mtb_helpers.dp.wrapping import all_gather_async, check_group
 
-__all__ = ["ShardedOptimizer", "partition_by_size"]
+__all__ = ["ShardedOptimizer", "partition_by_size", "state_bytes"]
 
 
 def partition_by_size(numels: list[int], world_size: int) -> list[int]:
@@ -38,6 +38,12 @@ def partition_by_size(numels: list[int], world_size: int) -> list[int]:
         r = load.index(min(load))
         owner[i], load[r] = r, load[r] + numels[i]
     return owner
+
+
+def state_bytes(state: dict) -> int:
+    """Bytes of the tensors in an optimizer's ``state`` (``{param: {name: value}}``)."""
+    return sum(v.numel() * v.element_size() for s in state.values() for v in s.values()
+               if torch.is_tensor(v))
 
 
 class ShardedOptimizer(torch.optim.Optimizer):
@@ -115,8 +121,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def local_state_bytes(self) -> int:
         """Bytes of the tensors in this rank's optimizer state (its partition only)."""
-        return sum(v.numel() * v.element_size() for s in self.local.state.values()
-                   for v in s.values() if torch.is_tensor(v))
+        return state_bytes(self.local.state)
 
     def state_dict(self) -> dict:
         """Collective: the unsharded optimizer's state dict, gathered from every rank's partition."""

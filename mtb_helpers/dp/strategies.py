@@ -39,7 +39,7 @@ from mtb_helpers.comm.records import note
 from mtb_helpers.comm.regions import _REDUCE_SCATTER   # torch 2.13's name, or older torch's
 from mtb_helpers.dp.adam import Adam, AdamUpdate
 
-__all__ = ["STRATEGIES", "SHARDED", "Adam", "make_mlp", "flat", "as_views", "padded_numel", "FlatShards",
+__all__ = ["STRATEGIES", "SHARDED", "Adam", "make_mlp", "flat", "rank_rows", "as_views", "padded_numel", "FlatShards",
            "held_bytes", "Strategy", "FlatStep", "ZeRO1", "ZeRO2"]
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
@@ -66,8 +66,15 @@ def make_mlp(hidden: int, ffn_hidden: int, gen: torch.Generator, dtype: torch.dt
 
 
 def flat(tensors) -> torch.Tensor:
-    """The tensors flattened and concatenated, in order: ``[sum of numel]``."""
-    return torch.cat([t.detach().reshape(-1) for t in tensors])
+    """The tensors (a DTensor gathered whole) flattened and concatenated, in order: ``[sum of numel]``."""
+    return torch.cat([(t.full_tensor() if hasattr(t, "full_tensor") else t).detach().reshape(-1)
+                      for t in tensors])
+
+
+def rank_rows(batches: list, t: int, r: int) -> list:
+    """Rank ``r`` of ``t``'s rows ``X_r [b/t, ...]`` of each ``(x, y)`` batch ``[b, ...]``."""
+    return [(x[r * (len(x) // t):(r + 1) * (len(x) // t)], y[r * (len(y) // t):(r + 1) * (len(y) // t)])
+            for x, y in batches]
 
 
 def as_views(params, buffer: torch.Tensor) -> None:
@@ -133,7 +140,23 @@ def held_bytes(tensors) -> int:
 class Strategy:
     """One data-parallel training step, whatever is sharded: forward and backward on this rank's
     slice of the batch, gradients reduced (how is the subclass's business), one Adam step.
-    Subclasses set ``p`` (the group size: the data-parallel world size) and ``optimizer``."""
+    Subclasses set ``p`` (the group size: the data-parallel world size), ``net`` (the module the
+    forward runs), ``owned`` (the parameters whose storage and gradients this rank holds) and
+    ``optimizer``."""
+
+    def forward_backward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Loss (mean squared error) of this rank's slice ``x, target [b/p, h]``, then backward."""
+        loss = nn.functional.mse_loss(self.net(x), target)
+        loss.backward()
+        return loss.detach()
+
+    def held(self) -> dict[str, int]:
+        """Bytes this rank holds for parameters, gradients and optimizer state (Adam's m and v;
+        the 4-byte step counter is left out, as the ZeRO paper does)."""
+        return {"params": held_bytes(self.owned),
+                "grads": held_bytes([param.grad for param in self.owned]),
+                "optimizer_state": held_bytes(v for s in self.optimizer.state.values()
+                                              for k, v in s.items() if k != "step")}
 
     def average(self, summed: torch.Tensor) -> torch.Tensor:
         """The sum over ranks -> the mean: each rank's loss is the mean over its b/p samples."""
@@ -190,6 +213,8 @@ class FlatStep(Strategy):
             self.master = nn.Parameter(self.flat)          # shares the flat buffer's storage
             self.optimizer = adam.make([self.master])
         self.own = self.layout.shard(0, self.rank) if self.shard_optimizer else (0, len(self.flat))
+        self.net = self.model if self.ddp is None else self.ddp
+        self.owned = [*params, self.master]
         self.load(start)
 
     def load(self, start: dict) -> None:
@@ -205,12 +230,6 @@ class FlatStep(Strategy):
             **{k: self.layout.piece(start[k], 0, sharded=False)[lo:hi].clone()
                for k in ("exp_avg", "exp_avg_sq")}}
         self.zero_grad()
-
-    def forward_backward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Loss (mean squared error) of this rank's slice ``x, target [b/p, h]``, then backward."""
-        loss = nn.functional.mse_loss((self.model if self.ddp is None else self.ddp)(x), target)
-        loss.backward()
-        return loss.detach()
 
     def _full_grads(self) -> torch.Tensor:
         """This rank's own (not yet reduced) gradient as one flat buffer ``[Ψ_pad]``; the module's
@@ -238,15 +257,6 @@ class FlatStep(Strategy):
         of them, one flat ``[Ψ]`` (the module's ``.grad`` become its views)."""
         self.ddp.finish_gradient_synchronization()
         self.master.grad = self._full_grads()
-
-    def held(self) -> dict[str, int]:
-        """Bytes this rank holds for parameters, gradients and optimizer state (Adam's m and v;
-        the 4-byte step counter is left out, as the ZeRO paper does)."""
-        params = [*self.model.parameters(), self.master]
-        return {"params": held_bytes(params),
-                "grads": held_bytes([param.grad for param in params]),
-                "optimizer_state": held_bytes(v for s in self.optimizer.state.values()
-                                              for k, v in s.items() if k != "step")}
 
     def pieces(self) -> dict[str, torch.Tensor]:
         """What this rank holds of each compared quantity (full ``[Ψ_pad]`` or its shard)."""

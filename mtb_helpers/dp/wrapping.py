@@ -7,9 +7,8 @@ course's ``run()``, torchrun, or ``torch.multiprocessing.spawn`` + ``init_proces
 Each event of a timeline is plain data, ``StepEvent(kind, name, start, end, nbytes)`` with ``kind``
 ``"compute"`` or ``"comm"`` and times in seconds from the start of the step on this rank's clock
 (``time.perf_counter``), so a figure can draw a compute lane and a comm lane per rank. (Not
-``runtime.timeline.LinkEvent``: that one is the emulated link's view of a whole ``run`` call, every
-rank on one zero after a barrier, each interval with the time its model asked for; a wrapper's
-``StepClock`` knows only its own rank, from its step's start, and has no model.)
+``runtime.timeline.LinkEvent``, the emulated link's view of a whole ``run`` call: a ``StepClock``
+knows only its own rank, from its step's start, and has no model.)
 """
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ from torch import nn
 
 
 __all__ = ["StepEvent", "StepClock", "check_module", "check_group", "broadcast_",
-           "all_gather_async", "reduce_scatter_async", "group_source", "WRAPPED_ATTR"]
+           "flat_grads", "all_gather_async", "reduce_scatter_async", "WRAPPED_ATTR"]
 
 # Set on a module when a wrapper takes it: wrapping it again is refused (two wrappers would both
 # reduce its gradients, or one would shard what the other expects whole).
@@ -139,22 +138,29 @@ def _in_pytorch_ddp(subs: list[nn.Module]) -> nn.Module | None:
     return None
 
 
-def group_source(process_group) -> int:
-    """The global rank of the group's rank 0 (``broadcast`` names its source globally)."""
-    return 0 if process_group is None else dist.get_global_rank(process_group, 0)
-
-
 def broadcast_(tensors: list[torch.Tensor], process_group) -> None:
     """Give every rank the group's rank 0 values, one broadcast per dtype (flat, in place)."""
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for t in tensors:
         by_dtype.setdefault(t.dtype, []).append(t)
+    # broadcast names its source by global rank: the group's rank 0
+    src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
     for group in by_dtype.values():
         flat = torch.cat([t.detach().reshape(-1) for t in group])
-        dist.broadcast(flat, src=group_source(process_group), group=process_group)
+        dist.broadcast(flat, src=src, group=process_group)
         with torch.no_grad():
             for t, v in zip(group, flat.split([t.numel() for t in group])):
                 t.copy_(v.view_as(t))
+
+
+def flat_grads(params: list[torch.Tensor], flags: bool) -> torch.Tensor:
+    """``params``' gradients in one flat tensor ``[sum of numels (+ flags)]``: a gradient this rank
+    never got counts as zeros; with ``flags`` one "used" flag per parameter rides along (summed over
+    ranks with the gradients, a 0 says no rank used it)."""
+    parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+    if flags:
+        parts.append(torch.tensor([float(p.grad is not None) for p in params], dtype=params[0].dtype))
+    return torch.cat(parts)
 
 
 def all_gather_async(out: torch.Tensor, shard: torch.Tensor, process_group):

@@ -34,15 +34,14 @@ from torch import nn
 from mtb_helpers.checking.bug import resolve, swap
 from mtb_helpers.comm.records import record
 from mtb_helpers.pp.p2p import P2P
-from mtb_helpers.pp.result import PipelineResult, TimelineEvent
+from mtb_helpers.pp.schedules import Schedule
 from mtb_helpers.pp.schedules import schedule as make_schedule
-from mtb_helpers.pp.simulator import simulate
+from mtb_helpers.pp.simulator import PipelineResult, TimelineEvent, simulate
 from mtb_helpers.pp.stage import RankStage, pad
 from mtb_helpers.runtime.errors import RankTimeoutError
 from mtb_helpers.runtime.ranks import in_launched_job, run
 
-__all__ = ["pipeline_step", "PipelineResult", "TimelineEvent", "split_model", "op_durations",
-           "simulated_for"]
+__all__ = ["pipeline_step", "PipelineResult", "split_model", "op_durations", "simulated_for"]
 
 
 def split_model(model: nn.Sequential, pieces: int) -> list[nn.Sequential]:
@@ -82,12 +81,13 @@ def op_durations(op_time, chunks: int, recompute: bool) -> dict[str, float] | No
             "W": w / chunks}
 
 
-def simulated_for(schedule: str, stages: int, microbatches: int, chunks: int, op_time=None,
+def simulated_for(schedule: str | Schedule, stages: int, microbatches: int, chunks: int, op_time=None,
                   recompute: bool = False, latency: float = 0.0):
-    """``simulate()`` of the same schedule with the same op times (F=1, B=2 when none; a
-    recomputing backward pays F + B); ``latency``: seconds each message between ranks takes
-    (e.g. ``PipelineResult.hop_latency``, this machine's measured hop)."""
-    ops = make_schedule(schedule, stages, microbatches, chunks)
+    """``simulate()`` of the same schedule (its name, or the ``Schedule`` the ranks run) with the
+    same op times (F=1, B=2 when none; a recomputing backward pays F + B); ``latency``: seconds
+    each message between ranks takes (e.g. ``PipelineResult.hop_latency``, this machine's hop)."""
+    ops = (schedule if isinstance(schedule, Schedule)
+           else make_schedule(schedule, stages, microbatches, chunks))
     d = op_durations(op_time, 1, recompute) or {"F": 1.0, "I": 1.0, "W": 1.0}
     return simulate(ops, d["F"], d["I"] + d["W"], input=d["I"], weight=d["W"], latency=latency)
 
@@ -100,8 +100,7 @@ def _check_makespan(ops, op_time, recompute: bool, timeout: float) -> None:
         raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
     if op_time is None:
         return
-    makespan = simulated_for(ops.name, ops.stages, ops.microbatches, ops.chunks, op_time,
-                             recompute).makespan
+    makespan = simulated_for(ops, ops.stages, ops.microbatches, ops.chunks, op_time, recompute).makespan
     if makespan >= timeout:
         raise ValueError(f"op_time={tuple(op_time)!r} cannot finish within timeout={timeout:g} s: "
                          f"padded ops alone take {makespan:g} s (the schedule's simulated "

@@ -23,12 +23,10 @@ Orders follow the systems students can read next to this file:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from mtb_helpers.pp.simulator import Op, Timeline, simulate
 
-from mtb_helpers.pp.simulator import Event, Timeline, simulate
-
-__all__ = ["Op", "Schedule", "SCHEDULES", "schedule", "simulate", "Timeline", "Event",
-           "warmup_count", "closed_form"]
+__all__ = ["Op", "Schedule", "SCHEDULES", "schedule", "simulate", "Timeline", "warmup_count",
+           "closed_form"]
 
 SCHEDULES: dict[str, str] = {
     "gpipe": "GPipe (Huang et al. 2019): all forwards, then all backwards",
@@ -36,24 +34,6 @@ SCHEDULES: dict[str, str] = {
     "interleaved": "interleaved 1F1B (Narayanan et al., SC 2021, Megatron-LM): v chunks per rank",
     "zb-h1": "ZB-H1 (Qi et al. 2023): backward split into input grad I and weight grad W",
 }
-
-
-@dataclass(frozen=True)
-class Op:
-    """One unit of work on one stage: ``kind`` F/B/I/W of ``microbatch`` on model ``chunk``."""
-
-    kind: str
-    microbatch: int
-    chunk: int = 0
-
-    def label(self, with_chunk: bool = False) -> str:
-        """``F3``, or ``F3c1`` (micro-batch 3, chunk 1) when chunks matter."""
-        return f"{self.kind}{self.microbatch}" + (f"c{self.chunk}" if with_chunk else "")
-
-    def __str__(self) -> str:
-        return self.label(self.chunk != 0)
-
-    __repr__ = __str__
 
 
 class Schedule(list):
@@ -156,9 +136,7 @@ def schedule(name: str, stages: int, microbatches: int, chunks: int | None = Non
     2; v = 1 is plain 1f1b) and must stay 1 (or None) for the others. Interleaved needs the
     micro-batch count to be a multiple of ``stages``, as the original Megatron-LM code required for
     its groups of p micro-batches per chunk (current Megatron-LM and torch.distributed.pipelining's
-    ScheduleInterleaved1F1B relax it; this simulator keeps the classic rule). When m == p, older
-    Megatron-LM releases ran all forwards first; current megatron.core applies the warm-up
-    formula there too, as here. Raises ValueError naming the bad argument.
+    ScheduleInterleaved1F1B relax it). Raises ValueError naming the bad argument.
     """
     _known(name)
     _positive(stages=stages, microbatches=microbatches, chunks=1 if chunks is None else chunks)

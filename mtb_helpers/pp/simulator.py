@@ -9,23 +9,61 @@ Rules (the only ones; no runtime effects beyond an optional point-to-point laten
   * a dependency computed on another rank arrives ``latency`` later.
 Virtual stage of chunk c on rank r is c*p + r (Megatron-LM's interleaved layout; c = 0 otherwise).
 Times are per micro-batch for a whole stage; a chunk of an interleaved rank takes time / chunks.
+
+``PipelineResult`` is what one pipeline step on real ranks returns (``pipeline_step``): the loss,
+the grads, the measured timeline of ops and messages, the peaks, the records; the measured run as
+a ``Timeline`` (the same bubble, the same Gantt) and the hop time of this machine's link read
+from it.
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-__all__ = ["Event", "Timeline", "simulate"]
+import torch
+
+from mtb_helpers.comm.records import CollectiveRecord
+
+__all__ = ["Op", "TimelineEvent", "Timeline", "simulate", "PipelineResult"]
 
 
 @dataclass(frozen=True)
-class Event:
-    """``op`` ran on ``rank`` from ``start`` to ``end``."""
+class Op:
+    """One unit of work on one stage: ``kind`` F/B/I/W of ``microbatch`` on model ``chunk``."""
 
-    op: Any
+    kind: str
+    microbatch: int
+    chunk: int = 0
+
+    def label(self, with_chunk: bool = False) -> str:
+        """``F3``, or ``F3c1`` (micro-batch 3, chunk 1) when chunks matter."""
+        return f"{self.kind}{self.microbatch}" + (f"c{self.chunk}" if with_chunk else "")
+
+    def __str__(self) -> str:
+        return self.label(self.chunk != 0)
+
+    __repr__ = __str__
+
+
+@dataclass(frozen=True)
+class TimelineEvent:
+    """What ``rank`` did from ``start`` to ``end`` (simulated time, or seconds from the step's
+    start on real ranks): an op ("F", "B", "I", "W") of ``microbatch`` on model ``chunk``, or, on
+    real ranks only, a message ("send", "recv": posting a send / waiting for a receive; ``tag``
+    names the message, the same on its send and its receive, ``peer`` the other rank)."""
     rank: int
+    kind: str
+    microbatch: int
+    chunk: int
     start: float
     end: float
+    peer: int | None = None
+    tag: int | None = None
+
+    @property
+    def op(self) -> Op:
+        return Op(self.kind, self.microbatch, self.chunk)
 
 
 @dataclass
@@ -38,7 +76,7 @@ class Timeline:
     counted in chunk activations; peak_memory[r] divides by chunks (whole-stage micro-batches).
     """
 
-    events: list[list[Event]]
+    events: list[list[TimelineEvent]]
     makespan: float
     chunks: int
     peak_activations: list[int]
@@ -146,7 +184,7 @@ def simulate(ops: Sequence[Sequence[Any]], forward: float | Sequence[float] = 1.
             return ("I", op.microbatch, stage)
         return (grad, op.microbatch, stage + 1) if stage < last else ("F", op.microbatch, stage)
 
-    events: list[list[Event]] = [[] for _ in range(p)]
+    events: list[list[TimelineEvent]] = [[] for _ in range(p)]
     free = [0.0] * p
     position = [0] * p
     remaining = sum(len(r) for r in ops)
@@ -168,7 +206,7 @@ def simulate(ops: Sequence[Sequence[Any]], forward: float | Sequence[float] = 1.
                 if key in done:
                     raise ValueError(f"stage {rank} runs {op} twice")
                 done[key] = (free[rank], rank)
-                events[rank].append(Event(op, rank, start, free[rank]))
+                events[rank].append(TimelineEvent(rank, op.kind, op.microbatch, op.chunk, start, free[rank]))
                 position[rank] += 1
                 remaining -= 1
                 progressed = True
@@ -180,3 +218,50 @@ def simulate(ops: Sequence[Sequence[Any]], forward: float | Sequence[float] = 1.
     makespan = max(free)
     busy = [sum(e.end - e.start for e in evs) for evs in events]
     return Timeline(events, makespan, chunks, [_peak(r) for r in ops], busy)
+
+
+@dataclass
+class PipelineResult:
+    """One pipeline step: loss, grads by parameter name, the measured timeline, peaks, records."""
+    loss: float
+    grads: dict[str, torch.Tensor]
+    timeline: list[TimelineEvent]
+    peak_stashed: list[int]
+    records: list[CollectiveRecord]
+    schedule: list = field(default_factory=list)
+    stash_bytes: list[int] = field(default_factory=list)       # peak bytes held per rank
+    recompute_bytes: list[int] = field(default_factory=list)   # peak bytes one re-run forward saves
+    config: dict = field(default_factory=dict)
+
+    def ops(self, rank: int) -> list[Op]:
+        """The compute ops ``rank`` ran, in the order it ran them."""
+        return [e.op for e in self.measured().events[rank]]
+
+    def measured(self) -> Timeline:
+        """The compute ops as a simulator ``Timeline``: same bubble definition, same Gantt."""
+        events = [[e for e in self.timeline if e.rank == r and e.kind in "FBIW"]
+                  for r in range(len(self.peak_stashed))]
+        makespan = max(e.end for evs in events for e in evs)
+        busy = [sum(e.end - e.start for e in evs) for evs in events]
+        return Timeline(events, makespan, self.config.get("chunks", 1), list(self.peak_stashed),
+                        busy)
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle / (ranks x makespan) from the measured timeline (waits for data count as idle)."""
+        return self.measured().bubble_fraction
+
+    def hops(self) -> list[float]:
+        """Seconds each message a receiver was already waiting for took, from its send (posted
+        when the sender's op ended) to the receiver having it: the α of this machine's link
+        between two ranks, scheduling of the processes on the CPU included."""
+        sent = {(e.rank, e.tag): e.start for e in self.timeline if e.kind == "send"}
+        return [e.end - sent[(e.peer, e.tag)] for e in self.timeline
+                if e.kind == "recv" and (e.peer, e.tag) in sent and e.start <= sent[(e.peer, e.tag)]]
+
+    @property
+    def hop_latency(self) -> float:
+        """The median of ``hops()`` (0 when no receiver waited: one stage, or nothing to wait
+        for): what ``simulate(..., latency=)`` needs to predict this machine's timeline."""
+        hops = self.hops()
+        return statistics.median(hops) if hops else 0.0
