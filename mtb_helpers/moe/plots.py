@@ -59,8 +59,7 @@ def _build_routing(new_figure, data):
     ax.set_xticks([0, 2, 4], ["tokens (colour: rank holding them)", "experts (colour: owner)",
                               "ranks"])
     ax.set_yticks([])
-    for side in ("top", "right", "left"):
-        ax.spines[side].set_visible(False)
+    ax.spines[["top", "right", "left"]].set_visible(False)
     handles = [*rank_legend_handles(t), Line2D([], [], color="black", label="1st choice"),
                Line2D([], [], color="black", linestyle="--", label="2nd choice"),
                Line2D([], [], color=DROPPED, linestyle=":", marker="x", markeredgecolor="black",
