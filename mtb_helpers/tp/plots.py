@@ -170,14 +170,11 @@ def _steps_key(data) -> tuple:
 
 def _steps_geometry(chosen: list, t: int) -> dict:
     """Inches on the one Axes: panel (step i, rank r) at origin (x0, y0) with cell size scale."""
-    # one step: its title names it (a line ~0.19 in high and a character ~0.076 in wide at 10 pt),
-    # no step names on the left
-    title = _one_step_title(chosen[0]).split("\n") if len(chosen) == 1 else []
-    top = 0.3 + 0.19 * len(title) if title else 0.45
-    left, bottom = 0.2 if title else 1.75, 0.65
-    heights = [max(2.0, *_step_heights(chosen))] if title else _step_heights(chosen)
-    width = min(10.0, max([left + 1.85 + 1.7 * t] + [0.3 + 0.076 * len(line) for line in title]))
-    height = top + bottom - 0.1 + sum(heights)
+    # one step: room for its title's lines, ~0.19 in each at 10 pt
+    top = 0.45 if len(chosen) > 1 else 0.3 + 0.19 * (_one_step_title(chosen[0]).count("\n") + 1)
+    left, bottom = 1.75, 0.65
+    heights = _step_heights(chosen) if len(chosen) > 1 else [max(2.0, *_step_heights(chosen))]
+    width, height = min(10.0, 3.6 + 1.7 * t), top + bottom - 0.1 + sum(heights)
     cw = (width - left - 0.1) / t
     tops = [top + sum(heights[:i]) * (height - top - bottom) / sum(heights) for i in range(len(chosen))]
     panels = {}
@@ -202,10 +199,10 @@ def _build_steps(new_figure, data) -> dict:
     fig = new_figure((width, height))
     ax = fig.add_axes((0, 0, 1, 1), xlim=(0, width), ylim=(height, 0))
     ax.set_axis_off()
-    lines = []
-    labels = [ax.text(geo["left"] - 0.12, geo["middles"][i], _step_label(s), ha="right", va="center",
-                      fontsize=8) for i, s in enumerate(chosen)] if len(chosen) > 1 else []
+    lines, labels = [], []
     for i, s in enumerate(chosen):
+        labels += [ax.text(geo["left"] - 0.12, geo["middles"][i], _step_label(s),
+                ha="right", va="center", fontsize=8)]
         for r, h in enumerate(s.holdings):
             x0, y0, w, hgt, scale = geo["panels"][i, r]
             ax.add_patch(Rectangle((x0, y0), w, hgt, facecolor=EMPTY_COLOR, edgecolor="none"))
@@ -228,11 +225,10 @@ def _update_steps(fig: Figure, ctx: dict, data) -> list:
     the title with the verdict (the errors themselves are in the check table and error figure)."""
     report, chosen, _ = data
     ax, geo, drawn = ctx["ax"], ctx["geo"], []
-    for text, s in zip(ctx["labels"], chosen):
+    for text, (i, s) in zip(ctx["labels"], enumerate(chosen)):
         text.set_color("black" if s.passed else FAIL_COLOR)
         if not s.passed:   # drawn over the static black label in an explorer
             drawn.append(fail_copy(fig, text))
-    for i, s in enumerate(chosen):
         for r, h in enumerate(s.holdings):
             if not h.passed:
                 x0, y0, w, hgt, _ = geo["panels"][i, r]
