@@ -11,28 +11,21 @@ from mtb_helpers.plots.palette import rank_color  # noqa: E402
 from mtb_helpers.tp.plots import plot_step, plot_steps  # noqa: E402
 
 
-def _panels(fig) -> list[tuple[set, str]]:
-    """Per rank's panel of a one-step figure, left to right: the colours filled inside its black
-    outline, and the text above it."""
-    ax = fig.axes[0]
-    outlines = sorted((p for p in ax.patches if not p.get_fill()), key=lambda p: p.get_x())
-    texts = sorted((t for t in ax.texts if t.get_text().startswith("rank ")), key=lambda t: t.get_position()[0])
-    return [({matplotlib.colors.to_hex(p.get_facecolor()) for p in ax.patches if p.get_fill()
-              and o.get_x() <= p.get_x() < o.get_x() + o.get_width()}, text.get_text())
-            for o, text in zip(outlines, texts, strict=True)]
+def _colours(ax) -> set:
+    return {matplotlib.colors.to_hex(p.get_facecolor()) for p in ax.patches if p.get_fill()}
 
 
 def test_summed_cells_show_every_rank_and_partials_are_compared_with_their_term():
     report = check_tp_mlp(world_size=3, hidden=6, ffn_hidden=12, batch_shape=(2,))
     ranks = {matplotlib.colors.to_hex(rank_color(r)) for r in range(3)}
-    summed = _panels(plot_step(report, "all-reduce (g forward)"))
-    assert len(summed) == 3 and all(ranks <= colours for colours, _ in summed)   # bands of all three
-    partial = _panels(plot_step(report, "fc2 local matmul"))
-    for r, (colours, text) in enumerate(partial):
-        assert colours & ranks == {matplotlib.colors.to_hex(rank_color(r))}   # its own colour only
-        assert text.endswith("vs its term")
-    plain = _panels(plot_step(report, "add b2 once"))                  # no collective: one colour
-    assert all(len(colours & ranks) == 1 for colours, _ in plain)
+    summed = plot_step(report, "all-reduce (g forward)")
+    assert all(ranks <= _colours(ax) for ax in summed.axes)            # bands of all three colours
+    partial = plot_step(report, "fc2 local matmul")
+    for r, ax in enumerate(partial.axes):
+        assert _colours(ax) & ranks == {matplotlib.colors.to_hex(rank_color(r))}   # its own colour only
+        assert ax.get_title().endswith("vs its term")
+    plain = plot_step(report, "add b2 once")                            # no collective: one colour
+    assert all(len(_colours(ax) & ranks) == 1 for ax in plain.axes)
     plt.close("all")
 
 

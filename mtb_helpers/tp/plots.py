@@ -7,6 +7,8 @@ for a complete sum (as in notebook 00), grey where it holds nothing; a failing r
 """
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 from matplotlib.legend_handler import HandlerTuple
@@ -47,6 +49,32 @@ def step_title(step) -> str:
         text += (f"\ncollective: {op}, {c['direction']}, {c['bytes']} B in / "
                  f"{c['sent_bytes']} B sent per rank")
     return text
+
+
+def _draw_holding(ax: Axes, step, holding, rank: int, extent: tuple[int, int]) -> None:
+    """Draw rank ``rank``'s part of ``step`` on ``ax`` within axes limits ``extent`` (rows, cols)."""
+    rows, cols = step.global_shape
+    ax.add_patch(Rectangle((0, 0), cols, rows, facecolor=EMPTY_COLOR, edgecolor="none"))
+    if holding.shape is not None:
+        for patch in _held_patches(step, holding, rank):
+            ax.add_patch(patch)
+    ax.add_collection(LineCollection(_grid_segments(rows, cols), colors="white", linewidths=0.6))
+    ax.add_patch(Rectangle((0, 0), cols, rows, fill=False, edgecolor="black", linewidth=0.8))
+    ax.set_xlim(-0.5, extent[1] + 0.5)
+    ax.set_ylim(extent[0] + 0.5, -0.5)          # row 0 on top, like a printed matrix
+    ax.set_aspect("equal")
+    ax.set_xticks([0, cols])
+    ax.set_yticks([0, rows])
+    ax.tick_params(labelsize=8, length=2)
+    ax.set_title(_holding_title(step, holding, rank), fontsize=9,
+                 color="black" if holding.passed else FAIL_COLOR)
+    if not holding.passed:
+        for side in ax.spines.values():
+            side.set_edgecolor(FAIL_COLOR)
+            side.set_linewidth(2.5)
+    else:
+        for side in ax.spines.values():
+            side.set_visible(False)
 
 
 def _held_patches(step, holding, rank: int, x0: float = 0, y0: float = 0, scale: float = 1) -> list:
@@ -94,23 +122,17 @@ def _grid_segments(rows: int, cols: int, x0: float = 0, y0: float = 0, scale: fl
 
 
 def _axis_names(step) -> tuple[str, str]:
-    """What a step's 2-D view's rows and columns are: a weight is ``[in, out]`` (the embedding
-    ``[vocab, h]``), an activation ``[tokens, features]``, the loss's per-token numbers ``[s, b]``."""
-    bare = step.tensor.lstrip("d")
+    """Axis labels of a step's 2-D view: a weight is ``[in, out]`` (the embedding ``[vocab, h]``),
+    an activation ``[tokens, features]``, the loss's per-token numbers ``[s, b]``."""
+    name, bare = step.tensor, step.tensor.lstrip("d")
     if bare.startswith("W"):
-        return ("token ids", "features") if bare == "W_emb" else ("in features", "out features")
+        ins, outs = ("token ids", "features") if bare == "W_emb" else ("in features", "out features")
+        return f"{name} rows ({ins})", f"{name} columns ({outs})"
     if bare.startswith("b"):
-        return "one row", "out features"
-    if step.tensor in ("mx", "sum_exp", "target_logit", "loss"):   # one number per token of the [s, b] ids
-        return "positions s", "sequences b"
-    return "tokens", "features"
-
-
-def _one_step_title(step) -> str:
-    """The title of a one-step figure: ``step_title`` and what the drawn 2-D view and its
-    placement are (``Y is 6 x 8 (tokens x features), Replicate(): ...``)."""
-    (rows, cols), (ins, outs) = step.global_shape, _axis_names(step)
-    return step_title(step) + f"\n{step.tensor} is {rows} x {cols} ({ins} x {outs}), {LAYOUT_TEXT[step.layout]}"
+        return "", f"{name} (out features)"
+    if name in ("mx", "sum_exp", "target_logit", "loss"):   # one number per token of the [s, b] ids
+        return f"{name} rows (positions s)", f"{name} columns (sequences b)"
+    return f"{name} rows (tokens)", f"{name} columns (features)"
 
 
 def _legend(fig: Figure, world_size: int) -> None:
@@ -125,11 +147,27 @@ def _legend(fig: Figure, world_size: int) -> None:
                loc="lower center", ncol=(world_size + 5) // 2, fontsize=8, frameon=False)   # two rows
 
 
-def plot_step(report, step) -> Figure:
-    """One step of ``report.steps`` (its index, name or the Step itself): ``plot_steps`` of that
-    step alone, one panel per rank with what it holds and its error, titled with the step's
-    formula, its collective's bytes and its placement."""
-    return plot_steps(report, steps=[step])
+def plot_step(report, step, figsize: tuple[float, float] | None = None) -> Figure:
+    """One step of ``report.steps`` (its index, name or the Step itself): one panel per rank
+    showing which part of the global tensor that rank holds, and its error."""
+    s = _find_step(report.steps, step)
+    t = len(s.holdings)
+    rows, cols = s.global_shape
+    width = min(10.0, 1.2 + 2.3 * t)
+    panel_h = max(1.2, min(3.0, (width - 1.2) / t * rows / max(cols, 1)))
+    fig, axes = plt.subplots(1, t, figsize=figsize or (width, panel_h + 2.2), squeeze=False)
+    for r, h in enumerate(s.holdings):
+        _draw_holding(axes[0][r], s, h, r, s.global_shape)
+        if t > 4:   # eight panels in 10 inches: shorter titles, or they run into each other
+            axes[0][r].title.set_fontsize(7)
+    axes[0][0].set_xlabel(_axis_names(s)[1], fontsize=8)
+    axes[0][0].set_ylabel(_axis_names(s)[0], fontsize=8)
+    title = step_title(s) + f"\n{s.tensor} is {rows} x {cols}, {LAYOUT_TEXT[s.layout]}"
+    fig.suptitle(title, fontsize=10, x=0.02, ha="left")
+    _legend(fig, t)
+    top = 1 - (0.19 * (title.count("\n") + 1) + 0.1) / fig.get_figheight()   # inches: 0.19/line
+    fig.tight_layout(rect=(0, 0.75 / fig.get_figheight(), 1, top))   # the legend takes two rows
+    return fig
 
 
 def plot_steps(report, phase: str | None = None, steps: list | None = None,
@@ -170,11 +208,9 @@ def _steps_key(data) -> tuple:
 
 def _steps_geometry(chosen: list, t: int) -> dict:
     """Inches on the one Axes: panel (step i, rank r) at origin (x0, y0) with cell size scale."""
-    # one step: room for its title's lines, ~0.19 in each at 10 pt
-    top = 0.45 if len(chosen) > 1 else 0.3 + 0.19 * (_one_step_title(chosen[0]).count("\n") + 1)
-    left, bottom = 1.75, 0.65
-    heights = _step_heights(chosen) if len(chosen) > 1 else [max(2.0, *_step_heights(chosen))]
-    width, height = min(10.0, 3.6 + 1.7 * t), top + bottom - 0.1 + sum(heights)
+    left, top, bottom = 1.75, 0.45, 0.65
+    heights = _step_heights(chosen)
+    width, height = min(10.0, 3.6 + 1.7 * t), 1.0 + sum(heights)
     cw = (width - left - 0.1) / t
     tops = [top + sum(heights[:i]) * (height - top - bottom) / sum(heights) for i in range(len(chosen))]
     panels = {}
@@ -214,8 +250,7 @@ def _build_steps(new_figure, data) -> dict:
             ax.text(x0 + w / 2, y0 - 0.08, _panel_text(s, h, r, errors), ha="center", va="bottom",
                     fontsize=7.5, color=FAIL_COLOR if errors and not h.passed else "black")
     ax.add_collection(LineCollection(lines, colors="white", linewidths=0.6))
-    one = {"x": 0.02, "ha": "left", "fontsize": 10} if len(chosen) == 1 else {"fontsize": 11}
-    fig.suptitle("", y=1 - 0.1 / height, **one)   # the title and verdict: set by every update
+    fig.suptitle("", fontsize=11, y=1 - 0.1 / height)   # the verdict: set by every update
     _legend(fig, t)
     return {"ax": ax, "geo": geo, "labels": labels}
 
@@ -235,8 +270,8 @@ def _update_steps(fig: Figure, ctx: dict, data) -> list:
                 drawn.append(ax.add_patch(Rectangle((x0 - 0.03, y0 - 0.03), w + 0.06, hgt + 0.06,
                                                     fill=False, edgecolor=FAIL_COLOR, linewidth=2.5)))
     t = len(chosen[0].holdings)
-    fig._suptitle.set_text(_one_step_title(chosen[0]) if len(chosen) == 1 else (
-        f"{report.check}: who holds what, step by step ({t} ranks)" + ("" if report.passed else " - FAILED")))
+    fig.suptitle(f"{report.check}: who holds what, step by step ({t} ranks)"
+                 + ("" if report.passed else " - FAILED"))
     return drawn + [fig._suptitle]
 
 
