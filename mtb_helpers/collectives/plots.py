@@ -80,8 +80,7 @@ def draw_buffers(ax, buffers: Sequence[Sequence[float]], sources: Sequence[Seque
     ax.tick_params(length=0)
     ax.set_xlabel("element index")
     ax.set_title(title, fontsize=11)
-    for spine in ax.spines.values():
-        spine.set_visible(False)
+    ax.spines[:].set_visible(False)
 
 
 def _legend(fig: Figure, world_size: int, striped: bool, wrong: bool) -> None:

@@ -12,6 +12,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from mtb_helpers.plots.palette import rank_color
+from mtb_helpers.plots.parts import figure_axes, legend_right
+from mtb_helpers.plots.timelines import draw_lanes
 
 __all__ = ["plot_lanes", "plot_step_times", "plot_bucket_curve", "plot_precision_errors"]
 
@@ -51,36 +53,16 @@ def plot_lanes(events: Sequence[Sequence[tuple]], title: str, predicted: Sequenc
     """Two lanes per rank (compute above, communication below) from each rank's events, times in
     seconds drawn in ms; ``predicted`` (one rank's model events) as the top pair, grey. Each
     collective has its own hatch (all-reduce, all-gather, reduce-scatter), and a box is labelled
-    ("F3", "B3", "opt", "AR", "AG", "RS") where the label fits."""
+    ("F3", "B3", "opt", "AR", "AG", "RS") where the label fits (``plots.timelines.draw_lanes``)."""
     rows = ([("predicted", PREDICTED, predicted)] if predicted is not None else []) + \
         [(f"rank {r}", rank_color(r), evs) for r, evs in enumerate(events)]
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(10, 1.6 + 0.75 * len(rows)))
-    else:
-        fig = ax.figure
+    fig, ax = figure_axes(ax, (10, 1.6 + 0.75 * len(rows)))
+    hatches = dict(COLLECTIVES)
+    seen = {_collective(e[1]) for _, _, evs in rows for e in evs if e[0] == "comm"}
     span = max((e[3] / unit for _, _, evs in rows for e in evs), default=1.0) or 1.0
-    points_per_ms = fig.get_figwidth() * 0.75 * 72 / (span * 1.05)   # the axes take ~3/4 of the width
-    hatches, seen, labels, y = dict(COLLECTIVES), set(), [], 0
-    for name, color, evs in reversed(rows):
-        for lane, kind in ((0, "comm"), (1, "compute")):
-            for e in (e for e in evs if e[0] == kind):
-                start, length = e[2] / unit, (e[3] - e[2]) / unit
-                collective = _collective(e[1]) if kind == "comm" else None
-                seen.add(collective)
-                ax.broken_barh([(start, length)], (y + lane - 0.38, 0.76),
-                               facecolors=color if kind == "compute" else "white",
-                               edgecolors="white" if kind == "compute" else color,
-                               hatch=None if kind == "compute" else hatches.get(collective, "--"),
-                               linewidth=1)
-                text = _short(kind, e[1])
-                size = min(7.0, length * points_per_ms / (0.62 * max(len(text), 1) + 0.6))
-                if text and size >= 5.5:   # too small to read is worse than no label
-                    ax.text(start + length / 2, y + lane, text, ha="center", va="center",
-                            fontsize=size, bbox={"facecolor": "white", "edgecolor": "none",
-                                                 "pad": 0.3, "alpha": 0.85})
-            labels.append(f"{name} {kind}")
-        y += 2
-    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    draw_lanes(ax, [(name, color, [(e[0], e[2] / unit, e[3] / unit, _short(e[0], e[1]),
+                                    hatches.get(_collective(e[1]), "--")) for e in evs])
+                    for name, color, evs in rows], span, most=7.0)
     ax.set_xlabel("time in the step (ms of the modelled link)")
     ax.set_title(title, fontsize=10)
     legend = [Patch(facecolor="#BBBBBB", edgecolor="black", label="compute (padded):\nF forward, "
@@ -88,8 +70,7 @@ def plot_lanes(events: Sequence[Sequence[tuple]], title: str, predicted: Sequenc
     legend += [Patch(facecolor="white", edgecolor="black", hatch=hatch, label=f"{collective} "
                      f"({_short('comm', collective)})")
                for collective, hatch in COLLECTIVES if collective in seen]
-    ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    ax.grid(axis="x", alpha=0.3)
+    legend_right(ax, legend, x=1.0)
     fig.tight_layout()
     return fig
 

@@ -16,6 +16,7 @@ from mtb_helpers.dp.strategies import MEMORY_SHARDED, MEMORY_TERMS
 from mtb_helpers.dp.strategies import STRATEGIES
 from mtb_helpers.plots.palette import EMPTY_COLOR, rank_color, rank_legend_handles
 from mtb_helpers.plots.errors import plot_errors  # noqa: F401  (re-exported for notebook 06)
+from mtb_helpers.plots.parts import legend_right, stacked_bar
 
 __all__ = ["plot_holdings", "plot_memory", "plot_communication", "plot_errors", "TERM_COLORS",
            "NAMES"]
@@ -54,8 +55,7 @@ def plot_holdings(world_size: int = 2, strategies=STRATEGIES) -> Figure:
         ax.set_xticks([0, 1], ["0", "Ψ"])
         ax.set_xlabel("flat parameter index")
         ax.set_title(NAMES[strategy], fontsize=10)
-        for side in ("top", "right", "left"):
-            ax.spines[side].set_visible(False)
+        ax.spines[["top", "right", "left"]].set_visible(False)
     axes[0].set_yticks([p for p, _ in labels], [text for _, text in labels], fontsize=8)
     axes[0].tick_params(axis="y", length=0)
     fig.suptitle(f"Who holds what between steps, {t} data-parallel ranks "
@@ -83,13 +83,9 @@ def plot_memory(reports) -> Figure:
     top = 0
     for x, strategy, r, rep, w in _bars(reports):
         mem = rep.extra["memory"]
-        bottom = 0
-        for term in MEMORY_TERMS:
-            h = mem["per_rank"][r][term]
-            ax.bar(x, h, w, bottom=bottom, color=TERM_COLORS[term], edgecolor=rank_color(r),
-                   linewidth=2)
-            bottom += h
-        ax.plot([x - w / 2, x + w / 2], [sum(mem["ours"].values())] * 2, color="black", linewidth=2.5)
+        bottom = stacked_bar(ax, x, [(mem["per_rank"][r][term], {"color": TERM_COLORS[term]})
+                                     for term in MEMORY_TERMS], w, sum(mem["ours"].values()),
+                             edgecolor=rank_color(r), linewidth=2)
         ax.scatter([x], [sum(mem["paper_mixed_precision"].values())], marker="D", s=40,
                    facecolor="white", edgecolor="black", zorder=3)
         top = max(top, bottom, sum(mem["paper_mixed_precision"].values()))
@@ -108,7 +104,7 @@ def plot_memory(reports) -> Figure:
                 Line2D([], [], marker="D", color="black", markerfacecolor="white", linestyle="",
                        label="paper: 2Ψ + 2Ψ + 12Ψ\n(mixed precision)"),
                 *rank_legend_handles(t)]
-    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    legend_right(ax, handles)
     fig.tight_layout()
     return fig
 
@@ -121,14 +117,10 @@ def plot_communication(reports) -> Figure:
     top = 0
     for x, strategy, r, rep, w in _bars(reports):
         comm = rep.extra["communication"]
-        bottom = 0
-        for op, color in OP_COLORS.items():
-            h = comm["per_rank"][r]["by_op"].get(op, 0)
-            if h:
-                ax.bar(x, h, w, bottom=bottom, color=color, edgecolor=rank_color(r), linewidth=2)
-                bottom += h
-                used.append(op)
-        ax.plot([x - w / 2, x + w / 2], [comm["formula"]] * 2, color="black", linewidth=2.5)
+        by_op = comm["per_rank"][r]["by_op"]
+        used += [op for op in OP_COLORS if by_op.get(op)]
+        bottom = stacked_bar(ax, x, [(by_op[op], {"color": OP_COLORS[op]}) for op in OP_COLORS if by_op.get(op)],
+                             w, comm["formula"], edgecolor=rank_color(r), linewidth=2)
         top = max(top, bottom, comm["formula"])
     for i, rep in enumerate(reports):
         formula = rep.extra["communication"]["formula_text"].split(" ")[-1]   # e.g. 2(p-1)/p·eΨ
@@ -143,6 +135,6 @@ def plot_communication(reports) -> Figure:
     handles = [Patch(facecolor=OP_COLORS[op], edgecolor="black", label=op)
                for op in OP_COLORS if op in used]
     handles += [Line2D([], [], color="black", linewidth=2.5, label="formula"), *rank_legend_handles(t)]
-    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    legend_right(ax, handles)
     fig.tight_layout()
     return fig

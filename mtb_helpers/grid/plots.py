@@ -178,9 +178,8 @@ def plot_bytes(bytes_info: dict, title: str = "", labels: dict[str, str] = GROUP
     fig, ax = plt.subplots(figsize=(max(5.0, 0.8 * len(per_rank) + 3.5), 4.0))
     for r, sent in enumerate(per_rank):
         stacked_bar(ax, r, [(sent[g] / 1024, {"color": GROUP_COLORS[g], "hatch": GROUP_HATCH[g]})
-                            for g in groups], 0.7, edgecolor=rank_color(r), linewidth=1.5)
-        total = sum(formula[r].values()) / 1024
-        ax.plot([r - 0.4, r + 0.4], [total, total], color="black", linewidth=2)
+                            for g in groups], 0.7, sum(formula[r].values()) / 1024,
+                    edgecolor=rank_color(r), linewidth=1.5)
     highest = max(max(sum(sent.values()), sum(f.values())) for sent, f in zip(per_rank, formula))
     if highest:
         ax.set_ylim(0, highest / 1024 * 1.08)   # room above the tallest bar and formula tick
@@ -196,7 +195,7 @@ def plot_bytes(bytes_info: dict, title: str = "", labels: dict[str, str] = GROUP
     ax.set_title(title or "Bytes each rank sends per step, by process group")
     handles = [Patch(facecolor=GROUP_COLORS[g], hatch=GROUP_HATCH[g], edgecolor="black",
                      label=labels[g]) for g in groups]
-    handles.append(Line2D([], [], color="black", linewidth=2, label="formulas' total"))
+    handles.append(Line2D([], [], color="black", linewidth=2.5, label="formulas' total"))
     legend_right(ax, handles, x=1.0)
     fig.tight_layout()
     return fig

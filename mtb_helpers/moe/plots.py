@@ -59,8 +59,7 @@ def _build_routing(new_figure, data):
     ax.set_xticks([0, 2, 4], ["tokens (colour: rank holding them)", "experts (colour: owner)",
                               "ranks"])
     ax.set_yticks([])
-    for side in ("top", "right", "left"):
-        ax.spines[side].set_visible(False)
+    ax.spines[["top", "right", "left"]].set_visible(False)
     handles = [*rank_legend_handles(t), Line2D([], [], color="black", label="1st choice"),
                Line2D([], [], color="black", linestyle="--", label="2nd choice"),
                Line2D([], [], color=DROPPED, linestyle=":", marker="x", markeredgecolor="black",
@@ -201,12 +200,10 @@ def plot_all_to_all_bytes(moe: dict) -> Figure:
     t = len(rows)
     combine = [[rows[q][r] for q in range(t)] for r in range(t)]
     fig, axes = plt.subplots(1, 3, figsize=(10, 3.8))
+    axes[1].sharey(axes[0])   # dispatch and combine on one scale
     _stacked_by_destination(axes[0], rows, rb, "dispatch: rows to the experts")
     _stacked_by_destination(axes[1], combine, rb, "combine: rows back home")
     axes[0].set_ylabel("bytes (by destination rank)")
-    top = max(axes[0].get_ylim()[1], axes[1].get_ylim()[1])
-    axes[0].set_ylim(0, top)
-    axes[1].set_ylim(0, top)
     ax = axes[2]
     parts = [("counts", "#BBBBBB"), ("dispatch", "#555555"), ("combine", "#999999")]
     for r in range(t):

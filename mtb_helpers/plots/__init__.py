@@ -12,5 +12,5 @@ dicts); a plot imports no check and starts no ranks (tests/test_layering.py hold
   values are drawn over it on every slider move.
 * ``parts.py``: what several topics drew alike (a legend right of the axes, stacked bars, the
   "0 (exact)" log axis, a label fitted to a box), written once.
-* ``timelines.py``: the compute and communication lanes of an emulated-link run.
+* ``timelines.py``: compute and communication lanes per rank (notebooks 13 and 14).
 """

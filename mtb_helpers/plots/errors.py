@@ -22,8 +22,7 @@ from mtb_helpers.plots.live import LiveFigure, Png
 from mtb_helpers.plots.palette import FAIL_COLOR, PASS_COLOR, rank_color, rank_legend_handles
 from mtb_helpers.plots.parts import exact_log_axis, fail_copy, legend_right
 
-__all__ = ["ErrorColumn", "ErrorFigure", "error_figure", "plot_errors", "errors_png",
-           "error_legend_handles", "LIVE_ERRORS"]
+__all__ = ["ErrorColumn", "ErrorFigure", "error_figure", "plot_errors", "errors_png", "LIVE_ERRORS"]
 
 FIGSIZE = (10.0, 4.2)
 
@@ -86,15 +85,6 @@ def error_figure(report, by: str = "step", group: Callable[[str], str] | None = 
                        xlabel or ("step of the trace" if by == "step" else "quantity"))
 
 
-def error_legend_handles(world_size: int) -> list:
-    """The legend of every error-per-quantity figure: ranks, tolerance, fails, missing."""
-    return [*rank_legend_handles(world_size),
-            Line2D([], [], color="black", linewidth=1.5, label="tolerance"),
-            Line2D([], [], marker="o", linestyle="", markerfacecolor="white",
-                   markeredgecolor=FAIL_COLOR, markeredgewidth=2, label="fails"),
-            Line2D([], [], marker="X", linestyle="", color=FAIL_COLOR, label="missing")]
-
-
 def _build(new_figure, data: ErrorFigure) -> Axes:
     """The static layer: axes, log scale between whole decades, ticks, labels, legend. Margins
     are set from the label lengths, so no layout pass measures the text."""
@@ -118,7 +108,11 @@ def _build(new_figure, data: ErrorFigure) -> Axes:
     ax.set_ylabel("max abs error vs one process")
     ax.set_xlabel(data.xlabel)
     # outside the axes: failing points sit high up, exactly where an inside legend would go
-    legend_right(ax, error_legend_handles(data.world_size))
+    legend_right(ax, [*rank_legend_handles(data.world_size),
+                      Line2D([], [], color="black", linewidth=1.5, label="tolerance"),
+                      Line2D([], [], marker="o", linestyle="", markerfacecolor="white",
+                             markeredgecolor=FAIL_COLOR, markeredgewidth=2, label="fails"),
+                      Line2D([], [], marker="X", linestyle="", color=FAIL_COLOR, label="missing")])
     return ax
 
 

@@ -43,13 +43,16 @@ def legend_right(target: Axes | Figure, handles: list | None = None, x: float = 
 
 
 def stacked_bar(ax: Axes, x: float, parts: Sequence[tuple[float, dict]], width: float,
-                **style) -> float:
+                total: float | None = None, **style) -> float:
     """One bar at ``x`` built from ``parts``, bottom first: ``(height, options)``, each part drawn
-    with ``style`` and its own ``options`` (colour, hatch). Returns the height of the top."""
+    with ``style`` and its own ``options`` (colour, hatch); ``total``, what a formula or model
+    predicts, as a black tick across the bar. Returns the height of the top."""
     bottom = 0
     for height, options in parts:
         ax.bar(x, height, width, bottom=bottom, **style, **options)
         bottom += height
+    if total is not None:
+        ax.plot([x - width / 2, x + width / 2], [total, total], color="black", linewidth=2.5)
     return bottom
 
 

@@ -23,7 +23,7 @@ from matplotlib.textpath import TextPath
 from matplotlib.transforms import Affine2D
 
 from mtb_helpers.plots.palette import EMPTY_COLOR, rank_color, rank_legend_handles
-from mtb_helpers.plots.parts import figure_axes, label_size, legend_right
+from mtb_helpers.plots.parts import figure_axes, label_size, legend_right, stacked_bar
 from mtb_helpers.pp.schedules import SCHEDULES, closed_form, schedule, simulate
 from mtb_helpers.pp.simulator import Timeline
 
@@ -224,10 +224,8 @@ def plot_stashed(series: dict[str, Sequence[float]], simulated: dict[str, Sequen
     for n, name in enumerate(names):
         for r, value in enumerate(series[name]):
             x = n + (r - (p - 1) / 2) * width
-            ax.bar(x, value, width * 0.9, color=rank_color(r), edgecolor="black")
-            if name in simulated:
-                ax.plot([x - width * 0.45, x + width * 0.45], [simulated[name][r]] * 2,
-                        color="black", linewidth=2.5)
+            stacked_bar(ax, x, [(value, {"color": rank_color(r)})], width * 0.9,
+                        simulated[name][r] if name in simulated else None, edgecolor="black")
     ax.set_xticks(range(len(names)), names)
     ax.set_xlabel("schedule (one bar per rank)")
     ax.set_ylabel(ylabel)

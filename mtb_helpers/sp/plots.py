@@ -111,8 +111,7 @@ def _build_layout(new_figure, data) -> dict:
     ax.set_xticks([i + 0.5 for i in range(n)], [_label(s) for s in steps], fontsize=7.5)
     ax.set_yticks(range(seq_len), [str(p) for p in range(seq_len)], fontsize=7, va="top")
     ax.set_ylabel("sequence position")
-    for side in ("top", "right", "bottom"):
-        ax.spines[side].set_visible(False)
+    ax.spines[["top", "right", "bottom"]].set_visible(False)
     ax.tick_params(axis="x", length=0)
     handles = [*rank_legend_handles(t),
                Patch(facecolor="white", edgecolor="black", label="narrow: only ffn/t columns"),
@@ -213,8 +212,7 @@ def plot_activation_memory(figures: list[dict], ax: Axes | None = None) -> Figur
     terms = figures[0]["terms"]
     for x, t, key, v in _bars(figures):
         bottom = stacked_bar(ax, x, [(v["measured"][term], {"color": TERM_COLORS[term]}) for term in terms],
-                             0.25, edgecolor="black", linewidth=0.5)
-        ax.plot([x - 0.14, x + 0.14], [v["model_total"]] * 2, color="black", linewidth=2.5)
+                             0.25, v["model_total"], edgecolor="black", linewidth=0.5)
         ax.text(x, bottom, f"{VARIANT_LABELS[key]}\n{bottom}", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(figures)), [f"t = {f['world_size']}" for f in figures])
     ax.set_xlabel("world size (tensor- and sequence-parallel ranks)")

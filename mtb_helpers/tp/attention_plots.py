@@ -92,8 +92,7 @@ def plot_attention_flow(world_size: int, n_heads: int) -> Figure:
     ax.set_xticks([])
     ax.set_xlabel("forward, left to right (backward runs right to left)")
     ax.set_ylabel("rank")
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
+    ax.spines[["top", "right"]].set_visible(False)
     ax.set_title(f"Tensor-parallel attention on {t} ranks: one f, one g, nothing in between",
                  fontsize=11)
     handles = [*rank_legend_handles(t), Patch(facecolor=EMPTY_COLOR, edgecolor="black",
