@@ -2,8 +2,8 @@
 to lay the model out on it (``Layout``). Plain numbers only: nothing here allocates a tensor, so a
 405B-parameter model costs the same microseconds as the capstone's tiny GPT.
 
-Every size is checked when the object is made (a positive integer, a finite positive number, a
-known name), and ``layout_problems`` lists, in words, every reason a layout cannot run a model on
+Every size is checked when the object is made (``Spec``: a positive integer, a finite positive
+number, a known name), and ``layout_problems`` lists, in words, every reason a layout cannot run a model on
 a cluster; ``check_layout`` raises a ValueError with them.
 """
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
 
-from mtb_helpers.cost.model import positive, whole
+from mtb_helpers.cost.model import one_of, positive, whole
 
 __all__ = ["Spec", "ModelSpec", "ClusterSpec", "Layout", "DTYPE_BYTES", "RECOMPUTE", "SCHEDULES", "ATTENTION",
-           "layout_problems", "check_layout", "stage_layers"]
+           "layout_problems", "check_layout", "stage_layers", "tp_problems"]
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
 RECOMPUTE = ("none", "selective", "full")
@@ -29,8 +29,24 @@ S = TypeVar("S", bound="Spec")
 
 
 class Spec:
-    """A frozen dataclass whose ``__post_init__`` checks every field: ``with_`` copies it with
-    some fields changed, checked again."""
+    """A frozen dataclass checked when it is made: every ``int`` field a positive integer, every
+    ``float`` a finite positive number, every field named in ``CHOICES`` one of its values, then
+    ``_check``'s rules between fields. ``with_`` copies it with some fields changed, checked again."""
+    CHOICES: dict[str, Any] = {}
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in self.CHOICES:
+                one_of(f.name, value, self.CHOICES[f.name])
+            elif f.type == "int" or (f.type == "int | None" and value is not None):
+                whole(f.name, value)
+            elif f.type == "float":
+                positive(f.name, value)
+        self._check()
+
+    def _check(self) -> None:
+        """Rules between fields (none unless a subclass has some)."""
 
     def with_(self: S, **changes) -> S:
         return replace(self, **changes)
@@ -63,11 +79,9 @@ class ModelSpec(Spec):
     dropout: bool = False         # dropout masks are activations too (1 byte per element)
     name: str = ""
     fused_swiglu: bool = False
+    CHOICES = {"norm": NORMS}
 
-    def __post_init__(self) -> None:
-        for f in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
-                  "experts", "top_k"):
-            whole(f, getattr(self, f))
+    def _check(self) -> None:
         if self.hidden % self.heads:
             raise ValueError(f"hidden={self.hidden} is not divisible by heads={self.heads}: "
                              "each head has hidden/heads features")
@@ -76,8 +90,6 @@ class ModelSpec(Spec):
                              "grouped-query attention shares each K/V head among heads/kv_heads")
         if self.top_k > self.experts:
             raise ValueError(f"top_k={self.top_k} exceeds experts={self.experts}")
-        if self.norm not in NORMS:
-            raise ValueError(f"norm must be one of {tuple(NORMS)}, got {self.norm!r}")
 
     @property
     def head_dim(self) -> int:
@@ -102,11 +114,7 @@ class ClusterSpec(Spec):
     name: str = ""
     compute: Any = None
 
-    def __post_init__(self) -> None:
-        whole("gpus_per_node", self.gpus_per_node)
-        whole("nodes", self.nodes)
-        positive("memory_bytes", self.memory_bytes)
-        positive("peak_flops", self.peak_flops)
+    def _check(self) -> None:
         for f in ("intra_node", "inter_node"):
             link = getattr(self, f)
             if not (hasattr(link, "alpha") and hasattr(link, "bandwidth")):
@@ -145,23 +153,13 @@ class Layout(Spec):
     sequence_parallel: bool | None = None
     chunks: int = 1
     attention: str = "flash"
+    CHOICES = {"schedule": SCHEDULES, "zero_stage": (0, 1, 2, 3), "recompute": RECOMPUTE,
+               "dtype": DTYPE_BYTES, "attention": ATTENTION}
 
-    def __post_init__(self) -> None:
-        for f in ("tp", "pp", "dp", "cp", "ep", "microbatch", "grad_accum", "chunks"):
-            whole(f, getattr(self, f))
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+    def _check(self) -> None:
         if (self.schedule == "interleaved") != (self.chunks > 1):
             raise ValueError(f"chunks={self.chunks} with schedule={self.schedule!r}: the "
                              "interleaved schedule needs chunks >= 2, every other exactly 1")
-        if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
-            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
-        if self.recompute not in RECOMPUTE:
-            raise ValueError(f"recompute must be one of {RECOMPUTE}, got {self.recompute!r}")
-        if self.attention not in ATTENTION:
-            raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
-        if self.dtype not in DTYPE_BYTES:
-            raise ValueError(f"dtype must be one of {tuple(DTYPE_BYTES)}, got {self.dtype!r}")
         if self.sequence_parallel is None:
             object.__setattr__(self, "sequence_parallel", self.tp > 1)
 
@@ -206,6 +204,13 @@ def stage_layers(layers: int, stages: int) -> list[int] | None:
     return out
 
 
+def tp_problems(model: ModelSpec, tp: int) -> list[str]:
+    """The sizes of ``model`` that ``tp`` tensor-parallel ranks cannot split evenly, in words."""
+    return [f"{what}={size} is not divisible by tp={tp}: each tensor-parallel rank holds {what}/tp of them"
+            for what, size in (("heads", model.heads), ("kv_heads", model.kv_heads),
+                               ("ffn_hidden", model.ffn_hidden)) if size % tp]
+
+
 def layout_problems(model: ModelSpec, cluster: ClusterSpec, layout: Layout,
                     global_batch: int | None = None) -> list[str]:
     """Every reason ``layout`` cannot train ``model`` on ``cluster`` (empty when it can), each a
@@ -221,11 +226,7 @@ def layout_problems(model: ModelSpec, cluster: ClusterSpec, layout: Layout,
     elif cluster.gpus_per_node % t:
         out.append(f"tp={t} does not divide {cluster.gpus_per_node} GPUs per node: a tensor "
                    "group would straddle two nodes")
-    for what, size in (("heads", model.heads), ("kv_heads", model.kv_heads),
-                       ("ffn_hidden", model.ffn_hidden)):
-        if size % t:
-            out.append(f"{what}={size} is not divisible by tp={t}: each tensor-parallel rank "
-                       f"holds {what}/tp of them")
+    out += tp_problems(model, t)
     if stage_layers(model.layers, p * L.chunks) is None:
         out.append(f"layers={model.layers} do not split over pp*chunks = {p}*{L.chunks} stages "
                    "(equal stages, or the first and last one layer lighter)")

@@ -62,7 +62,7 @@ from functools import lru_cache
 from mtb_helpers.cost import predict
 from mtb_helpers.cost.model import positive
 from mtb_helpers.plan.budget import extrapolated, layer_params, rank_layers, stage_params, vocab_rows
-from mtb_helpers.plan.compute import layer_breakdown
+from mtb_helpers.plan.compute import layer_breakdown, linears
 from mtb_helpers.plan.specs import NORMS, ClusterSpec, Layout, ModelSpec
 from mtb_helpers.pp.simulator import simulate
 
@@ -82,11 +82,10 @@ class StepTime:
 
 
 def matmul_params(model: ModelSpec, active: bool = True) -> float:
-    """Weights a token multiplies by in one layer (its ``top_k`` experts when ``active``)."""
-    h, f, d = model.hidden, model.ffn_hidden, model.head_dim
-    attn = h * (model.heads + 2 * model.kv_heads) * d + model.heads * d * h
-    mlp = (3 if model.gated_mlp else 2) * h * f
-    return attn + mlp * (model.top_k if active else model.experts)
+    """Weights a token multiplies by in one layer (its ``top_k`` experts when ``active``, every
+    expert otherwise): ``compute.linears`` without tensor parallelism."""
+    copies = model.top_k if active else model.experts
+    return sum(n_in * n_out * (copies if mlp else 1) for n_in, n_out, _, mlp in linears(model, 1))
 
 
 def model_flops_per_token(model: ModelSpec, seq_len: int | None = None) -> float:
