@@ -52,10 +52,9 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
     "broadcast": ("ring", "tree", "naive"), "all-reduce": ("ring", "halving-doubling", "naive"),
     "all-gather": ("ring", "doubling"), "reduce-scatter": ("ring", "halving"),
     "all-to-all": ("ring",), "send/recv": ("ring",)}
-# torch.distributed's and comm/records' spellings of the same collectives
-_ALIASES = {"allreduce": "all-reduce", "allgather": "all-gather", "reducescatter": "reduce-scatter",
-            "alltoall": "all-to-all", "send": "send/recv", "recv": "send/recv",
-            "sendrecv": "send/recv", "send-recv": "send/recv", "p2p": "send/recv"}
+# torch.distributed's and comm/records' spellings of the same collectives, without "-" and "_"
+_ALIASES = {c.replace("-", ""): c for c in COLLECTIVES}
+_ALIASES |= dict.fromkeys(("send", "recv", "sendrecv", "p2p"), "send/recv")
 
 
 def positive(name: str, value: object, strict: bool = True) -> float:
@@ -132,9 +131,8 @@ def normalize(collective: str) -> str:
     "all-reduce", "send/recv"); ValueError naming the known ones."""
     if not isinstance(collective, str):
         raise ValueError(f"collective must be a string, got {collective!r}")
-    name = collective.strip().lower().replace("_", "-")
-    name = _ALIASES.get(name.replace("-", ""), _ALIASES.get(name, name))
-    if name not in COLLECTIVES:
+    name = _ALIASES.get(collective.strip().lower().replace("_", "").replace("-", ""))
+    if name is None:
         raise ValueError(f"unknown collective {collective!r}; expected one of {', '.join(COLLECTIVES)}")
     return name
 

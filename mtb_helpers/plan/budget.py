@@ -119,17 +119,20 @@ def extrapolated(measure, name: str, pp: int, m: int, chunks: int = 1):
     return lo + (hi - lo) * scale
 
 
+def _peaks(ops) -> tuple[float, ...]:
+    return tuple(simulate(ops).peak_memory)
+
+
 @lru_cache(maxsize=512)
 def inflight(name: str, pp: int, microbatches: int, chunks: int = 1) -> tuple[float, ...]:
     """Per pipeline rank: whole-stage micro-batches of activations held at the peak, from the
     course's simulator (``Timeline.peak_memory``)."""
-    return extrapolated(lambda ops: tuple(simulate(ops).peak_memory), name, pp, microbatches, chunks)
+    return extrapolated(_peaks, name, pp, microbatches, chunks)
 
 
-def memory_per_rank(model: ModelSpec, layout: Layout,
-                    memory_model: MemoryModel | None = None) -> list[StageMemory]:
+def memory_per_rank(model: ModelSpec, layout: Layout) -> list[StageMemory]:
     """One ``StageMemory`` per pipeline stage (see the module docstring for every term)."""
-    mm = memory_model or MemoryModel()
+    mm = MemoryModel()
 
     def one_layer(recompute: str) -> float:
         return sum(mm.activation_terms(

@@ -232,9 +232,8 @@ def layer_breakdown(model: ModelSpec, gpu: Any, tp: int = 1, microbatch: int = 1
         at_f = per * (g.matmul_seconds(q_len, d, s) + g.matmul_seconds(q_len, s, d))
         at_b = per * (g.matmul_seconds(q_len, d, s) + 3 * g.matmul_seconds(q_len, s, d))
         scores = per * q_len * s
-        extra = g.op_seconds("residual_add", scores, dtype_bytes) + g.op_seconds(
-            "layernorm", scores, dtype_bytes) + (g.op_seconds("dropout", scores, dtype_bytes)
-                                                 if model.dropout else 0.0)
+        passes = ("residual_add", "layernorm", "dropout") if model.dropout else ("residual_add", "layernorm")
+        extra = sum(g.op_seconds(op, scores, dtype_bytes) for op in passes)   # mask, softmax, dropout
         at_f, at_b = at_f + extra / 3, at_b + 2 * extra / 3
     rows = tokens // (t if sequence_parallel else 1)
     mem += 2 * g.op_seconds(model.norm, rows * h, dtype_bytes)

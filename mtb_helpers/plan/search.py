@@ -33,7 +33,7 @@ __all__ = ["Candidate", "PlanResult", "plan", "divisors", "prime_factors", "grou
            "check_reserve", "check_gpus", "MAX_GPUS", "MAX_GROUPINGS"]
 
 MAX_GPUS = 2**40            # factorised at once below this (at most 2**19 trial divisions)
-MAX_GROUPINGS = 20_000      # tp x pp x cp groupings weighed at most (8e9 GPUs have 100,100)
+MAX_GROUPINGS = 20_000      # tp x pp x cp groupings weighed at most (see the module docstring)
 
 
 @dataclass

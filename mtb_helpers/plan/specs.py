@@ -18,9 +18,7 @@ __all__ = ["Spec", "ModelSpec", "ClusterSpec", "Layout", "DTYPE_BYTES", "RECOMPU
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
 RECOMPUTE = ("none", "selective", "full")
-# How attention keeps what its backward needs: "materialized" stores the [a, s, s] scores
-# (Korthikanti et al.'s count), "flash" a fused kernel (FlashAttention) that recomputes them
-ATTENTION = ("materialized", "flash")
+ATTENTION = ("materialized", "flash")     # what attention keeps for backward: ``Layout``'s docstring
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
 NORMS = {"layernorm": 2, "rmsnorm": 1}   # parameters per feature: LayerNorm has a weight and a bias
 
@@ -31,7 +29,9 @@ S = TypeVar("S", bound="Spec")
 class Spec:
     """A frozen dataclass checked when it is made: every ``int`` field a positive integer, every
     ``float`` a finite positive number, every field named in ``CHOICES`` one of its values, then
-    ``_check``'s rules between fields. ``with_`` copies it with some fields changed, checked again."""
+    ``_check``'s rules between fields (a subclass's module has ``from __future__ import
+    annotations``: the types are read as written). ``with_`` copies it with some fields changed,
+    checked again."""
     CHOICES: dict[str, Any] = {}
 
     def __post_init__(self) -> None:
@@ -59,9 +59,8 @@ class ModelSpec(Spec):
     fewer), an MLP of width ``ffn_hidden`` (SwiGLU's three matrices when ``gated_mlp``), a
     vocabulary of ``vocab``, trained on sequences of ``seq_len``. ``experts`` > 1 makes every MLP
     a mixture of experts of which each token uses ``top_k``. ``fused_swiglu``: the gated MLP's
-    silu(gate) * up runs as one fused kernel that saves only its input and recomputes the rest in
-    backward (Megatron-LM's ``bias_swiglu``): three [s, f] tensors kept instead of PyTorch eager's
-    four."""
+    silu(gate) * up runs as one fused kernel (Megatron-LM's ``bias_swiglu``; what it keeps:
+    :mod:`mtb_helpers.plan.memory`)."""
     layers: int
     hidden: int
     heads: int

@@ -226,11 +226,12 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout,
     per_layer_comm = (tp_fwd + cp_fwd + 2 * a2a, tp_bwd + cp_bwd + 2 * a2a)
     stages = rank_layers(model, L)
     small_tp = tp_small_collectives(model, L)
-    small = [tuple(sum(n * _time(kind, elements * d, t, tp_link) for kind, elements, n in st[way])
-                   for way in ("forward", "backward")) for st in small_tp]
+
+    def seconds(entries: list[tuple]) -> float:
+        return sum(n * _time(kind, elements * d, t, tp_link) for kind, elements, n in entries)
+    small = [(seconds(st["forward"]), seconds(st["backward"])) for st in small_tp]
     # once per step, after each stage's last backward (SP's replicated grads): the slowest stage's
-    finalize = max(sum(n * _time(kind, elements * d, t, tp_link) for kind, elements, n in st["step"])
-                   for st in small_tp)
+    finalize = max(seconds(st["step"]) for st in small_tp)
     # the slowest stage sets the pace of every stage (the simulator takes one time per op)
     ops = [(fc + n * per_layer_comm[0] + sf, bc + n * per_layer_comm[1] + sb, r)
            for r, ((fc, bc), n, (sf, sb)) in enumerate(zip(compute, stages, small))]
