@@ -48,9 +48,9 @@ from pathlib import Path
 from typing import Any
 
 from mtb_helpers.cost.model import one_of, positive, whole
-from mtb_helpers.plan.specs import ATTENTION, ModelSpec, tp_problems
+from mtb_helpers.plan.specs import ATTENTION, ModelSpec, linears, tp_problems
 
-__all__ = ["GPUCompute", "fit_compute", "measured_rows", "measurement", "h200_compute", "layer_breakdown", "linears",
+__all__ = ["GPUCompute", "fit_compute", "measured_rows", "measurement", "h200_compute", "layer_breakdown",
            "layer_seconds", "FLASH_ATTENTION_H100", "MIN_MATMUL_SECONDS"]
 
 # FlashAttention-2 on an H100 SXM5, head dim 128 (Shah et al. 2024, "FlashAttention-3", Figures 5
@@ -182,17 +182,6 @@ def _causal_tail(sequence_heads: int, seq: int, sms: int) -> float:
     return (per_sm + n / 2) / per_sm
 
 
-def linears(model: ModelSpec, tp: int) -> list[tuple[int, int, bool, bool]]:
-    """(in, out, has a bias, is the MLP's: an expert's under MoE) of each matmul of one layer on
-    one tensor-parallel rank."""
-    h, d, f, t = model.hidden, model.head_dim, model.ffn_hidden, tp
-    attn = [(h, (model.heads + 2 * model.kv_heads) * d // t, model.bias, False),
-            (model.heads * d // t, h, model.bias, False)]
-    mlp = ([(h, f // t, False, True), (h, f // t, False, True), (f // t, h, False, True)]
-           if model.gated_mlp else [(h, f // t, model.bias, True), (f // t, h, model.bias, True)])
-    return attn + mlp
-
-
 def layer_breakdown(model: ModelSpec, gpu: Any, tp: int = 1, microbatch: int = 1, *, cp: int = 1,
                     sequence_parallel: bool = False, attention: str = "flash",
                     dtype_bytes: int = 2) -> dict[str, tuple[float, float]]:
@@ -214,12 +203,12 @@ def layer_breakdown(model: ModelSpec, gpu: Any, tp: int = 1, microbatch: int = 1
     tokens = s // c * b
     mm_f = mm_b = mem = 0.0
     weights = 0
-    for n_in, n_out, bias, mlp in linears(model, t):
+    for n_in, n_out, mlp in linears(model, t):
         m = tokens * (model.top_k if mlp else 1)          # experts: every token's MLP top_k times
         mm_f += g.matmul_seconds(m, n_in, n_out)
         mm_b += g.matmul_seconds(m, n_out, n_in) + g.matmul_seconds(n_in, m, n_out)
         weights += n_in * n_out
-        if bias:                                          # its gradient: one pass over dY
+        if model.bias:                                    # its gradient: one pass over dY
             mem += m * n_out * dtype_bytes / g.bandwidth
     q_len = s // c                                        # this rank's queries, all s keys
     if attention == "flash":

@@ -61,7 +61,7 @@ from __future__ import annotations
 import math
 
 from mtb_helpers.cost.model import one_of, positive, whole
-from mtb_helpers.plan.specs import ATTENTION, NORMS, RECOMPUTE
+from mtb_helpers.plan.specs import ATTENTION, NORMS, RECOMPUTE, linears, tp_problems
 
 __all__ = ["MemoryModel", "model_state_bytes", "activation_bytes_per_layer", "ATTENTION_TERMS",
            "MLP_TERMS", "STATE_TERMS", "RECORDED", "deepspeed_extras", "side_by_side",
@@ -79,19 +79,17 @@ class MemoryModel:
 
     def layer_params(self, model, tp: int = 1, ep: int = 1) -> dict[str, float]:
         """Parameters of one layer of ``model`` (a ``ModelSpec``) on one rank: ``{"dense",
-        "experts"}`` (the experts' share this rank holds; the router counts as dense). Split by
-        ``tp``: Q/K/V and the projection, the MLP, their column-split biases; whole on every
-        tensor rank (Megatron-LM, and the capstone's ``layers.py``): the norms and the biases
-        added after a row-parallel layer."""
-        h, f, kv, d = model.hidden, model.ffn_hidden, model.kv_heads, model.head_dim
-        qkv_out = (model.heads + 2 * kv) * d
-        attn = (h * qkv_out + model.heads * d * h) / tp
-        if model.bias:
-            attn += qkv_out / tp + h                # QKV bias split, projection bias whole
+        "experts"}`` (the experts' share this rank holds; the router counts as dense): the
+        matmuls' weights and biases as ``specs.linears`` splits them, and the norms, whole on
+        every tensor rank (Megatron-LM, and the capstone's ``layers.py``)."""
+        if tp_problems(model, tp):
+            raise ValueError("; ".join(tp_problems(model, tp)))
+        h = model.hidden
+        weights = {False: 0.0, True: 0.0}            # in the MLP -> parameters on this rank
+        for n_in, n_out, in_mlp in linears(model, tp):
+            weights[in_mlp] += n_in * n_out + (n_out if model.bias else 0)
+        attn, mlp = weights[False], weights[True]
         norms = 2 * NORMS[model.norm] * h
-        mlp = (3 if model.gated_mlp else 2) * h * f / tp
-        if model.bias:
-            mlp += (2 if model.gated_mlp else 1) * f / tp + h
         if model.experts == 1:
             return {"dense": attn + norms + mlp, "experts": 0.0}
         return {"dense": attn + norms + h * model.experts, "experts": mlp * model.experts / ep}

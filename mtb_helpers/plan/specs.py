@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from mtb_helpers.cost.model import one_of, positive, whole
 
 __all__ = ["Spec", "ModelSpec", "ClusterSpec", "Layout", "DTYPE_BYTES", "RECOMPUTE", "SCHEDULES", "ATTENTION",
-           "layout_problems", "check_layout", "stage_layers", "tp_problems"]
+           "layout_problems", "check_layout", "stage_layers", "tp_problems", "linears"]
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
 RECOMPUTE = ("none", "selective", "full")
@@ -183,6 +183,17 @@ class Layout(Spec):
                 continue
             text += f" {dict(microbatch='mb', grad_accum='m', zero_stage='zero').get(f.name, f.name)}={v}"
         return text
+
+
+def linears(model: ModelSpec, tp: int) -> list[tuple[int, int, bool]]:
+    """(in, out, in the MLP) of each matmul ``[T, in] @ [in, out]`` of one layer on one of ``tp``
+    tensor-parallel ranks: Q/K/V, the projection, the MLP's (gate and up when gated) and down
+    projection; an MoE layer's MLP rows are one expert's. With ``model.bias`` each has a bias of
+    ``out``: split after a column split, whole after a row split (Megatron-LM, ``capstone/layers.py``)."""
+    h, d, f, t = model.hidden, model.head_dim, model.ffn_hidden, tp
+    up = [(h, f // t, True)] * (2 if model.gated_mlp else 1)
+    return [(h, (model.heads + 2 * model.kv_heads) * d // t, False), (model.heads * d // t, h, False),
+            *up, (f // t, h, True)]
 
 
 def stage_layers(layers: int, stages: int) -> list[int] | None:

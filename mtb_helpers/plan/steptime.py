@@ -62,8 +62,8 @@ from functools import lru_cache
 from mtb_helpers.cost import predict
 from mtb_helpers.cost.model import positive
 from mtb_helpers.plan.budget import extrapolated, layer_params, rank_layers, stage_params, vocab_rows
-from mtb_helpers.plan.compute import layer_breakdown, linears
-from mtb_helpers.plan.specs import NORMS, ClusterSpec, Layout, ModelSpec
+from mtb_helpers.plan.compute import layer_breakdown
+from mtb_helpers.plan.specs import NORMS, ClusterSpec, Layout, ModelSpec, linears
 from mtb_helpers.pp.simulator import simulate
 
 __all__ = ["StepTime", "step_time", "stage_compute", "stage_seconds", "model_flops_per_token",
@@ -83,9 +83,9 @@ class StepTime:
 
 def matmul_params(model: ModelSpec, active: bool = True) -> float:
     """Weights a token multiplies by in one layer (its ``top_k`` experts when ``active``, every
-    expert otherwise): ``compute.linears`` without tensor parallelism."""
+    expert otherwise): ``specs.linears`` without tensor parallelism."""
     copies = model.top_k if active else model.experts
-    return sum(n_in * n_out * (copies if mlp else 1) for n_in, n_out, _, mlp in linears(model, 1))
+    return sum(n_in * n_out * (copies if mlp else 1) for n_in, n_out, mlp in linears(model, 1))
 
 
 def model_flops_per_token(model: ModelSpec, seq_len: int | None = None) -> float:
