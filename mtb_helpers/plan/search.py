@@ -190,11 +190,11 @@ def plan(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: int
                 result.rejected.append((layout, problems))
                 continue
             memory = memory_per_rank(model, layout)
-            peak = max(s.total for s in memory)
-            if peak > budget:
-                worst = max(memory, key=lambda s: s.total)
+            worst = max(memory, key=lambda s: s.total)
+            if worst.total > budget:
                 result.rejected.append((layout, [
-                    f"needs {math.ceil(peak / GIB * 10) / 10:.1f} GiB > {budget / GIB:.4g} GiB (stage {worst.stage}: "
+                    f"needs {math.ceil(worst.total / GIB * 10) / 10:.1f} GiB > {budget / GIB:.4g} GiB "
+                    f"(stage {worst.stage}: "
                     + ", ".join(f"{k} {v / GIB:.1f}" for k, v in worst.terms.items() if v)
                     + ")"]))
                 continue
