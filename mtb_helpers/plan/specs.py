@@ -29,9 +29,9 @@ S = TypeVar("S", bound="Spec")
 class Spec:
     """A frozen dataclass checked when it is made: every ``int`` field a positive integer, every
     ``float`` a finite positive number, every field named in ``CHOICES`` one of its values, then
-    ``_check``'s rules between fields (a subclass's module has ``from __future__ import
-    annotations``: the types are read as written). ``with_`` copies it with some fields changed,
-    checked again."""
+    ``_check``'s rules between fields (types are read as strings: each subclass's module has
+    ``from __future__ import annotations``). ``with_`` copies it with some fields changed, checked
+    again."""
     CHOICES: dict[str, Any] = {}
 
     def __post_init__(self) -> None:
