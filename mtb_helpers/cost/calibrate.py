@@ -152,7 +152,7 @@ def _measured_bytes(collective: str, n: int, p: int) -> int:
     return 4 * (n * p if collective == "all-gather" else n)
 
 
-def _validate(world_size: int, sizes, collectives, k: int, warmup: int) -> tuple[list, list]:
+def _validate(world_size: int, sizes, collectives, k: int, warmup: int) -> tuple[list, list, int, int]:
     names = [normalize(c) for c in (collectives or COLLECTIVES)]
     if world_size < 2:   # one rank sends nothing: every row would be ~0 s and the fit made up
         raise ValueError(f"world_size={world_size}: a calibration needs at least 2 ranks (on one "

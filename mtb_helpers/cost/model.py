@@ -1,8 +1,5 @@
-"""The α-β model: how long a collective takes on a link of latency α and bandwidth β.
-
-    from mtb_helpers.cost import Link, predict, busbw
-    link = Link(alpha=5e-6, bandwidth=50e9)                     # 5 µs per message, 50 GB/s
-    predict("all-reduce", 64 * 2**20, 8, link)                  # seconds, ring: 2(p-1)α + 2(p-1)/p n/β
+"""The α-β model: how long a collective takes on a link of latency α and bandwidth β (how to call
+it: :mod:`mtb_helpers.cost`).
 
 Every algorithm costs ``T = a·α + b·n/β`` for a count of messages ``a`` on its critical path and
 a fraction ``b`` of the size ``n`` that crosses the busiest link; ``coefficients`` holds the one
@@ -48,17 +45,16 @@ from dataclasses import dataclass
 from mtb_helpers.runtime.errors import too_slow, years
 
 __all__ = ["Link", "COLLECTIVES", "ALGORITHMS", "normalize", "coefficients", "predict",
-           "algbw", "busbw", "busbw_factor", "n_half", "positive", "whole"]
+           "algbw", "busbw", "busbw_factor", "n_half", "positive", "whole", "one_of"]
 
 COLLECTIVES = ("broadcast", "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send/recv")
 ALGORITHMS: dict[str, tuple[str, ...]] = {
     "broadcast": ("ring", "tree", "naive"), "all-reduce": ("ring", "halving-doubling", "naive"),
     "all-gather": ("ring", "doubling"), "reduce-scatter": ("ring", "halving"),
     "all-to-all": ("ring",), "send/recv": ("ring",)}
-# torch.distributed's and comm/records' spellings of the same collectives
-_ALIASES = {"allreduce": "all-reduce", "allgather": "all-gather", "reducescatter": "reduce-scatter",
-            "alltoall": "all-to-all", "send": "send/recv", "recv": "send/recv",
-            "sendrecv": "send/recv", "send-recv": "send/recv", "p2p": "send/recv"}
+# torch.distributed's and comm/records' spellings of the same collectives, without "-" and "_"
+_ALIASES = {c.replace("-", ""): c for c in COLLECTIVES}
+_ALIASES |= dict.fromkeys(("send", "recv", "sendrecv", "p2p"), "send/recv")
 
 
 def positive(name: str, value: object, strict: bool = True) -> float:
@@ -78,6 +74,14 @@ def whole(name: str, value: object, low: int = 1) -> int:
         raise ValueError(f"{name} must be {'a positive integer' if low == 1 else f'an int >= {low}'}, "
                          f"got {value!r}")
     return int(value)
+
+
+def one_of(name: str, value: object, options) -> object:
+    """``value`` if it is one of ``options`` (a tuple, or a dict's keys); a bool is never 0 or 1."""
+    options = tuple(options)
+    if isinstance(value, bool) or value not in options:
+        raise ValueError(f"{name} must be one of {options}, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -127,9 +131,8 @@ def normalize(collective: str) -> str:
     "all-reduce", "send/recv"); ValueError naming the known ones."""
     if not isinstance(collective, str):
         raise ValueError(f"collective must be a string, got {collective!r}")
-    name = collective.strip().lower().replace("_", "-")
-    name = _ALIASES.get(name.replace("-", ""), _ALIASES.get(name, name))
-    if name not in COLLECTIVES:
+    name = _ALIASES.get(collective.strip().lower().replace("_", "").replace("-", ""))
+    if name is None:
         raise ValueError(f"unknown collective {collective!r}; expected one of {', '.join(COLLECTIVES)}")
     return name
 
@@ -189,13 +192,10 @@ def n_half(collective: str, world_size: int, link: Link, algorithm: str = "ring"
 
 
 def busbw_factor(collective: str, world_size: int) -> float:
-    """nccl-tests' correction from algbw to busbw for ``collective`` on ``world_size`` ranks."""
+    """nccl-tests' correction from algbw to busbw for ``collective`` on ``world_size`` ranks: the
+    ring's ``b`` (the module docstring's table), except 1 for broadcast and send/recv."""
     name, p = normalize(collective), whole("world_size", world_size)
-    if name == "all-reduce":
-        return 2 * (p - 1) / p
-    if name in ("all-gather", "reduce-scatter", "all-to-all"):
-        return (p - 1) / p
-    return 1.0
+    return 1.0 if name in ("broadcast", "send/recv") else coefficients(name, p)[1]
 
 
 def algbw(nbytes: int, seconds: float) -> float:

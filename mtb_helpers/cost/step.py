@@ -29,27 +29,20 @@ from mtb_helpers.cost.model import Link, predict, whole
 from mtb_helpers.pp.schedules import schedule as make_schedule
 from mtb_helpers.pp.simulator import simulate
 
-__all__ = ["event_size", "event_time", "predict_step_time", "predict_pipeline_step_time",
+__all__ = ["event_time", "predict_step_time", "predict_pipeline_step_time",
            "op_comm_time", "predict_grid_step_time"]
 
 _MODEL = {"all_reduce": "all-reduce", "all_gather": "all-gather", "reduce_scatter": "reduce-scatter",
           "all_to_all": "all-to-all", "send": "send/recv"}   # a "recv" costs nothing more: see below
 
 
-def event_size(e: CollectiveEvent) -> int:
-    """nccl-tests' S of one recorded event (0 for a local split)."""
-    if e.op == "all_gather":
-        return e.bytes * e.group_size
-    if e.op == "all_to_all":
-        return e.bytes
-    return e.bytes if e.op in _MODEL else 0
-
-
 def event_time(e: CollectiveEvent, link: Link) -> float:
-    """Predicted seconds of one recorded event on ``link`` (0 for a split or one rank)."""
+    """Predicted seconds of one recorded event on ``link`` (0 for a split or one rank), its size
+    nccl-tests' S (the module docstring says what that is for each collective)."""
     if e.op not in _MODEL or e.group_size < 2:
         return 0.0
-    return predict(_MODEL[e.op], event_size(e), 2 if e.op == "send" else e.group_size, link)
+    size = e.bytes * e.group_size if e.op == "all_gather" else e.bytes
+    return predict(_MODEL[e.op], size, 2 if e.op == "send" else e.group_size, link)
 
 
 def predict_step_time(records: CollectiveRecord | Sequence[CollectiveRecord], link: Link,

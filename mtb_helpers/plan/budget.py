@@ -4,12 +4,10 @@
     stages[0].terms    {"parameters": bytes, ..., "activations": bytes, ...}
     stages[0].total    bytes on each rank of stage 0 (every tp/cp/dp rank of a stage is alike)
 
-A pipeline stage of ``L_r`` layers on a tensor-parallel rank holds each layer's weights split by
-``tp`` (column/row splits, heads, the MLP width, the vocabulary rows) except what Megatron-LM
-keeps whole on every tensor rank: the norms and the biases added after a row-parallel layer (the
-capstone does the same: ``capstone/layers.py``). The first stage holds the input embedding (and
-learned positions), the last the final norm and the output layer (a copy of the tied embedding
-when ``pp > 1``, as Megatron-LM keeps one). Experts are split over ``ep`` and then ``tp``.
+A pipeline stage of ``L_r`` layers on a tensor-parallel rank holds each layer's weights as
+``MemoryModel.layer_params`` splits them (experts over ``ep``, then ``tp``). The first stage holds
+the input embedding (and learned positions), the last the final norm and the output layer (a copy
+of the tied embedding when ``pp > 1``, as Megatron-LM keeps one), their vocabulary rows split by ``tp``.
 
 Activations: ``MemoryModel.activation_terms`` per layer and micro-batch on a sequence of
 ``seq_len / cp``, with the layout's attention kernel (FlashAttention unless ``Layout.attention``
@@ -28,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from mtb_helpers.plan.memory import MemoryModel
+from mtb_helpers.plan.memory import STATE_TERMS, MemoryModel
 from mtb_helpers.plan.specs import NORMS, Layout, ModelSpec, stage_layers
 from mtb_helpers.pp.schedules import schedule as make_schedule
 from mtb_helpers.pp.simulator import simulate
@@ -132,10 +130,9 @@ def inflight(name: str, pp: int, microbatches: int, chunks: int = 1) -> tuple[fl
     return extrapolated(_peaks, name, pp, microbatches, chunks)
 
 
-def memory_per_rank(model: ModelSpec, layout: Layout,
-                    memory_model: MemoryModel | None = None) -> list[StageMemory]:
+def memory_per_rank(model: ModelSpec, layout: Layout) -> list[StageMemory]:
     """One ``StageMemory`` per pipeline stage (see the module docstring for every term)."""
-    mm = memory_model or MemoryModel()
+    mm = MemoryModel()
 
     def one_layer(recompute: str) -> float:
         return sum(mm.activation_terms(
@@ -154,16 +151,16 @@ def memory_per_rank(model: ModelSpec, layout: Layout,
     n_expert = n_dense // layout.ep
     s, b, rep = model.seq_len // layout.cp, layout.microbatch, (
         layout.tp if layout.sequence_parallel else 1)
+    per = mm.layer_params(model, layout.tp, layout.ep)
     out = []
     for r in range(layout.pp):
         params = stage_params(model, layout, r, mm)
-        terms = {t: 0.0 for t in ("parameters", "gradients", "optimizer states")}
+        terms = dict.fromkeys(STATE_TERMS, 0.0)
         for kind, n in (("dense", n_dense), ("experts", n_expert)):
             if params[kind]:
                 for t, v in mm.model_states(params[kind], n, layout.zero_stage, k, d, d,
                                             pad=True).items():
                     terms[t] += v
-        per = mm.layer_params(model, layout.tp, layout.ep)
         terms["ZeRO-3 gathered layers"] = (2 * d * (per["dense"] + per["experts"])
                                            if layout.zero_stage == 3 else 0.0)
         terms["activations"] = held[r] * layers[r] * per_layer

@@ -47,8 +47,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from mtb_helpers.cost.model import positive, whole
-from mtb_helpers.plan.specs import ATTENTION, ModelSpec
+from mtb_helpers.cost.model import one_of, positive, whole
+from mtb_helpers.plan.specs import ATTENTION, ModelSpec, linears, tp_problems
 
 __all__ = ["GPUCompute", "fit_compute", "measured_rows", "measurement", "h200_compute", "layer_breakdown",
            "layer_seconds", "FLASH_ATTENTION_H100", "MIN_MATMUL_SECONDS"]
@@ -182,16 +182,6 @@ def _causal_tail(sequence_heads: int, seq: int, sms: int) -> float:
     return (per_sm + n / 2) / per_sm
 
 
-def _linears(model: ModelSpec, tp: int) -> list[tuple[int, int, bool]]:
-    """(in, out, has a bias) of each matmul of one layer on one tensor-parallel rank."""
-    h, d, f, t = model.hidden, model.head_dim, model.ffn_hidden, tp
-    attn = [(h, (model.heads + 2 * model.kv_heads) * d // t, model.bias),
-            (model.heads * d // t, h, model.bias)]
-    mlp = ([(h, f // t, False), (h, f // t, False), (f // t, h, False)] if model.gated_mlp
-           else [(h, f // t, model.bias), (f // t, h, model.bias)])
-    return attn + mlp
-
-
 def layer_breakdown(model: ModelSpec, gpu: Any, tp: int = 1, microbatch: int = 1, *, cp: int = 1,
                     sequence_parallel: bool = False, attention: str = "flash",
                     dtype_bytes: int = 2) -> dict[str, tuple[float, float]]:
@@ -204,24 +194,21 @@ def layer_breakdown(model: ModelSpec, gpu: Any, tp: int = 1, microbatch: int = 1
         raise ValueError(f"{getattr(gpu, 'name', None) or repr(gpu)} has no measured compute curve "
                          "(ClusterSpec.compute): give step_time an efficiency instead")
     t, b, c = whole("tp", tp), whole("microbatch", microbatch), whole("cp", cp)
-    if attention not in ATTENTION:
-        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
-    for what, size in (("heads", model.heads), ("kv_heads", model.kv_heads),
-                       ("ffn_hidden", model.ffn_hidden)):
-        if size % t:
-            raise ValueError(f"{what}={size} is not divisible by tp={t}")
+    one_of("attention", attention, ATTENTION)
+    if tp_problems(model, t):
+        raise ValueError("; ".join(tp_problems(model, t)))
     if model.seq_len % c:
         raise ValueError(f"seq_len={model.seq_len} is not divisible by cp={c}")
     s, h, d, heads = model.seq_len, model.hidden, model.head_dim, model.heads // t
     tokens = s // c * b
     mm_f = mm_b = mem = 0.0
     weights = 0
-    for i, (n_in, n_out, bias) in enumerate(_linears(model, t)):
-        m = tokens * (model.top_k if i >= 2 else 1)       # experts: every token's MLP top_k times
+    for n_in, n_out, mlp in linears(model, t):
+        m = tokens * (model.top_k if mlp else 1)          # experts: every token's MLP top_k times
         mm_f += g.matmul_seconds(m, n_in, n_out)
         mm_b += g.matmul_seconds(m, n_out, n_in) + g.matmul_seconds(n_in, m, n_out)
         weights += n_in * n_out
-        if bias:                                          # its gradient: one pass over dY
+        if model.bias:                                    # its gradient: one pass over dY
             mem += m * n_out * dtype_bytes / g.bandwidth
     q_len = s // c                                        # this rank's queries, all s keys
     if attention == "flash":
@@ -234,9 +221,8 @@ def layer_breakdown(model: ModelSpec, gpu: Any, tp: int = 1, microbatch: int = 1
         at_f = per * (g.matmul_seconds(q_len, d, s) + g.matmul_seconds(q_len, s, d))
         at_b = per * (g.matmul_seconds(q_len, d, s) + 3 * g.matmul_seconds(q_len, s, d))
         scores = per * q_len * s
-        extra = g.op_seconds("residual_add", scores, dtype_bytes) + g.op_seconds(
-            "layernorm", scores, dtype_bytes) + (g.op_seconds("dropout", scores, dtype_bytes)
-                                                 if model.dropout else 0.0)
+        passes = ("residual_add", "layernorm", "dropout") if model.dropout else ("residual_add", "layernorm")
+        extra = sum(g.op_seconds(op, scores, dtype_bytes) for op in passes)   # mask, softmax, dropout
         at_f, at_b = at_f + extra / 3, at_b + 2 * extra / 3
     rows = tokens // (t if sequence_parallel else 1)
     mem += 2 * g.op_seconds(model.norm, rows * h, dtype_bytes)

@@ -60,8 +60,8 @@ from __future__ import annotations
 
 import math
 
-from mtb_helpers.cost.model import positive, whole
-from mtb_helpers.plan.specs import ATTENTION, NORMS, RECOMPUTE
+from mtb_helpers.cost.model import one_of, positive, whole
+from mtb_helpers.plan.specs import ATTENTION, NORMS, RECOMPUTE, linears, tp_problems
 
 __all__ = ["MemoryModel", "model_state_bytes", "activation_bytes_per_layer", "ATTENTION_TERMS",
            "MLP_TERMS", "STATE_TERMS", "RECORDED", "deepspeed_extras", "side_by_side",
@@ -79,19 +79,17 @@ class MemoryModel:
 
     def layer_params(self, model, tp: int = 1, ep: int = 1) -> dict[str, float]:
         """Parameters of one layer of ``model`` (a ``ModelSpec``) on one rank: ``{"dense",
-        "experts"}`` (the experts' share this rank holds; the router counts as dense). Split by
-        ``tp``: Q/K/V and the projection, the MLP, their column-split biases; whole on every
-        tensor rank (Megatron-LM, and the capstone's ``layers.py``): the norms and the biases
-        added after a row-parallel layer."""
-        h, f, kv, d = model.hidden, model.ffn_hidden, model.kv_heads, model.head_dim
-        qkv_out = (model.heads + 2 * kv) * d
-        attn = (h * qkv_out + model.heads * d * h) / tp
-        if model.bias:
-            attn += qkv_out / tp + h                # QKV bias split, projection bias whole
+        "experts"}`` (the experts' share this rank holds; the router counts as dense): the
+        matmuls' weights and biases as ``specs.linears`` splits them, and the norms, whole on
+        every tensor rank (Megatron-LM, and the capstone's ``layers.py``)."""
+        if tp_problems(model, tp):
+            raise ValueError("; ".join(tp_problems(model, tp)))
+        h = model.hidden
+        weights = {False: 0.0, True: 0.0}            # in the MLP -> parameters on this rank
+        for n_in, n_out, in_mlp in linears(model, tp):
+            weights[in_mlp] += n_in * n_out + (n_out if model.bias else 0)
+        attn, mlp = weights[False], weights[True]
         norms = 2 * NORMS[model.norm] * h
-        mlp = (3 if model.gated_mlp else 2) * h * f / tp
-        if model.bias:
-            mlp += (2 if model.gated_mlp else 1) * f / tp + h
         if model.experts == 1:
             return {"dense": attn + norms + mlp, "experts": 0.0}
         return {"dense": attn + norms + h * model.experts, "experts": mlp * model.experts / ep}
@@ -104,8 +102,7 @@ class MemoryModel:
         unsharded flat buffers ``N ceil(Ψ/N)``), as implementations lay them out."""
         psi = positive("num_params", num_params)
         n = whole("dp", dp)
-        if zero_stage not in (0, 1, 2, 3) or isinstance(zero_stage, bool):
-            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+        one_of("zero_stage", zero_stage, (0, 1, 2, 3))
         for name, v in (("optimizer_bytes_per_param", optimizer_bytes_per_param),
                         ("param_bytes", param_bytes), ("grad_bytes", grad_bytes)):
             positive(name, v)
@@ -125,17 +122,14 @@ class MemoryModel:
         (``ATTENTION_TERMS + MLP_TERMS``, or ``{"layer input"}`` under full recompute). Under
         ``attention="flash"`` the "attention scores" term holds the kernel's softmax statistics
         (fp32, one per query and head)."""
-        s, b, h, a, t = (whole(n, v) for n, v in (("seq", seq), ("batch", batch),
-                                                          ("hidden", hidden), ("heads", heads),
-                                                          ("tp", tp)))
+        s, b, h, a, t = (whole(n, v) for n, v in (("seq", seq), ("batch", batch), ("hidden", hidden),
+                                                  ("heads", heads), ("tp", tp)))
         kv = a if kv_heads is None else whole("kv_heads", kv_heads)
         f = 4 * h if ffn_hidden is None else whole("ffn_hidden", ffn_hidden)
         whole("top_k", top_k)
         whole("dtype_bytes", dtype_bytes)
-        if recompute not in RECOMPUTE:
-            raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
-        if attention not in ATTENTION:
-            raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
+        one_of("recompute", recompute, RECOMPUTE)
+        one_of("attention", attention, ATTENTION)
         if h % a:
             raise ValueError(f"hidden={h} is not divisible by heads={a}")
         if a % t or kv % t:
@@ -183,14 +177,12 @@ def model_state_bytes(num_params: float, dp: int, zero_stage: int,
 def activation_bytes_per_layer(seq: int, batch: int, hidden: int, heads: int, tp: int = 1,
                                sequence_parallel: bool = False, recompute: str = "none",
                                **details) -> float:
-    """Activation bytes of one transformer layer per micro-batch on one tensor-parallel rank
-    (16-bit activations). By default Korthikanti et al.'s count: ``sbh(34 + 5as/h)`` without
-    parallelism, and the table's other rows for ``tp``, ``sequence_parallel`` and ``recompute``
-    ("selective" drops the attention scores, "full" keeps the layer input only).
-    ``details``: ``attention`` ("materialized", the paper's, or "flash": a fused kernel keeps no
-    scores), ``kv_heads``, ``ffn_hidden``, ``gated_mlp`` (four [s, f] tensors, as PyTorch eager
-    keeps SwiGLU), ``dropout``, ``top_k``, ``dtype_bytes`` (see ``MemoryModel.activation_terms``
-    and the module docstring) for models the paper's defaults do not describe.
+    """Activation bytes of one transformer layer per micro-batch on one tensor-parallel rank: the
+    sum of ``MemoryModel.activation_terms``. By default Korthikanti et al.'s count,
+    ``sbh(34 + 5as/h)`` without parallelism, and the module docstring's table for ``tp``,
+    ``sequence_parallel`` and ``recompute``. ``details`` (``attention``, ``kv_heads``,
+    ``ffn_hidden``, ``gated_mlp``, ``dropout``, ``top_k``, ``dtype_bytes``, ``fused_swiglu``)
+    describe models the paper's defaults do not.
 
     >>> activation_bytes_per_layer(2048, 1, 12288, 96)   # GPT-3: sbh (34 + 80)
     2868903936.0

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mtb_helpers.cost.model import whole
 from mtb_helpers.plan.budget import memory_per_rank, total_params
 from mtb_helpers.plan.presets import cluster
 from mtb_helpers.plan.search import PlanResult, plan
@@ -74,14 +73,7 @@ class PublishedRow(Spec):
     microbatch: int
     layers_per_virtual_stage: int | None = None   # interleaved schedule when set
     ddp: str = "local"                            # "torch" overlaps the gradient all-reduce
-
-    def __post_init__(self) -> None:
-        for f in ("heads", "hidden", "layers", "tp", "pp", "gpus", "batch", "microbatch"):
-            whole(f, getattr(self, f))
-        if self.layers_per_virtual_stage is not None:
-            whole("layers_per_virtual_stage", self.layers_per_virtual_stage)
-        if self.ddp not in ("torch", "local"):
-            raise ValueError(f"ddp must be 'torch' or 'local', got {self.ddp!r}")
+    CHOICES = {"ddp": ("torch", "local")}
 
 
 NARAYANAN_2021_TABLE_1 = (

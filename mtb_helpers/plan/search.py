@@ -29,11 +29,11 @@ from mtb_helpers.plan.presets import GIB
 from mtb_helpers.plan.specs import ClusterSpec, Layout, ModelSpec, layout_problems
 from mtb_helpers.plan.steptime import StepTime, step_time
 
-__all__ = ["Candidate", "PlanResult", "plan", "divisors", "prime_factors", "groupings",
+__all__ = ["Candidate", "PlanResult", "plan", "divisors", "prime_factors",
            "check_reserve", "check_gpus", "MAX_GPUS", "MAX_GROUPINGS"]
 
 MAX_GPUS = 2**40            # factorised at once below this (at most 2**19 trial divisions)
-MAX_GROUPINGS = 20_000      # tp x pp x cp groupings weighed at most (8e9 GPUs have 100,100)
+MAX_GROUPINGS = 20_000      # tp x pp x cp groupings weighed at most (see the module docstring)
 
 
 @dataclass
@@ -123,12 +123,6 @@ def divisors(n: int) -> list[int]:
     return sorted(out)
 
 
-def groupings(n: int) -> int:
-    """How many (tp, pp, cp) have a product that divides ``n``: for each prime of exponent e, the
-    ways to share out at most e of it among three, C(e + 3, 3)."""
-    return math.prod(math.comb(e + 3, 3) for e in prime_factors(n).values())
-
-
 def check_reserve(cluster: ClusterSpec, reserve: float) -> None:
     """ValueError unless ``reserve`` bytes leave some of each GPU's memory: finite, >= 0, less."""
     if positive("reserve (bytes)", reserve, strict=False) >= cluster.memory_bytes:
@@ -140,7 +134,9 @@ def check_gpus(n: int) -> None:
     """ValueError when the layouts of ``n`` GPUs are too many to list (see ``MAX_GROUPINGS``)."""
     if n >= MAX_GPUS:
         raise ValueError(f"gpus={n}: the planner factorises GPU counts below 2**40")
-    ways = groupings(n)
+    # (tp, pp, cp) whose product divides n: each prime of exponent e shares out at most e of
+    # itself among three, in C(e + 3, 3) ways
+    ways = math.prod(math.comb(e + 3, 3) for e in prime_factors(n).values())
     if ways > MAX_GROUPINGS:
         primes = " x ".join(f"{p}^{e}" if e > 1 else str(p) for p, e in prime_factors(n).items())
         raise ValueError(f"{n} GPUs = {primes} split into {ways} tp x pp x cp groupings, more "
@@ -190,11 +186,11 @@ def plan(model: ModelSpec, cluster: ClusterSpec, global_batch: int, seq_len: int
                 result.rejected.append((layout, problems))
                 continue
             memory = memory_per_rank(model, layout)
-            peak = max(s.total for s in memory)
-            if peak > budget:
-                worst = max(memory, key=lambda s: s.total)
+            worst = max(memory, key=lambda s: s.total)
+            if worst.total > budget:
                 result.rejected.append((layout, [
-                    f"needs {math.ceil(peak / GIB * 10) / 10:.1f} GiB > {budget / GIB:.4g} GiB (stage {worst.stage}: "
+                    f"needs {math.ceil(worst.total / GIB * 10) / 10:.1f} GiB > {budget / GIB:.4g} GiB "
+                    f"(stage {worst.stage}: "
                     + ", ".join(f"{k} {v / GIB:.1f}" for k, v in worst.terms.items() if v)
                     + ")"]))
                 continue

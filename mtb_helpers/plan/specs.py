@@ -2,8 +2,8 @@
 to lay the model out on it (``Layout``). Plain numbers only: nothing here allocates a tensor, so a
 405B-parameter model costs the same microseconds as the capstone's tiny GPT.
 
-Every size is checked when the object is made (a positive integer, a finite positive number, a
-known name), and ``layout_problems`` lists, in words, every reason a layout cannot run a model on
+Every size is checked when the object is made (``Spec``: a positive integer, a finite positive
+number, a known name), and ``layout_problems`` lists, in words, every reason a layout cannot run a model on
 a cluster; ``check_layout`` raises a ValueError with them.
 """
 from __future__ import annotations
@@ -11,16 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
 
-from mtb_helpers.cost.model import positive, whole
+from mtb_helpers.cost.model import one_of, positive, whole
 
 __all__ = ["Spec", "ModelSpec", "ClusterSpec", "Layout", "DTYPE_BYTES", "RECOMPUTE", "SCHEDULES", "ATTENTION",
-           "layout_problems", "check_layout", "stage_layers"]
+           "layout_problems", "check_layout", "stage_layers", "tp_problems", "linears"]
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
 RECOMPUTE = ("none", "selective", "full")
-# How attention keeps what its backward needs: "materialized" stores the [a, s, s] scores
-# (Korthikanti et al.'s count), "flash" a fused kernel (FlashAttention) that recomputes them
-ATTENTION = ("materialized", "flash")
+ATTENTION = ("materialized", "flash")     # what attention keeps for backward: ``Layout``'s docstring
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
 NORMS = {"layernorm": 2, "rmsnorm": 1}   # parameters per feature: LayerNorm has a weight and a bias
 
@@ -29,8 +27,26 @@ S = TypeVar("S", bound="Spec")
 
 
 class Spec:
-    """A frozen dataclass whose ``__post_init__`` checks every field: ``with_`` copies it with
-    some fields changed, checked again."""
+    """A frozen dataclass checked when it is made: every ``int`` field a positive integer, every
+    ``float`` a finite positive number, every field named in ``CHOICES`` one of its values, then
+    ``_check``'s rules between fields (types are read as strings: each subclass's module has
+    ``from __future__ import annotations``). ``with_`` copies it with some fields changed, checked
+    again."""
+    CHOICES: dict[str, Any] = {}
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in self.CHOICES:
+                one_of(f.name, value, self.CHOICES[f.name])
+            elif f.type == "int" or (f.type == "int | None" and value is not None):
+                whole(f.name, value)
+            elif f.type == "float":
+                positive(f.name, value)
+        self._check()
+
+    def _check(self) -> None:
+        """Rules between fields (none unless a subclass has some)."""
 
     def with_(self: S, **changes) -> S:
         return replace(self, **changes)
@@ -43,9 +59,8 @@ class ModelSpec(Spec):
     fewer), an MLP of width ``ffn_hidden`` (SwiGLU's three matrices when ``gated_mlp``), a
     vocabulary of ``vocab``, trained on sequences of ``seq_len``. ``experts`` > 1 makes every MLP
     a mixture of experts of which each token uses ``top_k``. ``fused_swiglu``: the gated MLP's
-    silu(gate) * up runs as one fused kernel that saves only its input and recomputes the rest in
-    backward (Megatron-LM's ``bias_swiglu``): three [s, f] tensors kept instead of PyTorch eager's
-    four."""
+    silu(gate) * up runs as one fused kernel (Megatron-LM's ``bias_swiglu``; what it keeps:
+    :mod:`mtb_helpers.plan.memory`)."""
     layers: int
     hidden: int
     heads: int
@@ -63,11 +78,9 @@ class ModelSpec(Spec):
     dropout: bool = False         # dropout masks are activations too (1 byte per element)
     name: str = ""
     fused_swiglu: bool = False
+    CHOICES = {"norm": NORMS}
 
-    def __post_init__(self) -> None:
-        for f in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
-                  "experts", "top_k"):
-            whole(f, getattr(self, f))
+    def _check(self) -> None:
         if self.hidden % self.heads:
             raise ValueError(f"hidden={self.hidden} is not divisible by heads={self.heads}: "
                              "each head has hidden/heads features")
@@ -76,8 +89,6 @@ class ModelSpec(Spec):
                              "grouped-query attention shares each K/V head among heads/kv_heads")
         if self.top_k > self.experts:
             raise ValueError(f"top_k={self.top_k} exceeds experts={self.experts}")
-        if self.norm not in NORMS:
-            raise ValueError(f"norm must be one of {tuple(NORMS)}, got {self.norm!r}")
 
     @property
     def head_dim(self) -> int:
@@ -102,11 +113,7 @@ class ClusterSpec(Spec):
     name: str = ""
     compute: Any = None
 
-    def __post_init__(self) -> None:
-        whole("gpus_per_node", self.gpus_per_node)
-        whole("nodes", self.nodes)
-        positive("memory_bytes", self.memory_bytes)
-        positive("peak_flops", self.peak_flops)
+    def _check(self) -> None:
         for f in ("intra_node", "inter_node"):
             link = getattr(self, f)
             if not (hasattr(link, "alpha") and hasattr(link, "bandwidth")):
@@ -145,23 +152,13 @@ class Layout(Spec):
     sequence_parallel: bool | None = None
     chunks: int = 1
     attention: str = "flash"
+    CHOICES = {"schedule": SCHEDULES, "zero_stage": (0, 1, 2, 3), "recompute": RECOMPUTE,
+               "dtype": DTYPE_BYTES, "attention": ATTENTION}
 
-    def __post_init__(self) -> None:
-        for f in ("tp", "pp", "dp", "cp", "ep", "microbatch", "grad_accum", "chunks"):
-            whole(f, getattr(self, f))
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+    def _check(self) -> None:
         if (self.schedule == "interleaved") != (self.chunks > 1):
             raise ValueError(f"chunks={self.chunks} with schedule={self.schedule!r}: the "
                              "interleaved schedule needs chunks >= 2, every other exactly 1")
-        if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
-            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
-        if self.recompute not in RECOMPUTE:
-            raise ValueError(f"recompute must be one of {RECOMPUTE}, got {self.recompute!r}")
-        if self.attention not in ATTENTION:
-            raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
-        if self.dtype not in DTYPE_BYTES:
-            raise ValueError(f"dtype must be one of {tuple(DTYPE_BYTES)}, got {self.dtype!r}")
         if self.sequence_parallel is None:
             object.__setattr__(self, "sequence_parallel", self.tp > 1)
 
@@ -188,6 +185,17 @@ class Layout(Spec):
         return text
 
 
+def linears(model: ModelSpec, tp: int) -> list[tuple[int, int, bool]]:
+    """(in, out, in the MLP) of each matmul ``[T, in] @ [in, out]`` of one layer on one of ``tp``
+    tensor-parallel ranks: Q/K/V, the projection, the MLP's (gate and up when gated) and down
+    projection; an MoE layer's MLP rows are one expert's. With ``model.bias`` each has a bias of
+    ``out``: split after a column split, whole after a row split (Megatron-LM, ``capstone/layers.py``)."""
+    h, d, f, t = model.hidden, model.head_dim, model.ffn_hidden, tp
+    up = [(h, f // t, True)] * (2 if model.gated_mlp else 1)
+    return [(h, (model.heads + 2 * model.kv_heads) * d // t, False), (model.heads * d // t, h, False),
+            *up, (f // t, h, True)]
+
+
 def stage_layers(layers: int, stages: int) -> list[int] | None:
     """Blocks on each of ``stages`` (virtual) pipeline stages, or None if they do not split.
     Equal when ``stages`` divides ``layers``; otherwise Llama 3's balancing (Dubey et al. 2024,
@@ -206,6 +214,13 @@ def stage_layers(layers: int, stages: int) -> list[int] | None:
     return out
 
 
+def tp_problems(model: ModelSpec, tp: int) -> list[str]:
+    """The sizes of ``model`` that ``tp`` tensor-parallel ranks cannot split evenly, in words."""
+    return [f"{what}={size} is not divisible by tp={tp}: each tensor-parallel rank holds {what}/tp of them"
+            for what, size in (("heads", model.heads), ("kv_heads", model.kv_heads),
+                               ("ffn_hidden", model.ffn_hidden)) if size % tp]
+
+
 def layout_problems(model: ModelSpec, cluster: ClusterSpec, layout: Layout,
                     global_batch: int | None = None) -> list[str]:
     """Every reason ``layout`` cannot train ``model`` on ``cluster`` (empty when it can), each a
@@ -221,11 +236,7 @@ def layout_problems(model: ModelSpec, cluster: ClusterSpec, layout: Layout,
     elif cluster.gpus_per_node % t:
         out.append(f"tp={t} does not divide {cluster.gpus_per_node} GPUs per node: a tensor "
                    "group would straddle two nodes")
-    for what, size in (("heads", model.heads), ("kv_heads", model.kv_heads),
-                       ("ffn_hidden", model.ffn_hidden)):
-        if size % t:
-            out.append(f"{what}={size} is not divisible by tp={t}: each tensor-parallel rank "
-                       f"holds {what}/tp of them")
+    out += tp_problems(model, t)
     if stage_layers(model.layers, p * L.chunks) is None:
         out.append(f"layers={model.layers} do not split over pp*chunks = {p}*{L.chunks} stages "
                    "(equal stages, or the first and last one layer lighter)")

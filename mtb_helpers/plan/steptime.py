@@ -63,7 +63,7 @@ from mtb_helpers.cost import predict
 from mtb_helpers.cost.model import positive
 from mtb_helpers.plan.budget import extrapolated, layer_params, rank_layers, stage_params, vocab_rows
 from mtb_helpers.plan.compute import layer_breakdown
-from mtb_helpers.plan.specs import NORMS, ClusterSpec, Layout, ModelSpec
+from mtb_helpers.plan.specs import NORMS, ClusterSpec, Layout, ModelSpec, linears
 from mtb_helpers.pp.simulator import simulate
 
 __all__ = ["StepTime", "step_time", "stage_compute", "stage_seconds", "model_flops_per_token",
@@ -82,11 +82,10 @@ class StepTime:
 
 
 def matmul_params(model: ModelSpec, active: bool = True) -> float:
-    """Weights a token multiplies by in one layer (its ``top_k`` experts when ``active``)."""
-    h, f, d = model.hidden, model.ffn_hidden, model.head_dim
-    attn = h * (model.heads + 2 * model.kv_heads) * d + model.heads * d * h
-    mlp = (3 if model.gated_mlp else 2) * h * f
-    return attn + mlp * (model.top_k if active else model.experts)
+    """Weights a token multiplies by in one layer (its ``top_k`` experts when ``active``, every
+    expert otherwise): ``specs.linears`` without tensor parallelism."""
+    copies = model.top_k if active else model.experts
+    return sum(n_in * n_out * (copies if mlp else 1) for n_in, n_out, mlp in linears(model, 1))
 
 
 def model_flops_per_token(model: ModelSpec, seq_len: int | None = None) -> float:
@@ -227,11 +226,12 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout,
     per_layer_comm = (tp_fwd + cp_fwd + 2 * a2a, tp_bwd + cp_bwd + 2 * a2a)
     stages = rank_layers(model, L)
     small_tp = tp_small_collectives(model, L)
-    small = [tuple(sum(n * _time(kind, elements * d, t, tp_link) for kind, elements, n in st[way])
-                   for way in ("forward", "backward")) for st in small_tp]
+
+    def seconds(entries: list[tuple]) -> float:
+        return sum(n * _time(kind, elements * d, t, tp_link) for kind, elements, n in entries)
+    small = [(seconds(st["forward"]), seconds(st["backward"])) for st in small_tp]
     # once per step, after each stage's last backward (SP's replicated grads): the slowest stage's
-    finalize = max(sum(n * _time(kind, elements * d, t, tp_link) for kind, elements, n in st["step"])
-                   for st in small_tp)
+    finalize = max(seconds(st["step"]) for st in small_tp)
     # the slowest stage sets the pace of every stage (the simulator takes one time per op)
     ops = [(fc + n * per_layer_comm[0] + sf, bc + n * per_layer_comm[1] + sb, r)
            for r, ((fc, bc), n, (sf, sb)) in enumerate(zip(compute, stages, small))]
