@@ -155,9 +155,8 @@ class SequenceParallelRowLinear(RowParallelLinear):
                   grad_sync: str = "backward") -> "SequenceParallelRowLinear":
         """This rank's input columns of a full ``nn.Linear``; the bias stays whole, its grad
         summed over the group in backward (``"backward"``) or left partial (``"step"``)."""
-        check_grad_sync(grad_sync)
         layer = super().from_full(linear, input_is_parallel, group)
-        layer.grad_sync = grad_sync
+        layer.grad_sync = check_grad_sync(grad_sync)
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
