@@ -20,6 +20,7 @@ from __future__ import annotations
 from mtb_helpers.capstone.grid import GridLayout
 from mtb_helpers.capstone.layers import stage_blocks
 from mtb_helpers.capstone.model import GPTConfig
+from mtb_helpers.cp.reference import expected_bytes
 from mtb_helpers.comm.regions import GATHER_SP, GRAD_ALLREDUCE_SP, REDUCE_SCATTER_SP, SCATTER_SP
 from mtb_helpers.dp.strategies import padded_numel
 
@@ -87,8 +88,7 @@ def formula_bytes(layout: GridLayout, cfg: GPTConfig, batch: int, microbatches: 
     tp += (ring(a) if first else 0) + (3 * ring(n * b * d) if last else 0)
     boundary = (a // t if sequence_parallel else a)
     pp = boundary * ((0 if last else 1) + (0 if first else 1))
-    kv = a // t
-    cp = blocks * ((6 * (c - 1) + 2) * kv if c > 1 else 0)
+    cp = blocks * sum(expected_bytes("ring", a // t, c).values())   # K/V of its a/t heads
     psi = numel if strategy == "ddp" else padded_numel(numel, g)
     dp = 2 * (g - 1) * psi * d // g
     return {"tp": m * tp, "sp": m * sp + finalize, "pp": m * pp, "cp": m * cp, "dp": dp}

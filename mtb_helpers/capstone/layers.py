@@ -12,10 +12,7 @@ Inside one tensor-parallel group of t ranks (``sequence_parallel=True``, Korthik
     head:   SP LayerNorm -> all-gather (seq) -> LM head column-split by vocabulary [s/cp, b, vocab/t]
     loss:   vocab_parallel_cross_entropy (all-reduces of [s/cp, b], the max, then [2, s/cp, b]: the
             sum of exponentials and the target logit together), mean over this rank's tokens
-    step:   the replicated LayerNorm weights / biases and Wo's, fc2's biases saw only this rank's
-            rows: their grads, partial, are summed over the group once per step, in one all-reduce
-            (``finalize.SequenceParallelGrads``, as Megatron-LM's finalize_model_grads), not per
-            parameter and micro-batch as notebook 04's layers do
+    step:   the replicated parameters' partial grads summed once per step (``finalize.py``)
 
 With ``sequence_parallel=False`` the activations stay replicated ``[s/cp, b, h]``, the layers are
 the plain tensor-parallel ones (one ``f`` and one ``g`` per attention and per MLP).

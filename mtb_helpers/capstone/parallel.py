@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -50,7 +50,6 @@ __all__ = ["GridP2P", "ParallelRun", "train_parallel", "train_on_rank", "full_mo
            "snapshot", "DP_STRATEGIES", "PP_SCHEDULES"]
 
 
-
 class GridP2P(P2P):
     """The pipeline's messages inside one pipeline group: stage i is global rank ``ranks[i]``."""
 
@@ -59,20 +58,12 @@ class GridP2P(P2P):
         self.ranks = ranks
 
     def send(self, tensor: torch.Tensor, msg: Message) -> None:
-        start = self.clock()
-        tensor = tensor.detach().contiguous()
         # [s/(c t), b, h] activation or grad -> isend -> the next (or previous) stage's rank
-        work = dist.isend(tensor, dst=self.ranks[msg.dst], tag=self.tag(msg))
-        self.pending.append((work, tensor))
-        self._note("send", tensor, msg, start)
+        super().send(tensor, replace(msg, src=self.ranks[msg.src], dst=self.ranks[msg.dst]))
 
     def recv(self, shape: torch.Size, dtype: torch.dtype, msg: Message) -> torch.Tensor:
-        start = self.clock()
-        out = torch.empty(shape, dtype=dtype)
         # the previous (or next) stage's rank -> irecv -> [s/(c t), b, h]
-        dist.irecv(out, src=self.ranks[msg.src], tag=self.tag(msg)).wait()
-        self._note("recv", out, msg, start)
-        return out
+        return super().recv(shape, dtype, replace(msg, src=self.ranks[msg.src], dst=self.ranks[msg.dst]))
 
 
 @functools.lru_cache(maxsize=2)

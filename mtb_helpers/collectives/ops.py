@@ -134,17 +134,14 @@ def ring_reduce_scatter(x: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- the single-process side
 
 
-def input_numel(collective: str, world_size: int, numel: int) -> int:
-    """Elements in each rank's input: the shard n/p for all-gather, the full n otherwise."""
-    return numel // world_size if collective == "all-gather" else numel
-
-
 def rank_input(collective: str, rank: int, world_size: int, numel: int,
                dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:
     """Rank ``rank``'s input for ``collective``: ``10*rank + d`` with seeded digits d in 0..9, so
-    the tens digit names the rank it came from and every sum stays exact."""
+    the tens digit names the rank it came from and every sum stays exact. ``[n/p]`` for
+    all-gather (its shard), ``[n]`` otherwise."""
     gen = torch.Generator().manual_seed(seed * 1000 + rank)
-    digits = torch.randint(0, 10, (input_numel(collective, world_size, numel),), generator=gen)
+    size = numel // world_size if collective == "all-gather" else numel
+    digits = torch.randint(0, 10, (size,), generator=gen)
     return (10 * rank + digits).to(dtype)
 
 
@@ -177,11 +174,6 @@ def formula_bytes(collective: str, world_size: int, nbytes: float) -> list[float
         return [float(nbytes * _tree_children(r, p)) for r in range(p)]
     factor = 2 if collective == "all-reduce" else 1  # all-reduce = reduce-scatter + all-gather
     return [factor * (p - 1) / p * nbytes] * p
-
-
-def ring_broadcast_bytes(world_size: int, nbytes: float) -> list[float]:
-    """A pipelined ring broadcast: every rank but the last forwards n once."""
-    return [float(nbytes)] * (world_size - 1) + [0.0]
 
 
 def decode_sources(tag: float, world_size: int) -> list[int]:

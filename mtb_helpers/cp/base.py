@@ -125,14 +125,15 @@ def _check_same_shards_everywhere(group: dist.ProcessGroup | None,
     every rank see the same mismatch and raise the same error, naming each rank's length."""
     if group_size(group) == 1:
         return
-    mine = torch.tensor([_shape_code(x) for triple in shards for x in triple],
-                        dtype=torch.int64)                            # [3 x layers, 5]
+    # one fixed-size row per tensor, whatever it is: [ndim, its first 4 sizes padded with -1]
+    mine = torch.tensor([[x.dim(), *(list(x.shape[:4]) + [-1] * 4)[:4]]
+                         for triple in shards for x in triple], dtype=torch.int64)   # [3 x layers, 5]
     codes = [code.tolist() for code in agree(mine, group)]           # cp x [3 x layers, 5], rank order
     if all(code == codes[0] for code in codes):
         return
     first = next(i for i in range(0, len(codes[0]), 3)
                  if any(code[i:i + 3] != codes[0][i:i + 3] for code in codes))   # a layer's q, k, v
-    shapes = [[_shape_of(row) for row in code[first:first + 3]] for code in codes]
+    shapes = [[[size for size in row[1:] if size >= 0] for row in code[first:first + 3]] for code in codes]
     lengths = ", ".join(f"rank {r}: {qs[2] if len(qs) > 2 else '?'}"
                         for r, (qs, _, _) in enumerate(shapes))
     held = "; ".join(f"rank {r}: " + (f"{qs}" if qs == ks == vs else f"q {qs}, k {ks}, v {vs}")
@@ -141,16 +142,6 @@ def _check_same_shards_everywhere(group: dist.ProcessGroup | None,
         f"context-parallel attention needs shards of one shape [b, heads, s/cp, d] on every "
         f"rank (shard_sequence(x, cp, r, layout, dim=2) cuts them so); the sequence length "
         f"(dim 2) per rank is {lengths}; shapes held: {held}")
-
-
-def _shape_code(x: torch.Tensor) -> list[int]:
-    """``[ndim, first 4 sizes, padded with -1]``: one fixed-size row, whatever ``x`` is."""
-    return [x.dim(), *(list(x.shape[:4]) + [-1] * 4)[:4]]
-
-
-def _shape_of(code: list[int]) -> list[int]:
-    """The shape a ``_shape_code`` row stands for (its first 4 dims)."""
-    return [size for size in code[1:] if size >= 0][:code[0]]
 
 
 @contextlib.contextmanager

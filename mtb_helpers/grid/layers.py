@@ -30,7 +30,7 @@ from torch import nn
 
 from mtb_helpers.comm.mesh import Mesh, MeshGroups
 from mtb_helpers.comm.records import note, record
-from mtb_helpers.comm.sharding import shard_range
+from mtb_helpers.comm.sharding import Replicate, Shard, local_piece, shard_range
 from mtb_helpers.tp.layers import ParallelMLP
 
 __all__ = ["CONVENTION", "DP_REGION", "PARAMS", "GridGroups", "validate_grid", "tp_group_ranks",
@@ -39,7 +39,9 @@ __all__ = ["CONVENTION", "DP_REGION", "PARAMS", "GridGroups", "validate_grid", "
 
 CONVENTION = "rank = dp_index * tp + tp_index (Megatron-LM: tensor-parallel ranks are neighbours)"
 DP_REGION = "data_parallel_grad_allreduce"
-PARAMS = ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
+# how the tensor-parallel ranks hold each parameter (nn.Linear layout): fc1 by rows, fc2 by columns
+PLACEMENTS = {"fc1.weight": Shard(0), "fc1.bias": Shard(0), "fc2.weight": Shard(1), "fc2.bias": Replicate()}
+PARAMS = tuple(PLACEMENTS)
 
 
 def validate_grid(world_size: int, tp: int, dp: int) -> None:
@@ -105,11 +107,7 @@ def average_gradients(params: dict[str, nn.Parameter], groups: GridGroups) -> li
 def param_piece(name: str, full: torch.Tensor, tp: int, tp_index: int) -> torch.Tensor:
     """The piece of full parameter ``name`` (nn.Linear layout) that shard ``tp_index`` holds:
     fc1 rows (``[ffn/tp, h]``, ``[ffn/tp]``), fc2 columns (``[h, ffn/tp]``), fc2's bias whole."""
-    if name == "fc2.bias":
-        return full
-    size = full.shape[-1] if name == "fc2.weight" else full.shape[0]
-    lo, hi = shard_range(size, tp, tp_index)
-    return full[:, lo:hi] if name == "fc2.weight" else full[lo:hi]
+    return local_piece(full, PLACEMENTS[name], tp_index, tp)
 
 
 def grid_step_on_rank(fc1: nn.Linear, fc2: nn.Linear, x: torch.Tensor, target: torch.Tensor,

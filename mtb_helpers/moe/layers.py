@@ -48,7 +48,7 @@ from mtb_helpers.comm.records import note, recorded
 from mtb_helpers.comm.regions import allreduce_grad
 
 __all__ = ["Expert", "route", "expert_capacity", "capacity_mask", "inverse_permutation",
-           "all_to_all_rows", "allreduce_router_grad", "moe_reference", "ExpertParallelMoE",
+           "all_to_all_rows", "moe_reference", "ExpertParallelMoE",
            "Routing", "COUNTS", "DISPATCH", "COMBINE", "ROUTER_GRAD"]
 
 COUNTS = "exchange_expert_counts"
@@ -136,12 +136,6 @@ def all_to_all_rows(x: torch.Tensor, send: list[int], recv: list[int], region: s
     return _AllToAll.apply(x, list(send), list(recv), region, group)
 
 
-def allreduce_router_grad(weight: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """Use the replicated router weight ``[E, h]`` through this so its grad (a sum over this
-    rank's tokens only) is summed over the group in backward."""
-    return allreduce_grad(weight, ROUTER_GRAD, "gate.weight", group)
-
-
 def moe_reference(gate: nn.Linear, experts: list[Expert], x: torch.Tensor, top_k: int,
                   capacity_factor: float | None, groups: int = 1,
                   chosen: torch.Tensor | None = None):
@@ -205,7 +199,9 @@ class ExpertParallelMoE(nn.Module):
         return cls(copy.deepcopy(gate), mine, len(experts), top_k, capacity_factor, group)
 
     def router_weight(self) -> torch.Tensor:
-        return allreduce_router_grad(self.gate.weight, self.group)
+        """The replicated router weight ``[E, h]``, its grad (a sum over this rank's tokens only)
+        summed over the group in backward."""
+        return allreduce_grad(self.gate.weight, ROUTER_GRAD, "gate.weight", self.group)
 
     def unpermute(self, back: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
         """Rows came back sorted by expert; put each at its (token, choice) again."""

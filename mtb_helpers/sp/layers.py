@@ -30,7 +30,8 @@ from torch import nn
 
 from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.comm.records import recorded
-from mtb_helpers.comm.regions import (GATHER_SP, allreduce_sequence_parallel_grad,
+from mtb_helpers.comm.regions import (_ALL_GATHER, _REDUCE_SCATTER, GATHER_SP,  # torch 2.13's names, or older
+                                      allreduce_sequence_parallel_grad,
                                       gather_from_sequence_parallel_region,
                                       reduce_scatter_to_sequence_parallel_region)
 from mtb_helpers.comm.sharding import Replicate, Shard, shard_range
@@ -87,12 +88,6 @@ class SequenceParallelLayerNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}, grad_sync={self.grad_sync!r}"
-
-
-# torch 2.13 renamed these (the old names warn); Colab's older torch has only the old ones
-_ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
-_REDUCE_SCATTER = ("reduce_scatter_single" if hasattr(dist, "reduce_scatter_single")
-                   else "reduce_scatter_tensor")
 
 
 @recorded(GATHER_SP)
@@ -160,9 +155,8 @@ class SequenceParallelRowLinear(RowParallelLinear):
                   grad_sync: str = "backward") -> "SequenceParallelRowLinear":
         """This rank's input columns of a full ``nn.Linear``; the bias stays whole, its grad
         summed over the group in backward (``"backward"``) or left partial (``"step"``)."""
-        check_grad_sync(grad_sync)
         layer = super().from_full(linear, input_is_parallel, group)
-        layer.grad_sync = grad_sync
+        layer.grad_sync = check_grad_sync(grad_sync)
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -208,7 +202,6 @@ class SequenceParallelMLPBlock(nn.Module):
         ``grad_sync``: the replicated grads summed in backward (``"backward"``) or left partial
         for the step (``"step"``)."""
         _check_block(ln, fc1, fc2)
-        check_grad_sync(grad_sync)
         col = SequenceParallelColumnLinear.from_full(fc1, group=group)
         col.save_input_shard = save_input_shard
         return cls(SequenceParallelLayerNorm.from_full(ln, "ln", group, grad_sync), col,

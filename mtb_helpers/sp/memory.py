@@ -46,8 +46,7 @@ __all__ = ["TERMS", "STATS", "VARIANTS", "make_block_inputs", "check_block_sizes
 TERMS = ("LayerNorm input", "fc1 input", "GeLU input", "fc2 input", "dropout mask")
 STATS = "LayerNorm stats"
 VARIANTS = {"tp": "TP only", "sp": "TP + SP", "sp_regather": "TP + SP, fc1 input re-gathered"}
-_LABEL = {"ln": "LayerNorm input", "fc1": "fc1 input", "act": "GeLU input", "fc2": "fc2 input",
-          "dropout": "dropout mask"}
+_LABEL = dict(zip(("ln", "fc1", "act", "fc2", "dropout"), TERMS))   # the submodule that saves each term
 
 
 def make_block_inputs(seq_len: int, batch: int, hidden: int, ffn_hidden: int,
@@ -210,8 +209,7 @@ def measure_activation_memory(world_sizes: tuple[int, ...] = (1, 2, 4), seq_len:
             for t in sizes]
 
 
-_SHORT_TERMS = {"LayerNorm input": "LN in", "fc1 input": "fc1 in", "GeLU input": "GeLU in",
-                "fc2 input": "fc2 in", "dropout mask": "mask"}
+_SHORT_TERMS = dict(zip(TERMS, ("LN in", "fc1 in", "GeLU in", "fc2 in", "mask")))
 VARIANT_LABELS = {"tp": "TP", "sp": "SP", "sp_regather": "SP+"}
 
 

@@ -31,7 +31,7 @@ from mtb_helpers.checking.agreement import (Agreement, agreement, course_counts,
                                             one_dim_mesh, torch_counts)
 from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.tp.pytorch import course_run, torch_run
-from mtb_helpers.comm.sharding import shard_range
+from mtb_helpers.comm.sharding import local_piece
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.sp.layers import SequenceParallelMLPBlock
 from mtb_helpers.sp.memory import check_block_sizes, make_block_inputs
@@ -66,8 +66,7 @@ def sp_on_rank(ln: nn.LayerNorm, fc1: nn.Linear, fc2: nn.Linear, x: torch.Tensor
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    SequenceParallel, parallelize_module)
     t, r = dist.get_world_size(), dist.get_rank()
-    lo, hi = shard_range(x.shape[0], t, r)
-    x_r, dy_r = x[lo:hi], dy[lo:hi]
+    x_r, dy_r = (local_piece(z, Shard(0), r, t) for z in (x, dy))   # [s/t, b, h]
 
     ours = SequenceParallelMLPBlock.from_full(ln, fc1, fc2, dropout_p=0.0)
     y, dx, rec = course_run(ours, x_r, dy_r)

@@ -70,9 +70,7 @@ class LocalAttention(nn.Module):
 
     def __init__(self, n_heads: int, head_dim: int, causal: bool = True, world_size: int = 1):
         super().__init__()
-        if n_heads < 1 or world_size < 1 or n_heads % world_size:
-            raise ValueError(f"n_heads={n_heads} is not divisible by the world size {world_size}: "
-                             f"tensor-parallel attention gives each rank n_heads/t whole heads")
+        check_heads(n_heads * head_dim, n_heads, world_size)   # whole heads on every rank
         self.n_heads, self.head_dim, self.causal = n_heads, head_dim, causal
         self.world_size = world_size
         self.local_heads = n_heads // world_size

@@ -29,7 +29,7 @@ from mtb_helpers.checking.agreement import (Agreement, agreement, course_counts,
                                             torch_counts)
 from mtb_helpers.checking.bug import Bug, resolve, swap
 from mtb_helpers.comm.records import record
-from mtb_helpers.comm.sharding import check_divisible, shard_range
+from mtb_helpers.comm.sharding import Shard, check_divisible, local_piece
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.tp.layers import (ColumnParallelLinear, ParallelMLP, RowParallelLinear,
                                    TensorParallelPlan)
@@ -72,11 +72,9 @@ def tp_on_rank(kind: str, layers: list[nn.Linear], x: torch.Tensor, dy: torch.Te
     from torch.distributed.tensor.parallel import parallelize_module
     t, r = dist.get_world_size(), dist.get_rank()
     if kind == "row":       # this rank's input columns [.., in/t]
-        lo, hi = shard_range(x.shape[-1], t, r)
-        x = x[..., lo:hi]
+        x = local_piece(x, Shard(-1), r, t)
     if kind == "column":    # the grad of this rank's output columns [.., out/t]
-        lo, hi = shard_range(dy.shape[-1], t, r)
-        dy = dy[..., lo:hi]
+        dy = local_piece(dy, Shard(-1), r, t)
     if kind == "mlp":
         course = ParallelMLP.from_full(*layers)
         theirs = nn.Sequential(copy.deepcopy(layers[0]), nn.GELU(), copy.deepcopy(layers[1]))

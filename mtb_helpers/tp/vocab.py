@@ -70,9 +70,7 @@ class VocabParallelEmbedding(nn.Module):
         if embedding.padding_idx is not None or embedding.max_norm is not None:
             raise ValueError("VocabParallelEmbedding supports plain tables only "
                              "(padding_idx=None, max_norm=None)")
-        t, r = group_size(group), group_rank(group)
-        check_divisible(f"{cls.__name__}: num_embeddings", embedding.num_embeddings, t)
-        lo, hi = shard_range(embedding.num_embeddings, t, r)
+        lo, hi = shard_range(embedding.num_embeddings, group_size(group), group_rank(group))
         return cls(embedding.weight[lo:hi], embedding.num_embeddings, group)
 
     def local_ids(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
