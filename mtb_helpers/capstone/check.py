@@ -50,9 +50,7 @@ LAYOUTS = [GridLayout(1, 1, 1, 1), GridLayout(2, 1, 1, 1), GridLayout(1, 2, 1, 1
 
 
 def _row(quantity, rank, got, ref, ref64, dtype, note):
-    row = compare(quantity, rank, got, ref, ref64, dtype, TOLERANCE[dtype][quantity])
-    row.note = note if not row.note else f"{note}; {row.note}"
-    return row
+    return compare(quantity, rank, got, ref, ref64, dtype, TOLERANCE[dtype][quantity], note)
 
 
 def grid_table(layout: GridLayout, cfg: GPTConfig, batch: int) -> list[dict]:

@@ -28,7 +28,8 @@ from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 
 from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.comm.records import CollectiveRecord, record
-from mtb_helpers.checking.report import Report, Row, compare, tolerance
+from mtb_helpers.checking.report import Report, Row, compare
+from mtb_helpers.checking.tolerances import tolerance
 from mtb_helpers.comm.sharding import local_piece, name, shard_range
 
 LAYOUTS = (Shard(0), Shard(-1), Replicate(), Partial(), Partial("max"))   # a step's 2-D view

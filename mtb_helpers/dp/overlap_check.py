@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from mtb_helpers.checking.bug import resolve, swap
 from mtb_helpers.checking.report import Report, Row, compare
-from mtb_helpers.checking.tolerances import as_dtype, check_config, divisible, positive_sizes
+from mtb_helpers.checking.tolerances import as_dtype, check_config, divisible, number, positive_sizes
 from mtb_helpers.comm.records import record
 from mtb_helpers.dp.buckets import bucket_cap_bytes
 from mtb_helpers.dp.fsdp_wrapper import FSDP, check_dtype
@@ -151,8 +151,7 @@ def _validate(wrapper, t, steps, batch, hidden, cap, compute_dtype, reduce_dtype
     check_dtype("reduce_dtype", reduce_dtype)
     if wrapper != "fsdp" and (compute_dtype, reduce_dtype) != (None, None):
         raise ValueError("compute_dtype / reduce_dtype are FSDP's: use wrapper='fsdp'")
-    if not isinstance(straggle, (int, float)) or not 0 <= straggle <= 5:
-        raise ValueError(f"straggle must be between 0 and 5 seconds, got {straggle!r}")
+    number("straggle", straggle, lambda s: 0 <= s <= 5, "between 0 and 5 seconds")
     # what a bug needs (its wrapper; float16 for the overflow) is declared on the Bug itself
     return resolve(bug, "overlap", wrapper=wrapper, compute_dtype=compute_dtype)
 
@@ -193,10 +192,10 @@ def check_overlap(world_size: int = 2, wrapper: str = "ddp", steps: int = 3, bat
                     err = float((got.double() - ref).abs().max())
                     tol = 0.05 * float(ref.abs().max())
                     row = Row(q, r, err, err / float(ref.abs().max()), math.nan, tol,
-                              err <= tol, err, math.nan, f"{compute_dtype} compute")
+                              err <= tol, err, math.nan, f"step {k + 1}; {compute_dtype} compute")
                 else:
-                    row = compare(q, r, got, ref.to(model_dtype), ref, model_dtype)
-                row.note = f"step {k + 1}" + (f"; {row.note}" if row.note else "")
+                    row = compare(q, r, got, ref.to(model_dtype), ref, model_dtype,
+                                  note=f"step {k + 1}")
                 rows.append(row)
         for r, res in enumerate(results):
             for name, got in res["counts"][k].items():
