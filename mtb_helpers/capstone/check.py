@@ -213,12 +213,10 @@ def check_capstone(tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, steps: in
                    lr: float = 1e-2, weight_decay: float = 0.01, bug: str | None = None,
                    cfg: GPTConfig = GPTConfig(), timeout: float = 60.0,
                    progress=None) -> Report:
-    """Train on ``tp*pp*dp*cp`` ranks and on one process; compare every step re-anchored (the
-    reference takes each step from the parallel run's own state) and the final parameters, and
-    keep the free-running curves and their drift in ``extra``. ``timeout`` guards each call of a
-    few steps, not the run (see ``train_parallel``); ``progress(done, steps, loss,
-    seconds_per_step)`` is called as steps finish. Bad sizes, non-finite numbers and unknown bugs
-    are refused (ValueError) before any rank starts."""
+    """Train on ``tp*pp*dp*cp`` ranks and on one process; see the module docstring. ``timeout``
+    guards each call of a few steps, not the run (see ``train_parallel``); ``progress(done,
+    steps, loss, seconds_per_step)`` is called as steps finish. Bad sizes, non-finite numbers and
+    unknown bugs are refused (ValueError) before any rank starts."""
     dtype = as_dtype(dtype)
     layout = GridLayout(tp, pp, dp, cp)
     run_cfg = TrainConfig(steps, batch, lr, weight_decay, seed)

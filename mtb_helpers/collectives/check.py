@@ -50,21 +50,17 @@ def measure(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
     return out, (min(sent) if measurable else None)
 
 
-def _device() -> torch.device:
-    if dist.get_backend() == "nccl":  # under torchrun on GPUs
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def _on_rank(collectives: tuple[str, ...], numel: int, dtype: torch.dtype, seed: int,
              bug: Bug | None, implementations: dict, keep_values: bool = True) -> dict:
     rank, t = dist.get_rank(), dist.get_world_size()
+    device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl"
+              else torch.device("cpu"))   # nccl: under torchrun on GPUs
     results = {}
     for name in collectives:
         fn = swap(bug, RANK_FUNCTIONS[name])
         if fn is RANK_FUNCTIONS[name]:
             fn = implementations.get(name) or fn
-        x = rank_input(name, rank, t, numel, dtype, seed).to(_device())
+        x = rank_input(name, rank, t, numel, dtype, seed).to(device)
         out, sent = measure(fn, x)
         res = {"bytes": sent}
         if keep_values:

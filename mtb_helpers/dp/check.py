@@ -178,10 +178,7 @@ def check_data_parallel(world_size: int = 2, strategy: str = "ddp", batch: int =
                         ffn_hidden: int = 32, lr: float = 1e-2, weight_decay: float = 0.0,
                         dtype=torch.float32, seed: int = 0, bug: str | None = None,
                         timeout: float = 30.0, steps: int = 3, link=None) -> Report:
-    """``steps`` Adam steps of ``strategy`` on ``world_size`` ranks against one process on the
-    whole batches, compared after every step.
-
-    ``X, target [batch, hidden]``, each rank gets ``[batch/p, hidden]``. Refuses (ValueError,
+    """``strategy`` on ``world_size`` ranks; see the module docstring. Refuses (ValueError,
     before any rank starts) an unknown strategy, a batch the world size does not divide, and a
     bug that does not apply to the strategy. Any parameter count works: flat buffers are padded.
     """

@@ -9,8 +9,6 @@ float64), ships the full tensors to every rank, where each rank takes its own sh
 real layer from ``tp/layers.py`` forward and backward, and compares per rank: forward output, input grad,
 weight grad, bias grad (``report.rows``), plus every intermediate step (``report.steps``).
 ``bug=`` swaps in the layer with that bug (``tp/bugs.py``); the check must then fail.
-Weights are named in the course's notation ``W = weight.T`` (``[in, out]``; see tp/layers.py).
-Shapes, world size, dtype and bug are validated before any rank starts.
 """
 from __future__ import annotations
 
