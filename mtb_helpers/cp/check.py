@@ -27,7 +27,7 @@ from mtb_helpers.cp.allgather import AllGatherAttention
 from mtb_helpers.cp.reference import (expected_bytes, expected_kv_bytes, expected_work,
                                       make_cp_inputs, reference_attention)
 from mtb_helpers.cp.ring import RingAttention
-from mtb_helpers.cp.sharding import check_layout, check_sequence, shard_positions, shard_sequence
+from mtb_helpers.cp.sharding import check_sequence, shard_positions, shard_sequence
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
 __all__ = ["check_context_parallel", "check_layouts", "VARIANTS", "QUANTITIES"]
@@ -61,7 +61,6 @@ def validate(cp: int, seq: int, heads: int, head_dim: int, batch: int, causal: b
     """Refuse bad input (ValueError naming it) before any rank starts."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; expected one of {tuple(VARIANTS)}")
-    check_layout(layout)
     if not isinstance(causal, bool):
         raise ValueError(f"causal must be True or False, got {causal!r}")
     positive_sizes(seq=seq, heads=heads, head_dim=head_dim, batch=batch)

@@ -51,11 +51,6 @@ LR = 0.01
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
-def _rows(x, y, r, t, same_rows):
-    n = len(x) // t
-    return (x[:n], y[:n]) if same_rows else (x[r * n:(r + 1) * n], y[r * n:(r + 1) * n])
-
-
 def _on_rank(wrapper, model, batches, bug, cap, compute_dtype, reduce_dtype, prefetch, scale,
              straggle) -> dict:
     t, r = dist.get_world_size(), dist.get_rank()
@@ -74,7 +69,8 @@ def _on_rank(wrapper, model, batches, bug, cap, compute_dtype, reduce_dtype, pre
         opt.zero_grad(set_to_none=True)
         counts = {}
         for i, (x, y) in enumerate(micro):
-            x, y = _rows(x, y, r, t, same_rows)
+            n = len(x) // t   # float16: every rank the first rows (see the module docstring)
+            x, y = (x[:n], y[:n]) if same_rows else (x[r * n:(r + 1) * n], y[r * n:(r + 1) * n])
             last = i == len(micro) - 1
             with record() as rec:
                 if not last:
