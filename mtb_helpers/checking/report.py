@@ -69,6 +69,13 @@ def compare(quantity: str, rank: int, got: torch.Tensor | None, ref: torch.Tenso
     return Row(quantity, rank, err, rel, err / unit, tol, err <= tol, fp64, ref_fp64, note)
 
 
+def exact(quantity: str, rank: int, got: float, want: float, note: str) -> Row:
+    """A ``Row`` for a count or a byte total, which must equal ``want`` (tolerance 0; the ulps
+    column is the error in units of 1)."""
+    err = float(abs(got - want))
+    return Row(quantity, rank, err, err / max(want, 1), err, 0.0, err == 0, err, 0.0, note)
+
+
 def _fmt(x: float) -> str:
     if math.isinf(x):
         return "missing"

@@ -34,7 +34,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from mtb_helpers.checking.bug import resolve, swap
-from mtb_helpers.checking.report import Report, Row, compare
+from mtb_helpers.checking.report import Report, Row, compare, exact
 from mtb_helpers.checking.tolerances import as_dtype, check_config, divisible, number, positive_sizes
 from mtb_helpers.comm.records import record
 from mtb_helpers.dp.buckets import bucket_cap_bytes
@@ -131,12 +131,6 @@ def _scale(model, batches, t) -> float:
     return 0.6 * torch.finfo(torch.float16).max / max(float(p.grad.abs().max()) for p in m.parameters())
 
 
-def _count_row(quantity, rank, got, want, note) -> Row:
-    err = float(abs(got - want))
-    return Row(quantity, rank, err, err / max(want, 1), err, 0.0, err == 0, err, 0.0,
-               f"{note}; {got} (expected {want})")
-
-
 def _validate(wrapper, t, steps, batch, hidden, cap, compute_dtype, reduce_dtype, bug, straggle):
     if wrapper not in WRAPPERS:
         raise ValueError(f"unknown wrapper {wrapper!r}; expected one of {WRAPPERS}")
@@ -195,7 +189,7 @@ def check_overlap(world_size: int = 2, wrapper: str = "ddp", steps: int = 3, bat
                 rows.append(row)
         for r, res in enumerate(results):
             for name, got in res["counts"][k].items():
-                rows.append(_count_row(name, r, got, want[name], f"step {k + 1}"))
+                rows.append(exact(name, r, got, want[name], f"step {k + 1}; {got} (expected {want[name]})"))
     extra = {"timeline": [res["timeline"] for res in results],
              "buckets": results[0]["buckets"]}
     if wrapper == "zero1":
