@@ -229,7 +229,7 @@ def check_capstone(tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, steps: in
     finally:
         comparison.release()
     rows = comparison.rows["loss"] + comparison.rows["step"]
-    d = torch.empty((), dtype=dtype).element_size()
+    d = dtype.itemsize
     sent, formula = [], []
     for r, res in enumerate(result.per_rank):
         names = list(res["params"])

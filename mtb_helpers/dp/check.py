@@ -200,7 +200,7 @@ def check_data_parallel(world_size: int = 2, strategy: str = "ddp", batch: int =
             for r, res in enumerate(results):
                 rows.append(compare(q, r, res["pieces"][k][q], layout.piece(ref[q], r, sharded),
                                     layout.piece(ref64[q], r, sharded), dtype, note=f"step {k + 1}"))
-    d = torch.empty((), dtype=dtype).element_size()
+    d = dtype.itemsize
     records = [res["record"] for res in results]
     extra = {"memory": {"unit": "bytes held per rank after the step", "numel": layout.numel,
                         "padded_numel": layout.padded_numel, "dtype_bytes": d,
