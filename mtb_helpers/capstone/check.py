@@ -1,7 +1,6 @@
 """``check_capstone``: the tiny GPT trained under (tp, pp, dp, cp) against one process.
 
     report = check_capstone(tp=2, pp=2, dp=2, steps=3)
-    report.passed, report.rows, report.extra["losses"], report.extra["drift"], report.extra["bytes"]
 
 Every step is judged on its own: the reference is re-anchored on the parallel run's own state
 (parameters and AdamW moments) before the step and takes that one step. A wrong step shows at the

@@ -2,7 +2,6 @@
 
     report = check_context_parallel(world_size=4, seq=16, heads=2, head_dim=4, causal=True,
                                     variant="ring", layout="zigzag", dtype=torch.float64)
-    report.passed, report.rows, report.records, report.extra["cp"]
 
 The caller draws ``q, k, v, dO`` ``[b, heads, s, d]`` from ``seed`` and runs PyTorch's
 ``scaled_dot_product_attention`` on the full sequence (in the run's dtype and in float64). Every

@@ -2,8 +2,6 @@
 against the single-process steps on the whole batch, compared after every step.
 
     report = check_data_parallel(world_size=2, strategy="zero2")
-    report.passed, report.rows, report.records
-    report.to_dict()["memory"], report.to_dict()["communication"]
 
 The caller draws the MLP (``dp.make_mlp``), a warm-up batch and the checked batch
 ``X, target [B, h]`` from ``seed``, and takes one Adam step on the warm-up batch on one process:

@@ -1,7 +1,6 @@
 """The expert-parallel check: ``ExpertParallelMoE`` on real ranks against the one-process MoE.
 
     report = check_moe(world_size=2, num_experts=4, top_k=1, capacity_factor=None)
-    report.passed, report.rows, report.records, report.extra["moe"]
 
 The caller draws the router ``[E, h]``, E experts (``h -> f -> h``), X and dY ``[n, h]`` from
 ``seed`` and computes the reference with ``moe_reference`` (capacity per group of n/t tokens, as
@@ -85,9 +84,8 @@ def _reference(gate, experts, x, dy, top_k, capacity_factor, t, chosen=None) -> 
     y.backward(dy)
     grads = {"gate.weight_grad": gate.weight.grad}
     for e, expert in enumerate(experts):
-        for name, g in _grads(expert).items():
-            grads[f"experts.{e}.{name}"] = torch.zeros_like(dict(expert.named_parameters())[
-                name[:-5]]) if g is None else g
+        for name, p in expert.named_parameters():   # an expert no token reached: zero grads
+            grads[f"experts.{e}.{name}_grad"] = torch.zeros_like(p) if p.grad is None else p.grad
     return {"output": y.detach(), "input_grad": x.grad, **grads, "chosen": chosen, "kept": kept}
 
 
