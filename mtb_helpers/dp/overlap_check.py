@@ -42,6 +42,7 @@ from mtb_helpers.dp.fsdp_wrapper import FSDP, check_dtype
 from mtb_helpers.dp.overlap import OverlappedDDP
 from mtb_helpers.dp.overlap_pytorch import overlap_model
 from mtb_helpers.dp.sharded_optimizer import ShardedOptimizer
+from mtb_helpers.dp.strategies import flat
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
 __all__ = ["check_overlap", "WRAPPERS"]
@@ -87,13 +88,12 @@ def _on_rank(wrapper, model, batches, bug, cap, compute_dtype, reduce_dtype, pre
             if wrapper == "fsdp":
                 counts["all-gathers"] = rec.count("all_gather")
                 counts["on-demand all-gathers"] = sum("(on demand)" in e.name for e in net.timeline)
-        grads = torch.cat([g.reshape(-1) for g in (net.gather_full_params(grads=True).values()
-                           if wrapper == "fsdp" else (p.grad for p in net.module.parameters()))])
+        grads = flat(net.gather_full_params(grads=True).values() if wrapper == "fsdp"
+                     else (p.grad for p in net.module.parameters()))
         opt.step()
-        params = (torch.cat([v.reshape(-1) for v in net.gather_full_params().values()])
-                  if wrapper == "fsdp" else torch.cat([p.detach().reshape(-1) for p in net.module.parameters()]))
-        out["params"].append(params)
-        out["grads"].append(grads.detach().clone())
+        out["params"].append(flat(net.gather_full_params().values() if wrapper == "fsdp"
+                                  else net.module.parameters()))
+        out["grads"].append(grads)
         out["counts"].append(counts)
     out["timeline"] = [e.__dict__ for e in net.timeline]
     out["buckets"] = getattr(net, "buckets", None)
@@ -117,9 +117,9 @@ def _reference(model, batches, scale, same_rows, t):
         for x, y in micro:
             x, y = (x[:len(x) // t], y[:len(y) // t]) if same_rows else (x, y)
             (F.mse_loss(model(x.double()), y.double()) * scale).backward()
-        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+        grads.append(flat(p.grad for p in model.parameters()))
         opt.step()
-        params.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+        params.append(flat(model.parameters()))
     return params, grads
 
 
