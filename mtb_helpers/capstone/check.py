@@ -1,7 +1,6 @@
 """``check_capstone``: the tiny GPT trained under (tp, pp, dp, cp) against one process.
 
     report = check_capstone(tp=2, pp=2, dp=2, steps=3)
-    report.passed, report.rows, report.extra["losses"], report.extra["drift"], report.extra["bytes"]
 
 Every step is judged on its own: the reference is re-anchored on the parallel run's own state
 (parameters and AdamW moments) before the step and takes that one step. A wrong step shows at the
@@ -50,9 +49,7 @@ LAYOUTS = [GridLayout(1, 1, 1, 1), GridLayout(2, 1, 1, 1), GridLayout(1, 2, 1, 1
 
 
 def _row(quantity, rank, got, ref, ref64, dtype, note):
-    row = compare(quantity, rank, got, ref, ref64, dtype, TOLERANCE[dtype][quantity])
-    row.note = note if not row.note else f"{note}; {row.note}"
-    return row
+    return compare(quantity, rank, got, ref, ref64, dtype, TOLERANCE[dtype][quantity], note)
 
 
 def grid_table(layout: GridLayout, cfg: GPTConfig, batch: int) -> list[dict]:
@@ -215,12 +212,10 @@ def check_capstone(tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, steps: in
                    lr: float = 1e-2, weight_decay: float = 0.01, bug: str | None = None,
                    cfg: GPTConfig = GPTConfig(), timeout: float = 60.0,
                    progress=None) -> Report:
-    """Train on ``tp*pp*dp*cp`` ranks and on one process; compare every step re-anchored (the
-    reference takes each step from the parallel run's own state) and the final parameters, and
-    keep the free-running curves and their drift in ``extra``. ``timeout`` guards each call of a
-    few steps, not the run (see ``train_parallel``); ``progress(done, steps, loss,
-    seconds_per_step)`` is called as steps finish. Bad sizes, non-finite numbers and unknown bugs
-    are refused (ValueError) before any rank starts."""
+    """Train on ``tp*pp*dp*cp`` ranks and on one process; see the module docstring. ``timeout``
+    guards each call of a few steps, not the run (see ``train_parallel``); ``progress(done,
+    steps, loss, seconds_per_step)`` is called as steps finish. Bad sizes, non-finite numbers and
+    unknown bugs are refused (ValueError) before any rank starts."""
     dtype = as_dtype(dtype)
     layout = GridLayout(tp, pp, dp, cp)
     run_cfg = TrainConfig(steps, batch, lr, weight_decay, seed)
@@ -233,7 +228,7 @@ def check_capstone(tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, steps: in
     finally:
         comparison.release()
     rows = comparison.rows["loss"] + comparison.rows["step"]
-    d = torch.empty((), dtype=dtype).element_size()
+    d = dtype.itemsize
     sent, formula = [], []
     for r, res in enumerate(result.per_rank):
         names = list(res["params"])

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from mtb_helpers.checking.tolerances import TOLERANCES, tolerance, ulp  # noqa: F401  (re-exported)
+from mtb_helpers.checking.tolerances import tolerance, ulp
 
 @dataclass
 class Row:
@@ -45,15 +45,18 @@ class Row:
 
 
 def compare(quantity: str, rank: int, got: torch.Tensor | None, ref: torch.Tensor,
-            ref64: torch.Tensor, dtype: torch.dtype, tol: float | None = None) -> Row:
+            ref64: torch.Tensor, dtype: torch.dtype, tol: float | None = None,
+            note: str = "") -> Row:
     """A ``Row`` for one rank's ``got`` against its reference piece (``ref`` in ``dtype``,
-    ``ref64`` in float64; same shape). ``tol``: a check's own bar instead of ``tolerance``."""
+    ``ref64`` in float64; same shape). ``tol``: a check's own bar instead of ``tolerance``;
+    ``note`` (e.g. ``"step 2"``) goes before what the row says about a missing tensor."""
     tol = tolerance(ref, dtype) if tol is None else tol
     if got is None or tuple(got.shape) != tuple(ref.shape):
-        note = ("not produced" if got is None
-                else f"shape {list(got.shape)} != expected {list(ref.shape)}")
+        why = ("not produced" if got is None
+               else f"shape {list(got.shape)} != expected {list(ref.shape)}")
         inf = math.inf
-        return Row(quantity, rank, inf, inf, inf, tol, False, inf, inf, note)
+        return Row(quantity, rank, inf, inf, inf, tol, False, inf, inf,
+                   f"{note}; {why}" if note else why)
     scale = float(ref.abs().max()) if ref.numel() else 0.0
     err = float((got.double() - ref.double()).abs().max()) if ref.numel() else 0.0
     rel = err / scale if scale > 0 else (0.0 if err == 0 else math.inf)
@@ -63,7 +66,14 @@ def compare(quantity: str, rank: int, got: torch.Tensor | None, ref: torch.Tenso
     else:
         fp64 = float((got.double() - ref64).abs().max()) if ref.numel() else 0.0
         ref_fp64 = float((ref.double() - ref64).abs().max()) if ref.numel() else 0.0
-    return Row(quantity, rank, err, rel, err / unit, tol, err <= tol, fp64, ref_fp64)
+    return Row(quantity, rank, err, rel, err / unit, tol, err <= tol, fp64, ref_fp64, note)
+
+
+def exact(quantity: str, rank: int, got: float, want: float, note: str) -> Row:
+    """A ``Row`` for a count or a byte total, which must equal ``want`` (tolerance 0; the ulps
+    column is the error in units of 1)."""
+    err = float(abs(got - want))
+    return Row(quantity, rank, err, err / max(want, 1), err, 0.0, err == 0, err, 0.0, note)
 
 
 def _fmt(x: float) -> str:

@@ -28,7 +28,8 @@ from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 
 from mtb_helpers.comm.mesh import group_rank, group_size
 from mtb_helpers.comm.records import CollectiveRecord, record
-from mtb_helpers.checking.report import Report, Row, compare, tolerance
+from mtb_helpers.checking.report import Report, compare
+from mtb_helpers.checking.tolerances import tolerance
 from mtb_helpers.comm.sharding import local_piece, name, shard_range
 
 LAYOUTS = (Shard(0), Shard(-1), Replicate(), Partial(), Partial("max"))   # a step's 2-D view
@@ -232,10 +233,13 @@ def build_steps(specs: list[StepSpec], results: list[dict], refs: dict,
     return steps
 
 
-def build_rows(quantities: list[tuple[str, str]], specs: list[StepSpec], results: list[dict],
-               refs: dict, refs64: dict, dtype: torch.dtype) -> list[Row]:
-    """Report rows: for each ``(quantity, step key)`` and rank, the step's tensor against the
-    reference piece in ``dtype`` (``refs``) and in float64 (``refs64``)."""
+def traced_report(check: str, config: dict, specs: list[StepSpec], quantities: list[tuple[str, str]],
+                  results: list[dict], refs: dict, refs64: dict, dtype: torch.dtype,
+                  extra: dict | None = None) -> Report:
+    """The ``Report`` of a traced check, from the ranks' ``trace_on_rank`` results: a row for
+    each ``(quantity, step key)`` and rank (the step's tensor against the reference piece in
+    ``dtype``, ``refs``, and in float64, ``refs64``), the step trace (``build_steps``) and every
+    rank's record."""
     layout = {s.key: s.layout for s in specs}
     t = len(results)
     rows = []
@@ -245,14 +249,5 @@ def build_rows(quantities: list[tuple[str, str]], specs: list[StepSpec], results
             rows.append(compare(quantity, r, None if got is None else as2d(got),
                                 piece(refs[key], layout[key], t, r),
                                 piece(refs64[key], layout[key], t, r).double(), dtype))
-    return rows
-
-
-def traced_report(check: str, config: dict, specs: list[StepSpec], quantities: list[tuple[str, str]],
-                  results: list[dict], refs: dict, refs64: dict, dtype: torch.dtype,
-                  extra: dict | None = None) -> Report:
-    """The ``Report`` of a traced check: its rows (``build_rows``), its step trace
-    (``build_steps``) and every rank's record, from the ranks' ``trace_on_rank`` results."""
-    return Report(check, config, build_rows(quantities, specs, results, refs, refs64, dtype),
-                  build_steps(specs, results, refs, dtype), [res["record"] for res in results],
-                  extra or {})
+    return Report(check, config, rows, build_steps(specs, results, refs, dtype),
+                  [res["record"] for res in results], extra or {})

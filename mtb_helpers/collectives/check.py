@@ -50,21 +50,17 @@ def measure(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
     return out, (min(sent) if measurable else None)
 
 
-def _device() -> torch.device:
-    if dist.get_backend() == "nccl":  # under torchrun on GPUs
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def _on_rank(collectives: tuple[str, ...], numel: int, dtype: torch.dtype, seed: int,
              bug: Bug | None, implementations: dict, keep_values: bool = True) -> dict:
     rank, t = dist.get_rank(), dist.get_world_size()
+    device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl"
+              else torch.device("cpu"))   # nccl: under torchrun on GPUs
     results = {}
     for name in collectives:
         fn = swap(bug, RANK_FUNCTIONS[name])
         if fn is RANK_FUNCTIONS[name]:
             fn = implementations.get(name) or fn
-        x = rank_input(name, rank, t, numel, dtype, seed).to(_device())
+        x = rank_input(name, rank, t, numel, dtype, seed).to(device)
         out, sent = measure(fn, x)
         res = {"bytes": sent}
         if keep_values:
@@ -202,7 +198,7 @@ def measure_bytes(world_sizes: tuple[int, ...] = (1, 2, 3, 4), numel: int = 12 *
     for t in world_sizes:
         results = run(_on_rank, tuple(collectives), numel, dtype, 0, None, {}, False,
                       world_size=t, timeout=timeout)
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        nbytes = numel * dtype.itemsize
         for name in collectives:
             for r, formula in enumerate(formula_bytes(name, t, nbytes)):
                 rows.append({"collective": name, "world_size": t, "rank": r, "V_bytes": nbytes,
@@ -234,7 +230,7 @@ def all_reduce_as_reduce_scatter_all_gather(world_size: int = 2, numel: int = 8,
     dtype = as_dtype(dtype)
     _validate(world_size, numel, COLLECTIVES, None, seed)
     ranks = run(_decompose_on_rank, numel, dtype, seed, world_size=world_size, timeout=timeout)
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    nbytes = numel * dtype.itemsize
     return {"passed": all(r["max_abs_difference"] == 0 for r in ranks), "V_bytes": nbytes,
             "world_size": world_size, "ranks": ranks,
             "formula": {name: formula_bytes(name, world_size, nbytes)[0]

@@ -2,7 +2,6 @@
 
     report = check_context_parallel(world_size=4, seq=16, heads=2, head_dim=4, causal=True,
                                     variant="ring", layout="zigzag", dtype=torch.float64)
-    report.passed, report.rows, report.records, report.extra["cp"]
 
 The caller draws ``q, k, v, dO`` ``[b, heads, s, d]`` from ``seed`` and runs PyTorch's
 ``scaled_dot_product_attention`` on the full sequence (in the run's dtype and in float64). Every
@@ -27,7 +26,7 @@ from mtb_helpers.cp.allgather import AllGatherAttention
 from mtb_helpers.cp.reference import (expected_bytes, expected_kv_bytes, expected_work,
                                       make_cp_inputs, reference_attention)
 from mtb_helpers.cp.ring import RingAttention
-from mtb_helpers.cp.sharding import check_layout, check_sequence, shard_positions, shard_sequence
+from mtb_helpers.cp.sharding import check_sequence, shard_positions, shard_sequence
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
 __all__ = ["check_context_parallel", "check_layouts", "VARIANTS", "QUANTITIES"]
@@ -61,7 +60,6 @@ def validate(cp: int, seq: int, heads: int, head_dim: int, batch: int, causal: b
     """Refuse bad input (ValueError naming it) before any rank starts."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; expected one of {tuple(VARIANTS)}")
-    check_layout(layout)
     if not isinstance(causal, bool):
         raise ValueError(f"causal must be True or False, got {causal!r}")
     positive_sizes(seq=seq, heads=heads, head_dim=head_dim, batch=batch)

@@ -2,8 +2,6 @@
 against the single-process steps on the whole batch, compared after every step.
 
     report = check_data_parallel(world_size=2, strategy="zero2")
-    report.passed, report.rows, report.records
-    report.to_dict()["memory"], report.to_dict()["communication"]
 
 The caller draws the MLP (``dp.make_mlp``), a warm-up batch and the checked batch
 ``X, target [B, h]`` from ``seed``, and takes one Adam step on the warm-up batch on one process:
@@ -26,6 +24,7 @@ import functools
 
 import torch
 import torch.nn.functional as F
+from torch.nn.utils import vector_to_parameters
 
 from mtb_helpers.checking.bug import resolve
 from mtb_helpers.comm.mesh import group_rank, group_size
@@ -34,7 +33,7 @@ from mtb_helpers.dp.fsdp import build_strategy
 from mtb_helpers.dp.strategies import (MEMORY_SHARDED, MEMORY_TERMS, SHARDED, STRATEGIES, Adam, FlatShards,
                                        flat, make_mlp)
 from mtb_helpers.runtime.ranks import resolve_world_size, run
-from mtb_helpers.checking.tolerances import as_dtype, check_config, positive_sizes
+from mtb_helpers.checking.tolerances import as_dtype, check_config, divisible, number, positive_sizes
 from mtb_helpers.checking.report import Report, compare
 
 __all__ = ["check_data_parallel", "check_all_strategies", "make_problem", "reference_step",
@@ -145,13 +144,11 @@ def _validate(strategy, batch, hidden, ffn_hidden, lr, weight_decay, t, bug, ste
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
     positive_sizes(batch=batch, hidden=hidden, ffn_hidden=ffn_hidden, steps=steps)
-    if batch % t:
-        raise ValueError(f"batch={batch} is not divisible by the world size {t}: data parallelism "
-                         f"gives each rank {batch}/{t} samples, and equal slices are what make "
-                         f"the average of the ranks' mean losses the mean of the whole batch")
+    divisible("batch", batch, f"the world size {t}", t, f"data parallelism gives each rank "
+              f"{batch}/{t} samples, and equal slices are what make the average of the ranks' "
+              f"mean losses the mean of the whole batch")
     for name, value in {"lr": lr, "weight_decay": weight_decay}.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ValueError(f"{name} must be a non-negative number, got {value!r}")
+        number(name, value, lambda v: v >= 0, "a non-negative number")
     # which strategies a bug applies to is its need (dp/bugs.py), asked like every check's
     return resolve(bug, "data_parallel", strategy=strategy)
 
@@ -167,8 +164,7 @@ def _problem(batch: int, hidden: int, ffn_hidden: int, lr: float, weight_decay: 
     model, warm, batches = make_problem(batch, hidden, ffn_hidden, dtype, seed, steps)
     batches = [batches] if steps == 1 else batches
     start = reference_step(model, warm, adam)              # the state after one earlier step
-    for p, v in zip(model.parameters(), _split(start["params"], model)):
-        p.data = v
+    vector_to_parameters(start["params"].clone(), model.parameters())
     refs = reference_steps(model, batches, adam, start)
     refs64 = reference_steps(copy.deepcopy(model).double(),
                              [tuple(v.double() for v in b) for b in batches], adam,
@@ -180,10 +176,7 @@ def check_data_parallel(world_size: int = 2, strategy: str = "ddp", batch: int =
                         ffn_hidden: int = 32, lr: float = 1e-2, weight_decay: float = 0.0,
                         dtype=torch.float32, seed: int = 0, bug: str | None = None,
                         timeout: float = 30.0, steps: int = 3, link=None) -> Report:
-    """``steps`` Adam steps of ``strategy`` on ``world_size`` ranks against one process on the
-    whole batches, compared after every step.
-
-    ``X, target [batch, hidden]``, each rank gets ``[batch/p, hidden]``. Refuses (ValueError,
+    """``strategy`` on ``world_size`` ranks; see the module docstring. Refuses (ValueError,
     before any rank starts) an unknown strategy, a batch the world size does not divide, and a
     bug that does not apply to the strategy. Any parameter count works: flat buffers are padded.
     """
@@ -203,11 +196,9 @@ def check_data_parallel(world_size: int = 2, strategy: str = "ddp", batch: int =
         for q in QUANTITIES:
             sharded = q in SHARDED[strategy]
             for r, res in enumerate(results):
-                row = compare(q, r, res["pieces"][k][q], layout.piece(ref[q], r, sharded),
-                              layout.piece(ref64[q], r, sharded), dtype)
-                row.note = f"step {k + 1}" + (f"; {row.note}" if row.note else "")
-                rows.append(row)
-    d = torch.empty((), dtype=dtype).element_size()
+                rows.append(compare(q, r, res["pieces"][k][q], layout.piece(ref[q], r, sharded),
+                                    layout.piece(ref64[q], r, sharded), dtype, note=f"step {k + 1}"))
+    d = dtype.itemsize
     records = [res["record"] for res in results]
     extra = {"memory": {"unit": "bytes held per rank after the step", "numel": layout.numel,
                         "padded_numel": layout.padded_numel, "dtype_bytes": d,
@@ -220,14 +211,6 @@ def check_data_parallel(world_size: int = 2, strategy: str = "ddp", batch: int =
     config = check_config(t, dtype, seed, bug, strategy=strategy, batch=batch, hidden=hidden,
                           ffn_hidden=ffn_hidden, lr=lr, weight_decay=weight_decay, steps=steps)
     return Report("data_parallel", config, rows, [], records, extra=extra)
-
-
-def _split(vec: torch.Tensor, model) -> list[torch.Tensor]:
-    out, offset = [], 0
-    for p in model.parameters():
-        out.append(vec[offset:offset + p.numel()].view_as(p).clone())
-        offset += p.numel()
-    return out
 
 
 def _sent_by_op(rec) -> dict:

@@ -34,14 +34,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from mtb_helpers.checking.bug import resolve, swap
-from mtb_helpers.checking.report import Report, Row, compare
-from mtb_helpers.checking.tolerances import as_dtype, check_config, divisible, positive_sizes
+from mtb_helpers.checking.report import Report, Row, compare, exact
+from mtb_helpers.checking.tolerances import as_dtype, check_config, divisible, number, positive_sizes
 from mtb_helpers.comm.records import record
 from mtb_helpers.dp.buckets import bucket_cap_bytes
 from mtb_helpers.dp.fsdp_wrapper import FSDP, check_dtype
 from mtb_helpers.dp.overlap import OverlappedDDP
 from mtb_helpers.dp.overlap_pytorch import overlap_model
 from mtb_helpers.dp.sharded_optimizer import ShardedOptimizer
+from mtb_helpers.dp.strategies import flat
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 
 __all__ = ["check_overlap", "WRAPPERS"]
@@ -49,11 +50,6 @@ __all__ = ["check_overlap", "WRAPPERS"]
 WRAPPERS = ("ddp", "zero1", "fsdp")
 LR = 0.01
 LOW_PRECISION = (torch.float16, torch.bfloat16)
-
-
-def _rows(x, y, r, t, same_rows):
-    n = len(x) // t
-    return (x[:n], y[:n]) if same_rows else (x[r * n:(r + 1) * n], y[r * n:(r + 1) * n])
 
 
 def _on_rank(wrapper, model, batches, bug, cap, compute_dtype, reduce_dtype, prefetch, scale,
@@ -74,7 +70,8 @@ def _on_rank(wrapper, model, batches, bug, cap, compute_dtype, reduce_dtype, pre
         opt.zero_grad(set_to_none=True)
         counts = {}
         for i, (x, y) in enumerate(micro):
-            x, y = _rows(x, y, r, t, same_rows)
+            n = len(x) // t   # float16: every rank the first rows (see the module docstring)
+            x, y = (x[:n], y[:n]) if same_rows else (x[r * n:(r + 1) * n], y[r * n:(r + 1) * n])
             last = i == len(micro) - 1
             with record() as rec:
                 if not last:
@@ -91,13 +88,12 @@ def _on_rank(wrapper, model, batches, bug, cap, compute_dtype, reduce_dtype, pre
             if wrapper == "fsdp":
                 counts["all-gathers"] = rec.count("all_gather")
                 counts["on-demand all-gathers"] = sum("(on demand)" in e.name for e in net.timeline)
-        grads = torch.cat([g.reshape(-1) for g in (net.gather_full_params(grads=True).values()
-                           if wrapper == "fsdp" else (p.grad for p in net.module.parameters()))])
+        grads = flat(net.gather_full_params(grads=True).values() if wrapper == "fsdp"
+                     else (p.grad for p in net.module.parameters()))
         opt.step()
-        params = (torch.cat([v.reshape(-1) for v in net.gather_full_params().values()])
-                  if wrapper == "fsdp" else torch.cat([p.detach().reshape(-1) for p in net.module.parameters()]))
-        out["params"].append(params)
-        out["grads"].append(grads.detach().clone())
+        out["params"].append(flat(net.gather_full_params().values() if wrapper == "fsdp"
+                                  else net.module.parameters()))
+        out["grads"].append(grads)
         out["counts"].append(counts)
     out["timeline"] = [e.__dict__ for e in net.timeline]
     out["buckets"] = getattr(net, "buckets", None)
@@ -121,9 +117,9 @@ def _reference(model, batches, scale, same_rows, t):
         for x, y in micro:
             x, y = (x[:len(x) // t], y[:len(y) // t]) if same_rows else (x, y)
             (F.mse_loss(model(x.double()), y.double()) * scale).backward()
-        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+        grads.append(flat(p.grad for p in model.parameters()))
         opt.step()
-        params.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+        params.append(flat(model.parameters()))
     return params, grads
 
 
@@ -133,12 +129,6 @@ def _scale(model, batches, t) -> float:
     x, y = batches[0][-1]
     F.mse_loss(m(x[:len(x) // t].double()), y[:len(y) // t].double()).backward()
     return 0.6 * torch.finfo(torch.float16).max / max(float(p.grad.abs().max()) for p in m.parameters())
-
-
-def _count_row(quantity, rank, got, want, note) -> Row:
-    err = float(abs(got - want))
-    return Row(quantity, rank, err, err / max(want, 1), err, 0.0, err == 0, err, 0.0,
-               f"{note}; {got} (expected {want})")
 
 
 def _validate(wrapper, t, steps, batch, hidden, cap, compute_dtype, reduce_dtype, bug, straggle):
@@ -151,8 +141,7 @@ def _validate(wrapper, t, steps, batch, hidden, cap, compute_dtype, reduce_dtype
     check_dtype("reduce_dtype", reduce_dtype)
     if wrapper != "fsdp" and (compute_dtype, reduce_dtype) != (None, None):
         raise ValueError("compute_dtype / reduce_dtype are FSDP's: use wrapper='fsdp'")
-    if not isinstance(straggle, (int, float)) or not 0 <= straggle <= 5:
-        raise ValueError(f"straggle must be between 0 and 5 seconds, got {straggle!r}")
+    number("straggle", straggle, lambda s: 0 <= s <= 5, "between 0 and 5 seconds")
     # what a bug needs (its wrapper; float16 for the overflow) is declared on the Bug itself
     return resolve(bug, "overlap", wrapper=wrapper, compute_dtype=compute_dtype)
 
@@ -193,14 +182,14 @@ def check_overlap(world_size: int = 2, wrapper: str = "ddp", steps: int = 3, bat
                     err = float((got.double() - ref).abs().max())
                     tol = 0.05 * float(ref.abs().max())
                     row = Row(q, r, err, err / float(ref.abs().max()), math.nan, tol,
-                              err <= tol, err, math.nan, f"{compute_dtype} compute")
+                              err <= tol, err, math.nan, f"step {k + 1}; {compute_dtype} compute")
                 else:
-                    row = compare(q, r, got, ref.to(model_dtype), ref, model_dtype)
-                row.note = f"step {k + 1}" + (f"; {row.note}" if row.note else "")
+                    row = compare(q, r, got, ref.to(model_dtype), ref, model_dtype,
+                                  note=f"step {k + 1}")
                 rows.append(row)
         for r, res in enumerate(results):
             for name, got in res["counts"][k].items():
-                rows.append(_count_row(name, r, got, want[name], f"step {k + 1}"))
+                rows.append(exact(name, r, got, want[name], f"step {k + 1}; {got} (expected {want[name]})"))
     extra = {"timeline": [res["timeline"] for res in results],
              "buckets": results[0]["buckets"]}
     if wrapper == "zero1":

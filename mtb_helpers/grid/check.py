@@ -115,7 +115,6 @@ def check_grid(world_size: int = 4, tp: int = 2, dp: int = 2, hidden: int = 8,
             for q in GRID_QUANTITIES for rank, res in enumerate(results)]
     records = [res["record"] for res in results]
     groups = [res["event_groups"] for res in results]
-    itemsize = torch.tensor([], dtype=dtype).element_size()
     extra = {
         "grid": {"tp": tp, "dp": dp, "convention": CONVENTION,
                  "tp_groups": tp_group_ranks(tp, dp), "dp_groups": dp_group_ranks(tp, dp),
@@ -123,7 +122,7 @@ def check_grid(world_size: int = 4, tp: int = 2, dp: int = 2, hidden: int = 8,
         "collectives": [[{**e, "group_ranks": list(g)} for e, g in zip(rec.to_list(), gs)]
                         for rec, gs in zip(records, groups)],
         "traffic": group_traffic(records, groups),
-        "expected_bytes": expected_bytes(tp, dp, batch, hidden, ffn_hidden, itemsize),
+        "expected_bytes": expected_bytes(tp, dp, batch, hidden, ffn_hidden, dtype.itemsize),
         "loss": {"reference": ref["loss"], "per_rank": [res["loss"] for res in results]},
     }
     config = check_config(t, dtype, seed, bug, tp=tp, dp=dp, hidden=hidden, ffn_hidden=ffn_hidden,

@@ -1,7 +1,6 @@
 """The expert-parallel check: ``ExpertParallelMoE`` on real ranks against the one-process MoE.
 
     report = check_moe(world_size=2, num_experts=4, top_k=1, capacity_factor=None)
-    report.passed, report.rows, report.records, report.extra["moe"]
 
 The caller draws the router ``[E, h]``, E experts (``h -> f -> h``), X and dY ``[n, h]`` from
 ``seed`` and computes the reference with ``moe_reference`` (capacity per group of n/t tokens, as
@@ -85,9 +84,8 @@ def _reference(gate, experts, x, dy, top_k, capacity_factor, t, chosen=None) -> 
     y.backward(dy)
     grads = {"gate.weight_grad": gate.weight.grad}
     for e, expert in enumerate(experts):
-        for name, g in _grads(expert).items():
-            grads[f"experts.{e}.{name}"] = torch.zeros_like(dict(expert.named_parameters())[
-                name[:-5]]) if g is None else g
+        for name, p in expert.named_parameters():   # an expert no token reached: zero grads
+            grads[f"experts.{e}.{name}_grad"] = torch.zeros_like(p) if p.grad is None else p.grad
     return {"output": y.detach(), "input_grad": x.grad, **grads, "chosen": chosen, "kept": kept}
 
 
@@ -132,18 +130,6 @@ def _moe_data(results: list[dict], refs: dict, num_experts: int, hidden: int, it
     }
 
 
-def _validate(t: int, num_experts, top_k, tokens, hidden, ffn_hidden, capacity_factor) -> None:
-    positive_sizes(num_experts=num_experts, top_k=top_k, tokens=tokens, hidden=hidden,
-                   ffn_hidden=ffn_hidden)
-    divisible("num_experts", num_experts, f"the world size {t}", t,
-              "every rank owns the same number of experts")
-    if top_k > num_experts:
-        raise ValueError(f"top_k={top_k} is more than num_experts={num_experts}")
-    divisible("tokens", tokens, f"the world size {t}", t, "every rank holds the same number of tokens")
-    if capacity_factor is not None:
-        number("capacity_factor", capacity_factor, lambda c: c > 0, "None or a number > 0")
-
-
 def check_moe(world_size: int = 2, num_experts: int = 4, top_k: int = 1, tokens: int = 16,
               hidden: int = 8, ffn_hidden: int = 16, capacity_factor: float | None = None,
               dtype=torch.float32, seed: int = 0, bug: str | None = None,
@@ -157,7 +143,15 @@ def check_moe(world_size: int = 2, num_experts: int = 4, top_k: int = 1, tokens:
 
     dtype, t = as_dtype(dtype), resolve_world_size(world_size)
     wrong = resolve(bug, "moe")
-    _validate(t, num_experts, top_k, tokens, hidden, ffn_hidden, capacity_factor)
+    positive_sizes(num_experts=num_experts, top_k=top_k, tokens=tokens, hidden=hidden,
+                   ffn_hidden=ffn_hidden)
+    divisible("num_experts", num_experts, f"the world size {t}", t,
+              "every rank owns the same number of experts")
+    if top_k > num_experts:
+        raise ValueError(f"top_k={top_k} is more than num_experts={num_experts}")
+    divisible("tokens", tokens, f"the world size {t}", t, "every rank holds the same number of tokens")
+    if capacity_factor is not None:
+        number("capacity_factor", capacity_factor, lambda c: c > 0, "None or a number > 0")
     gate, experts, x, dy = make_moe_inputs(tokens, hidden, ffn_hidden, num_experts, dtype, seed)
     results = run(_on_rank, gate, experts, x, dy, top_k, capacity_factor, wrong,
                   world_size=t, timeout=timeout, link=link)   # link=: an emulated link (cost/)

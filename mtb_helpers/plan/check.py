@@ -29,7 +29,7 @@ from mtb_helpers.capstone.model import GPTConfig, make_model
 from mtb_helpers.capstone.reference import TrainConfig
 from mtb_helpers.capstone.validate import validate
 from mtb_helpers.checking.bug import resolve, swap
-from mtb_helpers.checking.report import Report, Row
+from mtb_helpers.checking.report import Report, Row, exact
 from mtb_helpers.checking.tolerances import as_dtype
 from mtb_helpers.dp.fsdp import build_strategy
 from mtb_helpers.dp.strategies import flat
@@ -72,10 +72,7 @@ def held_on_rank(model, layout: GridLayout, strategy: str) -> dict:
 
 
 def _row(quantity: str, rank: int, measured: float, predicted: float) -> Row:
-    err = abs(measured - predicted)
-    rel = err / predicted if predicted else (0.0 if err == 0 else float("inf"))
-    return Row(quantity, rank, err, rel, 0.0, 0.0, err == 0, err, 0.0,
-               f"measured {int(measured)} B, planner {predicted:.0f} B")
+    return exact(quantity, rank, measured, predicted, f"measured {int(measured)} B, planner {predicted:.0f} B")
 
 
 def check_plan(tp: int = 2, pp: int = 2, dp: int = 2, cp: int = 1, strategy: str = "zero1",
@@ -85,8 +82,6 @@ def check_plan(tp: int = 2, pp: int = 2, dp: int = 2, cp: int = 1, strategy: str
     """The planner's bytes per rank against the capstone's (model states, ``tp*pp*dp*cp`` ranks)
     and the SP block's (activations, ``tp`` ranks); see the module docstring."""
     dtype = as_dtype(dtype)
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be float64 or float32, got {dtype}")
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     grid_layout = GridLayout(tp, pp, dp, cp)

@@ -1,7 +1,6 @@
 """The pipeline check: one step of ``pipeline_step`` on real ranks against one process.
 
     report = check_pipeline("1f1b", stages=4, microbatches=8, dtype=torch.float64)
-    report.passed, report.rows, report.records, report.extra["pipeline"]
 
 The model is ``stages * chunks`` blocks of Linear(h, h) + GELU (``make_pipeline_model``); X and
 the target are ``[rows_per_microbatch * m, h]`` drawn from ``seed``. The reference runs the whole

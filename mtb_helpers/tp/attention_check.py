@@ -24,7 +24,7 @@ from mtb_helpers.checking.trace import StepSpec as S
 from mtb_helpers.comm.mesh import group_size
 from mtb_helpers.comm.sharding import shard_range
 from mtb_helpers.runtime.ranks import resolve_world_size
-from mtb_helpers.tp.check import G_FWD, f_backward_steps, run_traced
+from mtb_helpers.tp.check import G_FWD, REPLICATE_X, f_backward_steps, run_traced
 from mtb_helpers.tp.attention import (LocalAttention, ParallelSelfAttention, check_heads, group_heads,
                                       grouped_qkv)
 from mtb_helpers.tp.layers import ColumnParallelLinear, RowParallelLinear
@@ -89,8 +89,7 @@ def _specs() -> list[S]:
           ("param", "qkv.weight")),
         S("out.weight", "shard Wo by rows", "forward", "Wo",
           "Wo_r = Wo[rows r, :]", Shard(0), ("param", "out.weight")),
-        S("input", "replicate X", "forward", "X", "every rank holds X (f: identity)",
-          Replicate(), ("input",)),
+        REPLICATE_X,
         S("qkv", "Q, K, V of own heads", "forward", "QKV", "[Q_r, K_r, V_r] = X @ Wqkv_r + bias_r",
           Shard(-1), ("hook", "qkv", "out")),
         S("attn", "attention on own heads", "forward", "C",

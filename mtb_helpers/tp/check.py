@@ -9,8 +9,6 @@ float64), ships the full tensors to every rank, where each rank takes its own sh
 real layer from ``tp/layers.py`` forward and backward, and compares per rank: forward output, input grad,
 weight grad, bias grad (``report.rows``), plus every intermediate step (``report.steps``).
 ``bug=`` swaps in the layer with that bug (``tp/bugs.py``); the check must then fail.
-Weights are named in the course's notation ``W = weight.T`` (``[in, out]``; see tp/layers.py).
-Shapes, world size, dtype and bug are validated before any rank starts.
 """
 from __future__ import annotations
 
@@ -34,6 +32,8 @@ __all__ = ["check_column_parallel", "check_row_parallel", "check_tp_mlp"]
 F_BWD, G_FWD = ("f", "backward"), ("g", "forward")
 GATHER = "gather_from_tensor_model_parallel_region"
 SCATTER = "scatter_to_tensor_model_parallel_region"
+# the first step of every layer that starts with f: X as it came, on every rank
+REPLICATE_X = S("input", "replicate X", "forward", "X", "every rank holds X (f: identity)", Replicate(), ("input",))
 
 
 def _setup(world_size: int, dtype, batch_shape, split: str, **dims: int):
@@ -88,8 +88,7 @@ def check_column_parallel(world_size: int = 2, in_features: int = 8, out_feature
           ("param", "weight")),
         S("bias", "shard bias", "forward", "bias", "bias_r = bias[cols r]", Shard(-1),
           ("param", "bias")),
-        S("input", "replicate X", "forward", "X", "every rank holds X (f: identity)", Replicate(),
-          ("input",)),
+        REPLICATE_X,
         S("local", "local matmul", "forward", "Y", "Y_r = X @ W_r + bias_r", Shard(-1),
           ("record", GATHER, "forward", "in") if gather_output else ("output",)),
         *gathered,
@@ -183,8 +182,7 @@ def check_tp_mlp(world_size: int = 2, hidden: int = 6, ffn_hidden: int = 24,
           ("param", "fc1.weight")),
         S("fc2.weight", "shard W2 by rows", "forward", "W2", "W2_r = W2[rows r, :]", Shard(0),
           ("param", "fc2.weight")),
-        S("input", "replicate X", "forward", "X", "every rank holds X (f: identity)", Replicate(),
-          ("input",)),
+        REPLICATE_X,
         S("fc1", "fc1 local matmul", "forward", "H", "H_r = X @ W1_r + b1_r", Shard(-1),
           ("hook", "fc1", "out")),
         S("act", "GeLU on the shard", "forward", "Z", "Z_r = gelu(H_r)", Shard(-1),

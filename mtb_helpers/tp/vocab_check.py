@@ -31,7 +31,6 @@ __all__ = ["check_vocab_parallel", "draw_vocab_inputs", "vocab_reference", "QUAN
 
 QUANTITIES = ("embedding.output", "embedding.weight_grad", "ce.max", "ce.sum_exp",
               "ce.target_logit", "loss", "logits_grad")
-CE_OPS = {"ce.max": "max", "ce.sum_exp": "sum_exp", "ce.target_logit": "target_logit"}
 
 
 def draw_vocab_inputs(seed: int, vocab: int, hidden: int, tokens: tuple[int, ...],
@@ -96,11 +95,10 @@ def _vocab_on_rank(inputs: dict, reduction: str, wrong: Bug | None) -> dict:
            "embedding.weight_grad": emb.weight.grad, "logits": logits, "loss": loss.reshape(-1),
            "logits_grad": logits.grad}
     for e, (x_in, x_out) in zip(rec.events, rec.tensors):
-        key = {"g": "embedding", **{op: k for k, op in CE_OPS.items()}}.get(e.operator)
-        if key == "embedding":
+        if e.operator == "g":
             obs["embedding.partial"] = x_in
-        elif key is not None:
-            obs[key], obs[key.replace("ce.", "ce.local_")] = x_out, x_in
+        elif e.operator in ("max", "sum_exp", "target_logit"):   # the loss's three all-reduces
+            obs[f"ce.{e.operator}"], obs[f"ce.local_{e.operator}"] = x_out, x_in
     return {"obs": {k: v.detach().clone() for k, v in obs.items() if v is not None},
             "record": rec.without_tensors(), "rank": r}
 
