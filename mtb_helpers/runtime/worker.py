@@ -38,13 +38,9 @@ IN_RANK = False  # True inside a rank process: run() refuses to start ranks from
 
 def batch_scheduling() -> None:
     """This thread, and every thread it starts from now on, under Linux's ``SCHED_BATCH``: a rank
-    woken by a message no longer preempts the process that is running, it waits for its turn.
-
-    A collective is a ping-pong of wake-ups between the ranks' threads and gloo's; with all ranks
-    on one CPU (Binder) every wake-up preempted whoever ran: the capstone's 3 steps at tp=2 pp=2
-    took 18 % less CPU under SCHED_BATCH (BENCHMARKS.md). The notebook's kernel keeps the normal
-    policy, so it still preempts the ranks (a widget answers promptly). Where the policy does not
-    exist (macOS) or may not be set, nothing changes."""
+    woken by a message waits for its turn instead of preempting whoever runs. A collective is a
+    ping-pong of wake-ups; with all ranks on one CPU (Binder) the capstone took 18 % less CPU so
+    (BENCHMARKS.md). The kernel keeps the normal policy, so a widget still answers promptly."""
     if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_BATCH"):
         try:
             os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
@@ -146,11 +142,9 @@ class _ReplyPickler(pickle.Pickler):
 
 
 # A reply's large arrays travel out of band (pickle protocol 5): each as a message of its own,
-# sent straight from the tensor's memory and received straight into the buffer the owner's tensor
-# keeps. In-band, a reply was copied twice in the rank (numpy's bytes, then the pickle stream) and
-# twice in the owner (the message, then the array): with a check's training snapshots (notebook
-# 12: 2.6 MB a rank for 5 steps, 7 MB for 15) the ranks and the kernel held 3-4 times the reply
-# at its peak. Small buffers stay in the stream: a message each would cost more than the copy.
+# sent from the tensor's memory and received into the buffer the owner's tensor keeps. In-band, a
+# reply was copied twice on each side (notebook 12's snapshots: 3-4 times the reply at its peak).
+# Small buffers stay in the stream: a message each would cost more than the copy.
 OUT_OF_BAND_BYTES = 64 * 1024
 _FRAMES = b"mtb-frames:"   # a reply with out-of-band buffers starts with this message
 
