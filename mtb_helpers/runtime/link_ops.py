@@ -32,7 +32,6 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from mtb_helpers.runtime.comm_thread import Handle
-from mtb_helpers.runtime.compat import rank_not_in_group
 from mtb_helpers.runtime.timeline import LinkEvent
 
 __all__ = ["add_observer", "signature", "install", "OPS", "model_bytes", "tensor_bytes", "ORIG",
@@ -279,7 +278,7 @@ def install(em: Any) -> Callable[[], None]:
             em.stream.drain()
             return call(*args, **kwargs)
         bound = signature(name).bind(*args, **kwargs)
-        if rank_not_in_group(bound.arguments.get("group")):
+        if bound.arguments.get("group") == dist.GroupMember.NON_GROUP_MEMBER:   # not a member:
             return call(*args, **kwargs)     # torch warns and returns, as without a link
         if name in P2P_OPS:
             return _p2p(em, name, bound)
