@@ -190,10 +190,9 @@ class P2PHandle(Handle):
         self.posted = em.stream.submit(self._post)
         em.p2p.append(self)
 
-    def _peer(self, src: int | None = None) -> dict:
+    def _peer(self) -> dict:
         keys = ("dst", "group_dst") if self.sending else ("src", "group_src")
-        peer = {k: self.a[k] for k in keys if self.a.get(k) is not None}
-        return {"src": src} if src is not None else peer
+        return {k: self.a[k] for k in keys if self.a.get(k) is not None}
 
     def _post(self) -> None:
         group, tag = self.a.get("group"), self.a.get("tag", 0)
@@ -241,7 +240,7 @@ class P2PHandle(Handle):
                                             arrival if late else time.perf_counter(),
                                             self.modelled))
                 self.finished = True
-                self._finish(True)
+                self._finish()
         return True
 
     def is_completed(self) -> bool:

@@ -1,6 +1,6 @@
 """The rank side of the runtime: the loop each gloo rank process runs.
 
-A rank joins the process group once, then serves calls from its owner until told to stop:
+A rank joins the process group once, then serves calls from its owner until it is killed:
 receive ``(fn, args, kwargs)`` shipped by value (cloudpickle), run it, reply with the pickled
 result or the structured traceback. Its stdout and stderr are redirected at the file-descriptor
 level into files the owner reads after each call, so C++ (gloo) output is caught too and nothing
@@ -49,7 +49,7 @@ def batch_scheduling() -> None:
 
 
 def main(rank: int, world_size: int, workdir: str, conn: Connection, lifeline: Connection) -> None:
-    """Entry point of a rank process; returns only when the owner says stop or disappears."""
+    """Entry point of a rank process; serves calls until the owner kills it or disappears."""
     global IN_RANK
     IN_RANK = True
     batch_scheduling()   # first: every thread started after this (gloo's) inherits it
@@ -91,8 +91,6 @@ def _serve(conn: Connection) -> None:
         try:
             message = pickle.loads(conn.recv_bytes())
         except EOFError:  # the owner went away between calls
-            return
-        if message[0] == "stop":
             return
         _, call_id, payload = message
         send_reply(conn, *_execute(call_id, payload))
