@@ -93,24 +93,10 @@ def test_the_private_name_finder_finds_each_kind(tmp_path):
     assert [line.split(":")[0] for line in private_torch_names(planted)] == ["4", "5", "8", "9"]
 
 
-def test_rank_not_in_group_falls_back_to_the_public_non_member(monkeypatch):
-    cases = [None, dist.GroupMember.NON_GROUP_MEMBER, object()]
-    private = [compat.rank_not_in_group(g) for g in cases]
-    assert private == [False, True, False]
-    monkeypatch.delattr(compat.c10d, "_rank_not_in_group")
-    assert [compat.rank_not_in_group(g) for g in cases] == private
-
-
 def _default_group_both_ways() -> tuple[bool, bool]:
     from mtb_helpers.runtime import compat as c
-    private = c.default_group()
-    saved = c.c10d._get_default_group
-    del c.c10d._get_default_group
-    try:
-        public = c.default_group()
-    finally:
-        c.c10d._get_default_group = saved
-    return private is dist.group.WORLD, public is private
+    private = dist.distributed_c10d._get_default_group()   # the public answer is torch's own
+    return c.default_group() is private, dist.group.WORLD is private
 
 
 def _zero_partition_both_ways() -> tuple[list, list]:

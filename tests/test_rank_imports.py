@@ -64,10 +64,8 @@ def test_the_policy_follows_what_the_owner_loaded(monkeypatch):
 
 def test_missing_imports_are_found_only_for_what_the_forkserver_lacked(monkeypatch):
     monkeypatch.setattr(start, "_preloaded", frozenset(start.rank_imports()))
-    monkeypatch.setattr(start, "_missing", (-1, []))
     assert start.preload_missing() == []
     monkeypatch.setattr(start, "_preloaded", frozenset())
-    monkeypatch.setattr(start, "_missing", (-1, []))
     assert start.preload_missing() == start.rank_imports()   # every declared name is missing
     monkeypatch.setattr(start, "_preloaded", None)          # no forkserver started here
     assert start.preload_missing() == []

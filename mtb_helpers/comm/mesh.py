@@ -12,11 +12,10 @@ they talk inside every layer, the pipeline the least (Narayanan et al., SC 2021)
 ``("dp", "cp")`` those that differ only in those two (``mesh["dp", "cp"]._flatten()`` in PyTorch).
 tests/test_mesh.py shows the groups equal to ``init_device_mesh``'s on real ranks.
 
-``MeshGroups.build(mesh, keep=True)`` keeps the groups in the rank process between calls (the
-pool's ranks and their process groups live on between ``run()`` calls): each ``dist.new_group``
-waits for every rank through the store, ~100 ms a call on a loaded machine. Kept groups belong to
-the default group they were made in (a new one drops them all); at most ``KEEP_MESHES`` meshes are
-kept, the least recently used destroyed first, at the same point on every rank.
+``MeshGroups.build(mesh, keep=True)`` keeps the groups in the rank process between calls (each
+``dist.new_group`` waits for every rank through the store, ~100 ms a call on a loaded machine): at
+most ``KEEP_MESHES`` meshes, the least recently used destroyed first, at the same point on every
+rank; a new default group drops them all.
 """
 from __future__ import annotations
 

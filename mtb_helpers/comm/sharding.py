@@ -15,11 +15,8 @@ several mesh dims declares one placement per mesh dim, named: ``on_mesh(cp=Shard
 is a tuple ``(Shard(0), Shard(-1))`` (what ``DTensor.from_local(x, mesh, placements)`` takes
 for a mesh with ``mesh_dim_names=("cp", "tp")``) that also knows the names of its dims. Pieces
 nest left to right, as in ``distribute_tensor``: ``on_mesh(cp=Shard(0), tp=Shard(0))`` gives rank
-``(c, j)`` piece ``j`` of piece ``c`` of dim 0.
-
-``local_piece`` cuts a full tensor as a layout says; ``from_pieces`` puts every rank's piece back
-together (a sum for ``Partial``). Both are what every check and test uses to feed a layer its
-declared input and to read its declared output.
+``(c, j)`` piece ``j`` of piece ``c`` of dim 0. Every check feeds a layer its declared input with
+``local_piece`` and reads its declared output with ``from_pieces``.
 """
 from __future__ import annotations
 

@@ -1,16 +1,12 @@
 """What this process and every process it started hold in memory, for the pools' memory budget.
 
-Binder gives JupyterLab and every open kernel 2 GB together, and a notebook's tree (kernel,
-forkserver, ranks) is measured against ``MEMORY_BUDGET_MIB`` (issue 24). Memory pages are the
+Binder gives JupyterLab and every open kernel 2 GB together; a notebook's tree (kernel,
+forkserver, ranks) is measured against ``MEMORY_BUDGET_MIB``. Anonymous pages count by their
 proportional set size (PSS: a page shared by k processes counts 1/k in each, so the tree's sum is
-what it costs, whatever the forks share), except file pages (libtorch's code): PSS would split
-those with other processes on the machine, so a tree would look cheaper on a busy machine than in
-Binder; they count whole, once (the most any process of the tree maps). Linux only (``/proc``);
-elsewhere :func:`tree_mib` returns None and only the rank-count budget applies.
-
-A reading walks every page of every process (~15-40 ms), so the runtime reads only when a pool is
-about to start while another is warm, and from its watch thread (ranks.py) at most every
-``MEMORY_CHECK_SECONDS`` while or after calls, when a pool could be stopped.
+what it costs); file pages (libtorch's code) count whole, once, since PSS would split them with
+other processes on the machine. Linux only (``/proc``); elsewhere only the rank-count budget
+applies. A reading walks every page (~15-40 ms): it is taken when a pool is about to start while
+another is warm, and from the watch thread (ranks.py) at most every ``MEMORY_CHECK_SECONDS``.
 """
 from __future__ import annotations
 
@@ -113,12 +109,9 @@ def tree_mib(root: int | None = None) -> float | None:
 
 def release_owner_memory() -> None:
     """Give what the owner (a notebook's kernel) no longer uses back to the system: called by the
-    idle watch while calls run and for TRIM_SECONDS after. While a cell runs (not a widget: a
-    slider's redraw is never held up), collect the cyclic garbage first: matplotlib figures a cell
-    showed are closed but are cycles, and wait for a rare full collection with their pixels and
-    artists (notebook 12: ~10 MiB of five figures when its last checks ran); ~5 ms, the kernel's
-    own objects only (the first fork froze those built before it). Then trim glibc's heap: a
-    check's one-process reference leaves freed pages there (notebook 12: ~5-17 MiB); ~1 ms."""
+    idle watch while calls run and for TRIM_SECONDS after. While a cell runs (never during a
+    slider's redraw), collect the cyclic garbage first (closed matplotlib figures are cycles:
+    notebook 12, ~10 MiB; ~5 ms), then trim glibc's heap (a reference's freed pages; ~1 ms)."""
     if not answering_widget():
         gc.collect()
     allocator.trim()

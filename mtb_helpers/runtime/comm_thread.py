@@ -25,10 +25,9 @@ class Handle:
     def __init__(self) -> None:
         self._done = threading.Event()
         self._error: BaseException | None = None
-        self.value: Any = None
 
-    def _finish(self, value: Any = None, error: BaseException | None = None) -> None:
-        self.value, self._error = value, error
+    def _finish(self, error: BaseException | None = None) -> None:
+        self._error = error
         self._done.set()
 
     def wait(self, timeout: Any = None) -> bool:
@@ -45,9 +44,9 @@ class Handle:
 class CommStream:
     """One rank's communication thread; jobs run in submission order (FIFO)."""
 
-    def __init__(self, name: str = "mtb-comm-stream") -> None:
+    def __init__(self) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self.thread = threading.Thread(target=self._loop, name="mtb-comm-stream", daemon=True)
         self.thread.start()
 
     def submit(self, job: Callable[[], Any]) -> Handle:
@@ -71,6 +70,7 @@ class CommStream:
             if job is _STOP:
                 return
             try:
-                handle._finish(job())
+                job()
+                handle._finish()
             except BaseException as exc:  # noqa: BLE001  (raised again in the waiting thread)
-                handle._finish(error=exc)
+                handle._finish(exc)

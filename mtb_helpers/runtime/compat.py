@@ -13,16 +13,14 @@ import contextlib
 from typing import Any, Callable, Iterator
 
 import torch.distributed as dist
-from torch.distributed import distributed_c10d as c10d
 
-__all__ = ["PRIVATE_NAMES", "PrivateAPIMissing", "rank_not_in_group", "default_group",
-           "zero_partition", "pytorch_ring", "dispatch_mode"]
+__all__ = ["PRIVATE_NAMES", "PrivateAPIMissing", "default_group", "zero_partition", "pytorch_ring",
+           "dispatch_mode"]
 
 RING_MODULE = "torch.distributed.tensor.experimental._context_parallel._attention"
 DISPATCH_MODULE = "torch.utils._python_dispatch"
 # {where: names} of every private name this module reads; tests/test_compat.py checks each
 PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
-    "torch.distributed.distributed_c10d": ("_rank_not_in_group", "_get_default_group"),
     "torch.distributed.optim.ZeroRedundancyOptimizer": ("_partition_parameters",),
     RING_MODULE: ("_templated_ring_attention", "_templated_ring_attention_backward",
                   "_cp_options", "_RotateMethod"),
@@ -34,19 +32,10 @@ class PrivateAPIMissing(RuntimeError):
     """A private PyTorch name the course needs, with no public equivalent, is gone."""
 
 
-def rank_not_in_group(group: Any) -> bool:
-    """True when this rank is not a member of ``group`` (torch's own test, which a collective
-    makes before it warns and returns); None means the default group."""
-    private = getattr(c10d, "_rank_not_in_group", None)
-    if private is not None:
-        return bool(private(group))
-    return group is not None and group is dist.GroupMember.NON_GROUP_MEMBER
-
-
 def default_group() -> Any:
-    """The default (world) process group object."""
-    private = getattr(c10d, "_get_default_group", None)
-    return private() if private is not None else dist.group.WORLD
+    """The default (world) process group object: the public ``dist.group.WORLD``, what torch's
+    private ``_get_default_group`` returns once the group exists (no private name is needed)."""
+    return dist.group.WORLD
 
 
 def zero_partition(zero: Any, index: dict) -> list[list[int]]:

@@ -17,9 +17,9 @@ Frame = tuple[str, int, str, "str | None"]  # filename, line number, function, s
 # Frames from these places are machinery; "where is the rank waiting" skips them for the student's.
 # An emulated link's stand-ins for torch.distributed's functions (runtime/link_ops.py) count as
 # torch's own: the collective is named after them, the student's line is the one calling them.
+# (Stack dumps need SIGUSR1, so these are POSIX paths.)
 _EMULATION = ("mtb_helpers/runtime/link", "mtb_helpers/runtime/comm_thread")
-_MACHINERY = ("/torch/", "\\torch\\", "mtb_helpers/runtime/worker.py", "mtb_helpers\\runtime\\worker.py",
-              "/threading.py", "/cloudpickle/", *_EMULATION)
+_MACHINERY = ("/torch/", "mtb_helpers/runtime/worker.py", "/threading.py", "/cloudpickle/", *_EMULATION)
 
 
 class RankError(RuntimeError):
@@ -154,8 +154,7 @@ def parse_wait_point(dump: str, index: SourceIndex | None = None) -> WaitPoint |
     """
     for block in re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump):
         frames = [m.groupdict() for m in map(_FRAME_RE.match, block.splitlines()) if m]
-        if not any(f["func"] == "_execute"
-                   and f["file"].replace("\\", "/").endswith("runtime/worker.py") for f in frames):
+        if not any(f["func"] == "_execute" and f["file"].endswith("runtime/worker.py") for f in frames):
             continue
         collective = next((f["func"] for f in frames if f["func"] in COLLECTIVES and (
             "distributed" in f["file"] or any(m in f["file"] for m in _EMULATION))), None)

@@ -1,18 +1,16 @@
 """multiprocessing's forkserver as a fork of the owner, so that ranks share the owner's torch.
 
-multiprocessing starts its forkserver as a new interpreter that imports torch again: ~210 MB the
-owner (a notebook's kernel) already holds. Forked from the owner, the forkserver and every rank it
-forks share the owner's pages: one torch for all (on Binder's 2 GB, about 250 MB less a notebook).
+multiprocessing's own forkserver is a new interpreter that imports torch again (~210 MB the
+notebook's kernel already holds); forked from the owner, it and its ranks share the owner's pages.
 
 Forking a process that has threads (ipykernel has several) is safe here because the child runs
 nothing of the owner's: it keeps only the descriptors multiprocessing passes, resets the signal
-handlers, writes to fresh stdio and runs the code the new interpreter would have run. Ranks set
-one intra-op thread before any computation (worker.py), which makes a fork after the owner used
-OpenMP safe (a larger OpenMP team would hang in the child). Only from the main thread (another
-thread could hold a torch lock the ranks would inherit locked) and only on Linux (forking is
-unsafe on macOS); elsewhere, and with ``MTB_FORK_FORKSERVER=0``, multiprocessing starts a new
-interpreter. The resource tracker stays one: it is small, and a fork would keep an old copy of
-every page the owner changes after it.
+handlers, writes to fresh stdio and runs the code the new interpreter would have run; ranks set
+one intra-op thread before computing (worker.py), so a fork after the owner used OpenMP cannot
+hang. Only from the main thread (another could hold a torch lock the ranks would inherit) and only
+on Linux; elsewhere, and with ``MTB_FORK_FORKSERVER=0``, multiprocessing starts a new interpreter.
+The resource tracker stays one: it is small, and a fork would keep a copy of every page the owner
+changes after it.
 """
 from __future__ import annotations
 

@@ -37,22 +37,40 @@ __all__ = ["padded", "pad_backward", "validate_link", "measure_floor", "Floor", 
 OVERRUN_WARNING = 2e-3   # seconds beyond the model before the caller is told the machine lagged
 FLOOR_REFRESH = 10.0     # seconds: the floor is measured again after an overrun, at most this often
 
-_ACTIVE: "Emulation | None" = None   # the emulation of the call running on this rank, if any
+_ACTIVE: "LinkedCall | None" = None   # the linked call running on this rank, if any
 
 
-class Emulation:
-    """One call's emulated link on one rank: the comm stream, the events, the patches, and the
-    owner's ``deadline`` (``time.perf_counter()``: all processes here share that clock)."""
+class LinkedCall:
+    """What a rank runs for ``run(fn, ..., link=...)``: ``fn`` under the emulated link, returning
+    ``{"result", "events", "zero"}`` (``__wrapped__`` lets the owner find ``fn``'s source). On the
+    rank it is the call's emulation too: the comm stream, the events, the owner's ``deadline``
+    (``time.perf_counter()``: all processes here share that clock)."""
 
-    def __init__(self, link: Any, time_scale: float, deadline: float = math.inf):
+    def __init__(self, fn: Callable, link: Any, time_scale: float, deadline: float = math.inf):
+        self.__wrapped__ = fn
         self.link, self.scale, self.deadline = link, time_scale, deadline
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+        global _ACTIVE
         self.events: list[LinkEvent] = []
         self.p2p: list = []
         self.free_at = 0.0   # when the stream's last collective ends (perf_counter seconds)
         self.out_free = self.in_free = 0.0   # when this rank's outgoing / incoming link is free
         self.stream = CommStream()
         self.direct: threading.Thread | None = None   # a thread inside unmodelled()
-        self.restore = link_ops.install(self)
+        restore = link_ops.install(self)
+        _ACTIVE = self
+        try:
+            if dist.get_world_size() > 1:
+                link_ops.ORIG["barrier"]()   # one zero for every rank's clock
+            zero = time.perf_counter()
+            result = self.__wrapped__(*args, **kwargs)
+            self.finish()
+            return {"result": result, "events": self.events, "zero": zero}
+        finally:
+            _ACTIVE = None
+            restore()
+            self.stream.close()
 
     def modelled(self, collective: str, nbytes: int, p: int) -> float:
         seconds = self.link.time(collective, nbytes, p) * self.scale
@@ -74,10 +92,6 @@ class Emulation:
         for handle in self.p2p:
             if not handle.finished and handle.is_completed():
                 handle.wait()
-
-    def close(self) -> None:
-        self.restore()
-        self.stream.close()
 
 
 def active_time_scale() -> float:
@@ -163,30 +177,6 @@ def check_number(value: object, must: str, positive: bool = True) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or value < 0 or (positive and value == 0):
         raise ValueError(f"{must}, got {value!r}")
-
-
-class LinkedCall:
-    """What a rank runs for ``run(fn, ..., link=...)``: ``fn`` under the emulated link. Returns
-    ``{"result", "events", "zero"}``. ``__wrapped__`` lets the owner find ``fn``'s source."""
-
-    def __init__(self, fn: Callable, link: Any, time_scale: float, deadline: float = math.inf):
-        self.__wrapped__ = fn
-        self.link, self.time_scale, self.deadline = link, time_scale, deadline
-
-    def __call__(self, *args: Any, **kwargs: Any) -> dict:
-        global _ACTIVE
-        em = Emulation(self.link, self.time_scale, self.deadline)
-        _ACTIVE = em
-        try:
-            if dist.get_world_size() > 1:
-                link_ops.ORIG["barrier"]()   # one zero for every rank's clock
-            zero = time.perf_counter()
-            result = self.__wrapped__(*args, **kwargs)
-            em.finish()
-            return {"result": result, "events": em.events, "zero": zero}
-        finally:
-            _ACTIVE = None
-            em.close()
 
 
 def validate_link(link: Any, time_scale: object) -> None:

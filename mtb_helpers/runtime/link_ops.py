@@ -32,7 +32,6 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from mtb_helpers.runtime.comm_thread import Handle
-from mtb_helpers.runtime.compat import rank_not_in_group
 from mtb_helpers.runtime.timeline import LinkEvent
 
 __all__ = ["add_observer", "signature", "install", "OPS", "model_bytes", "tensor_bytes", "ORIG",
@@ -191,10 +190,9 @@ class P2PHandle(Handle):
         self.posted = em.stream.submit(self._post)
         em.p2p.append(self)
 
-    def _peer(self, src: int | None = None) -> dict:
+    def _peer(self) -> dict:
         keys = ("dst", "group_dst") if self.sending else ("src", "group_src")
-        peer = {k: self.a[k] for k in keys if self.a.get(k) is not None}
-        return {"src": src} if src is not None else peer
+        return {k: self.a[k] for k in keys if self.a.get(k) is not None}
 
     def _post(self) -> None:
         group, tag = self.a.get("group"), self.a.get("tag", 0)
@@ -242,7 +240,7 @@ class P2PHandle(Handle):
                                             arrival if late else time.perf_counter(),
                                             self.modelled))
                 self.finished = True
-                self._finish(True)
+                self._finish()
         return True
 
     def is_completed(self) -> bool:
@@ -279,7 +277,7 @@ def install(em: Any) -> Callable[[], None]:
             em.stream.drain()
             return call(*args, **kwargs)
         bound = signature(name).bind(*args, **kwargs)
-        if rank_not_in_group(bound.arguments.get("group")):
+        if bound.arguments.get("group") == dist.GroupMember.NON_GROUP_MEMBER:   # not a member:
             return call(*args, **kwargs)     # torch warns and returns, as without a link
         if name in P2P_OPS:
             return _p2p(em, name, bound)

@@ -57,7 +57,7 @@ def available(name: str) -> bool:
 def patched_start(spawnv_passfds: Callable) -> Iterator[None]:
     """While processes start: no ``__main__`` re-import, and ``spawnv_passfds`` starts the helper
     processes (the forkserver, the resource tracker). Each part that is missing is left out."""
-    saved = {}
+    saved = []   # (module, name, what it held), put back afterwards
     if available("spawn.get_preparation_data"):
         original = mp_spawn.get_preparation_data
 
@@ -67,18 +67,16 @@ def patched_start(spawnv_passfds: Callable) -> Iterator[None]:
             data.pop("init_main_from_name", None)
             return data
 
-        saved["get_preparation_data"] = original
+        saved.append((mp_spawn, "get_preparation_data", original))
         mp_spawn.get_preparation_data = without_main
     if available("util.spawnv_passfds"):
-        saved["spawnv_passfds"] = mp_util.spawnv_passfds
+        saved.append((mp_util, "spawnv_passfds", mp_util.spawnv_passfds))
         mp_util.spawnv_passfds = spawnv_passfds
     try:
         yield
     finally:
-        if "get_preparation_data" in saved:
-            mp_spawn.get_preparation_data = saved["get_preparation_data"]
-        if "spawnv_passfds" in saved:
-            mp_util.spawnv_passfds = saved["spawnv_passfds"]
+        for module, name, was in saved:
+            setattr(module, name, was)
 
 
 def stop_forkserver() -> None:

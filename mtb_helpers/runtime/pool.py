@@ -234,18 +234,9 @@ class Pool:
             stream.flush()
 
     def stop(self) -> None:
-        """After the call in flight, if any: ask ranks to leave the group and exit; kill whoever
-        has not within two seconds."""
+        """After the call in flight, if any, kill every rank: an idle rank holds nothing to save
+        (its output was relayed, its work dir goes), so there is no goodbye to wait for."""
         with self.lock:
-            if not self.broken:
-                for conn in self.conns:
-                    try:
-                        conn.send_bytes(pickle.dumps(("stop",)))
-                    except OSError:
-                        pass
-                deadline = time.monotonic() + 2.0
-                for proc in self.procs:
-                    proc.join(max(0.0, deadline - time.monotonic()))
             self.kill()
 
     def kill(self, remove_files: bool = True) -> None:

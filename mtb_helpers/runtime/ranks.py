@@ -1,15 +1,7 @@
-"""Run a function on N real gloo ranks and get every rank's result back.
-
-    results = run(fn, *args, world_size=4, timeout=30.0, **kwargs)
-
-Two runtimes sit behind ``run``:
-
-* **Local pools** (notebooks, the CLI on a laptop): a warm :class:`~mtb_helpers.runtime.pool.Pool` of
-  rank processes per world size, reused across calls, so a slider re-runs a 4-rank check in
-  milliseconds. Pools are stopped by :func:`shutdown`, at interpreter exit, or after any failure.
-* **A launched job** (``torchrun --nproc-per-node=N``): this process already *is* one rank, so
-  ``fn`` runs right here inside the job's default process group and the results of all ranks are
-  all-gathered. Everything built on ``run`` (the checks, the CLI) runs unchanged on a cluster.
+"""Run a function on N real gloo ranks and get every rank's result back: ``run(fn, *args,
+world_size=4, timeout=30.0, **kwargs)``, on a warm :class:`~mtb_helpers.runtime.pool.Pool` of rank
+processes per world size (stopped by :func:`shutdown`, at exit, when idle or over the memory
+budget, or after any failure), or, under torchrun, in this rank of the job (launched.py).
 """
 from __future__ import annotations
 
@@ -123,12 +115,13 @@ def warm_up(*world_sizes: int, background: bool = True) -> None:
     ``warm_up(2)``: the ranks start while the student reads). Does nothing under torchrun."""
     if in_launched_job() or rank_worker.IN_RANK:
         return
-    for world_size in world_sizes or (2,):
+    world_sizes = world_sizes or (2,)
+    for world_size in world_sizes:
         _validate_world_size(world_size)
     install_sigterm_cleanup(_kill_everything)
 
     def start() -> None:
-        for world_size in world_sizes or (2,):
+        for world_size in world_sizes:
             pool = _warm_pool(world_size)
             with pool.lock:
                 if not pool.broken:

@@ -1,41 +1,40 @@
-"""The owner's signals: a kill that a second Ctrl-C cannot cut short (:class:`interrupts_deferred`),
+"""The owner's signals: a kill that a second Ctrl-C cannot cut short (:func:`interrupts_deferred`),
 and clean-up on SIGTERM (:func:`install_sigterm_cleanup`): a graceful Jupyter shutdown or restart
 sends SIGTERM, whose default action ends the process without ``atexit``, so the ranks' work dir
 and multiprocessing's ``pymp-*`` dir stayed in $TMPDIR.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
-from typing import Callable
+from typing import Callable, Iterator
 
 
-class interrupts_deferred:  # noqa: N801  (used as a context manager, like a function)
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
     """Within the block, SIGINT is recorded instead of raising; on leaving, a recorded interrupt
     is raised (unless an exception is already on its way out, e.g. the first interrupt). A student
     who presses stop twice would otherwise interrupt the kill of the ranks half-way, leaving ranks
     that run the student's function."""
-
-    def __enter__(self) -> "interrupts_deferred":
-        self._previous = None
-        self._got: list[int] = []
-        if threading.current_thread() is threading.main_thread():
-            try:
-                self._previous = signal.signal(signal.SIGINT, lambda s, f: self._got.append(s))
-            except ValueError:  # not the main interpreter
-                self._previous = None
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            if self._got and exc_type is None:
-                if callable(self._previous):
-                    self._previous(signal.SIGINT, None)
-                elif self._previous != signal.SIG_IGN:
-                    raise KeyboardInterrupt
-        return False
+    got: list[int] = []
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        try:
+            previous = signal.signal(signal.SIGINT, lambda s, f: got.append(s))
+        except ValueError:  # not the main interpreter
+            previous = None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    if got and previous is not None:   # reached only when the block raised nothing
+        if callable(previous):
+            previous(signal.SIGINT, None)
+        elif previous != signal.SIG_IGN:
+            raise KeyboardInterrupt
 
 
 _installed = False

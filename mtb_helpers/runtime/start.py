@@ -1,13 +1,10 @@
 """How rank processes start: a forkserver that has already imported what ranks need.
 
-Every page a rank shares with the forkserver costs Binder's memory budget once instead of once per
-rank. On Linux the forkserver is a fork of the owner (fork_helper.py), so the kernel, the
-forkserver and every rank share one torch; the owner first imports what torch would import lazily
-in each rank (:func:`rank_imports`). Elsewhere the forkserver is a new interpreter that imports,
-before it forks any rank: torch (via the worker module), those lazy imports and the course modules
-the owner has imported that ranks unpickle functions from (layers, checks). Either way it then
-freezes the garbage collector so that ranks do not copy every page of those objects just by
-scanning them (forkserver_setup.py).
+Every page a rank shares with the forkserver costs Binder's memory once instead of once per rank.
+On Linux the forkserver is a fork of the owner (fork_helper.py): kernel, forkserver and ranks share
+one torch. Elsewhere it is a new interpreter that preloads torch, what ranks import lazily
+(:func:`rank_imports`) and the course modules ranks unpickle functions from, then freezes its
+garbage collector (forkserver_setup.py).
 """
 from __future__ import annotations
 
@@ -25,25 +22,15 @@ from mtb_helpers.runtime.signals import interrupts_deferred
 
 _start_lock = threading.Lock()
 
-# The one policy for what ranks find imported before they start (issue 34). A page a rank shares
-# with the forkserver costs Binder's memory once instead of once per rank, and a rank importing a
-# big module itself pays the time in the student's first redraw; but a preload no rank of this
-# notebook needs delays its first ranks and holds memory for nothing. So:
-#
-# * RANK_LAZY_IMPORTS: what torch imports lazily inside a rank during every topic's checks (a
-#   fresh rank's sys.modules against one after each check): sympy (symbolic shapes) is ~45 MB per
-#   rank when each rank imports it. Always preloaded.
-# * HEAVY_RANK_IMPORTS: what the rank code of some course modules imports lazily, preloaded only
-#   when the owner has loaded that module (a notebook that uses it). The PyTorch comparisons count
-#   DTensor's collectives with CommDebugMode (it imports torch._dynamo: ~0.8 s and ~35 MB a rank)
-#   or run torch.distributed.pipelining; notebook 14's modules step torch.optim optimizers, whose
-#   first step imports torch._dynamo. The course's own strategies and the capstone step
-#   dp/adam.py's Adam instead (bit-equal on CPU; ZeRO-1/2's ShardedOptimizer steps it too), and
-#   no bug module imports a comparison module (DTensor's plan sits in tp/layers.py and imports
-#   DTensor only when built), so a notebook that never compares never loads torch._dynamo on its
-#   ranks; tests/test_rank_imports.py and tests/test_runtime_memory_and_drawing.py hold both sides.
-# A module loaded after the forkserver started is found by ``preload_missing``, and the next ``run``
-# restarts the pools from a forkserver that preloads its imports (ranks.py).
+# The one policy for what ranks find imported before they start (docs/design.md, "What ranks find
+# imported is one policy"): a preload shares its pages with every rank, but one no rank of this
+# notebook needs delays its first ranks and holds memory for nothing. RANK_LAZY_IMPORTS: what torch
+# imports lazily in a rank during every topic's checks (sympy: ~45 MB a rank), always preloaded.
+# HEAVY_RANK_IMPORTS: what the rank code of some course modules imports lazily (torch._dynamo, ~0.8 s
+# and ~35 MB a rank, for CommDebugMode and a torch.optim step), preloaded only once the owner has
+# loaded that module; tests/test_rank_imports.py and tests/test_runtime_memory_and_drawing.py hold
+# both sides. A module loaded after the forkserver started is found by ``preload_missing``, and
+# the next ``run`` restarts the pools from a forkserver that preloads its imports (ranks.py).
 RANK_LAZY_IMPORTS = ("torch.fx.experimental.symbolic_shapes", "torch.utils.serialization")
 _DTENSOR_DEBUG = ("torch.distributed.tensor.debug",)
 _TORCH_OPTIM = ("torch._dynamo",)
@@ -91,12 +78,12 @@ def _spawn_in_own_session(path, args, passfds) -> int:
     """multiprocessing's helper processes (the forkserver, the resource tracker), started in a
     session of their own; the forkserver as a fork of the owner where that is safe
     (fork_helper.py), with torch's lazy imports loaded first so that owner and ranks share them.
-    ipykernel's shutdown sends SIGTERM to every process of its group and waits, in growing steps,
-    until none is left; the resource tracker ignores SIGTERM, so a kernel
-    that had started ranks took 2.6 s (jupyter_client's deadline) to shut down instead of 0.7 s.
-    They still end with their owner: both exit when the owner's end of their pipe closes."""
+    Out of the kernel's process group: ipykernel's shutdown signals every process of its group and
+    waits for none to be left, and the resource tracker ignores SIGTERM (2.6 s instead of 0.7 s).
+    Both still exit when the owner's end of their pipe closes."""
+    global _preloaded
     if args and "multiprocessing.forkserver" in args[-1]:
-        _note_preloaded(rank_imports())   # what this forkserver's ranks will find imported
+        _preloaded = frozenset(rank_imports())   # what this forkserver's ranks will find imported
     if may_fork(args):
         for name in rank_imports():  # imported once, shared by the owner and every rank
             importlib.import_module(name)
@@ -125,25 +112,15 @@ def rank_imports() -> list[str]:
 
 
 _preloaded: frozenset[str] | None = None   # rank_imports() when the last forkserver started
-_missing: tuple[int, list[str]] = (-1, [])  # (len(sys.modules) when found, what is missing)
-
-
-def _note_preloaded(names: list[str]) -> None:
-    global _preloaded, _missing
-    _preloaded, _missing = frozenset(names), (-1, [])
 
 
 def preload_missing() -> list[str]:
     """What HEAVY_RANK_IMPORTS of course modules loaded since the forkserver started it did not
-    preload (a notebook cell importing a PyTorch comparison module after its import
-    cell started the ranks); [] when none, or no forkserver was started here. Looked for again
-    only when ``sys.modules`` has grown: every ``run`` asks."""
-    global _missing
+    preload (a notebook cell importing a PyTorch comparison module after its import cell started
+    the ranks); [] when none, or no forkserver was started here. Every ``run`` asks (~4 µs)."""
     if _preloaded is None:
         return []
-    if _missing[0] != len(sys.modules):
-        _missing = (len(sys.modules), [n for n in rank_imports() if n not in _preloaded])
-    return _missing[1]
+    return [n for n in rank_imports() if n not in _preloaded]
 
 
 def preload_modules() -> list[str]:

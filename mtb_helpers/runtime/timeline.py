@@ -1,11 +1,7 @@
-"""What each rank did, and when, under an emulated link: compute and communication events.
-
-``run(fn, world_size=p, link=Link(...))`` returns a :class:`RunResults`: the usual list of
-per-rank results, plus ``.timeline``, a :class:`LinkTimeline` whose ``ranks[r]`` lists rank r's
-:class:`LinkEvent` s in the order they ended. Times are seconds of this machine's clock from one zero
-shared by every rank (taken right after a barrier at the start of the call), so events of
-different ranks can be drawn on one axis. Under ``time_scale=N`` every modelled time was
-stretched N times: divide by N (``LinkTimeline.in_model_time()``) to read the link's own seconds.
+"""What each rank did, and when, under an emulated link: ``run(fn, link=...)`` returns a
+:class:`RunResults`, the per-rank results with ``.timeline``, whose ``ranks[r]`` lists rank r's
+:class:`LinkEvent` s in the order they ended. Times are seconds from one zero shared by every rank
+(right after a barrier at the call's start), so ranks can be drawn on one axis.
 """
 from __future__ import annotations
 

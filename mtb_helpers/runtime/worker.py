@@ -1,6 +1,6 @@
 """The rank side of the runtime: the loop each gloo rank process runs.
 
-A rank joins the process group once, then serves calls from its owner until told to stop:
+A rank joins the process group once, then serves calls from its owner until it is killed:
 receive ``(fn, args, kwargs)`` shipped by value (cloudpickle), run it, reply with the pickled
 result or the structured traceback. Its stdout and stderr are redirected at the file-descriptor
 level into files the owner reads after each call, so C++ (gloo) output is caught too and nothing
@@ -38,13 +38,9 @@ IN_RANK = False  # True inside a rank process: run() refuses to start ranks from
 
 def batch_scheduling() -> None:
     """This thread, and every thread it starts from now on, under Linux's ``SCHED_BATCH``: a rank
-    woken by a message no longer preempts the process that is running, it waits for its turn.
-
-    A collective is a ping-pong of wake-ups between the ranks' threads and gloo's; with all ranks
-    on one CPU (Binder) every wake-up preempted whoever ran: the capstone's 3 steps at tp=2 pp=2
-    took 18 % less CPU under SCHED_BATCH (BENCHMARKS.md). The notebook's kernel keeps the normal
-    policy, so it still preempts the ranks (a widget answers promptly). Where the policy does not
-    exist (macOS) or may not be set, nothing changes."""
+    woken by a message waits for its turn instead of preempting whoever runs. A collective is a
+    ping-pong of wake-ups; with all ranks on one CPU (Binder) the capstone took 18 % less CPU so
+    (BENCHMARKS.md). The kernel keeps the normal policy, so a widget still answers promptly."""
     if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_BATCH"):
         try:
             os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
@@ -53,7 +49,7 @@ def batch_scheduling() -> None:
 
 
 def main(rank: int, world_size: int, workdir: str, conn: Connection, lifeline: Connection) -> None:
-    """Entry point of a rank process; returns only when the owner says stop or disappears."""
+    """Entry point of a rank process; serves calls until the owner kills it or disappears."""
     global IN_RANK
     IN_RANK = True
     batch_scheduling()   # first: every thread started after this (gloo's) inherits it
@@ -95,8 +91,6 @@ def _serve(conn: Connection) -> None:
         try:
             message = pickle.loads(conn.recv_bytes())
         except EOFError:  # the owner went away between calls
-            return
-        if message[0] == "stop":
             return
         _, call_id, payload = message
         send_reply(conn, *_execute(call_id, payload))
@@ -146,11 +140,9 @@ class _ReplyPickler(pickle.Pickler):
 
 
 # A reply's large arrays travel out of band (pickle protocol 5): each as a message of its own,
-# sent straight from the tensor's memory and received straight into the buffer the owner's tensor
-# keeps. In-band, a reply was copied twice in the rank (numpy's bytes, then the pickle stream) and
-# twice in the owner (the message, then the array): with a check's training snapshots (notebook
-# 12: 2.6 MB a rank for 5 steps, 7 MB for 15) the ranks and the kernel held 3-4 times the reply
-# at its peak. Small buffers stay in the stream: a message each would cost more than the copy.
+# sent from the tensor's memory and received into the buffer the owner's tensor keeps. In-band, a
+# reply was copied twice on each side (notebook 12's snapshots: 3-4 times the reply at its peak).
+# Small buffers stay in the stream: a message each would cost more than the copy.
 OUT_OF_BAND_BYTES = 64 * 1024
 _FRAMES = b"mtb-frames:"   # a reply with out-of-band buffers starts with this message
 
