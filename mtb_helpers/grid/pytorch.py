@@ -51,11 +51,9 @@ def _destroy(mesh) -> None:
     """Free the mesh's subgroups: the rank pool is reused, so each call would otherwise leak."""
     import torch.distributed as dist
 
-    from mtb_helpers.runtime.compat import default_group
-    default = default_group()
     for name in ("dp", "tp"):
         group = mesh.get_group(name)
-        if group is not None and group != default:
+        if group is not None and group != dist.group.WORLD:
             dist.destroy_process_group(group)
 
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 
 import torch.distributed as dist
 
-__all__ = ["PRIVATE_NAMES", "PrivateAPIMissing", "default_group", "zero_partition", "pytorch_ring",
+__all__ = ["PRIVATE_NAMES", "PrivateAPIMissing", "zero_partition", "pytorch_ring",
            "dispatch_mode"]
 
 RING_MODULE = "torch.distributed.tensor.experimental._context_parallel._attention"
@@ -30,12 +30,6 @@ PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
 
 class PrivateAPIMissing(RuntimeError):
     """A private PyTorch name the course needs, with no public equivalent, is gone."""
-
-
-def default_group() -> Any:
-    """The default (world) process group object: the public ``dist.group.WORLD``, what torch's
-    private ``_get_default_group`` returns once the group exists (no private name is needed)."""
-    return dist.group.WORLD
 
 
 def zero_partition(zero: Any, index: dict) -> list[list[int]]:
