@@ -27,7 +27,7 @@ from mtb_helpers.dp.sharded_optimizer import ShardedOptimizer
 
 __all__ = ["BUGS", "DP_BUGS", "BUGS_BY_STRATEGY", "DoubleAverage", "SumNotAverage",
            "StaleParams", "GradsNotCleared", "strategy_bug", "wrapper_bug", "OVERLAP_BUGS",
-           "WRAPPER_CLASSES", "bugs_for_wrapper", "BucketTooEarly", "NoWait", "NoSyncCommunicates",
+           "WRAPPER_CLASSES", "BucketTooEarly", "NoWait", "NoSyncCommunicates",
            "PrefetchWrongModule", "ReduceInComputeDtype"]
 
 
@@ -192,11 +192,6 @@ BUGS.update({
         "stale parameters", "zero1", BUGS["zero-stale-params"].replaces[ShardedOptimizer]),
 })
 OVERLAP_BUGS = names_for(BUGS, OVERLAP)
-
-
-def bugs_for_wrapper(wrapper: str) -> tuple[str, ...]:
-    """The bugs of ``check_overlap`` whose needs ``wrapper`` meets."""
-    return names_for(BUGS, OVERLAP, wrapper=wrapper)
 
 
 register("dp", BUGS)   # at import: see checking/bug.py

@@ -6,10 +6,9 @@ differs by the bug (marked ``# BUG``).
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from mtb_helpers.checking.bug import Bug, names_for, register, swap
-from mtb_helpers.moe.layers import Expert, ExpertParallelMoE
+from mtb_helpers.checking.bug import Bug, names_for, register
+from mtb_helpers.moe.layers import ExpertParallelMoE
 
 
 class MoEWithoutInversePermutation(ExpertParallelMoE):
@@ -48,14 +47,6 @@ BUGS: dict[str, Bug] = {
         checks=('moe',), replaces={ExpertParallelMoE: MoEWithoutRouterGradAllReduce}),
 }
 MOE_BUGS = names_for(BUGS, "moe")
-
-
-def build_moe(gate: nn.Linear, experts: list[Expert], top_k: int = 1,
-              capacity_factor: float | None = None, bug: Bug | None = None,
-              group=None) -> ExpertParallelMoE:
-    """``ExpertParallelMoE.from_full(...)``, or the class with ``bug`` (a ``Bug``) in it."""
-    return swap(bug, ExpertParallelMoE).from_full(gate, experts, top_k, capacity_factor,
-                                                          group)
 
 
 register("moe", BUGS)   # at import: see checking/bug.py

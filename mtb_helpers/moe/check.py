@@ -20,10 +20,10 @@ import torch
 from torch import nn
 
 from mtb_helpers.comm.mesh import group_rank, group_size
-from mtb_helpers.checking.bug import resolve
+from mtb_helpers.checking.bug import resolve, swap
 from mtb_helpers.comm.records import record
-from mtb_helpers.moe.layers import COMBINE, COUNTS, DISPATCH, ROUTER_GRAD, Expert, moe_reference
-from mtb_helpers.moe.bugs import build_moe
+from mtb_helpers.moe.layers import (COMBINE, COUNTS, DISPATCH, ROUTER_GRAD, Expert, ExpertParallelMoE,
+                                    moe_reference)
 from mtb_helpers.runtime.ranks import resolve_world_size, run
 from mtb_helpers.checking.tolerances import (as_dtype, check_config, divisible, number,
                                               positive_sizes)
@@ -67,7 +67,7 @@ def _on_rank(gate, experts, x, dy, top_k, capacity_factor, bug) -> dict:
     """Run on every rank: the layer on this rank's tokens, forward and backward, recorded."""
     t, r = group_size(), group_rank()
     n = x.shape[0] // t
-    layer = build_moe(gate, experts, top_k, capacity_factor, bug)
+    layer = swap(bug, ExpertParallelMoE).from_full(gate, experts, top_k, capacity_factor, None)
     x_r = x[r * n:(r + 1) * n].clone().requires_grad_(True)
     with record() as rec:
         y = layer(x_r)
