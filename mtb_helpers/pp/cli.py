@@ -2,8 +2,7 @@
 
 ``bubble`` is pure simulation: no ranks start; it prints a schedule's op order, makespan, bubble
 and peak memory. ``run`` checks ``pipeline_step`` against one process (a hung step is a failed
-check). Exit status and torchrun as every command (``checking/command.py``).
-"""
+check)."""
 from __future__ import annotations
 
 import argparse
