@@ -4,7 +4,8 @@ shows (a text, a table, a figure), updated in place whenever a control changes.
 A text is an ``HTML`` widget, a figure an ``Image`` widget, a table an ``HTML`` widget, each
 keeping its place, so the front end never rebuilds the output area and a value equal to the
 last one is not sent again (traitlets only syncs changes). Core ipywidgets only (HTML, Image,
-Output, VBox, observe): 7.7 and 8 alike.
+Output, VBox, observe): 7.7 and 8 alike. Below it, the controls the explorers share (the world-size
+slider, the bug menu, plain menus), made the same way in every topic.
 """
 from __future__ import annotations
 
