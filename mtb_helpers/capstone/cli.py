@@ -3,12 +3,8 @@
 Prints, per step (all of a short run, a sample of a long one), the loss next to the one-process
 loss, the errors against one process re-anchored on the run's own state (the verdict) and the
 free-running drift, then the bytes each group sent per step (rank 0 and all ranks' total, measured
-and by formula); progress lines go to stderr as steps finish (``--quiet``: none); ``--timeout``
-guards each call of a few steps, not the run. ``--plot out.png`` saves the loss curves, ``--json``
-prints ``{"passed": ..., "checks": [report]}``. Exit 0 when every step and every rank's final
-parameters match, 1 when the check fails, 2 for bad arguments (a layout whose product is not
-``--world-size`` (or torchrun's world size), sizes that do not divide, an unknown bug: one line
-on stderr), 130 interrupted.
+and by formula); progress lines go to stderr as steps finish. A layout whose product is not
+``--world-size`` (or torchrun's world size) is bad arguments (exit 2).
 """
 from __future__ import annotations
 

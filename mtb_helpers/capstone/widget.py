@@ -1,6 +1,5 @@
 """Capstone explorer: choose tp / pp / dp / cp (only layouts whose sizes divide), the steps, the DP
-strategy and a deliberate bug; see the loss curves, who holds what, or the bytes per group. Core
-ipywidgets only (Dropdown, IntSlider, Output via ``live_view``), 7.7 and 8 alike.
+strategy and a deliberate bug; see the loss curves, who holds what, or the bytes per group.
 
 The loss curves are ``plots.losses_png``: their static layer is drawn once per number of steps, a
 move draws only the parallel run's points. The figures read the report's ``extra`` as it is (no
@@ -22,7 +21,7 @@ from mtb_helpers.capstone.plots import (DEFAULT_TITLE, losses_png, plot_bytes, p
 from mtb_helpers.capstone.reference import TrainConfig
 from mtb_helpers.capstone.validate import DP_STRATEGIES, admissible_layouts
 from mtb_helpers.runtime.ranks import warm_up
-from mtb_helpers.widgets.frame import live_view
+from mtb_helpers.widgets.frame import bug_menu, chosen, live_view, menu
 
 __all__ = ["explore_capstone", "capstone_summary", "layout_options"]
 
@@ -71,18 +70,17 @@ def explore_capstone(layout: str = "tp=2 pp=2 dp=2 cp=1", steps: int = 2) -> wid
     """The explorer; display it. Each change trains again. It opens at 2 steps: every bug fails its
     step check from step 1 and parts the loss curves by step 2 (a step more costs ~40 %)."""
     options = layout_options()
-    choose = widgets.Dropdown(options=options, value=layout if layout in options else options[0],
-                              description="layout")
+    choose = menu("layout", options, layout if layout in options else None)
     n_steps = widgets.IntSlider(value=steps, min=2, max=8, description="steps",
                                 continuous_update=False)
-    strategy = widgets.Dropdown(options=list(DP_STRATEGIES), value="ddp", description="DP")
-    bug = widgets.Dropdown(options=["none", *CAPSTONE_BUGS], value="none", description="bug")
-    view = widgets.Dropdown(options=list(VIEWS), value=VIEWS[0], description="show")
+    strategy = menu("DP", DP_STRATEGIES, "ddp")
+    bug = bug_menu(CAPSTONE_BUGS)
+    view = menu("show", VIEWS)
 
     def render():
         sizes = _parse(choose.value)
         report = check_capstone(**sizes, steps=n_steps.value, strategy=strategy.value,
-                                bug=None if bug.value == "none" else bug.value)
+                                bug=chosen(bug))
         data = report.extra
         if view.value == "loss curves":
             fig = losses_png(data["losses"]["parallel"], data["losses"]["reference"],

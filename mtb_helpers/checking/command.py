@@ -1,12 +1,12 @@
 """Options and output shared by the commands, and how a command ends whatever happens.
 
 Every command is made by :func:`add_command`: its common options (a check's ``--world-size``,
-``--dtype``, ``--seed``, ``--bug``: :func:`add_check_options`), its own, then ``--json``. A number
-option is checked when it is parsed (:func:`integer`, :func:`real`: argparse names the option and
-the text typed); a refusal that needs several options names each as typed (:func:`naming`). A
-command prints through :func:`emit_document` (or :func:`emit` for check reports) and draws
-through :func:`save_figure`: rank 0 only under torchrun, the JSON document with ``--json``, else
-text.
+``--dtype``, ``--seed``, ``--bug``: :func:`add_check_options`), its own, then ``--json``; a command
+that runs one check is handled by :func:`check_command`. A number option is checked when it is
+parsed (:func:`integer`, :func:`real`: argparse names the option and the text typed); a refusal
+that needs several options names each as typed (:func:`naming`). A command prints through
+:func:`emit_document` (or :func:`emit` for reports) and draws through :func:`save_figure`: rank 0
+only under torchrun, the JSON document with ``--json``, else text.
 
 Exit status: 0 every check passed, 1 a check failed (a rank raised or hung included), 2 bad
 arguments, 130 interrupted (Ctrl-C). With ``--json`` stdout holds exactly one JSON document in
@@ -52,9 +52,9 @@ def add_command(parent: argparse._SubParsersAction, name: str, help: str, descri
                 **options: tuple | dict) -> argparse.ArgumentParser:
     """``minitrainbench [GROUP] NAME``, handled by ``func(args)`` (it returns the exit status):
     ``common(parser)`` first (the check options; ``None``: none), then one option per keyword
-    (``hidden_dim`` is ``--hidden-dim``), then ``--json``. An option is ``(default, help)``, its
-    type that of the default (a list of whole numbers takes several, ``False`` makes a flag), or
-    a dict of ``add_argument``'s keywords."""
+    (``hidden_dim`` is ``--hidden-dim``; :func:`own_options` reads them back), then ``--json``. An
+    option is ``(default, help)``, its type that of the default (a list of whole numbers takes
+    several, ``False`` makes a flag), or a dict of ``add_argument``'s keywords."""
     parser = parent.add_parser(name, help=help, description=description)
     if common is not None:
         common(parser)
@@ -67,13 +67,30 @@ def add_command(parent: argparse._SubParsersAction, name: str, help: str, descri
             spec.update(default=default, help=text)
         parser.add_argument("--" + key.replace("_", "-"), **spec)
     parser.add_argument("--json", action="store_true", help=json_help)
-    parser.set_defaults(func=func)
+    parser.set_defaults(func=func, own=tuple(spec.get("dest", key) if isinstance(spec, dict) else key
+                                             for key, spec in options.items()))
     return parser
 
 
 def check_args(args: argparse.Namespace) -> dict:
     """What every check takes from its command line as typed: world_size, dtype, seed, bug."""
     return {"world_size": args.world_size, "dtype": args.dtype, "seed": args.seed, "bug": args.bug}
+
+
+def own_options(args: argparse.Namespace, **renamed: str) -> dict:
+    """The command's own options (:func:`add_command`'s keywords) by name, or by the name the
+    check gives that argument (``renamed``: ``experts="num_experts"``)."""
+    return {renamed.get(key, key): getattr(args, key) for key in args.own}
+
+
+def check_command(check: Callable[..., object], details: Callable[[object], str] | None = None,
+                  **renamed: str) -> Callable[[argparse.Namespace], int]:
+    """The handler of a command that runs ``check`` once, on :func:`check_args` and
+    :func:`own_options`, and prints its report (:func:`emit`, ``details(report)`` below)."""
+    def handler(args: argparse.Namespace) -> int:
+        report = check(**check_args(args), **own_options(args, **renamed))
+        return emit([report], args.json, details)
+    return handler
 
 
 def integer(low: int = 1, high: int | None = None) -> Callable[[str], int]:
@@ -211,19 +228,14 @@ def interrupted(as_json: bool, diagnosis: str = "interrupted (Ctrl-C): every ran
     print("minitrainbench: interrupted", file=sys.stderr, flush=True)
     if as_json:
         print_failure_json(KeyboardInterrupt(), diagnosis)
-    forget_unhandled_interrupt()
-    return 130
-
-
-def forget_unhandled_interrupt() -> None:
-    """Clear CPython's "unhandled KeyboardInterrupt" flag: the interrupt WAS handled.
-
-    CPython sets that flag when code run from a string (``exec``/``eval`` of source text, e.g. the
-    methods ``dataclasses`` generates while a module is imported) ends with a KeyboardInterrupt,
-    even when a caller catches it later; under ``python -m`` the interpreter then kills itself with
-    SIGINT after ``main()`` returned 130 (exit status -2; seen when Ctrl-C landed during an import).
-    Every string eval resets the flag when it starts, so one that ends normally clears it."""
+    # Clear CPython's "unhandled KeyboardInterrupt" flag: the interrupt WAS handled. CPython sets
+    # it when code run from a string (``exec``/``eval`` of source text, e.g. the methods
+    # ``dataclasses`` generates while a module is imported) ends with a KeyboardInterrupt, even
+    # when a caller catches it later; under ``python -m`` the interpreter then kills itself with
+    # SIGINT after ``main()`` returned 130 (exit status -2; seen when Ctrl-C landed during an
+    # import). Every string eval resets the flag when it starts, so one that ends normally clears it.
     exec("pass", {})  # noqa: S102  (a constant: the reset is the point)
+    return 130
 
 
 @contextlib.contextmanager

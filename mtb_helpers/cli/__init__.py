@@ -1,9 +1,6 @@
-"""The ``minitrainbench`` command: the course's checks, headless, for terminals and CI.
-
-Exit status: 0 when every check passes, 1 when one fails, 2 on bad arguments (argparse's own
-convention, which ValueErrors raised by the checks' validation follow too), 130 when interrupted
-(Ctrl-C: one line, no traceback). With --json stdout is one JSON document whatever the outcome
-(checking/command.py: run_command); whatever else is printed meanwhile goes to stderr (json_stdout).
+"""The ``minitrainbench`` command: the course's checks, headless, for terminals and CI. Its exit
+status and its one JSON document under --json: checking/command.py (argparse's own refusals exit
+2 too, ValueErrors raised by the checks' validation follow that convention).
 
 Each topic of the manifest (:mod:`mtb_helpers.topics`) registers its commands with its
 ``cli.register(top, groups)``; ``groups`` maps a group name ("tp", "pp", ...) to the sub-parsers

@@ -1,5 +1,5 @@
 """The collectives explorer: pick a world size, a collective and a tensor size; the collective runs
-on real ranks and the figure and the bytes line redraw. Core ipywidgets only."""
+on real ranks and the figure and the bytes line redraw."""
 from __future__ import annotations
 
 import ipywidgets as widgets
@@ -9,9 +9,7 @@ from mtb_helpers.collectives.ops import COLLECTIVES
 from mtb_helpers.collectives.check import check_collectives
 from mtb_helpers.collectives.plots import FORMULA_LABEL, collective_png
 from mtb_helpers.plots.live import Png
-from mtb_helpers.widgets.frame import live_view
-
-MAX_EXPLORER_RANKS = 4   # Binder has 1 CPU and 2 GB; the figures are made for a few rows
+from mtb_helpers.widgets.frame import SLIDER, live_view, menu, world_size_slider
 
 
 def render(world_size: int, collective: str, per_chunk: int,
@@ -38,11 +36,9 @@ def collectives_explorer(world_size: int = 2, collective: str = "all-gather",
                          per_chunk: int = 2) -> widgets.VBox:
     """Sliders for the world size (1-4) and the elements per chunk (1-4), a dropdown for the
     collective and a checkbox injecting that collective's deliberate bug."""
-    size = widgets.IntSlider(value=world_size, min=1, max=MAX_EXPLORER_RANKS,
-                             description="world size", continuous_update=False)
-    which = widgets.Dropdown(options=list(COLLECTIVES), value=collective, description="collective")
-    chunk = widgets.IntSlider(value=per_chunk, min=1, max=4, description="per chunk",
-                              continuous_update=False)
+    size = world_size_slider(world_size, "world size")
+    which = menu("collective", COLLECTIVES, collective)
+    chunk = widgets.IntSlider(value=per_chunk, min=1, max=4, description="per chunk", **SLIDER)
     bug = widgets.Checkbox(value=False, description="inject this collective's bug")
     def show() -> list:
         fig, text = render(size.value, which.value, chunk.value, bug.value)

@@ -7,7 +7,7 @@ calibration, headless.
 
 Bad input (a number out of range, a link slower than a year per byte or message, a time that
 overflows, sizes that round to fewer than two measurements) exits 2 before any rank starts, with
-one line naming the options as typed; under torchrun rank 0 prints (checking/command.py).
+one line naming the options as typed.
 """
 from __future__ import annotations
 

@@ -1,14 +1,11 @@
-"""``minitrainbench cp check``: the context-parallel check, headless.
-
-Prints the report table, then :func:`details`; or with ``--json`` ``{"passed": ..., "checks":
-[report.to_dict()]}`` (the dict carries ``"cp"``). Exit status and torchrun as every check
-command (``checking/command.py``).
-"""
+"""``minitrainbench cp check``: the context-parallel check, headless: its report, then
+:func:`details` (``--json``: the report's dict, which carries ``"cp"``)."""
 from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.checking.command import add_command, check_args, emit
+from mtb_helpers.checking.command import add_command, check_command
+from mtb_helpers.cp.check import check_context_parallel
 
 
 def register(top: argparse._SubParsersAction,
@@ -20,7 +17,8 @@ def register(top: argparse._SubParsersAction,
         "(K/V blocks passed around the ranks, online softmax, a hand-written backward ring) or "
         "all-gather attention (K/V gathered, dK/dV reduce-scattered), and compare output, dQ, dK "
         "and dV on every rank with scaled_dot_product_attention on the full sequence; then print "
-        "the work per rank, the bytes sent and the K/V held against the formulas.", run_check,
+        "the work per rank, the bytes sent and the K/V held against the formulas.",
+        check_command(check_context_parallel, details),
         variant={"choices": ("ring", "allgather"), "default": "ring",
                  "help": "ring attention or all-gather attention (ring)"},
         layout={"choices": ("contiguous", "zigzag"), "default": "contiguous",
@@ -48,12 +46,3 @@ def details(report) -> str:
                  f"work matches: {'yes' if work['matches_formula'] else 'NO'}")
     return "\n".join(line.rstrip() for line in lines)
 
-
-def run_check(args: argparse.Namespace) -> int:
-    """Handler of ``minitrainbench cp check``; returns the exit code."""
-    from mtb_helpers.cp.check import check_context_parallel
-
-    report = check_context_parallel(**check_args(args), seq=args.seq, heads=args.heads,
-                                    head_dim=args.head_dim, causal=args.causal,
-                                    variant=args.variant, layout=args.layout, batch=args.batch)
-    return emit([report], args.json, details)

@@ -1,4 +1,4 @@
-"""The context-parallel explorers (core ipywidgets only: IntSlider, Dropdown, Checkbox, Output):
+"""The context-parallel explorers:
 
 * ``explore_context_parallel()``: world size, variant, layout, causal mask and a bug; the check
   re-runs on real ranks and the summary, the ring steps (ring variant) and the error figure redraw.
@@ -16,13 +16,11 @@ from mtb_helpers.cp.bugs import shown_by
 from mtb_helpers.cp.check import check_context_parallel, check_layouts
 from mtb_helpers.cp.plots import ring_steps_png, work_png
 from mtb_helpers.plots.errors import errors_png
-from mtb_helpers.widgets.frame import live_view
+from mtb_helpers.widgets.frame import bug_menu, chosen, live_view, menu, world_size_slider
 
 __all__ = ["explore_context_parallel", "explore_balance", "summary"]
 
-MAX_EXPLORER_RANKS = 4   # Binder has 1 CPU and 2 GB
-SEQ = 24                 # 2·cp divides it for every cp in 1..4, so both layouts cut it evenly
-_SLIDER = dict(continuous_update=False, style={"description_width": "initial"})
+SEQ = 24   # 2·cp divides it for every cp in 1..4, so both layouts cut it evenly
 
 
 def summary(report: Report) -> str:
@@ -40,14 +38,11 @@ def summary(report: Report) -> str:
 
 def explore_context_parallel(world_size: int = 4) -> widgets.VBox:
     """The context-parallel explorer widget; display it."""
-    size = widgets.IntSlider(value=world_size, min=1, max=MAX_EXPLORER_RANKS,
-                             description="world size cp", **_SLIDER)
-    variant = widgets.Dropdown(options=["ring", "allgather"], value="ring", description="variant")
-    layout = widgets.Dropdown(options=["contiguous", "zigzag"], value="contiguous",
-                              description="layout")
+    size = world_size_slider(world_size, "world size cp")
+    variant = menu("variant", ["ring", "allgather"])
+    layout = menu("layout", ["contiguous", "zigzag"])
     causal = widgets.Checkbox(value=True, description="causal mask")
-    # plain strings: a None value shows as a blank choice on some ipywidgets versions
-    bug = widgets.Dropdown(options=["none"], value="none", description="bug")
+    bug = bug_menu([])
     view: list = []   # the explorer, once built: the bug list changes without redrawing it
 
     def offer(*_) -> None:
@@ -72,8 +67,7 @@ def explore_context_parallel(world_size: int = 4) -> widgets.VBox:
     def render() -> list:
         report = check_context_parallel(world_size=size.value, seq=SEQ,
                                         causal=causal.value, variant=variant.value,
-                                        layout=layout.value, dtype="float64",
-                                        bug=None if bug.value == "none" else bug.value)
+                                        layout=layout.value, dtype="float64", bug=chosen(bug))
         items: list = [summary(report)]
         if variant.value == "ring":
             items.append(ring_steps_png(report.extra["cp"]))
@@ -85,8 +79,7 @@ def explore_context_parallel(world_size: int = 4) -> widgets.VBox:
 
 def explore_balance(world_size: int = 4, variant: str = "ring") -> widgets.VBox:
     """Work per rank under a causal mask, contiguous vs zigzag, for the chosen world size."""
-    size = widgets.IntSlider(value=world_size, min=1, max=MAX_EXPLORER_RANKS,
-                             description="world size cp", **_SLIDER)
+    size = world_size_slider(world_size, "world size cp")
 
     def render() -> list:
         cp = size.value

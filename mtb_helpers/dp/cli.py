@@ -1,18 +1,16 @@
 """``minitrainbench dp check``: DDP, ZeRO-1, ZeRO-2 and ZeRO-3 against one process, step by step, headless.
 
-Prints, per strategy, the report table (params after the step, grads, Adam's m and v, per rank),
-the bytes each rank holds (measured vs our fp32 accounting and the ZeRO paper's mixed-precision
-one) and the bytes it sent (from the record vs the formula); with ``--json``
-``{"passed": ..., "checks": [report.to_dict(), ...]}`` (each dict carries ``"memory"`` and
-``"communication"``). ``--strategy all`` (the default) runs the four; with ``--bug`` only the
-strategies the bug applies to get it. Exit status and torchrun as every check command
-(``checking/command.py``).
+Per strategy: the report table (params after the step, grads, Adam's m and v, per rank), the bytes
+each rank holds (measured vs our fp32 accounting and the ZeRO paper's mixed-precision one) and the
+bytes it sent (``--json``: each report's dict carries ``"memory"`` and ``"communication"``).
+``--strategy all`` (the default) runs the four; a ``--bug`` goes to the strategies it applies to.
 """
 from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.checking.command import add_command, check_args, emit
+from mtb_helpers.checking.command import add_command, check_args, emit, own_options
+from mtb_helpers.dp.check import check_all_strategies
 from mtb_helpers.dp.strategies import STRATEGIES
 
 
@@ -51,12 +49,10 @@ def figures_text(report) -> str:
 
 def run_check(args: argparse.Namespace) -> int:
     """Handler of ``minitrainbench dp check``; returns the exit code."""
-    from mtb_helpers.dp.check import check_all_strategies
-
-    strategies = STRATEGIES if args.strategy == "all" else (args.strategy,)
-    reports = check_all_strategies(**check_args(args), strategies=strategies, batch=args.batch,
-                                   hidden=args.hidden, ffn_hidden=args.ffn_hidden, lr=args.lr,
-                                   weight_decay=args.weight_decay, steps=args.steps)
+    own = own_options(args)
+    strategy = own.pop("strategy")
+    reports = check_all_strategies(**check_args(args), **own,
+                                   strategies=STRATEGIES if strategy == "all" else (strategy,))
     failed = [r.config["strategy"] for r in reports if not r.passed]
     return emit(reports, args.json, figures_text,
                 "FAILED: " + ", ".join(failed) if failed else "all passed")

@@ -5,10 +5,9 @@ and without prefetch) measured on real ranks under an emulated link, next to the
                               [--world-size 2] [--time-scale 20] [--layers 8] [--hidden 256] [--json]
 
 First the wrappers' correctness (``check_overlap`` for ddp, zero1 and fsdp, float64), then the
-table of step times (the link's seconds: padded compute, emulated communication). Exit 0 when the
-checks pass, 1 when one fails; bad arguments (a size out of range, a link or time scale slower
-than a year per byte or message) exit 2 before any rank starts, named as typed. Under torchrun
-only the checks run (an emulated link needs the course's own rank pool); rank 0 prints.
+table of step times (the link's seconds: padded compute, emulated communication). A link or time
+scale slower than a year per byte or message is bad arguments, named as typed. Under torchrun
+only the checks run (an emulated link needs the course's own rank pool).
 """
 from __future__ import annotations
 

@@ -1,15 +1,12 @@
 """Data-parallel explorer: world size, strategy and a deliberate bug; the errors per quantity, the
-bytes each rank holds and sends, and a summary redraw on every change.
-
-Core ipywidgets only (IntSlider, Dropdown, the shared frame ``widgets.frame.live_view``), so it
-runs on 7.7 and 8. Every change re-runs ``check_data_parallel`` on warm ranks.
-"""
+bytes each rank holds and sends, and a summary redraw on every change (``check_data_parallel``
+re-runs on warm ranks)."""
 from __future__ import annotations
 
 import ipywidgets as widgets
 
 from mtb_helpers.plots.errors import errors_png
-from mtb_helpers.widgets.frame import live_view
+from mtb_helpers.widgets.frame import bug_menu, chosen, live_view, menu, world_size_slider
 from mtb_helpers.dp.check import check_data_parallel
 from mtb_helpers.dp.strategies import STRATEGIES
 from mtb_helpers.dp.bugs import DP_BUGS
@@ -37,16 +34,15 @@ def dp_summary(report: Report) -> str:
 def explore_data_parallel(world_size: int = 2, strategy: str = "ddp",
                           bug: str | None = None) -> widgets.VBox:
     """The explorer widget; display it (it is the last expression of a notebook cell)."""
-    size = widgets.IntSlider(value=world_size, min=1, max=4, description="world size p",
-                             style={"description_width": "initial"}, continuous_update=False)
-    choose = widgets.Dropdown(options=list(STRATEGIES), value=strategy, description="strategy")
-    broken = widgets.Dropdown(options=["none", *DP_BUGS], value=bug or "none", description="bug")
-    view = widgets.Dropdown(options=list(VIEWS), value=VIEWS[0], description="show")
+    size = world_size_slider(world_size)
+    choose = menu("strategy", STRATEGIES, strategy)
+    broken = bug_menu(DP_BUGS, bug)
+    view = menu("show", VIEWS)
 
     def render() -> list:
         try:
             report = check_data_parallel(world_size=size.value, strategy=choose.value, batch=12,
-                                         bug=None if broken.value == "none" else broken.value)
+                                         bug=chosen(broken))
         except ValueError as exc:   # e.g. a bug that does not apply to this strategy: say why
             return [f"cannot run: {exc}"]
         if view.value == "errors per quantity":

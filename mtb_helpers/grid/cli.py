@@ -1,15 +1,12 @@
-"""``minitrainbench grid check``: one SGD step of the TP MLP on a tp x dp grid, headless.
-
-Prints the report table (or, with ``--json``, ``{"passed": ..., "checks": [report.to_dict()]}``)
-and each group's traffic. A grid that does not match the world size (under torchrun the launched
-job's) or shapes that do not divide are bad arguments; exit status and torchrun as every check
-command (``checking/command.py``).
-"""
+"""``minitrainbench grid check``: one SGD step of the TP MLP on a tp x dp grid, headless: the
+report, then each group's traffic. A grid that is not the world size (under torchrun the launched
+job's) is refused by the check, as shapes that do not divide."""
 from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.checking.command import add_check_options, add_command, check_args, emit
+from mtb_helpers.checking.command import add_check_options, add_command, check_command
+from mtb_helpers.grid.check import check_grid
 
 
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
@@ -20,21 +17,12 @@ def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubPar
         "Megatron's order) and data-parallel groups (columns); run the TP MLP in each TP group on "
         "its replica's slice of the batch, average the gradients across each DP group, take one "
         "SGD step, and compare every rank's output, gradient shards and updated parameter shards "
-        "with one process.", run_check,
+        "with one process.", check_command(check_grid, _traffic),
         common=lambda parser: add_check_options(parser, world_size=4),
         tp=(2, "tensor-parallel size (default 2)"),
         dp=(2, "data-parallel size (default 2); tp x dp must equal the world size"),
         hidden=(8, "model width h (default 8)"), ffn_hidden=(16, "MLP width, split over tp (16)"),
         batch=(8, "batch rows, split over dp (8)"), lr=(0.1, "SGD learning rate (0.1)"))
-
-
-def run_check(args: argparse.Namespace) -> int:
-    """Handler of ``minitrainbench grid check``."""
-    from mtb_helpers.grid.check import check_grid
-
-    report = check_grid(**check_args(args), tp=args.tp, dp=args.dp, hidden=args.hidden,
-                        ffn_hidden=args.ffn_hidden, batch=args.batch, lr=args.lr)
-    return emit([report], args.json, _traffic)
 
 
 def _traffic(report) -> str:

@@ -1,9 +1,6 @@
 """The TP x DP explorer: pick how 4 ranks form a grid (tp x dp), the dtype or a bug; the check
 re-runs on real ranks and the summary, the grid with each group's collectives, the check table
-and the error figure redraw.
-
-Core ipywidgets only (Dropdown, Output, observe), so it runs on 7.7 and 8.
-"""
+and the error figure redraw."""
 from __future__ import annotations
 
 import ipywidgets as widgets
@@ -12,7 +9,7 @@ from mtb_helpers.grid.check import GRID_BUGS, check_grid
 from mtb_helpers.grid.plots import grid_png
 from mtb_helpers.plots.errors import errors_png
 from mtb_helpers.checking.report import Report
-from mtb_helpers.widgets.frame import live_view
+from mtb_helpers.widgets.frame import bug_menu, chosen, live_view, menu
 
 __all__ = ["grid_choices", "grid_summary", "grid_explorer"]
 
@@ -37,13 +34,12 @@ def grid_explorer(world_size: int = 4) -> widgets.VBox:
     """The explorer widget for a grid of ``world_size`` ranks (4 in the notebook); display it."""
     choices = dict(grid_choices(world_size))   # plain string options: ipywidgets 7 shows them
     default = next((k for k, (tp, _) in choices.items() if tp == 2), next(iter(choices)))
-    shape = widgets.Dropdown(options=list(choices), value=default, description="grid")
-    dtype = widgets.Dropdown(options=["float32", "float64"], value="float32", description="dtype")
-    bug = widgets.Dropdown(options=["none", *GRID_BUGS], value="none", description="bug")
+    shape = menu("grid", choices, default)
+    dtype = menu("dtype", ["float32", "float64"])
+    bug = bug_menu(GRID_BUGS)
     def render() -> list:
         tp, dp = choices[shape.value]
-        report = check_grid(world_size=world_size, tp=tp, dp=dp, dtype=dtype.value,
-                            bug=None if bug.value == "none" else bug.value)
+        report = check_grid(world_size=world_size, tp=tp, dp=dp, dtype=dtype.value, bug=chosen(bug))
         return [grid_summary(report), grid_png(report), errors_png(report, by="quantity"), report]
 
     return live_view([[shape, dtype, bug]], render)

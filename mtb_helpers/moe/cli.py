@@ -1,15 +1,12 @@
-"""``minitrainbench moe check``: the expert-parallel check, headless.
-
-Prints the report table, then the routing in numbers (choices per expert, dropped) and the bytes
-each rank sent in each all-to-all next to the all-gather alternative; or with ``--json``
-``{"passed": ..., "checks": [report.to_dict()]}`` (the dict carries ``"moe"``). Exit status and
-torchrun as every check command (``checking/command.py``).
-"""
+"""``minitrainbench moe check``: the expert-parallel check, headless: the report, then the
+routing in numbers (choices per expert, dropped) and the bytes each rank sent in each all-to-all
+next to the all-gather alternative (``--json``: the report's dict, which carries ``"moe"``)."""
 from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.checking.command import add_command, check_args, emit
+from mtb_helpers.checking.command import add_command, check_command
+from mtb_helpers.moe.check import check_moe
 
 
 def _capacity(text: str) -> float | None:
@@ -25,23 +22,13 @@ def register(top: argparse._SubParsersAction,
         "Run the expert-parallel MoE layer (replicated router, experts spread over the ranks, "
         "tokens dispatched and combined with all-to-all) on real gloo ranks and compare output, "
         "input grad, router grad and every expert's grads with the single-process MoE; then print "
-        "the bytes of each all-to-all.", run_check,
+        "the bytes of each all-to-all.", check_command(check_moe, _routing, experts="num_experts"),
         experts=(4, "number of experts E, divisible by the world size (4)"),
         top_k=(1, "experts per token (1)"),
         tokens=(16, "tokens n, divisible by the world size (16)"),
         hidden=(8, "model width h (8)"), ffn_hidden=(16, "expert MLP width (16)"),
         capacity_factor={"type": _capacity, "default": None,
                          "help": "capacity factor c > 0, or none for no limit (none)"})
-
-
-def run_check(args: argparse.Namespace) -> int:
-    """Handler of ``minitrainbench moe check``; returns the exit code."""
-    from mtb_helpers.moe.check import check_moe
-
-    report = check_moe(**check_args(args), num_experts=args.experts, top_k=args.top_k,
-                       tokens=args.tokens, hidden=args.hidden, ffn_hidden=args.ffn_hidden,
-                       capacity_factor=args.capacity_factor)
-    return emit([report], args.json, _routing)
 
 
 def _routing(report) -> str:

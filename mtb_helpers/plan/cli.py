@@ -5,8 +5,7 @@
 Prints the fastest layouts that fit (predicted step time, tokens/s, MFU, the busiest rank's GiB)
 and one example of each reason a layout was refused. Exit 0 when some layout fits, 1 when none
 does, 2 on bad arguments (an unknown model or cluster, a GPU count that is not whole nodes or has
-too many layouts to weigh, a --reserve that leaves no memory), named as typed; under torchrun
-rank 0 prints (checking/command.py).
+too many layouts to weigh, a --reserve that leaves no memory), named as typed.
 """
 from __future__ import annotations
 

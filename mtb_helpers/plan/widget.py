@@ -1,6 +1,6 @@
 """The layout explorer: model, GPUs, GPU memory, global batch and the matmul efficiency you assume -> the
 fastest layouts that fit, why the others do not, and the memory each rank of the best one holds.
-Arithmetic only (no rank starts); core ipywidgets (Dropdown, IntSlider, FloatSlider, Output)."""
+Arithmetic only (no rank starts)."""
 from __future__ import annotations
 
 import ipywidgets as widgets

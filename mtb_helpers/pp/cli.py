@@ -2,8 +2,7 @@
 
 ``bubble`` is pure simulation: no ranks start; it prints a schedule's op order, makespan, bubble
 and peak memory. ``run`` checks ``pipeline_step`` against one process (a hung step is a failed
-check). Exit status and torchrun as every command (``checking/command.py``).
-"""
+check)."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +10,11 @@ import math
 
 from mtb_helpers.checking.command import (add_command, emit, emit_document, failure_document,
                                          naming, save_figure)
+from mtb_helpers.checking.bug import names_for
+from mtb_helpers.pp.bugs import BUGS
 from mtb_helpers.pp.schedules import SCHEDULES, closed_form, schedule, simulate
+
+PIPELINE_BUGS = names_for(BUGS, "pipeline")   # listed in --bug's help as the registry holds them
 
 
 def _schedule_options(stages_help: str) -> dict:
@@ -51,8 +54,8 @@ def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubPar
                          "machine's cores"},
         recompute=(False, "keep only stage inputs and re-run the forward in backward"),
         dtype={"choices": ("float32", "float64"), "default": "float32"}, seed=(0, None),
-        bug={"default": None, "help": "inject a deliberate pipeline bug (pp-loss-not-scaled, "
-             "pp-input-grad-not-sent, pp-wrong-stash, pp-blocking-send); the check must then fail"},
+        bug={"default": None, "help": f"inject a deliberate pipeline bug ({', '.join(PIPELINE_BUGS)}); "
+             "the check must then fail"},
         timeout=(60.0, "seconds before a hung step is reported (default 60)"),
         plot={"metavar": "OUT.png", "default": None,
               "help": "write the measured Gantt chart beside the simulated one"})

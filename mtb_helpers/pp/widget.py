@@ -1,15 +1,13 @@
 """Pipeline explorer: pick a schedule, stages, micro-batches, chunks and the backward/forward time
 ratio; see the Gantt chart and the numbers next to the closed form. Pure simulation, no ranks.
-
-Core ipywidgets only (IntSlider, FloatSlider, Dropdown, the shared frame ``live_view``): 7.7 and 8.
-"""
+``explore_pipeline_on_ranks`` runs each setting on real ranks (notebook 09)."""
 from __future__ import annotations
 
 import ipywidgets as widgets
 
 from mtb_helpers.pp.plots import plot_gantt
 from mtb_helpers.pp.schedules import SCHEDULES, closed_form, schedule, simulate
-from mtb_helpers.widgets.frame import live_view
+from mtb_helpers.widgets.frame import SLIDER, live_view, menu, world_size_slider
 
 __all__ = ["pipeline_numbers", "explore_pipeline", "explore_pipeline_on_ranks", "measure_hop_latency"]
 
@@ -41,16 +39,14 @@ def pipeline_numbers(name: str, stages: int, microbatches: int, chunks: int = 2,
 def explore_pipeline(name: str = "1f1b", stages: int = 4, microbatches: int = 8, chunks: int = 2,
                      ratio: float = 2.0) -> widgets.VBox:
     """The explorer widget; display it (it is the last expression of a notebook cell)."""
-    # redraw on release, not on every pixel of a drag: a p=8, m=32 chart takes a moment to draw
-    slider = dict(style={"description_width": "initial"}, continuous_update=False)
-    schedule_box = widgets.Dropdown(options=list(SCHEDULES), value=name, description="schedule")
-    stages_box = widgets.IntSlider(value=stages, min=1, max=8, description="stages p", **slider)
+    schedule_box = menu("schedule", SCHEDULES, name)
+    stages_box = widgets.IntSlider(value=stages, min=1, max=8, description="stages p", **SLIDER)
     micro_box = widgets.IntSlider(value=microbatches, min=1, max=32,
-                                  description="micro-batches m", **slider)
+                                  description="micro-batches m", **SLIDER)
     chunks_box = widgets.IntSlider(value=chunks, min=2, max=4,
-                                   description="chunks v (interleaved)", **slider)
+                                   description="chunks v (interleaved)", **SLIDER)
     ratio_box = widgets.FloatSlider(value=ratio, min=0.5, max=4.0, step=0.5,
-                                    description="backward / forward", **slider)
+                                    description="backward / forward", **SLIDER)
 
     def render() -> list:
         try:
@@ -101,11 +97,10 @@ def explore_pipeline_on_ranks(name: str = "1f1b", stages: int = 4, microbatches:
     from mtb_helpers.pp.check import INTERLEAVED_CHUNKS, check_pipeline, simulated_for
     from mtb_helpers.pp.measured_plots import gap, measured_vs_simulated_png
 
-    slider = dict(style={"description_width": "initial"}, continuous_update=False)
-    schedule_box = widgets.Dropdown(options=list(SCHEDULES), value=name, description="schedule")
-    stages_box = widgets.IntSlider(value=stages, min=1, max=4, description="stages p", **slider)
+    schedule_box = menu("schedule", SCHEDULES, name)
+    stages_box = world_size_slider(stages, "stages p")
     micro_box = widgets.IntSlider(value=microbatches, min=1, max=16,
-                                  description="micro-batches m", **slider)
+                                  description="micro-batches m", **SLIDER)
     recompute_box = widgets.Dropdown(options=[("off", False), ("on", True)], value=False,
                                      description="recompute")
     hop: dict[int, float] = {}   # stages -> the hop α measured before the first run with that many

@@ -1,14 +1,13 @@
-"""``minitrainbench tp sequence``: the sequence-parallel check, headless.
-
-Prints the report and exits as every check command does (``checking/command.py``), the report
-followed by the max errors and the activation-memory figures (bytes saved for backward per rank,
-TP only vs TP + SP, measured and modelled, and the bytes sent; in the JSON: ``"activation_memory"``).
-"""
+"""``minitrainbench tp sequence``: the sequence-parallel check, headless: the report, then the max
+errors and the activation-memory figures (bytes saved for backward per rank, TP only vs TP + SP,
+measured and modelled, and the bytes sent; in the JSON: ``"activation_memory"``)."""
 from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.checking.command import add_command, check_args, emit
+from mtb_helpers.checking.command import add_command, check_command
+from mtb_helpers.sp.check import check_sequence_parallel
+from mtb_helpers.sp.memory import memory_table
 
 
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
@@ -19,25 +18,14 @@ def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubPar
         "reduce-scatter around the tensor-parallel MLP) on real gloo ranks and compare output, "
         "dropout, input grad, LayerNorm and linear grads on every rank with a single-process "
         "reference; then print the bytes each rank saves for backward with TP only and with "
-        "TP + SP.", run_sequence, seq_len=(8, "sequence length s, split over ranks (8)"),
+        "TP + SP.", check_command(check_sequence_parallel, _memory, dropout="dropout_p"),
+        seq_len=(8, "sequence length s, split over ranks (8)"),
         batch=(2, "batch size b (2)"), hidden=(8, "model width h (8)"),
         ffn_hidden=(32, "MLP width, split over ranks (32)"),
         dropout=(0.1, "dropout probability p (0.1)"))
 
 
-def run_sequence(args: argparse.Namespace) -> int:
-    """Handler of ``minitrainbench tp sequence``; returns the exit code."""
-    from mtb_helpers.sp.check import check_sequence_parallel
-
-    report = check_sequence_parallel(**check_args(args), seq_len=args.seq_len, batch=args.batch,
-                                     hidden=args.hidden, ffn_hidden=args.ffn_hidden,
-                                     dropout_p=args.dropout)
-    return emit([report], args.json, _memory)
-
-
 def _memory(report) -> str:
-    from mtb_helpers.sp.memory import memory_table
-
     worst = {q: max(r.max_abs_err for r in report.rows if r.quantity == q)
              for q in report.quantities()}
     return ("\nmax abs error over ranks: " + ", ".join(f"{q} {e:.1e}" for q, e in worst.items())

@@ -1,15 +1,12 @@
 """Sequence-parallel explorer: world size, sequence length, dropout and a deliberate bug; see who
-holds which sequence rows, the errors, and the memory each rank saves.
-
-Core ipywidgets only (IntSlider, FloatSlider, Dropdown, the shared frame ``live_view``): 7.7 and 8.
-Every change re-runs ``check_sequence_parallel`` on warm ranks (a fraction of a second).
-"""
+holds which sequence rows, the errors, and the memory each rank saves. Every change re-runs
+``check_sequence_parallel`` on warm ranks (a fraction of a second)."""
 from __future__ import annotations
 
 import ipywidgets as widgets
 
 from mtb_helpers.plots.errors import errors_png
-from mtb_helpers.widgets.frame import live_view
+from mtb_helpers.widgets.frame import SLIDER, bug_menu, chosen, live_view, menu, world_size_slider
 from mtb_helpers.sp.check import check_sequence_parallel
 from mtb_helpers.sp.plots import sequence_layout_png
 from mtb_helpers.checking.report import Report
@@ -37,20 +34,19 @@ def sp_summary(report: Report) -> str:
 def explore_sequence_parallel(world_size: int = 2, seq_len: int = 8, dropout_p: float = 0.1,
                               bug: str | None = None) -> widgets.VBox:
     """The explorer widget; display it (it is the last expression of a notebook cell)."""
-    slider = dict(style={"description_width": "initial"}, continuous_update=False)
-    size = widgets.IntSlider(value=world_size, min=1, max=4, description="world size t", **slider)
+    size = world_size_slider(world_size, "world size t")
     length = widgets.IntSlider(value=seq_len, min=1, max=16, description="sequence length s",
-                               **slider)
+                               **SLIDER)
     dropout = widgets.FloatSlider(value=dropout_p, min=0.0, max=0.5, step=0.05,
-                                  description="dropout_p", **slider)
-    broken = widgets.Dropdown(options=["none", *SP_BUGS], value=bug or "none", description="bug")
-    view = widgets.Dropdown(options=list(VIEWS), value=VIEWS[0], description="show")
+                                  description="dropout_p", **SLIDER)
+    broken = bug_menu(SP_BUGS, bug)
+    view = menu("show", VIEWS)
 
     def render() -> list:
         try:
             report = check_sequence_parallel(world_size=size.value, seq_len=length.value,
                                              ffn_hidden=24, hidden=8, dropout_p=dropout.value,
-                                             bug=None if broken.value == "none" else broken.value,
+                                             bug=chosen(broken),
                                              memory_variants=("tp", "sp"))   # what sp_summary shows
         except ValueError as exc:   # a length the world size does not divide: say why
             return [f"cannot run: {exc}"]

@@ -1,14 +1,16 @@
 """``minitrainbench tp check | mlp | attention | vocab``: the TP checks (01-03, 10), headless.
-
-``tp check`` runs the column and the row layer; ``tp attention`` and ``tp vocab`` are notebook 10's.
-Each prints its reports and exits as every check command does (``checking/command.py``); under
-torchrun every rank runs the checks inside the launched group.
-"""
+``tp check`` runs the column and the row layer; ``tp attention`` and ``tp vocab`` are notebook 10's."""
 from __future__ import annotations
 
 import argparse
 
-from mtb_helpers.checking.command import add_command, check_args, emit
+from mtb_helpers.checking.bug import resolve, showing
+from mtb_helpers.checking.command import add_command, check_args, check_command, emit
+from mtb_helpers.comm.sharding import check_divisible
+from mtb_helpers.runtime.ranks import resolve_world_size
+from mtb_helpers.tp.attention_check import check_tp_attention
+from mtb_helpers.tp.check import check_column_parallel, check_row_parallel, check_tp_mlp
+from mtb_helpers.tp.vocab_check import check_vocab_parallel
 
 
 def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]) -> None:
@@ -27,24 +29,26 @@ def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubPar
     add_command(
         groups["tp"], "mlp", "the tensor-parallel MLP (column -> GeLU -> row) against one process",
         "Run ParallelMLP on real gloo ranks and compare its output and every grad on every rank "
-        "with a single-process reference.", run_mlp, hidden=(6, "model width h (default 6)"),
+        "with a single-process reference.", check_command(check_tp_mlp),
+        hidden=(6, "model width h (default 6)"),
         ffn_hidden=(24, "MLP width, split over ranks (24)"), batch_shape=batch_shape)
     add_command(
         groups["tp"], "attention",
         "tensor-parallel self-attention (heads split over ranks) against one process",
         "Run ParallelSelfAttention (Q/K/V column-parallel by heads, Wo row-parallel: one f, one "
         "g) on real gloo ranks and compare output, input grad and every weight and bias grad on "
-        "every rank with nn.Linear + scaled_dot_product_attention on one process.", run_attention,
+        "every rank with nn.Linear + scaled_dot_product_attention on one process.",
+        check_command(check_tp_attention, heads="n_heads"),
         seq=(4, "sequence length s (default 4)"), batch=(2, "batch size b (default 2)"),
         heads=(4, "attention heads n, split over ranks (4)"),
         head_dim=(4, "features per head d (default 4)"),
-        no_causal=(False, "attend to every position"))
+        no_causal={"action": "store_false", "dest": "causal", "help": "attend to every position"})
     add_command(
         groups["tp"], "vocab", "vocab-parallel embedding and cross-entropy against one process",
         "Run VocabParallelEmbedding and vocab_parallel_cross_entropy on real gloo ranks (each "
         "rank owns V/t tokens) and compare the embedding, its grad, the three all-reduced "
         "numbers of the loss, the loss and the logits grad with nn.Embedding and "
-        "F.cross_entropy on one process.", run_vocab,
+        "F.cross_entropy on one process.", check_command(check_vocab_parallel),
         vocab=(12, "vocabulary size V (default 12)"), hidden=(4, "embedding width h (default 4)"),
         tokens=([4, 2], "shape of the token ids (default: 4 2)"),
         reduction={"choices": ("mean", "sum", "none"), "default": "mean"})
@@ -52,49 +56,16 @@ def register(top: argparse._SubParsersAction, groups: dict[str, argparse._SubPar
 
 def run_check(args: argparse.Namespace) -> int:
     """Handler of ``minitrainbench tp check``: column then row; a bug goes to the layer it breaks."""
-    from mtb_helpers.checking.bug import resolve, showing
-    from mtb_helpers.tp.check import check_column_parallel, check_row_parallel
-    from mtb_helpers.runtime.ranks import resolve_world_size
-    from mtb_helpers.comm.sharding import check_divisible
-    from mtb_helpers.tp.bugs import COLUMN_BUGS, ROW_BUGS
-
-    resolve(args.bug, ("column", "row"))
+    bug = resolve(args.bug, ("column", "row"))
     # both layers' shapes are checked before the column check starts any rank
     t = resolve_world_size(args.world_size)
     check_divisible("out_features", args.out_features, t)
     check_divisible("in_features", args.in_features, t)
     sizes = {**check_args(args), "in_features": args.in_features,
              "out_features": args.out_features, "batch_shape": tuple(args.batch_shape)}
-    column_bug = args.bug if args.bug in COLUMN_BUGS else None
+    column_bug, row_bug = (args.bug if bug and layer in bug.checks else None
+                           for layer in ("column", "row"))
     column = check_column_parallel(**dict(sizes, bug=column_bug), **showing(
         column_bug, {"gather_output": args.gather_output}))
-    row = check_row_parallel(**dict(sizes, bug=args.bug if args.bug in ROW_BUGS else None),
-                             input_is_parallel=not args.full_input)
+    row = check_row_parallel(**dict(sizes, bug=row_bug), input_is_parallel=not args.full_input)
     return emit([column, row], args.json)
-
-
-def run_mlp(args: argparse.Namespace) -> int:
-    """Handler of ``minitrainbench tp mlp``."""
-    from mtb_helpers.tp.check import check_tp_mlp
-
-    return emit([check_tp_mlp(**check_args(args), hidden=args.hidden,
-                              ffn_hidden=args.ffn_hidden, batch_shape=tuple(args.batch_shape))],
-                args.json)
-
-
-def run_attention(args: argparse.Namespace) -> int:
-    """Handler of ``minitrainbench tp attention``."""
-    from mtb_helpers.tp.attention_check import check_tp_attention
-
-    return emit([check_tp_attention(**check_args(args), seq=args.seq, batch=args.batch,
-                                    n_heads=args.heads, head_dim=args.head_dim,
-                                    causal=not args.no_causal)], args.json)
-
-
-def run_vocab(args: argparse.Namespace) -> int:
-    """Handler of ``minitrainbench tp vocab``."""
-    from mtb_helpers.tp.vocab_check import check_vocab_parallel
-
-    return emit([check_vocab_parallel(**check_args(args), vocab=args.vocab,
-                                      hidden=args.hidden, tokens=tuple(args.tokens),
-                                      reduction=args.reduction)], args.json)

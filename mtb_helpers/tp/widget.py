@@ -1,11 +1,7 @@
 """The tensor-parallel explorer: change the world size, the shapes, the dtype or inject a bug, and
 the check re-runs on real ranks; the summary, the check table, the shard layouts and the error
-figure redraw. One explorer serves notebooks 01 (column), 02 (row) and 03 (MLP).
-
-Core ipywidgets only (IntSlider, Dropdown, Output, observe), so it runs on 7.7 and 8.
-"""
+figure redraw. One explorer serves notebooks 01 (column), 02 (row) and 03 (MLP)."""
 from __future__ import annotations
-
 
 import ipywidgets as widgets
 import torch
@@ -15,9 +11,7 @@ from mtb_helpers.tp.plots import steps_png
 from mtb_helpers.checking.bug import showing
 from mtb_helpers.checking.report import Report
 from mtb_helpers.tp.bugs import COLUMN_BUGS, MLP_BUGS, ROW_BUGS
-from mtb_helpers.widgets.frame import live_view
-
-MAX_EXPLORER_RANKS = 4   # Binder has 1 CPU and 2 GB; the layouts are drawn for a few ranks
+from mtb_helpers.widgets.frame import SLIDER, bug_menu, chosen, live_view, menu, world_size_slider
 
 # kind -> (check, its bugs, the sharded dimension's name, the other dimension's name)
 KINDS = {
@@ -52,18 +46,15 @@ def tp_explorer(kind: str = "mlp", world_size: int = 2) -> widgets.VBox:
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     _, bugs, sharded, unsharded = KINDS[kind]
-    slider = dict(continuous_update=False, style={"description_width": "initial"})
-    size = widgets.IntSlider(value=world_size, min=1, max=MAX_EXPLORER_RANKS,
-                             description="world size t", **slider)
-    per_rank = widgets.IntSlider(value=2, min=1, max=6, description=f"{sharded} / t", **slider)
-    other = widgets.IntSlider(value=4, min=1, max=8, description=unsharded, **slider)
-    dtype = widgets.Dropdown(options=["float32", "float64"], value="float32", description="dtype")
-    # Strings only: a None option reads as "nothing selected" on ipywidgets 7 and 8 alike.
-    bug = widgets.Dropdown(options=["none", *bugs], value="none", description="bug")
+    size = world_size_slider(world_size, "world size t")
+    per_rank = widgets.IntSlider(value=2, min=1, max=6, description=f"{sharded} / t", **SLIDER)
+    other = widgets.IntSlider(value=4, min=1, max=8, description=unsharded, **SLIDER)
+    dtype = menu("dtype", ["float32", "float64"])
+    bug = bug_menu(bugs)
 
     def render() -> list:
         report = run_explorer_check(kind, size.value, per_rank.value, other.value, dtype.value,
-                                    None if bug.value == "none" else bug.value)
+                                    chosen(bug))
         return [summary(report), report, steps_png(report, phase="forward"), errors_png(report)]
 
     return live_view([[size, per_rank, other], [dtype, bug]], render)

@@ -4,7 +4,8 @@ shows (a text, a table, a figure), updated in place whenever a control changes.
 A text is an ``HTML`` widget, a figure an ``Image`` widget, a table an ``HTML`` widget, each
 keeping its place, so the front end never rebuilds the output area and a value equal to the
 last one is not sent again (traitlets only syncs changes). Core ipywidgets only (HTML, Image,
-Output, VBox, observe): 7.7 and 8 alike.
+Output, VBox, observe): 7.7 and 8 alike. Below it, the controls the explorers share (the world-size
+slider, the bug menu, plain menus), made the same way in every topic.
 """
 from __future__ import annotations
 
@@ -19,8 +20,11 @@ from matplotlib.figure import Figure
 
 from mtb_helpers.plots.live import Png
 
-__all__ = ["live_view", "ExplorerView"]
+__all__ = ["live_view", "ExplorerView", "SLIDER", "world_size_slider", "menu", "bug_menu", "chosen"]
 
+MAX_RANKS = 4   # Binder has 1 CPU and 2 GB; the figures are drawn for a few ranks
+# redraw on release, not on every step of a drag (each redraw runs a check or draws a chart)
+SLIDER = {"continuous_update": False, "style": {"description_width": "initial"}}
 TEXT_STYLE = "margin: 0; white-space: pre-wrap; font-size: 12px; line-height: 1.35"
 
 
@@ -93,8 +97,27 @@ class ExplorerView(widgets.VBox):
         return widgets.Output() if kind == "other" else widgets.HTML()
 
 
-def live_view(rows: Sequence[Sequence[widgets.Widget]],
-              render: Callable[[], Sequence[object]]) -> ExplorerView:
-    """``rows`` of controls above the items of ``render()``, redrawn in place on every change
-    (see ``ExplorerView``)."""
-    return ExplorerView(rows, render)
+live_view = ExplorerView   # the name the explorers (and notebook 10's own) are built with
+
+
+def world_size_slider(value: int, description: str = "world size p") -> widgets.IntSlider:
+    """1 to ``MAX_RANKS`` ranks."""
+    return widgets.IntSlider(value=value, min=1, max=MAX_RANKS, description=description, **SLIDER)
+
+
+def menu(description: str, options: Sequence, value: object = None) -> widgets.Dropdown:
+    """A dropdown of ``options``, at ``value`` (default: the first)."""
+    options = list(options)
+    return widgets.Dropdown(options=options, value=options[0] if value is None else value,
+                            description=description)
+
+
+def bug_menu(names: Sequence[str], value: str | None = None) -> widgets.Dropdown:
+    """"none" and the bugs ``names``, plain strings: a None option reads as "nothing selected"
+    on ipywidgets 7 and 8 alike. :func:`chosen` reads it."""
+    return menu("bug", ["none", *names], value)
+
+
+def chosen(bug: widgets.Dropdown) -> str | None:
+    """A bug menu's choice, None for "none"."""
+    return None if bug.value == "none" else bug.value
