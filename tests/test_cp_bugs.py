@@ -11,7 +11,7 @@ import torch
 from mtb_helpers import BUGS
 from mtb_helpers.check import check_context_parallel
 from mtb_helpers.checking.bug import names_for
-from mtb_helpers.cp.bugs import BUGS as CP_BUGS, shown_by
+from mtb_helpers.cp.bugs import BUGS as CP_BUGS
 
 ALL = ("output", "q_grad", "k_grad", "v_grad")
 
@@ -77,7 +77,7 @@ def test_the_needs_are_exactly_where_the_bug_has_something_to_break(no_ranks, bu
     for layout, causal, t in SETTINGS:
         shows = not CP_BUGS[bug].unmet(world_size=t, causal=causal, layout=layout)
         assert shows == can_show(bug, layout, causal, t), (layout, causal, t)
-        assert (bug in shown_by(variant, world_size=t, causal=causal, layout=layout)) == shows
+        assert (bug in names_for(CP_BUGS, f"cp-{variant}", world_size=t, causal=causal, layout=layout)) == shows
 
 
 @pytest.mark.parametrize("bug, kwargs, condition", [

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from mtb_helpers.checking.bug import Bug, names_for, register
+from mtb_helpers.checking.bug import Bug, register
 from mtb_helpers.cp.allgather import AllGatherAttention
 from mtb_helpers.cp.ring import RingAttention
 from mtb_helpers.cp.sharding import shard_sequence
 
-__all__ = ["BUGS", "shown_by"]
+__all__ = ["BUGS"]
 
 
 class RingWithoutRescale(RingAttention):
@@ -65,7 +65,7 @@ class AllGatherNoReduceScatter(AllGatherAttention):
         return shard_sequence(dfull, self.cp, self.rank, self.layout, dim=3)
 
 
-# What a bug needs to show at all; each test reads the check's arguments (see ``shown_by``).
+# What a bug needs to show at all; each test reads the check's arguments (``checking.bug.names_for``).
 _RANKS = {"2 or more ranks (one rank holds the whole sequence: nothing moves between ranks and "
           "its local positions are the global ones)": lambda a: a["world_size"] >= 2}
 _BLOCKS = {"2 or more ranks or the zigzag layout (a query must fold in more than one key block "
@@ -103,11 +103,6 @@ BUGS: dict[str, Bug] = {
         replaces={AllGatherAttention: AllGatherNoReduceScatter},
         needs=_RANKS),
 }
-
-
-def shown_by(variant: str, **args) -> tuple[str, ...]:
-    """The bugs check ``cp-<variant>`` can inject that can show under the check's ``args``."""
-    return names_for(BUGS, f"cp-{variant}", **args)
 
 
 register("cp", BUGS)   # at import: see checking/bug.py

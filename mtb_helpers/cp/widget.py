@@ -12,7 +12,8 @@ from __future__ import annotations
 import ipywidgets as widgets
 
 from mtb_helpers.checking.report import Report
-from mtb_helpers.cp.bugs import shown_by
+from mtb_helpers.checking.bug import names_for
+from mtb_helpers.cp.bugs import BUGS
 from mtb_helpers.cp.check import check_context_parallel, check_layouts
 from mtb_helpers.cp.plots import ring_steps_png, work_png
 from mtb_helpers.plots.errors import errors_png
@@ -47,8 +48,8 @@ def explore_context_parallel(world_size: int = 4) -> widgets.VBox:
 
     def offer(*_) -> None:
         """Offer the bugs that can show under the other controls; keep the choice if it can."""
-        names = shown_by(variant.value, world_size=size.value, causal=causal.value,
-                         layout=layout.value)
+        names = names_for(BUGS, f"cp-{variant.value}", world_size=size.value, causal=causal.value,
+                          layout=layout.value)
         if tuple(bug.options) == ("none", *names):
             return
         keep = bug.value if bug.value in names else "none"
