@@ -50,7 +50,7 @@ grads 2, fp32 grads 4, fp32 params 4, Adam 8) and ``4 L + int(18Ψ/N)`` (ZeRO-3,
 layer's parameter count) without offloading, where the
 paper says ``2Ψ + 14Ψ/N`` and ``16Ψ/N``: ZeRO-2 adds the averaged gradient shard kept in fp32 for
 the optimizer step (4Ψ/N), ZeRO-3 the same fp32 shard in place of the paper's 16-bit one (+2Ψ/N)
-and one layer gathered whole, its 16-bit parameters and gradients (4 L): ``side_by_side``.
+and one layer gathered whole, its 16-bit parameters and gradients (4 bytes x L): ``side_by_side``.
 ``RECORDED`` holds DeepSpeed 0.19.8's answers (``pip install deepspeed==0.19.8``, a pure Python
 sdist, then ``estimate_zero2_model_states_mem_needs(Ψ, 8, nodes, cpu_offload=False)`` and
 ``estimate_zero3_model_states_mem_needs(Ψ, L, 8, nodes, cpu_offload=False)``), so the notebook
@@ -202,9 +202,9 @@ RECORDED: dict[tuple[int, int, int, int], tuple[int, int]] = {
 def deepspeed_extras(num_params: int, largest_layer: int, gpus: int) -> dict[int, dict[str, float]]:
     """{stage: {buffer: bytes}}: what DeepSpeed's estimator counts beyond the ZeRO paper."""
     psi, n = num_params, whole("gpus", gpus)
-    return {2: {"fp32 gradient shard (4 bytes / N)": 4 * psi / n},
-            3: {"fp32 instead of 16-bit gradient shard (+2 bytes / N)": 2 * psi / n,
-                "largest layer gathered: 16-bit parameters and gradients (4 L)": 4 * largest_layer}}
+    return {2: {"fp32 gradient shard (4Ψ/dp)": 4 * psi / n},
+            3: {"fp32 instead of 16-bit gradient shard (+2Ψ/dp)": 2 * psi / n,
+                "largest layer gathered: its 16-bit parameters and gradients (4 bytes each)": 4 * largest_layer}}
 
 
 def side_by_side(num_params: int, largest_layer: int, gpus_per_node: int, nodes: int) -> list[dict]:
