@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -82,7 +83,13 @@ def main(rank: int, world: int, modes: str, store: str | None) -> None:
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     for mode in modes.split(","):
-        err, tol = train(rank, world, mode)
+        try:
+            err, tol = train(rank, world, mode)
+        except Exception:
+            # say it here: when a peer's gloo aborts on the closed connection first, spawn reports
+            # that peer's signal and never prints this rank's exception
+            print(f"rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+            raise
         if rank == 0:
             print(f"{'OK' if err <= tol else 'MISMATCH'} {mode} world {world} max error {err:.1e} "
                   f"(tol {tol})", flush=True)
