@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 
 from mtb_helpers.pp import check as pp_check  # noqa: E402
 from mtb_helpers.pp import widget as pp_widget  # noqa: E402
-from mtb_helpers.pp.simulator import PipelineResult  # noqa: E402
+from mtb_helpers.pp.result import PipelineResult  # noqa: E402
 
 OP_TIME = (0.002, 0.004)
 

@@ -36,7 +36,8 @@ from mtb_helpers.comm.records import record
 from mtb_helpers.pp.p2p import P2P
 from mtb_helpers.pp.schedules import Schedule
 from mtb_helpers.pp.schedules import schedule as make_schedule
-from mtb_helpers.pp.simulator import PipelineResult, TimelineEvent, simulate
+from mtb_helpers.pp.result import PipelineResult
+from mtb_helpers.pp.simulator import TimelineEvent, simulate
 from mtb_helpers.pp.stage import RankStage, pad
 from mtb_helpers.runtime.errors import RankTimeoutError
 from mtb_helpers.runtime.ranks import in_launched_job, run
