@@ -103,10 +103,11 @@ def check_functions(topics: tuple[Topic, ...] | None = None) -> dict[str, Callab
     return found
 
 
-def bug_registry(topics: tuple[Topic, ...] | None = None) -> dict[str, Bug]:
+def bug_registry() -> dict[str, Bug]:
     """The registry (``registered()``, checking/bug.py) once every topic's bug modules are imported:
-    each registers its bugs at import, refusing a name another topic declared, naming both."""
-    for topic in listed(topics):
+    each registers its bugs at import, refusing a name another topic declared, naming both. All of
+    them: a registry holds what was imported, so there is no asking for some topics' bugs here."""
+    for topic in listed():
         for module in topic.bugs:
             topic.module(module)
     return registered()
